@@ -1,0 +1,215 @@
+"""``hydrad``: the engine daemon's composition root.
+
+Wires settings, the engine core, the HTTP plane and systemd. Signal handlers only set
+flags or enqueue; the serve loop acts on them. READY=1 goes out as soon as the HTTP port
+listens, before any model: a model-less engine is ready to be configured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import sys
+import time
+from typing import Any, Iterator
+
+import yaml
+
+from hydrad import __version__
+from hydrad.engine import llama
+from hydrad.engine.control import EngineControl
+from hydrad.engine.core import EngineCore
+from hydrad.logs import log_event, setup_logging
+from hydrad.params import ParamError, RuntimeParams
+from hydrad.registry import Registry, UnknownModel
+from hydrad.sdnotify import Notifier
+from hydrad.settings import ConfigError, LoadedConfig, load_config
+
+log = logging.getLogger("hydrad")
+
+
+def _uvicorn_server(app: Any, host: str, port: int) -> Any:
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn without its own signal handling: the daemon owns SIGTERM/SIGINT/SIGHUP."""
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield
+
+    cfg = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="off",
+                         timeout_graceful_shutdown=5, timeout_keep_alive=30)
+    return Server(cfg)
+
+
+class Daemon:
+    def __init__(self, loaded: LoadedConfig) -> None:
+        self.loaded = loaded
+        self.settings = loaded.settings
+        self.notifier = Notifier.from_env()
+        self.stop_requested = asyncio.Event()
+        self.hup_requested = asyncio.Event()
+        self.core = EngineCore(on_status=self._on_status, max_queue=self.settings.max_queue)
+        self.control: EngineControl | None = None
+
+    def _status_text(self, stage: str, progress: float | None) -> str:
+        gen = self.core.gen
+        text = f"{stage}"
+        if progress is not None and stage in ("loading_model", "warming", "reloading"):
+            text += f" {progress * 100:.0f}%"
+        if gen is not None:
+            text += f" model={gen.resolved.id} slots={gen.n_active}/{len(gen.slots)}"
+        return text
+
+    def _on_status(self, stage: str, progress: float | None) -> None:
+        self.notifier.status(self._status_text(stage, progress))
+        if stage in ("loading_model", "warming", "reloading"):
+            self.notifier.extend_timeout(30.0)
+
+    async def run(self) -> int:
+        s = self.settings
+        loop = asyncio.get_running_loop()
+        llama.set_llama_log_level(s.logging.llama_level)
+        try:
+            registry = Registry.load(s.registry, s.models_dir)
+        except ValueError as exc:
+            log_event(log, logging.ERROR, "bad model registry", error=str(exc))
+            return 2
+        self.control = EngineControl(self.core, registry, s.defaults)
+        from hydrad.http.app import build_app
+
+        server = _uvicorn_server(build_app(s, self.control), s.http.host, s.http.port)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stop_requested.set)
+        loop.add_signal_handler(signal.SIGHUP, self.hup_requested.set)
+        self.core.start(loop)
+        serve = asyncio.create_task(server.serve(), name="http")
+        while not server.started:
+            if serve.done():
+                log_event(log, logging.ERROR, "HTTP server failed to start", host=s.http.host, port=s.http.port)
+                self.core.stop()
+                return 1
+            await asyncio.sleep(0.005)
+        port = server.servers[0].sockets[0].getsockname()[1] if server.servers else s.http.port
+        log_event(log, logging.INFO, "listening", engine=s.name, http=f"{s.http.host}:{port}", version=__version__)
+        self.notifier.ready()
+        self.notifier.status(self._status_text(self.core.stage, None))
+        tasks = [asyncio.create_task(self._watchdog(), name="watchdog"),
+                 asyncio.create_task(self._hup_loop(), name="sighup")]
+        try:
+            await self.control.boot()
+        except (UnknownModel, ParamError) as exc:
+            log_event(log, logging.ERROR, "configured model cannot be loaded; staying model-less", error=str(exc))
+            self.core.last_error = str(exc)
+        stop = asyncio.create_task(self.stop_requested.wait())
+        await asyncio.wait([stop, serve], return_when=asyncio.FIRST_COMPLETED)
+        await self._drain()
+        server.should_exit = True
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(serve, timeout=10)
+        for t in tasks:
+            t.cancel()
+        await asyncio.to_thread(self.core.join, 10)
+        log_event(log, logging.INFO, "stopped", engine=s.name)
+        return 0
+
+    async def _drain(self) -> None:
+        """Stop admitting, let in-flight requests finish within the bound, then end the engine."""
+        self.notifier.stopping()
+        self.core.admitting = False
+        self.core._set_stage("stopping")
+        deadline = time.monotonic() + self.settings.drain_timeout_s
+        while time.monotonic() < deadline:
+            v = self.core.slots_view()
+            if v["busy"] == 0 and v["queued"] == 0:
+                break
+            await asyncio.sleep(0.05)
+        else:
+            log_event(log, logging.WARNING, "drain timed out; ending remaining requests",
+                      timeout_s=self.settings.drain_timeout_s)
+        self.core.stop()
+        await asyncio.sleep(0.05)  # let the final events reach their streams
+
+    async def _watchdog(self) -> None:
+        interval = self.notifier.watchdog_interval()
+        if interval is None:
+            return
+        limit = interval * 2
+        while True:
+            if self.core.alive and time.monotonic() - self.core.heartbeat < limit:
+                self.notifier.watchdog()
+            else:
+                log_event(log, logging.ERROR, "engine thread stalled or dead; withholding WATCHDOG=1")
+            await asyncio.sleep(interval)
+
+    async def _hup_loop(self) -> None:
+        """SIGHUP: re-read the YAML and apply the change of its ``defaults:`` like a configure."""
+        while True:
+            await self.hup_requested.wait()
+            self.hup_requested.clear()
+            self.notifier.reloading()
+            try:
+                fresh = load_config(self.loaded.path)
+                changed_t4 = [k for k in ("name", "http", "rpc", "models_dir", "control_allow_from", "logging")
+                              if getattr(fresh.settings, k) != getattr(self.settings, k)]
+                if changed_t4:
+                    log_event(log, logging.WARNING, "start-only settings changed; restart to apply",
+                              fields=",".join(changed_t4))
+                assert self.control is not None
+                result = await self.control.apply_yaml(fresh.settings.defaults)
+                log_event(log, logging.INFO, "config re-read", **result.public())
+                if result.load_id is not None:
+                    rec = self.core.loads[result.load_id]
+                    while rec.phase not in ("done", "failed"):
+                        await asyncio.sleep(0.1)
+            except Exception as exc:
+                log_event(log, logging.ERROR, "config re-read failed; keeping the running config", error=str(exc))
+            self.notifier.ready()
+            self.notifier.status(self._status_text(self.core.stage, None))
+
+
+def _print_config(loaded: LoadedConfig) -> None:
+    params = RuntimeParams(**loaded.settings.defaults)
+    out = {"file": str(loaded.path) if loaded.path else None, "settings": loaded.sources(),
+           "params": {k: {"value": v, "source": "yaml" if k in loaded.settings.defaults else "default",
+                          "tier": f"T{int(RuntimeParams.tier_of(k))}"}
+                      for k, v in params.model_dump(mode="json").items()}}
+    print(yaml.safe_dump(out, sort_keys=False, default_flow_style=False), end="")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="hydrad", description="Hydra engine daemon: one per GPU.")
+    ap.add_argument("--config", help="engine YAML (e.g. /etc/hydra/5060ti.yaml)")
+    ap.add_argument("--check-config", metavar="FILE", help="validate FILE and exit (non-zero naming the bad field)")
+    ap.add_argument("--print-config", metavar="FILE", help="show effective values and where each came from")
+    ap.add_argument("--json", action="store_true", help="with --print-config: JSON instead of YAML")
+    ap.add_argument("--version", action="version", version=f"hydrad {__version__}")
+    args = ap.parse_args(argv)
+    path = args.check_config or args.print_config or args.config
+    try:
+        loaded = load_config(path)
+        if args.check_config or args.print_config:
+            Registry.load(loaded.settings.registry, loaded.settings.models_dir)
+    except (ConfigError, ValueError) as exc:
+        print(f"hydrad: {exc}", file=sys.stderr)
+        return 2
+    if args.check_config:
+        print(f"{args.check_config}: ok")
+        return 0
+    if args.print_config:
+        if args.json:
+            print(json.dumps({"settings": loaded.sources(), "defaults": loaded.settings.defaults}, indent=2, default=str))
+        else:
+            _print_config(loaded)
+        return 0
+    setup_logging(loaded.settings.logging.level)
+    return asyncio.run(Daemon(loaded).run())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

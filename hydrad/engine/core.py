@@ -1,0 +1,561 @@
+"""The engine core: one thread owns llama.cpp and runs continuous batching over all slots.
+
+Async code never touches llama.cpp. It sends commands on a queue; the engine thread admits
+requests into free slots between steps, puts every active sequence into one ``llama_decode``
+per step, samples in llama.cpp's sampler chains, and hands the step's events back to the
+event loop in one ``call_soon_threadsafe`` (not one wake-up per token). Model loads run on a
+loader thread so the current generation keeps serving while the next one is built.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures as cf
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from hydrad.engine import llama
+from hydrad.engine.generation import Generation, Slot, build_generation
+from hydrad.engine.requests import (
+    Done, Failed, GenerationTag, GenRequest, RequestHandle, Token, Usage,
+)
+from hydrad.engine.stats import EngineStats
+from hydrad.engine.textstream import StopMatcher, Utf8Detokenizer
+from hydrad.logs import log_event
+from hydrad.params import RuntimeParams
+from hydrad.registry import ResolvedModel
+
+log = logging.getLogger("hydrad.engine")
+
+STAGES = ("starting", "idle", "loading_model", "warming", "ready", "reloading", "stopping")
+
+
+class EngineBusy(RuntimeError):
+    """Another load or rebuild is under way."""
+
+
+@dataclass
+class LoadRecord:
+    """One model load as reported by /control/loads/{id} and /health."""
+
+    id: int
+    model: str
+    phase: str = "loading"  # loading → warming → installing → done | failed
+    progress: float = 0.0
+    error: str | None = None
+    started: float = field(default_factory=time.time)
+    seconds: float | None = None
+
+    def public(self) -> dict[str, Any]:
+        return {"id": self.id, "model": self.model, "phase": self.phase, "progress": round(self.progress, 4),
+                "error": self.error, "started": self.started, "seconds": self.seconds}
+
+
+@dataclass
+class _Active:
+    """A request occupying a slot."""
+
+    handle: RequestHandle
+    prompt_len: int
+    cached: int
+    pending: list[int]
+    max_tokens: int
+    sampler: llama.Sampler
+    detok: Utf8Detokenizer
+    stopper: StopMatcher
+    t_start: float
+    t_first: float = 0.0
+    n_gen: int = 0
+    next_token: int = -1
+
+
+class EngineCore:
+    def __init__(self, on_status: Callable[[str, float | None], None] | None = None, max_queue: int = 64) -> None:
+        self.stats = EngineStats()
+        self.stage = "starting"
+        self.progress: float | None = None
+        self.params: RuntimeParams | None = None  # T1 defaults in force
+        self.gen: Generation | None = None
+        self.loads: dict[int, LoadRecord] = {}
+        self.current_load: LoadRecord | None = None
+        self.last_error: str | None = None
+        self.admitting = True
+        self.max_queue = max_queue
+        self.heartbeat = time.monotonic()
+        self._on_status = on_status
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._cmds: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self._waiting: deque[RequestHandle] = deque()
+        self._out: list[tuple[RequestHandle, Any]] = []
+        self._pending_swap: tuple[str, Any, cf.Future[Any]] | None = None
+        self._thread: threading.Thread | None = None
+        self._load_ids = 0
+        self._lock = threading.Lock()  # guards stage/current_load between loader and loop threads
+
+    # ----- event-loop side -------------------------------------------------------------
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._thread = threading.Thread(target=self._run, name="hydrad-engine", daemon=True)
+        self._thread.start()
+        self._set_stage("idle")
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def queued(self) -> int:
+        return len(self._waiting)
+
+    def submit(self, request: GenRequest) -> RequestHandle:
+        handle = RequestHandle(request)
+        self._cmds.put(("submit", handle))
+        return handle
+
+    def cancel(self, handle: RequestHandle) -> None:
+        if not handle.finished:
+            self._cmds.put(("cancel", handle))
+
+    def set_defaults(self, params: RuntimeParams) -> None:
+        """T1: per-request defaults change at once; nothing is rebuilt."""
+        self._cmds.put(("t1", params))
+
+    async def rebuild_context(self, params: RuntimeParams) -> float:
+        """T2: rebuild the context (in-flight requests finish first); returns seconds taken."""
+        if self.gen is None:
+            self.params = params
+            return 0.0
+        with self._lock:
+            if self.current_load is not None or self._pending_swap is not None:
+                raise EngineBusy("a model load or context rebuild is under way; try again when it ends")
+        fut: cf.Future[Any] = cf.Future()
+        self._cmds.put(("rebuild", params, fut))
+        return await asyncio.wrap_future(fut)
+
+    def load(self, resolved: ResolvedModel, params: RuntimeParams,
+             on_success: Callable[[], None] | None = None) -> LoadRecord:
+        """T3: start loading a model on a loader thread; the current generation keeps serving."""
+        with self._lock:
+            if self.current_load is not None or self._pending_swap is not None:
+                raise EngineBusy(f"load {self.current_load.id if self.current_load else '?'} is under way; "
+                                 "wait for it to finish")
+            self._load_ids += 1
+            rec = LoadRecord(self._load_ids, resolved.id)
+            self.loads[rec.id] = rec
+            self.current_load = rec
+        self._set_stage("reloading" if self.gen else "loading_model", 0.0)
+        threading.Thread(target=self._load_thread, args=(rec, resolved, params, on_success),
+                         name=f"hydrad-loader-{rec.id}", daemon=True).start()
+        return rec
+
+    async def unload(self) -> None:
+        fut: cf.Future[Any] = cf.Future()
+        self._cmds.put(("unload", None, fut))
+        await asyncio.wrap_future(fut)
+
+    def stop(self) -> None:
+        """Ask the engine thread to end remaining requests, free llama.cpp and exit."""
+        self.admitting = False
+        self._cmds.put(("stop",))
+
+    def join(self, timeout: float) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _set_stage(self, stage: str, progress: float | None = None) -> None:
+        changed = stage != self.stage
+        self.stage = stage
+        self.progress = progress
+        if changed:
+            log_event(log, logging.INFO, "stage", stage=stage)
+        if self._on_status is not None and self._loop is not None:
+            try:
+                self._loop.call_soon_threadsafe(self._on_status, stage, progress)
+            except RuntimeError:  # loop closed during shutdown
+                pass
+
+    def _deliver(self, batch: list[tuple[RequestHandle, Any]]) -> None:
+        for handle, ev in batch:
+            handle.queue.put_nowait(ev)
+
+    # ----- loader thread ---------------------------------------------------------------
+
+    def _load_thread(self, rec: LoadRecord, resolved: ResolvedModel, params: RuntimeParams,
+                     on_success: Callable[[], None] | None) -> None:
+        t0 = time.monotonic()
+        reloading = self.gen is not None
+        last = [0.0]
+
+        def progress(value: float) -> bool:
+            rec.progress = value * 0.95
+            if value - last[0] >= 0.05 or value >= 1.0:
+                last[0] = value
+                self._set_stage("reloading" if reloading else "loading_model", rec.progress)
+            return True
+
+        try:
+            log_event(log, logging.INFO, "loading model", load=rec.id, model=resolved.id, path=str(resolved.path))
+            gen = build_generation(resolved, params, progress, self._load_ids,
+                                   on_warming=lambda: self._warming(rec, reloading))
+            rec.phase = "installing"
+            fut: cf.Future[Any] = cf.Future()
+            self._cmds.put(("install", gen, fut))
+            fut.result()
+            if on_success is not None:
+                on_success()
+        except Exception as exc:  # the old generation keeps serving; report and roll back the stage
+            rec.phase, rec.error = "failed", str(exc)
+            rec.seconds = round(time.monotonic() - t0, 3)
+            self.last_error = f"load {rec.id} of {resolved.id} failed: {exc}"
+            log_event(log, logging.ERROR, "model load failed", load=rec.id, model=resolved.id, error=str(exc))
+            with self._lock:
+                self.current_load = None
+            self._set_stage("ready" if self.gen else "idle")
+            return
+        rec.seconds = round(time.monotonic() - t0, 3)
+        rec.phase, rec.progress = "done", 1.0
+        self.stats.model_load_seconds = rec.seconds
+        self.stats.model_loads_total += 1
+        self.last_error = None
+        log_event(log, logging.INFO, "model ready", load=rec.id, model=resolved.id, seconds=rec.seconds)
+        with self._lock:
+            self.current_load = None
+        self._set_stage("ready")
+
+    def _warming(self, rec: LoadRecord, reloading: bool) -> None:
+        rec.phase, rec.progress = "warming", 0.97
+        self._set_stage("reloading" if reloading else "warming", rec.progress)
+
+    # ----- engine thread ---------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while True:
+                busy = bool(self.gen and (self.gen.n_active or (self._waiting and self.gen.free_slot_exists())))
+                if not self._drain_commands(block=not busy):
+                    break
+                self.heartbeat = time.monotonic()
+                self._maybe_swap()
+                self._admit()
+                if self.gen is not None and self.gen.n_active:
+                    self._step()
+                self._flush()
+        except BaseException as exc:  # the engine is dead: every caller must hear it, not hang
+            log.exception("engine thread died")
+            self.last_error = f"engine thread died: {exc}"
+            self._fail_all(f"engine failed: {exc}", engine_failed=True)
+            self._flush()
+            raise
+        finally:
+            self._shutdown_gen()
+
+    def _drain_commands(self, block: bool) -> bool:
+        try:
+            cmd = self._cmds.get(timeout=0.25) if block else self._cmds.get_nowait()
+        except queue.Empty:
+            return True
+        while True:
+            if not self._handle(cmd):
+                return False
+            try:
+                cmd = self._cmds.get_nowait()
+            except queue.Empty:
+                return True
+
+    def _handle(self, cmd: tuple[Any, ...]) -> bool:
+        kind = cmd[0]
+        if kind == "submit":
+            handle: RequestHandle = cmd[1]
+            if not self.admitting:
+                self._emit(handle, Failed("engine is shutting down", status=503, code="shutting_down"))
+            elif self.gen is None:
+                self._emit(handle, Failed("no model is loaded", status=503, code="no_model"))
+            elif len(self._waiting) >= self.max_queue and not self.gen.free_slot_exists():
+                self._emit(handle, Failed("all slots busy and the queue is full", status=503, code="queue_full"))
+            else:
+                self._waiting.append(handle)
+                self.stats.requests_total += 1
+        elif kind == "cancel":
+            self._cancel(cmd[1])
+        elif kind == "t1":
+            self.params = cmd[1]
+        elif kind in ("rebuild", "install", "unload"):
+            self._pending_swap = (kind, cmd[1], cmd[2])
+        elif kind == "stop":
+            self._fail_all("engine is shutting down", engine_failed=True, status=503, code="shutting_down")
+            self._flush()
+            return False
+        return True
+
+    def _maybe_swap(self) -> None:
+        """Apply a pending rebuild/install/unload once the current generation has no active slot."""
+        if self._pending_swap is None or (self.gen is not None and self.gen.n_active):
+            return
+        kind, arg, fut = self._pending_swap
+        self._pending_swap = None
+        try:
+            if kind == "install":
+                old, self.gen = self.gen, arg
+                self.params = arg.params
+                if old is not None:
+                    old.free()
+                result: Any = None
+            elif kind == "rebuild":
+                t0 = time.monotonic()
+                assert self.gen is not None
+                self.gen.rebuild_context(arg)
+                self.params = arg
+                result = time.monotonic() - t0
+                self.stats.context_rebuilds_total += 1
+            else:
+                self._shutdown_gen()
+                self._set_stage("idle")
+                result = None
+            fut.set_result(result)
+        except Exception as exc:
+            fut.set_exception(exc)
+
+    def _admit(self) -> None:
+        gen = self.gen
+        if gen is None or self._pending_swap is not None:
+            return
+        while self._waiting:
+            slot_free = gen.free_slot_exists()
+            if not slot_free:
+                return
+            handle = self._waiting.popleft()
+            try:
+                self._start(gen, handle)
+            except _RequestError as exc:
+                self._emit(handle, Failed(str(exc), status=exc.status, code=exc.code))
+
+    def _start(self, gen: Generation, handle: RequestHandle) -> None:
+        req = handle.request
+        params = self.params or gen.params
+        model = gen.model
+        if req.messages is not None:
+            try:
+                text = model.apply_chat_template(req.messages, params.chat_template)
+            except ValueError as exc:
+                raise _RequestError(str(exc), 400, "template_error") from None
+            tokens = model.tokenize(text, add_special=True, parse_special=True)
+        else:
+            tokens = model.tokenize(req.prompt or "", add_special=True, parse_special=True)
+        bos = gen.bos
+        if len(tokens) >= 2 and tokens[0] == tokens[1] == bos:
+            tokens = tokens[1:]
+        if not tokens:
+            raise _RequestError("the prompt is empty", 400, "empty_prompt")
+        limit = gen.ctx.n_ctx_seq
+        if len(tokens) >= limit:
+            raise _RequestError(f"the prompt has {len(tokens)} tokens; this engine's context holds {limit}",
+                                400, "context_length_exceeded")
+        slot = gen.pick_slot(tokens if params.cache_prompt else None)
+        keep = gen.reuse_prefix(slot, tokens) if params.cache_prompt else gen.reset_slot(slot)
+        gen.ensure_room(len(tokens) - keep, exclude=slot)
+        s = req.sampling
+        sampler = llama.Sampler(llama.Sampling(
+            temperature=params.temperature if s.temperature is None else s.temperature,
+            top_k=params.top_k if s.top_k is None else s.top_k,
+            top_p=params.top_p if s.top_p is None else s.top_p,
+            min_p=params.min_p if s.min_p is None else s.min_p,
+            repeat_penalty=params.repeat_penalty if s.repeat_penalty is None else s.repeat_penalty,
+            repeat_last_n=params.repeat_last_n,
+            frequency_penalty=s.frequency_penalty, presence_penalty=s.presence_penalty,
+            seed=params.seed if s.seed is None else s.seed))
+        room = limit - len(tokens)
+        if req.max_tokens is not None:
+            max_tokens = min(req.max_tokens, room)
+        elif params.n_predict >= 0:
+            max_tokens = min(params.n_predict, room)
+        else:
+            max_tokens = room
+        slot.active = _Active(handle=handle, prompt_len=len(tokens), cached=keep, pending=tokens[keep:],
+                              max_tokens=max_tokens, sampler=sampler, detok=Utf8Detokenizer(),
+                              stopper=StopMatcher(req.stop), t_start=time.monotonic())
+        gen.n_active += 1
+        self.stats.prompt_tokens_total += len(tokens) - keep
+        self.stats.cached_tokens_total += keep
+        if max_tokens <= 0:
+            self._finish(gen, slot, "length")
+
+    def _step(self) -> None:
+        gen = self.gen
+        assert gen is not None
+        batch, ctx = gen.batch, gen.ctx
+        batch.clear()
+        outputs: list[tuple[Slot, int]] = []
+        before: list[tuple[Slot, int]] = []
+        budget = batch.capacity
+        for slot in gen.slots:
+            a = slot.active
+            if a is not None and a.next_token >= 0:
+                before.append((slot, len(slot.cache)))
+                outputs.append((slot, batch.add(a.next_token, len(slot.cache), slot.id, True)))
+                slot.cache.append(a.next_token)
+                a.next_token = -1
+                budget -= 1
+        n_prefill = 0
+        for slot in gen.slots:
+            a = slot.active
+            if a is None or not a.pending or budget <= 0:
+                continue
+            take = a.pending[:budget]
+            before.append((slot, len(slot.cache)))
+            pos = len(slot.cache)
+            last = len(take) == len(a.pending)
+            for j, tok in enumerate(take):
+                idx = batch.add(tok, pos + j, slot.id, last and j == len(take) - 1)
+            slot.cache.extend(take)
+            del a.pending[:len(take)]
+            budget -= len(take)
+            n_prefill += len(take)
+            if last:
+                outputs.append((slot, idx))
+        if batch.n == 0:
+            return
+        rc = batch.decode(ctx)
+        self.stats.n_decode_total += 1
+        if rc != 0:
+            self._decode_failed(gen, rc, before)
+            return
+        now = time.monotonic()
+        for slot, idx in outputs:
+            a = slot.active
+            assert a is not None
+            tok = a.sampler.sample(ctx, idx)
+            if a.n_gen == 0:
+                a.t_first = now
+            self._on_token(gen, slot, a, tok)
+
+    def _on_token(self, gen: Generation, slot: Slot, a: _Active, tok: int) -> None:
+        model = gen.model
+        if model.is_eog(tok):
+            self._finish(gen, slot, "stop")
+            return
+        a.n_gen += 1
+        self.stats.tokens_predicted_total += 1
+        text = a.detok.push(model.piece(tok))
+        if text:
+            out, stopped = a.stopper.push(text)
+            if out:
+                self._emit(a.handle, Token(out))
+            if stopped:
+                self._finish(gen, slot, "stop", flush=False)
+                return
+        if a.n_gen >= a.max_tokens or len(slot.cache) + 1 >= gen.ctx.n_ctx_seq:
+            self._finish(gen, slot, "length")
+        else:
+            a.next_token = tok
+
+    def _finish(self, gen: Generation, slot: Slot, reason: str, flush: bool = True) -> None:
+        a = slot.active
+        assert a is not None
+        if flush:
+            tail = a.detok.flush()
+            out, stopped = a.stopper.push(tail) if tail else ("", False)
+            out += "" if stopped else a.stopper.flush()
+            if out:
+                self._emit(a.handle, Token(out))
+            if stopped:
+                reason = "stop"
+        now = time.monotonic()
+        t_first = a.t_first or now
+        usage = Usage(prompt_tokens=a.prompt_len, completion_tokens=a.n_gen, cached_tokens=a.cached,
+                      prompt_ms=round((t_first - a.t_start) * 1000, 3), predicted_ms=round((now - t_first) * 1000, 3))
+        self.stats.prompt_seconds_total += t_first - a.t_start
+        self.stats.predicted_seconds_total += now - t_first
+        self.stats.requests_finished_total += 1
+        self._emit(a.handle, Done(reason, usage, gen.tag))
+        self._release(gen, slot)
+
+    def _release(self, gen: Generation, slot: Slot) -> None:
+        a = slot.active
+        if a is None:
+            return
+        a.sampler.free()
+        slot.active = None
+        slot.last_used = time.monotonic()
+        gen.n_active -= 1
+
+    def _decode_failed(self, gen: Generation, rc: int, before: list[tuple[Slot, int]]) -> None:
+        """Undo this step's tokens; fail the affected requests with a clear reason."""
+        for slot, n in before:
+            gen.ctx.seq_rm(slot.id, n, -1)
+            del slot.cache[n:]
+        msg = ("the context is full (all slots together exceed n_ctx)" if rc == 1
+               else f"llama_decode failed with code {rc}")
+        log_event(log, logging.ERROR, "decode failed", rc=rc, slots=len(before))
+        seen: set[int] = set()
+        for slot, _ in before:
+            if slot.id in seen or slot.active is None:
+                continue
+            seen.add(slot.id)
+            self._emit(slot.active.handle, Failed(msg, status=503 if rc == 1 else 500,
+                                                  code="context_full" if rc == 1 else "decode_error"))
+            self._release(gen, slot)
+
+    def _cancel(self, handle: RequestHandle) -> None:
+        try:
+            self._waiting.remove(handle)
+            return
+        except ValueError:
+            pass
+        gen = self.gen
+        if gen is None:
+            return
+        for slot in gen.slots:
+            if slot.active is not None and slot.active.handle is handle:
+                self.stats.requests_cancelled_total += 1
+                self._release(gen, slot)
+                return
+
+    def _fail_all(self, message: str, engine_failed: bool, status: int = 500, code: str = "engine_error") -> None:
+        while self._waiting:
+            self._emit(self._waiting.popleft(), Failed(message, engine_failed, status, code))
+        gen = self.gen
+        if gen is not None:
+            for slot in gen.slots:
+                if slot.active is not None:
+                    self._emit(slot.active.handle, Failed(message, engine_failed, status, code))
+                    self._release(gen, slot)
+        if self._pending_swap is not None:
+            self._pending_swap[2].set_exception(RuntimeError(message))
+            self._pending_swap = None
+
+    def _shutdown_gen(self) -> None:
+        gen, self.gen = self.gen, None
+        if gen is not None:
+            gen.free()
+
+    def _emit(self, handle: RequestHandle, ev: Any) -> None:
+        self._out.append((handle, ev))
+
+    def _flush(self) -> None:
+        if self._out and self._loop is not None:
+            out, self._out = self._out, []
+            try:
+                self._loop.call_soon_threadsafe(self._deliver, out)
+            except RuntimeError:
+                pass
+
+    # ----- read-only views (any thread) --------------------------------------------------
+
+    def slots_view(self) -> dict[str, int]:
+        gen = self.gen
+        if gen is None:
+            return {"busy": 0, "total": 0, "queued": len(self._waiting)}
+        return {"busy": gen.n_active, "total": len(gen.slots), "queued": len(self._waiting)}
+
+
+class _RequestError(Exception):
+    def __init__(self, message: str, status: int, code: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code

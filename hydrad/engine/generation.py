@@ -1,0 +1,138 @@
+"""A generation: model + context + batch + slots, and the parameter snapshot that built them.
+
+Slots remember which tokens their KV holds (``cache``), so a new request can go to the slot
+that shares the longest prefix with it and skip prefilling that prefix.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from hydrad.engine import llama
+from hydrad.engine.requests import GenerationTag
+from hydrad.params import RuntimeParams
+from hydrad.registry import ResolvedModel
+
+
+@dataclass
+class Slot:
+    id: int
+    cache: list[int] = field(default_factory=list)  # tokens whose KV sits in sequence `id`
+    active: Any = None  # the core's _Active while a request runs here
+    last_used: float = 0.0
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class Generation:
+    def __init__(self, gen_id: int, resolved: ResolvedModel, params: RuntimeParams, model: llama.Model,
+                 ctx: llama.Context, load_seconds: float) -> None:
+        self.id = gen_id
+        self.resolved = resolved
+        self.params = params
+        self.model = model
+        self.ctx = ctx
+        self.batch = llama.Batch(ctx.n_batch)
+        self.slots = [Slot(i) for i in range(params.n_parallel)]
+        self.n_active = 0
+        self.load_seconds = load_seconds
+        self.loaded_at = time.time()
+        self.bos = llama.lib().llama_vocab_bos(model.vocab)
+        self.tag = GenerationTag(gen_id, resolved.id, params.snapshot_hash())
+
+    def free_slot_exists(self) -> bool:
+        return self.n_active < len(self.slots)
+
+    def pick_slot(self, tokens: list[int] | None) -> Slot:
+        """The free slot sharing the longest prefix with ``tokens``; otherwise the least recently used."""
+        free = [s for s in self.slots if s.active is None]
+        if tokens:
+            best = max(free, key=lambda s: (common_prefix(s.cache, tokens), -s.last_used))
+            if common_prefix(best.cache, tokens) > 0:
+                return best
+        return min(free, key=lambda s: (len(s.cache) > 0, s.last_used))
+
+    def reuse_prefix(self, slot: Slot, tokens: list[int]) -> int:
+        """Keep the shared prefix of the slot's KV, drop the rest; returns tokens kept."""
+        keep = common_prefix(slot.cache, tokens)
+        if keep >= len(tokens):
+            keep = len(tokens) - 1  # the last prompt token must be decoded again to get logits
+        if keep < len(slot.cache):
+            if not self.ctx.seq_rm(slot.id, keep, -1):
+                # some caches (sliding-window, recurrent) cannot drop a tail: start the slot afresh
+                return self.reset_slot(slot)
+            del slot.cache[keep:]
+        return keep
+
+    def reset_slot(self, slot: Slot) -> int:
+        self.ctx.seq_rm(slot.id, -1, -1)
+        slot.cache.clear()
+        return 0
+
+    def ensure_room(self, needed: int, exclude: Slot) -> None:
+        """With one KV pool for all slots, evict idle slots' caches (oldest first) to fit a prompt."""
+        if not self.params.kv_unified:
+            return
+        used = sum(len(s.cache) for s in self.slots)
+        idle = sorted((s for s in self.slots if s.active is None and s is not exclude and s.cache),
+                      key=lambda s: s.last_used)
+        for s in idle:
+            if used + needed <= self.ctx.n_ctx:
+                break
+            used -= len(s.cache)
+            self.reset_slot(s)
+
+    def rebuild_context(self, params: RuntimeParams) -> None:
+        """T2: a new context with new parameters; the model stays. Slots start empty."""
+        new_ctx = llama.Context(self.model, params)
+        self.batch.free()
+        self.ctx.free()
+        self.ctx = new_ctx
+        self.batch = llama.Batch(new_ctx.n_batch)
+        self.slots = [Slot(i) for i in range(params.n_parallel)]
+        self.params = params
+        self.tag = GenerationTag(self.id, self.resolved.id, params.snapshot_hash())
+
+    def warmup(self) -> None:
+        """One tiny decode so the first user request does not pay for lazy allocations."""
+        self.batch.clear()
+        self.batch.add(self.bos if self.bos >= 0 else 0, 0, 0, True)
+        self.batch.decode(self.ctx)
+        self.ctx.clear()
+
+    def free(self) -> None:
+        for s in self.slots:
+            if s.active is not None and getattr(s.active, "sampler", None) is not None:
+                s.active.sampler.free()
+        self.batch.free()
+        self.ctx.free()
+        self.model.free()
+
+
+def build_generation(resolved: ResolvedModel, params: RuntimeParams, progress: Callable[[float], bool],
+                     gen_id: int, on_warming: Callable[[], None]) -> Generation:
+    """Load model + context on the calling (loader) thread; nothing here is shared yet."""
+    t0 = time.monotonic()
+    model = llama.Model.load(resolved.path, params, progress)
+    try:
+        ctx = llama.Context(model, params)
+    except Exception:
+        model.free()
+        raise
+    gen = Generation(gen_id, resolved, params, model, ctx, 0.0)
+    try:
+        on_warming()
+        gen.warmup()
+    except Exception:
+        gen.free()
+        raise
+    gen.load_seconds = time.monotonic() - t0
+    return gen

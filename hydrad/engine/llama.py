@@ -1,0 +1,349 @@
+"""Thin typed layer over llama-cpp-python's low-level ctypes API.
+
+Only the engine thread (and the loader thread while it builds a model) touches these objects.
+The high-level ``llama_cpp.Llama`` class is not used: it owns one sequence, while the engine
+needs many slots in one context and one ``llama_decode`` per step for all of them.
+``llama_cpp`` is imported lazily so the daemon is listening before the library is loaded.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+from hydrad.params import RuntimeParams
+
+if TYPE_CHECKING:
+    import llama_cpp as L
+
+_lib: Any = None
+_lib_lock = threading.Lock()
+_log = logging.getLogger("hydrad.llama")
+_LOG_LEVELS = {"debug": 1, "info": 2, "warning": 3, "error": 4}
+_llama_log_min = 3
+_log_cb: Any = None  # keeps the ctypes callback alive for the life of the process
+_log_partial: list[str] = []
+
+
+def lib() -> "L":
+    """Import llama_cpp once, initialise the backend and route its logs into ours."""
+    global _lib, _log_cb
+    with _lib_lock:
+        if _lib is None:
+            import llama_cpp as mod
+
+            def _on_log(level: int, text: bytes | None, _user: Any) -> None:
+                msg = (text or b"").decode("utf-8", "replace")
+                if level == 5:  # GGML_LOG_LEVEL_CONT: continuation of the previous line
+                    _log_partial.append(msg)
+                    return
+                line = ("".join(_log_partial) + msg).rstrip()
+                _log_partial.clear()
+                if line and level >= _llama_log_min:
+                    _log.log({1: 10, 2: 20, 3: 30, 4: 40}.get(level, 20), line)
+
+            _log_cb = mod.llama_log_callback(_on_log)
+            mod.llama_log_set(_log_cb, ctypes.c_void_p(0))
+            mod.llama_backend_init()
+            _lib = mod
+    return _lib
+
+
+def set_llama_log_level(level: str) -> None:
+    global _llama_log_min
+    _llama_log_min = _LOG_LEVELS.get(level, 3)
+
+
+_CACHE_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "iq4_nl": 20, "bf16": 30}
+_SPLIT = {"none": 0, "layer": 1, "row": 2}
+_ROPE = {"model": -1, "none": 0, "linear": 1, "yarn": 2, "longrope": 3}
+_FLASH = {"auto": -1, "off": 0, "on": 1}
+
+
+class LoadError(RuntimeError):
+    """llama.cpp refused the model or the context; the message says which and why."""
+
+
+class LoadAborted(LoadError):
+    """The progress callback asked llama.cpp to stop (a newer configure superseded the load)."""
+
+
+@dataclass
+class ModelInfo:
+    path: str
+    desc: str
+    arch: str
+    size_bytes: int
+    n_params: int
+    n_layer: int
+    n_embd: int
+    n_head_kv: int
+    n_ctx_train: int
+    n_vocab: int
+
+
+class Model:
+    """A loaded GGUF: weights, vocabulary, chat template, token pieces."""
+
+    def __init__(self, ptr: Any, path: Path) -> None:
+        C = lib()
+        self.ptr = ptr
+        self.path = path
+        self.vocab = C.llama_model_get_vocab(ptr)
+        self.n_vocab = C.llama_vocab_n_tokens(self.vocab)
+        self._pieces: dict[int, bytes] = {}
+        self._piece_buf = ctypes.create_string_buffer(256)
+        self.info = ModelInfo(
+            path=str(path),
+            desc=self._desc(),
+            arch=self.meta("general.architecture") or "unknown",
+            size_bytes=C.llama_model_size(ptr),
+            n_params=C.llama_model_n_params(ptr),
+            n_layer=C.llama_model_n_layer(ptr),
+            n_embd=C.llama_model_n_embd(ptr),
+            n_head_kv=C.llama_model_n_head_kv(ptr),
+            n_ctx_train=C.llama_model_n_ctx_train(ptr),
+            n_vocab=self.n_vocab,
+        )
+        tmpl = C.llama_model_chat_template(ptr, None)
+        self.chat_template: bytes | None = tmpl if tmpl else None
+        if self.chat_template is None:
+            # Some GGUFs ship without tokenizer.chat_template; pick llama.cpp's built-in one for the family.
+            fallback = "gemma" if self.info.arch.startswith("gemma") else "chatml"
+            self.chat_template = fallback.encode()
+            _log.warning("model %s has no chat template; using built-in '%s'", path.name, fallback)
+
+    @classmethod
+    def load(cls, path: Path, params: RuntimeParams, progress: Callable[[float], bool] | None = None) -> "Model":
+        C = lib()
+        mp = C.llama_model_default_params()
+        mp.n_gpu_layers = 999 if params.n_gpu_layers < 0 else params.n_gpu_layers
+        mp.split_mode = _SPLIT[params.split_mode]
+        mp.main_gpu = params.main_gpu
+        mp.use_mmap = params.use_mmap
+        keep: list[Any] = []
+        if params.tensor_split:
+            arr = (ctypes.c_float * 128)(*params.tensor_split)
+            keep.append(arr)
+            mp.tensor_split = ctypes.cast(arr, ctypes.POINTER(ctypes.c_float))
+        aborted = threading.Event()
+        if progress is not None:
+            def _cb(value: float, _user: Any) -> bool:
+                try:
+                    ok = bool(progress(float(value)))
+                except Exception:  # a callback error must not unwind through C
+                    _log.exception("progress callback failed")
+                    ok = True
+                if not ok:
+                    aborted.set()
+                return ok
+            cb = C.llama_progress_callback(_cb)
+            keep.append(cb)
+            mp.progress_callback = cb
+        ptr = C.llama_model_load_from_file(str(path).encode(), mp)
+        if not ptr:
+            if aborted.is_set():
+                raise LoadAborted(f"loading {path} was aborted")
+            raise LoadError(f"llama.cpp could not load {path} (not a GGUF it can read, truncated, or out of memory; see the log)")
+        return cls(ptr, path)
+
+    def _desc(self) -> str:
+        buf = ctypes.create_string_buffer(256)
+        n = lib().llama_model_desc(self.ptr, buf, len(buf))
+        return buf.value[: max(n, 0)].decode("utf-8", "replace")
+
+    def meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(512)
+        n = lib().llama_model_meta_val_str(self.ptr, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", "replace") if n >= 0 else None
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        C = lib()
+        data = text.encode("utf-8")
+        cap = len(data) + 16
+        buf = (C.llama_token * cap)()
+        n = C.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
+        if n < 0:
+            cap = -n
+            buf = (C.llama_token * cap)()
+            n = C.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
+        return list(buf[:n])
+
+    def piece(self, token: int) -> bytes:
+        """Bytes of one token; cached, since decode loops ask for the same tokens again and again."""
+        got = self._pieces.get(token)
+        if got is None:
+            n = lib().llama_token_to_piece(self.vocab, token, self._piece_buf, 256, 0, False)
+            if n < 0:
+                big = ctypes.create_string_buffer(-n)
+                n = lib().llama_token_to_piece(self.vocab, token, big, -n, 0, False)
+                got = big.raw[:n]
+            else:
+                got = self._piece_buf.raw[:n]
+            self._pieces[token] = got
+        return got
+
+    def is_eog(self, token: int) -> bool:
+        return bool(lib().llama_vocab_is_eog(self.vocab, token))
+
+    def apply_chat_template(self, messages: list[dict[str, str]], template: str | None = None) -> str:
+        """Format messages with llama.cpp's built-in template engine (the model's own template by default)."""
+        C = lib()
+        tmpl = template.encode() if template else self.chat_template
+        encoded = [(m["role"].encode(), m["content"].encode()) for m in messages]
+        arr = (C.llama_chat_message * len(encoded))()
+        for i, (role, content) in enumerate(encoded):
+            arr[i].role = role
+            arr[i].content = content
+        size = sum(len(c) + len(r) for r, c in encoded) * 2 + 512
+        buf = ctypes.create_string_buffer(size)
+        n = C.llama_chat_apply_template(tmpl, arr, len(encoded), True, buf, size)
+        if n > size:
+            buf = ctypes.create_string_buffer(n + 1)
+            n = C.llama_chat_apply_template(tmpl, arr, len(encoded), True, buf, n + 1)
+        if n < 0:
+            raise ValueError("the chat template is not one llama.cpp knows; set chat_template to a known name such as 'chatml'")
+        return buf.raw[:n].decode("utf-8", "replace")
+
+    def free(self) -> None:
+        if self.ptr:
+            lib().llama_model_free(self.ptr)
+            self.ptr = None
+
+
+class Context:
+    """A llama_context with its KV cache, sized for n_parallel slots."""
+
+    def __init__(self, model: Model, params: RuntimeParams) -> None:
+        C = lib()
+        cp = C.llama_context_default_params()
+        cp.n_ctx = params.n_ctx
+        cp.n_batch = params.n_batch
+        cp.n_ubatch = min(params.n_ubatch, params.n_batch)
+        cp.n_seq_max = params.n_parallel
+        threads = params.n_threads or (os.cpu_count() or 1)
+        cp.n_threads = threads
+        cp.n_threads_batch = params.n_threads_batch or threads
+        cp.type_k = _CACHE_TYPES[params.cache_type_k]
+        cp.type_v = _CACHE_TYPES[params.cache_type_v]
+        cp.flash_attn_type = _FLASH[params.flash_attn]
+        cp.rope_scaling_type = _ROPE[params.rope_scaling]
+        cp.rope_freq_base = params.rope_freq_base
+        cp.rope_freq_scale = params.rope_freq_scale
+        cp.yarn_ext_factor = params.yarn_ext_factor
+        cp.yarn_attn_factor = params.yarn_attn_factor
+        cp.yarn_beta_fast = params.yarn_beta_fast
+        cp.yarn_beta_slow = params.yarn_beta_slow
+        cp.yarn_orig_ctx = params.yarn_orig_ctx
+        cp.kv_unified = params.kv_unified
+        cp.no_perf = True
+        ptr = C.llama_init_from_model(model.ptr, cp)
+        if not ptr:
+            raise LoadError("llama.cpp could not create the context (n_ctx too large for memory, or an unsupported cache type)")
+        self.ptr = ptr
+        self.mem = C.llama_get_memory(ptr)
+        self.n_ctx = C.llama_n_ctx(ptr)
+        self.n_ctx_seq = C.llama_n_ctx_seq(ptr)
+        self.n_batch = C.llama_n_batch(ptr)
+        self.n_seq = params.n_parallel
+
+    def seq_rm(self, seq: int, p0: int, p1: int = -1) -> bool:
+        return bool(lib().llama_memory_seq_rm(self.mem, seq, p0, p1))
+
+    def clear(self) -> None:
+        lib().llama_memory_clear(self.mem, True)
+
+    def free(self) -> None:
+        if self.ptr:
+            lib().llama_free(self.ptr)
+            self.ptr = None
+
+
+class Batch:
+    """A preallocated llama_batch filled in place each step (no per-step allocation)."""
+
+    def __init__(self, capacity: int) -> None:
+        C = lib()
+        self.capacity = capacity
+        self.raw = C.llama_batch_init(capacity, 0, 1)
+        self.n = 0
+        self._token = self.raw.token
+        self._pos = self.raw.pos
+        self._nseq = self.raw.n_seq_id
+        self._seq = self.raw.seq_id
+        self._logits = self.raw.logits
+
+    def clear(self) -> None:
+        self.n = 0
+
+    def add(self, token: int, pos: int, seq: int, logits: bool) -> int:
+        i = self.n
+        self._token[i] = token
+        self._pos[i] = pos
+        self._nseq[i] = 1
+        self._seq[i][0] = seq
+        self._logits[i] = logits
+        self.n = i + 1
+        return i
+
+    def decode(self, ctx: Context) -> int:
+        self.raw.n_tokens = self.n
+        return int(lib().llama_decode(ctx.ptr, self.raw))
+
+    def free(self) -> None:
+        if self.raw is not None:
+            self.raw.n_tokens = self.capacity
+            lib().llama_batch_free(self.raw)
+            self.raw = None
+
+
+@dataclass(frozen=True)
+class Sampling:
+    temperature: float
+    top_k: int
+    top_p: float
+    min_p: float
+    repeat_penalty: float
+    repeat_last_n: int
+    frequency_penalty: float
+    presence_penalty: float
+    seed: int
+
+
+class Sampler:
+    """A llama.cpp sampler chain: sampling runs in C, one call per token."""
+
+    def __init__(self, s: Sampling) -> None:
+        C = lib()
+        sp = C.llama_sampler_chain_default_params()
+        sp.no_perf = True
+        self.ptr = C.llama_sampler_chain_init(sp)
+        add = lambda smpl: C.llama_sampler_chain_add(self.ptr, smpl)  # noqa: E731
+        if s.repeat_penalty != 1.0 or s.frequency_penalty or s.presence_penalty:
+            add(C.llama_sampler_init_penalties(s.repeat_last_n, s.repeat_penalty, s.frequency_penalty, s.presence_penalty))
+        if s.temperature <= 0:
+            add(C.llama_sampler_init_greedy())
+        else:
+            if s.top_k > 0:
+                add(C.llama_sampler_init_top_k(s.top_k))
+            if s.top_p < 1.0:
+                add(C.llama_sampler_init_top_p(s.top_p, 1))
+            if s.min_p > 0:
+                add(C.llama_sampler_init_min_p(s.min_p, 1))
+            add(C.llama_sampler_init_temp(s.temperature))
+            seed = s.seed if s.seed >= 0 else int.from_bytes(os.urandom(4), "little")
+            add(C.llama_sampler_init_dist(seed & 0xFFFFFFFF))
+
+    def sample(self, ctx: Context, idx: int) -> int:
+        # llama_sampler_sample also accepts the token into the chain (penalty history)
+        return int(lib().llama_sampler_sample(self.ptr, ctx.ptr, idx))
+
+    def free(self) -> None:
+        if self.ptr:
+            lib().llama_sampler_free(self.ptr)
+            self.ptr = None

@@ -1,0 +1,115 @@
+"""What travels between the event loop and the engine thread: requests in, events out.
+
+Two error kinds cross this boundary, as in vLLM: a request failed (the caller's fault or
+its own limits; the engine is fine) and the engine failed (every caller gets it). The HTTP
+plane turns both into OpenAI error JSON.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+_ids = itertools.count(1)
+
+
+@dataclass(frozen=True)
+class SamplingOverrides:
+    """Per-request sampling fields; None means 'use the engine's T1 default'."""
+
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    repeat_penalty: float | None = None
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    seed: int | None = None
+
+
+@dataclass
+class GenRequest:
+    """One generation: either a raw prompt (completions) or chat messages."""
+
+    prompt: str | None = None
+    messages: list[dict[str, str]] | None = None
+    max_tokens: int | None = None
+    stop: list[str] = field(default_factory=list)
+    sampling: SamplingOverrides = field(default_factory=SamplingOverrides)
+    id: int = field(default_factory=lambda: next(_ids))
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    prompt_ms: float
+    predicted_ms: float
+
+    def openai(self) -> dict[str, Any]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+        }
+
+
+@dataclass(frozen=True)
+class GenerationTag:
+    """Which generation (model + parameters that built it) served a request."""
+
+    id: int
+    model: str
+    params_hash: str
+
+    @property
+    def fingerprint(self) -> str:
+        return f"hydra-g{self.id}-{self.params_hash}"
+
+
+@dataclass(frozen=True)
+class Token:
+    text: str
+
+
+@dataclass(frozen=True)
+class Done:
+    finish_reason: str
+    usage: Usage
+    generation: GenerationTag
+
+
+@dataclass(frozen=True)
+class Failed:
+    message: str
+    engine_failed: bool = False  # True: the engine, not the request, is at fault
+    status: int = 500
+    code: str = "engine_error"
+
+
+Event = Token | Done | Failed
+
+
+class RequestHandle:
+    """The event-loop side of a request: events arrive on an unbounded queue fed once per step."""
+
+    def __init__(self, request: GenRequest) -> None:
+        self.request = request
+        self.queue: asyncio.Queue[Event] = asyncio.Queue()
+        self.finished = False
+
+    @property
+    def id(self) -> int:
+        return self.request.id
+
+    async def events(self):
+        while True:
+            ev = await self.queue.get()
+            yield ev
+            if isinstance(ev, (Done, Failed)):
+                self.finished = True
+                return

@@ -1,0 +1,28 @@
+"""Counters the engine thread bumps and /metrics reads.
+
+Plain attributes written by one thread and read by another: each write is a single
+attribute store under the GIL, so a reader sees a consistent value for each counter.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+
+@dataclass
+class EngineStats:
+    requests_total: int = 0
+    requests_finished_total: int = 0
+    requests_cancelled_total: int = 0
+    prompt_tokens_total: int = 0
+    cached_tokens_total: int = 0
+    tokens_predicted_total: int = 0
+    n_decode_total: int = 0
+    prompt_seconds_total: float = 0.0
+    predicted_seconds_total: float = 0.0
+    model_loads_total: int = 0
+    model_load_seconds: float = 0.0
+    context_rebuilds_total: int = 0
+
+    def as_dict(self) -> dict[str, float]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -1,0 +1,241 @@
+"""The engine's HTTP plane: OpenAI API, health, metrics and /control/*.
+
+Handlers only translate; configure semantics live in EngineControl and generation in the
+engine core. Every failure a client can see is OpenAI error JSON, never a traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from typing import Any, AsyncIterator
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from hydrad import __version__
+from hydrad.engine.control import EngineBusy, EngineControl, ParamError, UnknownModel
+from hydrad.engine.requests import Done, Failed, RequestHandle, Token
+from hydrad.http import metrics, openai
+from hydrad.http.openai import ApiError
+from hydrad.logs import log_event
+from hydrad.settings import EngineSettings
+
+log = logging.getLogger("hydrad.http")
+
+
+def _err(e: ApiError) -> JSONResponse:
+    return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+
+def build_app(settings: EngineSettings, control: EngineControl) -> Starlette:
+    core = control.core
+
+    def guard_control(request: Request) -> None:
+        host = request.client.host if request.client else None
+        if not settings.allows_control(host):
+            raise ApiError(403, f"/control is not allowed from {host} (control_allow_from)", "forbidden")
+
+    async def health(_: Request) -> Response:
+        stage = core.stage
+        body: dict[str, Any] = {"stage": stage, "engine": settings.name, "slots": core.slots_view()}
+        gen = core.gen
+        if gen is not None:
+            body["model"] = gen.resolved.id
+            body["generation"] = gen.tag.fingerprint
+        if core.progress is not None and stage in ("loading_model", "warming", "reloading"):
+            body["progress"] = round(core.progress, 4)
+        if core.current_load is not None:
+            body["load_id"] = core.current_load.id
+        if core.last_error:
+            body["last_error"] = core.last_error
+        if not core.alive:
+            body["status"] = "error"
+            return JSONResponse(body, status_code=503)
+        if gen is not None and core.admitting:
+            body["status"] = "ok"
+            return JSONResponse(body)
+        body["status"] = {"loading_model": "loading", "warming": "loading", "stopping": "stopping"}.get(stage, stage)
+        return JSONResponse(body, status_code=503, headers={"Retry-After": "1"} if stage != "idle" else {})
+
+    async def livez(_: Request) -> Response:
+        beat = time.monotonic() - core.heartbeat
+        alive = core.alive
+        return JSONResponse({"status": "alive" if alive else "dead", "engine_heartbeat_age_s": round(beat, 3)},
+                            status_code=200 if alive else 503)
+
+    async def prom(_: Request) -> Response:
+        return PlainTextResponse(metrics.render(core, settings.name), media_type="text/plain; version=0.0.4")
+
+    async def models(_: Request) -> Response:
+        data = []
+        gen = core.gen
+        if gen is not None:
+            info = gen.model.info
+            data.append({"id": gen.resolved.id, "object": "model", "created": int(gen.loaded_at), "owned_by": "hydra",
+                         "meta": {"path": info.path, "arch": info.arch, "desc": info.desc, "size": info.size_bytes,
+                                  "n_params": info.n_params, "n_ctx_train": info.n_ctx_train, "n_vocab": info.n_vocab,
+                                  "n_ctx": gen.ctx.n_ctx, "n_parallel": len(gen.slots)}})
+        return JSONResponse({"object": "list", "data": data})
+
+    def check_serving(req: openai._Common) -> str:
+        if not core.admitting:
+            raise ApiError(503, "engine is shutting down", "shutting_down", headers={"Retry-After": "5"})
+        gen = core.gen
+        if gen is None:
+            if core.current_load is not None:
+                raise ApiError(503, f"model is loading ({core.stage})", "loading", headers={"Retry-After": "1"})
+            raise ApiError(503, "no model is loaded; configure one with POST /control/configure", "no_model")
+        if not control.serves(req.model):
+            raise ApiError(404, f"model '{req.model}' is not served by this engine (it serves '{gen.resolved.id}')",
+                           "model_not_found", "model")
+        return gen.resolved.id
+
+    async def generate(request: Request, kind: str) -> Response:
+        req, greq = openai.parse(kind, await request.body())
+        model_id = check_serving(req)
+        handle = core.submit(greq)
+        rid = openai.new_id(kind)
+        try:
+            first = await handle.queue.get()
+        except asyncio.CancelledError:
+            core.cancel(handle)
+            raise
+        if isinstance(first, Failed):
+            handle.finished = True
+            raise ApiError(first.status, first.message, first.code,
+                           headers={"Retry-After": "1"} if first.status == 503 else None)
+        if req.stream:
+            return StreamingResponse(_stream(kind, rid, model_id, req, handle, first), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        parts: list[str] = []
+        ev: Any = first
+        try:
+            while True:
+                if isinstance(ev, Token):
+                    parts.append(ev.text)
+                elif isinstance(ev, Done):
+                    handle.finished = True
+                    return JSONResponse(openai.full_response(
+                        kind, rid, model_id, "".join(parts), ev.finish_reason, ev.usage.openai(),
+                        ev.generation.fingerprint, _timings(ev)), headers={"X-Hydra-Generation": ev.generation.fingerprint})
+                elif isinstance(ev, Failed):
+                    handle.finished = True
+                    raise ApiError(ev.status, ev.message, ev.code)
+                ev = await handle.queue.get()
+        finally:
+            core.cancel(handle) if not handle.finished else None
+
+    async def _stream(kind: str, rid: str, model_id: str, req: openai._Common, handle: RequestHandle,
+                      first: Any) -> AsyncIterator[bytes]:
+        created = int(time.time())
+        fp = core.gen.tag.fingerprint if core.gen else ""
+        try:
+            if kind == "chat":
+                yield openai.chunk(kind, rid, model_id, created, "", None, fp, first=True)
+            ev = first
+            while True:
+                if isinstance(ev, Token):
+                    yield openai.chunk(kind, rid, model_id, created, ev.text, None, fp)
+                elif isinstance(ev, Done):
+                    handle.finished = True
+                    fp = ev.generation.fingerprint
+                    yield openai.chunk(kind, rid, model_id, created, None, ev.finish_reason, fp)
+                    if req.include_usage():
+                        yield openai.usage_chunk(kind, rid, model_id, created, ev.usage.openai(), fp)
+                    yield openai.DONE
+                    return
+                elif isinstance(ev, Failed):
+                    handle.finished = True
+                    yield openai.sse(ApiError(ev.status, ev.message, ev.code).body())
+                    yield openai.DONE
+                    return
+                ev = await handle.queue.get()
+        finally:
+            if not handle.finished:
+                core.cancel(handle)
+
+    async def chat(request: Request) -> Response:
+        return await generate(request, "chat")
+
+    async def completions(request: Request) -> Response:
+        return await generate(request, "completion")
+
+    async def get_config(request: Request) -> Response:
+        guard_control(request)
+        return JSONResponse({"engine": settings.name, "params": control.layers.sources(),
+                             "model": control.resolved.id if control.resolved else None})
+
+    async def configure(request: Request) -> Response:
+        guard_control(request)
+        try:
+            payload = json.loads(await request.body() or b"{}")
+        except ValueError as exc:
+            raise ApiError(400, f"configure body is not valid JSON: {exc}", "invalid_json") from None
+        try:
+            result = await control.configure(payload)
+        except ParamError as exc:
+            raise ApiError(400, str(exc), exc.code, exc.fields[0] if exc.fields else None) from None
+        except UnknownModel as exc:
+            raise ApiError(404, str(exc), "model_not_found", "model") from None
+        except EngineBusy as exc:
+            raise ApiError(409, str(exc), "busy", headers={"Retry-After": "1"}) from None
+        body = result.public()
+        if result.load_id is not None:
+            if request.query_params.get("wait") in ("1", "true", "yes"):
+                rec = core.loads[result.load_id]
+                while rec.phase not in ("done", "failed"):
+                    await asyncio.sleep(0.05)
+                body["load"] = rec.public()
+                if rec.phase == "failed":
+                    raise ApiError(422, f"model load failed: {rec.error}", "load_failed")
+                return JSONResponse(body)
+            return JSONResponse(body, status_code=202, headers={"Location": f"/control/loads/{result.load_id}"})
+        return JSONResponse(body)
+
+    async def load_status(request: Request) -> Response:
+        guard_control(request)
+        try:
+            rec = core.loads[int(request.path_params["load_id"])]
+        except (KeyError, ValueError):
+            raise ApiError(404, "no such load", "not_found") from None
+        return JSONResponse(rec.public())
+
+    async def version(_: Request) -> Response:
+        return JSONResponse({"version": __version__, "engine": settings.name})
+
+    async def on_api_error(_: Request, exc: Exception) -> Response:
+        assert isinstance(exc, ApiError)
+        return _err(exc)
+
+    async def on_crash(request: Request, exc: Exception) -> Response:
+        log_event(log, logging.ERROR, "request failed", path=request.url.path, error=repr(exc), exc_info=True)
+        return _err(ApiError(500, "internal error (see the engine log)", "internal_error"))
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        code = getattr(exc, "status_code", 404)
+        return _err(ApiError(code, f"{request.method} {request.url.path}: {getattr(exc, 'detail', 'not found')}",
+                             "not_found" if code == 404 else "method_not_allowed"))
+
+    routes = [
+        Route("/health", health), Route("/livez", livez), Route("/metrics", prom), Route("/version", version),
+        Route("/v1/models", models), Route("/models", models),
+        Route("/v1/chat/completions", chat, methods=["POST"]), Route("/chat/completions", chat, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]), Route("/completions", completions, methods=["POST"]),
+        Route("/control/config", get_config), Route("/control/configure", configure, methods=["POST"]),
+        Route("/control/loads/{load_id}", load_status),
+    ]
+    return Starlette(routes=routes, exception_handlers={ApiError: on_api_error, Exception: on_crash,
+                                                        404: not_found, 405: not_found})
+
+
+def _timings(ev: Done) -> dict[str, Any]:
+    u = ev.usage
+    evaluated = u.prompt_tokens - u.cached_tokens
+    return {"prompt_n": evaluated, "prompt_ms": u.prompt_ms, "predicted_n": u.completion_tokens,
+            "predicted_ms": u.predicted_ms, "cache_n": u.cached_tokens,
+            "predicted_per_second": round(u.completion_tokens / (u.predicted_ms / 1000), 2) if u.predicted_ms else None}

@@ -1,0 +1,215 @@
+"""OpenAI wire format: request validation, response and SSE chunk shapes, error JSON.
+
+Fields OpenAI defines but this engine cannot honour (n>1, logprobs, tools, ...) are refused
+with a 400 naming them, so a client never silently gets something other than it asked for.
+llama-server's extensions (top_k, min_p, repeat_penalty, n_predict, cache_prompt) are accepted.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from hydrad.engine.requests import GenRequest, SamplingOverrides
+from hydrad.params import validation_message
+
+
+class ApiError(Exception):
+    """Rendered as ``{"error": {"message", "type", "code", "param"}}`` with an HTTP status."""
+
+    def __init__(self, status: int, message: str, code: str = "invalid_request_error",
+                 param: str | None = None, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+        self.param = param
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        kind = "invalid_request_error" if self.status < 500 else "server_error"
+        if self.status == 503:
+            kind = "unavailable_error"
+        return {"error": {"message": self.message, "type": kind, "code": self.code, "param": self.param}}
+
+
+class _Common(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    max_tokens: int | None = Field(None, ge=0)
+    n_predict: int | None = Field(None, ge=-1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, ge=0, le=1)
+    top_k: int | None = Field(None, ge=0)
+    min_p: float | None = Field(None, ge=0, le=1)
+    repeat_penalty: float | None = Field(None, ge=0)
+    frequency_penalty: float = Field(0.0, ge=-2, le=2)
+    presence_penalty: float = Field(0.0, ge=-2, le=2)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+    n: int = 1
+    user: str | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stop(cls, v: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(v, list) and len([s for s in v if s]) > 4:
+            raise ValueError("at most 4 stop sequences")
+        return v
+
+    def stops(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else [s for s in self.stop if s]
+
+    def sampling(self) -> SamplingOverrides:
+        return SamplingOverrides(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p,
+                                 repeat_penalty=self.repeat_penalty, frequency_penalty=self.frequency_penalty,
+                                 presence_penalty=self.presence_penalty, seed=self.seed)
+
+    def limit(self) -> int | None:
+        if self.max_tokens is not None:
+            return self.max_tokens
+        extra = (self.model_extra or {}).get("max_completion_tokens")
+        if isinstance(extra, int) and extra >= 0:
+            return extra
+        if self.n_predict is not None and self.n_predict >= 0:
+            return self.n_predict
+        return None
+
+    def include_usage(self) -> bool:
+        return bool((self.stream_options or {}).get("include_usage"))
+
+
+# Defined by OpenAI, not served here: refused when set to anything but their neutral value.
+_UNSUPPORTED: dict[str, Any] = {
+    "logprobs": (None, False), "top_logprobs": (None, 0), "tools": (None, []), "tool_choice": (None, "none"),
+    "functions": (None, []), "function_call": (None, "none"), "logit_bias": (None, {}), "best_of": (None, 1),
+    "echo": (None, False), "suffix": (None, ""), "parallel_tool_calls": (None,), "audio": (None,),
+    "modalities": (None, ["text"]), "prediction": (None,),
+}
+
+
+def _refuse_unsupported(req: _Common) -> None:
+    bad = [k for k, neutral in _UNSUPPORTED.items() if k in (req.model_extra or {}) and req.model_extra[k] not in neutral]
+    if req.n != 1:
+        bad.insert(0, "n")
+    rf = (req.model_extra or {}).get("response_format")
+    if rf not in (None, {"type": "text"}):
+        bad.append("response_format")
+    if bad:
+        raise ApiError(400, f"unsupported field(s) for this engine: {', '.join(bad)}", "unsupported_field", bad[0])
+
+
+class ChatRequest(_Common):
+    messages: list[dict[str, Any]]
+
+
+class CompletionRequest(_Common):
+    prompt: str | list[str]
+
+
+def _text_of(content: Any, where: str) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for i, part in enumerate(content):
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise ApiError(400, f"{where}.content[{i}]: only text parts are supported", "unsupported_content", where)
+            parts.append(part["text"])
+        return "".join(parts)
+    raise ApiError(400, f"{where}.content must be a string or a list of text parts", "invalid_content", where)
+
+
+def parse(kind: Literal["chat", "completion"], raw: bytes) -> tuple[_Common, GenRequest]:
+    try:
+        data = json.loads(raw or b"null")
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ApiError(400, f"request body is not valid JSON: {exc}", "invalid_json") from None
+    if not isinstance(data, dict):
+        raise ApiError(400, "request body must be a JSON object", "invalid_json")
+    try:
+        req: _Common = ChatRequest(**data) if kind == "chat" else CompletionRequest(**data)
+    except ValidationError as exc:
+        msg, names = validation_message(exc)
+        raise ApiError(400, msg, "invalid_field", names[0] if names else None) from None
+    _refuse_unsupported(req)
+    if isinstance(req, ChatRequest):
+        if not req.messages:
+            raise ApiError(400, "messages must not be empty", "invalid_field", "messages")
+        msgs = []
+        for i, m in enumerate(req.messages):
+            role = m.get("role") if isinstance(m, dict) else None
+            if role not in ("system", "user", "assistant", "developer", "tool"):
+                raise ApiError(400, f"messages[{i}].role must be system, user, assistant or developer", "invalid_field",
+                               f"messages[{i}].role")
+            msgs.append({"role": "system" if role == "developer" else role, "content": _text_of(m.get("content"), f"messages[{i}]")})
+        gen = GenRequest(messages=msgs, max_tokens=req.limit(), stop=req.stops(), sampling=req.sampling())
+    else:
+        assert isinstance(req, CompletionRequest)
+        prompt = req.prompt
+        if isinstance(prompt, list):
+            if len(prompt) != 1:
+                raise ApiError(400, "prompt: one prompt per request (a list of several is not supported)", "unsupported_field", "prompt")
+            prompt = prompt[0]
+        gen = GenRequest(prompt=prompt, max_tokens=req.limit(), stop=req.stops(), sampling=req.sampling())
+    return req, gen
+
+
+def new_id(kind: str) -> str:
+    return ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
+
+
+def full_response(kind: str, rid: str, model: str, text: str, finish: str, usage: dict[str, Any],
+                  fingerprint: str, timings: dict[str, Any]) -> dict[str, Any]:
+    created = int(time.time())
+    if kind == "chat":
+        choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text},
+                                  "finish_reason": finish, "logprobs": None}
+        obj = "chat.completion"
+    else:
+        choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
+        obj = "text_completion"
+    return {"id": rid, "object": obj, "created": created, "model": model, "system_fingerprint": fingerprint,
+            "choices": [choice], "usage": usage, "timings": timings}
+
+
+def chunk(kind: str, rid: str, model: str, created: int, text: str | None, finish: str | None,
+          fingerprint: str, first: bool = False) -> bytes:
+    if kind == "chat":
+        delta: dict[str, Any] = {}
+        if first:
+            delta["role"] = "assistant"
+        if text is not None:
+            delta["content"] = text
+        choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+        obj = "chat.completion.chunk"
+    else:
+        choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
+        obj = "text_completion"
+    body = {"id": rid, "object": obj, "created": created, "model": model, "system_fingerprint": fingerprint,
+            "choices": [choice]}
+    return sse(body)
+
+
+def usage_chunk(kind: str, rid: str, model: str, created: int, usage: dict[str, Any], fingerprint: str) -> bytes:
+    obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
+    return sse({"id": rid, "object": obj, "created": created, "model": model, "system_fingerprint": fingerprint,
+                "choices": [], "usage": usage})
+
+
+def sse(obj: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
+
+
+DONE = b"data: [DONE]\n\n"

@@ -1,0 +1,208 @@
+"""Runtime parameters of an engine, each with the tier that says what a change costs.
+
+Effective parameters are layered: built-in defaults < the model registry's defaults for the
+chosen model < the YAML ``defaults:`` block < runtime payloads (``POST /control/configure``).
+A payload is merged into the runtime layer, the result is diffed against the last applied
+snapshot, and the highest tier among the changed fields decides the action. Keeping this
+module pure (no llama.cpp, no I/O) lets the same rules serve the HTTP plane, the merged RPC
+port and the coordinator's bus.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+
+class Tier(enum.IntEnum):
+    """What applying a change costs, from free to a restart."""
+
+    NONE = 0
+    T1 = 1  # per request: nothing to rebuild
+    T2 = 2  # rebuild the context, keep the model
+    T3 = 3  # reload the model
+    T4 = 4  # restart only; never accepted at runtime
+
+    @property
+    def action(self) -> str:
+        return {0: "none", 1: "apply", 2: "rebuild_context", 3: "reload_model", 4: "restart"}[self.value]
+
+
+def _f(default: Any, tier: Tier, description: str, **kw: Any) -> Any:
+    return Field(default, description=description, json_schema_extra={"tier": int(tier)}, **kw)
+
+
+CacheType = Literal["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"]
+
+
+class RuntimeParams(BaseModel):
+    """Everything an engine can change while it runs; the shape follows llama.cpp's common_params."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    # --- T3: the model itself
+    model: str | None = _f(None, Tier.T3, "Model to serve: a registry alias, or a GGUF path (absolute or under models_dir). None = no model.")
+    n_gpu_layers: int = _f(-1, Tier.T3, "Layers to offload to the GPU; -1 = all. Ignored on a CPU-only build.", ge=-1)
+    split_mode: Literal["none", "layer", "row"] = _f("layer", Tier.T3, "How to split the model across devices.")
+    tensor_split: list[float] | None = _f(None, Tier.T3, "Fraction of the model per device, e.g. [0.6, 0.4].")
+    main_gpu: int = _f(0, Tier.T3, "Device for the whole model (split_mode=none) or for intermediate results.", ge=0)
+    use_mmap: bool = _f(True, Tier.T3, "Map the GGUF instead of reading it into memory.")
+
+    # --- T2: the context
+    n_ctx: int = _f(8192, Tier.T2, "Context size in tokens, shared by all slots (unified KV cache); 0 = the model's training context.", ge=0)
+    n_batch: int = _f(2048, Tier.T2, "Logical batch: most tokens submitted to one decode step.", ge=1)
+    n_ubatch: int = _f(512, Tier.T2, "Physical batch: most tokens computed at once.", ge=1)
+    n_parallel: int = _f(4, Tier.T2, "Slots: requests decoded together by continuous batching.", ge=1, le=256)
+    kv_unified: bool = _f(True, Tier.T2, "One KV buffer for all slots, so any slot can use the whole context.")
+    cache_type_k: CacheType = _f("f16", Tier.T2, "Data type of the K cache.")
+    cache_type_v: CacheType = _f("f16", Tier.T2, "Data type of the V cache (quantized V needs flash attention).")
+    flash_attn: Literal["auto", "on", "off"] = _f("auto", Tier.T2, "Flash attention.")
+    n_threads: int = _f(0, Tier.T2, "CPU threads for generation; 0 = all cores.", ge=0)
+    n_threads_batch: int = _f(0, Tier.T2, "CPU threads for prompt processing; 0 = same as n_threads.", ge=0)
+    rope_scaling: Literal["model", "none", "linear", "yarn", "longrope"] = _f("model", Tier.T2, "RoPE scaling type; 'model' = as the GGUF says.")
+    rope_freq_base: float = _f(0.0, Tier.T2, "RoPE base frequency; 0 = from the model.", ge=0)
+    rope_freq_scale: float = _f(0.0, Tier.T2, "RoPE frequency scale; 0 = from the model.", ge=0)
+    yarn_ext_factor: float = _f(-1.0, Tier.T2, "YaRN extrapolation mix factor; negative = from the model.")
+    yarn_attn_factor: float = _f(1.0, Tier.T2, "YaRN magnitude scaling factor.")
+    yarn_beta_fast: float = _f(32.0, Tier.T2, "YaRN low correction dimension.")
+    yarn_beta_slow: float = _f(1.0, Tier.T2, "YaRN high correction dimension.")
+    yarn_orig_ctx: int = _f(0, Tier.T2, "YaRN original context size; 0 = from the model.", ge=0)
+
+    # --- T1: per request defaults
+    temperature: float = _f(0.8, Tier.T1, "Default sampling temperature; 0 = greedy.", ge=0)
+    top_k: int = _f(40, Tier.T1, "Default top-k; 0 = off.", ge=0)
+    top_p: float = _f(0.95, Tier.T1, "Default nucleus sampling threshold; 1 = off.", ge=0, le=1)
+    min_p: float = _f(0.05, Tier.T1, "Default min-p threshold; 0 = off.", ge=0, le=1)
+    repeat_penalty: float = _f(1.0, Tier.T1, "Default repetition penalty; 1 = off.", ge=0)
+    repeat_last_n: int = _f(64, Tier.T1, "Tokens considered by the repetition penalty.", ge=0)
+    seed: int = _f(-1, Tier.T1, "Default sampling seed; -1 = random per request.")
+    n_predict: int = _f(-1, Tier.T1, "Default token limit when a request sets none; -1 = until the context is full.", ge=-1)
+    chat_template: str | None = _f(None, Tier.T1, "Chat template name (e.g. chatml) or template text; None = the model's own.")
+    cache_prompt: bool = _f(True, Tier.T1, "Reuse the KV of a slot that shares a prefix with a new prompt.")
+
+    @classmethod
+    def tier_of(cls, name: str) -> Tier:
+        extra = cls.model_fields[name].json_schema_extra
+        assert isinstance(extra, dict)
+        return Tier(int(extra["tier"]))  # type: ignore[arg-type]
+
+    def snapshot_hash(self, tier_at_least: Tier = Tier.T2) -> str:
+        """Short hash of the fields at or above a tier: names the generation that serves requests."""
+        data = {k: v for k, v in self.model_dump().items() if self.tier_of(k) >= tier_at_least}
+        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
+
+
+# Start-only settings: a runtime payload that names one is refused with the name.
+T4_FIELDS: frozenset[str] = frozenset(
+    {"name", "http", "host", "port", "rpc", "rpc_port", "models_dir", "registry", "control_allow_from",
+     "logging", "log_level", "bus", "device", "devices", "drain_timeout_s"}
+)
+
+
+class ParamError(ValueError):
+    """A payload that cannot be applied; ``fields`` names the offending fields."""
+
+    def __init__(self, message: str, fields: list[str], code: str = "invalid_param") -> None:
+        super().__init__(message)
+        self.fields = fields
+        self.code = code
+
+
+def validation_message(exc: ValidationError, where: str = "") -> tuple[str, list[str]]:
+    """Turn pydantic's error list into one readable line that names each field."""
+    names: list[str] = []
+    parts: list[str] = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "(root)"
+        names.append(loc)
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown field"
+        parts.append(f"{loc}: {msg}")
+    prefix = f"{where}: " if where else ""
+    return prefix + "; ".join(parts), names
+
+
+@dataclass(frozen=True)
+class ConfigurePlan:
+    """What a payload would do: the new layers, the fields whose effective value changes, the tier."""
+
+    runtime: dict[str, Any]
+    effective: RuntimeParams
+    changed: list[str]
+    tier: Tier
+
+
+@dataclass
+class ParamLayers:
+    """The layered parameter sources and the last applied snapshot."""
+
+    yaml: dict[str, Any] = field(default_factory=dict)
+    runtime: dict[str, Any] = field(default_factory=dict)
+    model_defaults: Any = None  # callable(model) -> dict, from the registry
+
+    def _model_layer(self, model: str | None) -> dict[str, Any]:
+        if model is None or self.model_defaults is None:
+            return {}
+        return dict(self.model_defaults(model) or {})
+
+    def effective_for(self, runtime: dict[str, Any]) -> RuntimeParams:
+        chosen = {**self.yaml, **runtime}.get("model")
+        merged = {**self._model_layer(chosen), **self.yaml, **runtime}
+        return RuntimeParams(**merged)
+
+    def effective(self) -> RuntimeParams:
+        return self.effective_for(self.runtime)
+
+    def sources(self) -> dict[str, dict[str, Any]]:
+        """Each field's effective value and the layer it came from."""
+        eff = self.effective()
+        model_layer = self._model_layer(eff.model)
+        out: dict[str, dict[str, Any]] = {}
+        for name in RuntimeParams.model_fields:
+            if name in self.runtime:
+                src = "runtime"
+            elif name in self.yaml:
+                src = "yaml"
+            elif name in model_layer:
+                src = "model"
+            else:
+                src = "default"
+            out[name] = {"value": getattr(eff, name), "source": src, "tier": f"T{int(RuntimeParams.tier_of(name))}"}
+        return out
+
+    def plan(self, payload: dict[str, Any]) -> ConfigurePlan:
+        """Diff a payload against the applied snapshot. A ``null`` value drops a runtime override."""
+        if not isinstance(payload, dict):
+            raise ParamError("configure payload must be a JSON object", [])
+        restart_only = sorted(k for k in payload if k in T4_FIELDS)
+        if restart_only:
+            raise ParamError(
+                f"start-only settings cannot change at runtime (restart the engine): {', '.join(restart_only)}",
+                restart_only, code="restart_required")
+        unknown = sorted(k for k in payload if k not in RuntimeParams.model_fields)
+        if unknown:
+            raise ParamError(f"unknown parameter(s): {', '.join(unknown)}", unknown, code="unknown_param")
+        runtime = dict(self.runtime)
+        for k, v in payload.items():
+            if v is None and k != "model":
+                runtime.pop(k, None)
+            else:
+                runtime[k] = v
+        try:
+            new = self.effective_for(runtime)
+        except ValidationError as exc:
+            msg, names = validation_message(exc)
+            raise ParamError(msg, names) from None
+        old = self.effective()
+        changed = [k for k in RuntimeParams.model_fields if getattr(old, k) != getattr(new, k)]
+        tier = max((RuntimeParams.tier_of(k) for k in changed), default=Tier.NONE)
+        return ConfigurePlan(runtime=runtime, effective=new, changed=changed, tier=tier)
+
+    def commit(self, plan: ConfigurePlan) -> None:
+        self.runtime = plan.runtime

@@ -1,0 +1,109 @@
+"""The model registry (``etc/hydra/models.yaml``): alias → GGUF file and what is known about it.
+
+Engines use it to resolve a ``model`` parameter; the coordinator (later) uses the same entries
+for placement. An unknown model is an error that lists what is known, never a silent fallback.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from hydrad.params import RuntimeParams, validation_message
+
+
+class ModelEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    path: str = Field(description="GGUF file, relative to the engine's models_dir unless absolute.")
+    arch: str | None = Field(None, description="Architecture as the GGUF names it (llama, gemma3, ...).")
+    quant: str | None = Field(None, description="Weight quantization (Q4_1, Q4_K_M, ...).")
+    size_bytes: int | None = Field(None, ge=0, description="File size, for placement before the file is opened.")
+    kv_bytes_per_token: int | None = Field(None, ge=0, description="KV cache bytes per token at f16, for placement.")
+    description: str = Field("", description="Free text shown by /v1/models.")
+    defaults: dict[str, Any] = Field(default_factory=dict, description="Runtime parameters this model should run with.")
+
+    @field_validator("defaults")
+    @classmethod
+    def _defaults(cls, v: dict[str, Any]) -> dict[str, Any]:
+        try:
+            RuntimeParams(**v)
+        except ValidationError as exc:
+            raise ValueError(validation_message(exc)[0]) from None
+        if "model" in v:
+            raise ValueError("a model's defaults cannot name another model")
+        return v
+
+
+class RegistryFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    models: dict[str, ModelEntry] = Field(default_factory=dict, description="Alias → model entry.")
+
+
+class UnknownModel(LookupError):
+    """The name is neither an alias nor an existing GGUF file."""
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    alias: str | None
+    path: Path
+    entry: ModelEntry | None
+
+    @property
+    def id(self) -> str:
+        """The name the OpenAI API reports: the alias when there is one, else the file's stem."""
+        return self.alias or self.path.stem
+
+    def names(self) -> set[str]:
+        """Names a request's ``model`` field may use for this model."""
+        out = {self.id, self.path.name, self.path.stem, str(self.path)}
+        if self.alias:
+            out.add(self.alias)
+        return out
+
+
+class Registry:
+    def __init__(self, models_dir: Path, entries: dict[str, ModelEntry] | None = None) -> None:
+        self.models_dir = models_dir
+        self.entries = entries or {}
+
+    @classmethod
+    def load(cls, path: Path | None, models_dir: Path) -> "Registry":
+        if path is None:
+            return cls(models_dir)
+        try:
+            raw = yaml.safe_load(Path(path).read_text()) or {}
+        except OSError as exc:
+            raise ValueError(f"{path}: cannot read: {exc.strerror or exc}") from None
+        except yaml.YAMLError as exc:
+            raise ValueError(f"{path}: not valid YAML: {exc}") from None
+        try:
+            parsed = RegistryFile(**raw) if isinstance(raw, dict) else RegistryFile(models=raw)
+        except ValidationError as exc:
+            raise ValueError(validation_message(exc, str(path))[0]) from None
+        return cls(models_dir, parsed.models)
+
+    def defaults_for(self, model: str) -> dict[str, Any]:
+        entry = self.entries.get(model)
+        return dict(entry.defaults) if entry else {}
+
+    def resolve(self, name: str) -> ResolvedModel:
+        entry = self.entries.get(name)
+        if entry is not None:
+            p = Path(entry.path)
+            path = p if p.is_absolute() else self.models_dir / p
+            if not path.is_file():
+                raise UnknownModel(f"model '{name}' is registered but its file is missing: {path}")
+            return ResolvedModel(name, path, entry)
+        p = Path(name)
+        for candidate in ([p] if p.is_absolute() else [self.models_dir / p]):
+            if candidate.is_file() and candidate.suffix == ".gguf":
+                alias = next((a for a, e in self.entries.items()
+                              if (self.models_dir / e.path).resolve() == candidate.resolve()), None)
+                return ResolvedModel(alias, candidate, self.entries.get(alias) if alias else None)
+        known = ", ".join(sorted(self.entries)) or "none registered"
+        raise UnknownModel(f"unknown model '{name}': not a registry alias ({known}) nor a .gguf file under {self.models_dir}")

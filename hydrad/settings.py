@@ -1,0 +1,144 @@
+"""Start-only settings of one engine (tier T4), read from ``/etc/hydra/<name>.yaml``.
+
+One settings model and one ``load_config`` so ``--config``, ``--check-config`` and
+``--print-config`` can never disagree about what a file means. Relative paths in a file
+resolve against that file's directory, so a unit started from ``/`` and a developer in the
+repository read the same config the same way.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from hydrad.params import RuntimeParams, validation_message
+
+
+class HttpSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    host: str = Field("127.0.0.1", description="Address the OpenAI/control HTTP server binds.")
+    port: int = Field(8080, ge=0, le=65535, description="HTTP port; 0 = pick a free one (tests).")
+
+
+class RpcSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    host: str = Field("127.0.0.1", description="Address the merged RPC port binds.")
+    port: int = Field(9503, ge=0, le=65535, description="Merged RPC port (ggml-RPC and Hydra binary ops).")
+
+
+class LogSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level of the daemon.")
+    llama_level: Literal["debug", "info", "warning", "error"] = Field(
+        "warning", description="Least level of llama.cpp's own log lines that reach our log.")
+
+
+class EngineSettings(BaseModel):
+    """Everything fixed for the life of the process."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field("engine", pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="Engine name, unique in the pool (the systemd instance name).")
+    http: HttpSettings = Field(default_factory=HttpSettings, description="HTTP server.")
+    rpc: RpcSettings = Field(default_factory=RpcSettings, description="Merged RPC port.")
+    models_dir: Path = Field(Path("/var/lib/hydra/models"), description="Directory GGUF paths and registry entries are relative to.")
+    registry: Path | None = Field(None, description="Model registry file (alias → GGUF); default: models.yaml beside this config, if present.")
+    control_allow_from: list[str] = Field(
+        default_factory=lambda: ["127.0.0.0/8", "::1/128"],
+        description="CIDR networks allowed to call /control/* (and, later, ggml-RPC compute).")
+    drain_timeout_s: float = Field(30.0, gt=0, description="On SIGTERM, how long in-flight requests may run before they are ended.")
+    max_queue: int = Field(64, ge=0, description="Requests that may wait for a free slot; beyond that new ones get 503.")
+    logging: LogSettings = Field(default_factory=LogSettings, description="Logging.")
+    defaults: dict[str, Any] = Field(default_factory=dict, description="Runtime parameter defaults (the YAML layer); a model here is loaded at boot.")
+
+    @field_validator("control_allow_from")
+    @classmethod
+    def _cidrs(cls, v: list[str]) -> list[str]:
+        for item in v:
+            ipaddress.ip_network(item, strict=False)
+        return v
+
+    @field_validator("defaults")
+    @classmethod
+    def _defaults(cls, v: dict[str, Any]) -> dict[str, Any]:
+        try:
+            RuntimeParams(**v)
+        except ValidationError as exc:
+            raise ValueError(validation_message(exc)[0]) from None
+        return v
+
+    def allows_control(self, host: str | None) -> bool:
+        if host is None:
+            return False
+        try:
+            addr = ipaddress.ip_address(host)
+        except ValueError:
+            return False
+        return any(addr in ipaddress.ip_network(n, strict=False) for n in self.control_allow_from)
+
+
+class ConfigError(Exception):
+    """A config file that cannot be used; the message names the file and the field."""
+
+
+@dataclass(frozen=True)
+class LoadedConfig:
+    settings: EngineSettings
+    path: Path | None
+    raw: dict[str, Any]
+
+    def sources(self) -> dict[str, Any]:
+        """Effective start-only values with where each came from ('yaml' or 'default')."""
+        out: dict[str, Any] = {}
+        dumped = self.settings.model_dump(mode="json")
+        for key, value in dumped.items():
+            if key == "defaults":
+                continue
+            if isinstance(value, dict):
+                raw_sub = self.raw.get(key) or {}
+                for sub, subval in value.items():
+                    out[f"{key}.{sub}"] = {"value": subval, "source": "yaml" if sub in raw_sub else "default"}
+            else:
+                out[key] = {"value": value, "source": "yaml" if key in self.raw else "default"}
+        return out
+
+
+def load_config(path: str | Path | None) -> LoadedConfig:
+    """Read and validate a YAML config; raise ConfigError naming file and field."""
+    if path is None:
+        return LoadedConfig(EngineSettings(), None, {})
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read: {exc.strerror or exc}") from None
+    try:
+        raw = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(f"{p}: not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{p}: top level must be a mapping of settings, got {type(raw).__name__}")
+    try:
+        settings = EngineSettings(**raw)
+    except ValidationError as exc:
+        msg, _ = validation_message(exc, str(p))
+        raise ConfigError(msg) from None
+    base = p.resolve().parent
+    updates: dict[str, Any] = {}
+    if not settings.models_dir.is_absolute():
+        updates["models_dir"] = (base / settings.models_dir).resolve()
+    if settings.registry is None:
+        candidate = base / "models.yaml"
+        updates["registry"] = candidate if candidate.exists() else None
+    elif not settings.registry.is_absolute():
+        updates["registry"] = (base / settings.registry).resolve()
+    if updates:
+        settings = settings.model_copy(update=updates)
+    return LoadedConfig(settings, p, raw)
