@@ -1,0 +1,48 @@
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pytest
+
+from tests.support.engine import GEMMA, SMOLLM, Engine, models_dir
+
+
+def _need(file: str) -> Path:
+    p = models_dir() / file
+    if not p.is_file():
+        pytest.skip(f"model file {p} is missing (scripts/setup fetches it)")
+    return p
+
+
+@pytest.fixture
+def smollm_path() -> Path:
+    return _need(SMOLLM)
+
+
+@pytest.fixture
+def gemma_path() -> Path:
+    return _need(GEMMA)
+
+
+@pytest.fixture
+def start_engine(tmp_path: Path) -> Iterator[Callable[..., Engine]]:
+    """Start real hydrad subprocesses; every one is stopped (SIGTERM, then kill) at teardown."""
+    started: list[Engine] = []
+
+    def start(**kw: object) -> Engine:
+        e = Engine(tmp_path, **kw)  # type: ignore[arg-type]
+        started.append(e)
+        return e
+
+    yield start
+    for e in started:
+        e.stop()
+
+
+@pytest.fixture
+def smollm_engine(smollm_path: Path, start_engine: Callable[..., Engine]) -> Engine:
+    """An engine serving SmolLM2-135M (loaded at boot from the YAML defaults)."""
+    e = start_engine(defaults={"model": "smollm2-135m", "temperature": 0})
+    e.wait_ready()
+    return e

@@ -1,0 +1,147 @@
+"""Start a real hydrad subprocess for a test: free port, own config, own NOTIFY_SOCKET.
+
+systemd is not PID 1 here, so the test plays its part: it binds the notify datagram socket
+the daemon writes to and reads what a service manager would receive.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+REGISTRY = REPO / "etc" / "hydra" / "models.yaml"
+SMOLLM = "SmolLM2-135M-Instruct.Q4_1.gguf"
+GEMMA = "gemma-3-270m-q4_k_m.gguf"
+
+
+def models_dir() -> Path:
+    return Path(os.environ.get("HYDRA_MODELS_DIR", REPO / "models"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class NotifyListener:
+    """A bound AF_UNIX datagram socket collecting sd_notify messages with arrival times."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(str(path))
+        self.sock.settimeout(0.1)
+        self.messages: list[tuple[float, str]] = []
+        self._stop = False
+        self._t = threading.Thread(target=self._read, daemon=True)
+        self._t.start()
+
+    def _read(self) -> None:
+        while not self._stop:
+            try:
+                data = self.sock.recv(65536)
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            self.messages.append((time.monotonic(), data.decode("utf-8")))
+
+    def lines(self) -> list[str]:
+        return [line for _, m in self.messages for line in m.splitlines()]
+
+    def wait_for(self, text: str, timeout: float = 10.0) -> float:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for t, m in self.messages:
+                if text in m.splitlines():
+                    return t
+            time.sleep(0.01)
+        raise AssertionError(f"no {text!r} on NOTIFY_SOCKET within {timeout}s; got {self.lines()}")
+
+    def wait_prefix(self, prefix: str, timeout: float = 10.0) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for line in self.lines():
+                if line.startswith(prefix):
+                    return line
+            time.sleep(0.01)
+        raise AssertionError(f"no line starting {prefix!r} on NOTIFY_SOCKET within {timeout}s; got {self.lines()}")
+
+    def close(self) -> None:
+        self._stop = True
+        self.sock.close()
+
+
+class Engine:
+    def __init__(self, tmp: Path, defaults: dict[str, Any] | None = None, name: str = "test",
+                 extra: dict[str, Any] | None = None, env: dict[str, str] | None = None) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.config = tmp / f"{name}.yaml"
+        cfg: dict[str, Any] = {
+            "name": name, "http": {"host": "127.0.0.1", "port": self.port}, "rpc": {"port": free_port()},
+            "models_dir": str(models_dir()), "registry": str(REGISTRY), "drain_timeout_s": 10,
+            "defaults": {"n_ctx": 4096, "n_parallel": 4, **(defaults or {})},
+        }
+        cfg.update(extra or {})
+        self.config.write_text(yaml.safe_dump(cfg))
+        self.notify = NotifyListener(tmp / f"notify-{name}.sock")
+        self.log_path = tmp / f"{name}.log"
+        self._log = open(self.log_path, "wb")
+        env = dict(env or {})
+        if env.get("JOURNAL_STREAM") == "auto":  # what systemd sets when stdout/stderr is the journal
+            st = os.fstat(self._log.fileno())
+            env["JOURNAL_STREAM"] = f"{st.st_dev}:{st.st_ino}"
+        e = dict(os.environ, NOTIFY_SOCKET=str(self.notify.path), PYTHONUNBUFFERED="1", **env)
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen([sys.executable, "-m", "hydrad.daemon", "--config", str(self.config)],
+                                     stdout=self._log, stderr=subprocess.STDOUT, env=e, cwd=str(tmp))
+        self.http = httpx.Client(base_url=self.url, timeout=60)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_ready(self, timeout: float = 60.0) -> dict[str, Any]:
+        """Wait until /health is 200 (a model is loaded and serving)."""
+        deadline = time.monotonic() + timeout
+        last: Any = None
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"hydrad exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                r = self.http.get("/health")
+                last = r.json()
+                if r.status_code == 200:
+                    return last
+            except httpx.TransportError:
+                pass
+            time.sleep(0.05)
+        raise AssertionError(f"engine not ready within {timeout}s; last health {last}\n{self.log()}")
+
+    def configure(self, wait: bool = True, **payload: Any) -> httpx.Response:
+        return self.http.post("/control/configure" + ("?wait=1" if wait else ""), json=payload)
+
+    def stop(self, timeout: float = 30.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self.http.close()
+        self.notify.close()
+        self._log.close()
+        return self.proc.returncode
