@@ -368,7 +368,8 @@ class EngineCore:
             repeat_penalty=params.repeat_penalty if s.repeat_penalty is None else s.repeat_penalty,
             repeat_last_n=params.repeat_last_n,
             frequency_penalty=s.frequency_penalty, presence_penalty=s.presence_penalty,
-            seed=params.seed if s.seed is None else s.seed))
+            seed=params.seed if s.seed is None else s.seed,
+            ban=tuple(model.eog_tokens()) if req.ignore_eos else ()), model.n_vocab)
         room = limit - len(tokens)
         if req.max_tokens is not None:
             max_tokens = min(req.max_tokens, room)

@@ -188,6 +188,13 @@ class Model:
             self._pieces[token] = got
         return got
 
+    def eog_tokens(self) -> list[int]:
+        """Every end-of-generation token (computed once; a 262k vocabulary takes a moment)."""
+        if getattr(self, "_eog", None) is None:
+            C = lib()
+            self._eog = [t for t in range(self.n_vocab) if C.llama_vocab_is_eog(self.vocab, t)]
+        return self._eog
+
     def is_eog(self, token: int) -> bool:
         return bool(lib().llama_vocab_is_eog(self.vocab, token))
 
@@ -313,17 +320,24 @@ class Sampling:
     frequency_penalty: float
     presence_penalty: float
     seed: int
+    ban: tuple[int, ...] = ()  # tokens never to sample (ignore_eos bans the end-of-generation tokens)
 
 
 class Sampler:
     """A llama.cpp sampler chain: sampling runs in C, one call per token."""
 
-    def __init__(self, s: Sampling) -> None:
+    def __init__(self, s: Sampling, n_vocab: int = 0) -> None:
         C = lib()
         sp = C.llama_sampler_chain_default_params()
         sp.no_perf = True
         self.ptr = C.llama_sampler_chain_init(sp)
         add = lambda smpl: C.llama_sampler_chain_add(self.ptr, smpl)  # noqa: E731
+        if s.ban:
+            biases = (C.llama_logit_bias * len(s.ban))()
+            for i, tok in enumerate(s.ban):
+                biases[i].token = tok
+                biases[i].bias = float("-inf")
+            add(C.llama_sampler_init_logit_bias(n_vocab, len(s.ban), biases))
         if s.repeat_penalty != 1.0 or s.frequency_penalty or s.presence_penalty:
             add(C.llama_sampler_init_penalties(s.repeat_last_n, s.repeat_penalty, s.frequency_penalty, s.presence_penalty))
         if s.temperature <= 0:

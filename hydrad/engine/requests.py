@@ -38,6 +38,7 @@ class GenRequest:
     max_tokens: int | None = None
     stop: list[str] = field(default_factory=list)
     sampling: SamplingOverrides = field(default_factory=SamplingOverrides)
+    ignore_eos: bool = False  # generate exactly max_tokens (benchmarks); a llama-server extension
     id: int = field(default_factory=lambda: next(_ids))
 
 

@@ -56,6 +56,7 @@ class _Common(BaseModel):
     stream_options: dict[str, Any] | None = None
     n: int = 1
     user: str | None = None
+    ignore_eos: bool = False
 
     @field_validator("stop")
     @classmethod
@@ -154,7 +155,8 @@ def parse(kind: Literal["chat", "completion"], raw: bytes) -> tuple[_Common, Gen
                 raise ApiError(400, f"messages[{i}].role must be system, user, assistant or developer", "invalid_field",
                                f"messages[{i}].role")
             msgs.append({"role": "system" if role == "developer" else role, "content": _text_of(m.get("content"), f"messages[{i}]")})
-        gen = GenRequest(messages=msgs, max_tokens=req.limit(), stop=req.stops(), sampling=req.sampling())
+        gen = GenRequest(messages=msgs, max_tokens=req.limit(), stop=req.stops(), sampling=req.sampling(),
+                         ignore_eos=req.ignore_eos)
     else:
         assert isinstance(req, CompletionRequest)
         prompt = req.prompt
@@ -162,7 +164,8 @@ def parse(kind: Literal["chat", "completion"], raw: bytes) -> tuple[_Common, Gen
             if len(prompt) != 1:
                 raise ApiError(400, "prompt: one prompt per request (a list of several is not supported)", "unsupported_field", "prompt")
             prompt = prompt[0]
-        gen = GenRequest(prompt=prompt, max_tokens=req.limit(), stop=req.stops(), sampling=req.sampling())
+        gen = GenRequest(prompt=prompt, max_tokens=req.limit(), stop=req.stops(), sampling=req.sampling(),
+                         ignore_eos=req.ignore_eos)
     return req, gen
 
 

@@ -112,6 +112,8 @@ def test_completions_stop_and_seed(smollm_engine: Engine) -> None:
     a = c.completions.create(model="smollm2-135m", prompt="Once upon a time", max_tokens=12, temperature=1.0, seed=42).choices[0].text
     b = c.completions.create(model="smollm2-135m", prompt="Once upon a time", max_tokens=12, temperature=1.0, seed=42).choices[0].text
     assert a == b
+    exact = c.completions.create(model="smollm2-135m", prompt="Hi", max_tokens=40, extra_body={"ignore_eos": True})
+    assert exact.usage.completion_tokens == 40 and exact.choices[0].finish_reason == "length"
 
 
 def test_errors_are_openai_json(smollm_engine: Engine) -> None:
@@ -248,7 +250,7 @@ def test_sigterm_past_drain_bound_ends_stream_with_error(smollm_path: Path, star
     def stream() -> None:
         with httpx.stream("POST", e.url + "/v1/completions", timeout=60,
                           json={"prompt": "Tell me a story", "max_tokens": 6000, "stream": True,
-                                "temperature": 1.0}) as r:
+                                "ignore_eos": True}) as r:
             for line in r.iter_lines():
                 if line:
                     events.append(line)
