@@ -76,13 +76,17 @@ class Registry:
         if path is None:
             return cls(models_dir)
         try:
-            raw = yaml.safe_load(Path(path).read_text()) or {}
+            raw = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
         except OSError as exc:
             raise ValueError(f"{path}: cannot read: {exc.strerror or exc}") from None
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"{path}: not UTF-8 text (byte {exc.start})") from None
         except yaml.YAMLError as exc:
             raise ValueError(f"{path}: not valid YAML: {exc}") from None
+        if not isinstance(raw, dict) or any(not isinstance(k, str) for k in raw):
+            raise ValueError(f"{path}: top level must be a mapping with a 'models' key")
         try:
-            parsed = RegistryFile(**raw) if isinstance(raw, dict) else RegistryFile(models=raw)
+            parsed = RegistryFile(**raw)
         except ValidationError as exc:
             raise ValueError(validation_message(exc, str(path))[0]) from None
         return cls(models_dir, parsed.models)

@@ -79,6 +79,8 @@ class EngineSettings(BaseModel):
             addr = ipaddress.ip_address(host)
         except ValueError:
             return False
+        if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+            addr = addr.ipv4_mapped  # IPv4 clients of a dual-stack listener arrive as ::ffff:a.b.c.d
         return any(addr in ipaddress.ip_network(n, strict=False) for n in self.control_allow_from)
 
 
@@ -114,9 +116,11 @@ def load_config(path: str | Path | None) -> LoadedConfig:
         return LoadedConfig(EngineSettings(), None, {})
     p = Path(path)
     try:
-        text = p.read_text()
+        text = p.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"{p}: cannot read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{p}: not UTF-8 text (byte {exc.start})") from None
     try:
         raw = yaml.safe_load(text) or {}
     except yaml.YAMLError as exc:
@@ -125,6 +129,9 @@ def load_config(path: str | Path | None) -> LoadedConfig:
         raise ConfigError(f"{p}: not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{p}: top level must be a mapping of settings, got {type(raw).__name__}")
+    odd = [repr(k) for k in raw if not isinstance(k, str)]
+    if odd:
+        raise ConfigError(f"{p}: setting names must be strings, got {', '.join(odd)} (quote keys like 'on' or 'yes')")
     try:
         settings = EngineSettings(**raw)
     except ValidationError as exc:

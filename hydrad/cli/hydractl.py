@@ -17,7 +17,6 @@ import json
 import os
 import sys
 import time
-from dataclasses import dataclass
 from typing import Any, TextIO
 
 import httpx
@@ -329,14 +328,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     co = sub.add_parser(
         "configure", parents=[common], help="change runtime parameters (key=value ...)",
-        description="POST key=value pairs to /control/configure. Values are read as YAML (n_ctx=4096 is a number, "
-                    "tensor_split=[0.6,0.4] a list, model=null drops the override; flash_attn=on stays the "
-                    "string 'on'). A model change (T3) is followed until the load ends.",
+        description="POST key=value pairs to /control/configure. Values are read as YAML:\n"
+                    "n_ctx=4096 is a number, tensor_split=[0.6,0.4] a list, flash_attn=on stays the string 'on';\n"
+                    "key=null drops a runtime override, and model=null unloads the model.\n"
+                    "A model change (T3) is followed until the load ends.",
         epilog="examples:\n  hydractl configure temperature=0.3\n"
                "  hydractl configure http://gpu1:8080 model=gemma3-270m n_ctx=4096",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     co.add_argument("items", nargs="*", metavar="[URL] key=value",
-                    help=f"an optional http(s):// engine URL, then parameters; {url_help}")
+                    help=f"parameters, after an optional http(s):// {url_help}")
     co.add_argument("--no-wait", action="store_true", help="return as soon as a model load has started")
     co.set_defaults(func=cmd_configure)
 

@@ -63,6 +63,10 @@ class EngineControl:
     async def configure(self, payload: dict[str, Any]) -> ConfigureResult:
         """Apply a payload. Raises ParamError (400/409), UnknownModel (404) or EngineBusy (409)."""
         plan = self.layers.plan(payload)
+        busy = self.core.current_load
+        if busy is not None:
+            # The load commits its own snapshot when it lands; a change accepted now would be lost.
+            raise EngineBusy(f"load {busy.id} of {busy.model} is under way; configure again when it has finished")
         if plan.tier == Tier.NONE:
             self.layers.commit(plan)  # may drop an override equal to the value below it
             return ConfigureResult(Tier.NONE, [])
@@ -92,6 +96,8 @@ class EngineControl:
 
     async def apply_yaml(self, defaults: dict[str, Any]) -> ConfigureResult:
         """SIGHUP: a re-read YAML ``defaults:`` block replaces the YAML layer; the diff is applied like a configure."""
+        if self.core.current_load is not None:
+            raise EngineBusy("a model load is under way; reload again when it has finished")
         old_yaml = self.layers.yaml
         self.layers.yaml = dict(defaults)
         try:

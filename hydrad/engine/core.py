@@ -237,7 +237,8 @@ class EngineCore:
     def _run(self) -> None:
         try:
             while True:
-                busy = bool(self.gen and (self.gen.n_active or (self._waiting and self.gen.free_slot_exists())))
+                busy = bool(self.gen and (self.gen.n_active or (self._waiting and self.gen.free_slot_exists()
+                                                                               and self._pending_swap is None)))
                 if not self._drain_commands(block=not busy):
                     break
                 self.heartbeat = time.monotonic()
@@ -285,6 +286,10 @@ class EngineCore:
             self._cancel(cmd[1])
         elif kind == "t1":
             self.params = cmd[1]
+        elif kind == "state_get":
+            self._state_get(cmd[1], cmd[2])
+        elif kind == "state_put":
+            self._state_put(cmd[1], cmd[2], cmd[3], cmd[4])
         elif kind in ("rebuild", "install", "unload"):
             self._pending_swap = (kind, cmd[1], cmd[2])
         elif kind == "stop":
@@ -292,6 +297,50 @@ class EngineCore:
             self._flush()
             return False
         return True
+
+    def _idle_slot(self, slot_id: int) -> tuple[Generation, Slot]:
+        gen = self.gen
+        if gen is None:
+            raise StateError("no model is loaded", "not_found")
+        if not 0 <= slot_id < len(gen.slots):
+            raise StateError(f"slot {slot_id} does not exist (this engine has {len(gen.slots)})", "not_found")
+        slot = gen.slots[slot_id]
+        if slot.active is not None:
+            raise StateError(f"slot {slot_id} is busy with a request; retry when it is idle", "conflict")
+        return gen, slot
+
+    def _state_get(self, slot_id: int, fut: cf.Future[Any]) -> None:
+        try:
+            gen, slot = self._idle_slot(slot_id)
+            data = gen.read_state(slot)
+            fut.set_result((gen.state_meta(slot, len(data)), data))
+        except Exception as exc:
+            fut.set_exception(exc)
+
+    def _state_put(self, slot_id: int, meta: dict[str, Any], data: Any, fut: cf.Future[Any]) -> None:
+        try:
+            gen, slot = self._idle_slot(slot_id)
+            problem = gen.incompatibility(meta)
+            if problem:
+                raise StateError(problem, "incompatible")
+            t0 = time.monotonic()
+            gen.write_state(slot, meta["tokens"], data)
+            slot.last_used = time.monotonic()
+            fut.set_result({"slot": slot_id, "n_tokens": len(slot.cache), "seconds": round(time.monotonic() - t0, 6)})
+        except Exception as exc:
+            fut.set_exception(exc)
+
+    async def state_get(self, slot_id: int) -> tuple[dict[str, Any], Any]:
+        """A slot's KV state (meta, bytes), read on the engine thread between steps."""
+        fut: cf.Future[Any] = cf.Future()
+        self._cmds.put(("state_get", slot_id, fut))
+        return await asyncio.wrap_future(fut)
+
+    async def state_put(self, slot_id: int, meta: dict[str, Any], data: Any) -> dict[str, Any]:
+        """Restore a slot from meta + bytes; an incompatible state leaves the slot untouched."""
+        fut: cf.Future[Any] = cf.Future()
+        self._cmds.put(("state_put", slot_id, meta, data, fut))
+        return await asyncio.wrap_future(fut)
 
     def _maybe_swap(self) -> None:
         """Apply a pending rebuild/install/unload once the current generation has no active slot."""
@@ -323,17 +372,24 @@ class EngineCore:
 
     def _admit(self) -> None:
         gen = self.gen
-        if gen is None or self._pending_swap is not None:
+        if gen is None or self._pending_swap is not None or not self._waiting:
             return
+        deferred: deque[RequestHandle] = deque()
         while self._waiting:
-            slot_free = gen.free_slot_exists()
-            if not slot_free:
-                return
             handle = self._waiting.popleft()
+            want = handle.request.slot
+            if want is not None and not 0 <= want < len(gen.slots):
+                self._emit(handle, Failed(f"slot {want} does not exist (this engine has {len(gen.slots)})",
+                                          status=400, code="invalid_slot"))
+                continue
+            if (want is not None and gen.slots[want].active is not None) or not gen.free_slot_exists():
+                deferred.append(handle)
+                continue
             try:
                 self._start(gen, handle)
             except _RequestError as exc:
                 self._emit(handle, Failed(str(exc), status=exc.status, code=exc.code))
+        self._waiting = deferred
 
     def _start(self, gen: Generation, handle: RequestHandle) -> None:
         req = handle.request
@@ -356,7 +412,7 @@ class EngineCore:
         if len(tokens) >= limit:
             raise _RequestError(f"the prompt has {len(tokens)} tokens; this engine's context holds {limit}",
                                 400, "context_length_exceeded")
-        slot = gen.pick_slot(tokens if params.cache_prompt else None)
+        slot = gen.slots[req.slot] if req.slot is not None else gen.pick_slot(tokens if params.cache_prompt else None)
         keep = gen.reuse_prefix(slot, tokens) if params.cache_prompt else gen.reset_slot(slot)
         gen.ensure_room(len(tokens) - keep, exclude=slot)
         s = req.sampling
@@ -553,6 +609,14 @@ class EngineCore:
         if gen is None:
             return {"busy": 0, "total": 0, "queued": len(self._waiting)}
         return {"busy": gen.n_active, "total": len(gen.slots), "queued": len(self._waiting)}
+
+
+class StateError(Exception):
+    """A state request that cannot be served; ``kind`` maps to a protocol status."""
+
+    def __init__(self, message: str, kind: str) -> None:
+        super().__init__(message)
+        self.kind = kind  # not_found | conflict | incompatible | failed
 
 
 class _RequestError(Exception):

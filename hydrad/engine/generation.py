@@ -6,8 +6,11 @@ that shares the longest prefix with it and skip prefilling that prefix.
 
 from __future__ import annotations
 
+import ctypes
+import hashlib
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 from hydrad.engine import llama
@@ -22,6 +25,24 @@ class Slot:
     cache: list[int] = field(default_factory=list)  # tokens whose KV sits in sequence `id`
     active: Any = None  # the core's _Active while a request runs here
     last_used: float = 0.0
+
+
+STATE_FORMAT = "hydra-kv/1"
+_FP_EDGE = 4 << 20
+
+
+def file_fingerprint(path: Path) -> str:
+    """sha256 over the file size and its first and last 4 MiB: same GGUF ⇒ same fingerprint,
+    cheap enough to compute on every load even for a model of many gigabytes."""
+    h = hashlib.sha256()
+    size = path.stat().st_size
+    h.update(size.to_bytes(8, "little"))
+    with path.open("rb") as f:
+        h.update(f.read(_FP_EDGE))
+        if size > _FP_EDGE:
+            f.seek(max(_FP_EDGE, size - _FP_EDGE))
+            h.update(f.read(_FP_EDGE))
+    return h.hexdigest()[:32]
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -47,6 +68,65 @@ class Generation:
         self.loaded_at = time.time()
         self.bos = llama.lib().llama_vocab_bos(model.vocab)
         self.tag = GenerationTag(gen_id, resolved.id, params.snapshot_hash())
+        self.fingerprint = ""
+
+    # ----- KV state of a slot (engine thread only) ---------------------------------------
+
+    def identity(self) -> dict[str, Any]:
+        """What must match for KV state to be portable between two engines."""
+        info = self.model.info
+        return {"arch": info.arch, "n_layer": info.n_layer, "n_embd": info.n_embd, "n_head_kv": info.n_head_kv,
+                "n_vocab": info.n_vocab, "fingerprint": self.fingerprint, "desc": info.desc}
+
+    def state_meta(self, slot: Slot, n_bytes: int) -> dict[str, Any]:
+        return {"format": STATE_FORMAT, "model": self.identity(), "model_id": self.resolved.id,
+                "cache_type_k": self.params.cache_type_k, "cache_type_v": self.params.cache_type_v,
+                "n_ctx": self.ctx.n_ctx_seq, "tokens": list(slot.cache), "n_tokens": len(slot.cache),
+                "bytes": n_bytes}
+
+    def incompatibility(self, meta: dict[str, Any]) -> str | None:
+        """Why a state cannot be restored here, or None when it can."""
+        if not isinstance(meta, dict) or meta.get("format") != STATE_FORMAT:
+            return f"not a {STATE_FORMAT} state (format={meta.get('format') if isinstance(meta, dict) else None!r})"
+        mine, theirs = self.identity(), meta.get("model") or {}
+        for key in ("arch", "n_layer", "n_embd", "n_head_kv", "n_vocab", "fingerprint"):
+            if theirs.get(key) != mine[key]:
+                return (f"state is from another model: {key} is {theirs.get(key)!r}, this engine has {mine[key]!r} "
+                        f"({self.resolved.id})")
+        for key in ("cache_type_k", "cache_type_v"):
+            if meta.get(key) != getattr(self.params, key):
+                return f"{key} differs: state has {meta.get(key)!r}, this engine uses {getattr(self.params, key)!r}"
+        tokens = meta.get("tokens")
+        if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
+            return "meta.tokens must be a list of token ids"
+        if meta.get("n_tokens") != len(tokens):
+            return "meta.n_tokens does not match the token list"
+        if len(tokens) >= self.ctx.n_ctx_seq:
+            return f"state holds {len(tokens)} tokens; this engine's slot context holds {self.ctx.n_ctx_seq}"
+        if any(t < 0 or t >= self.model.n_vocab for t in tokens):
+            return "meta.tokens has ids outside the vocabulary"
+        return None
+
+    def read_state(self, slot: Slot) -> ctypes.Array[ctypes.c_uint8]:
+        C = llama.lib()
+        size = C.llama_state_seq_get_size(self.ctx.ptr, slot.id)
+        buf = (ctypes.c_uint8 * size)()
+        n = C.llama_state_seq_get_data(self.ctx.ptr, buf, size, slot.id)
+        if n != size:
+            raise RuntimeError(f"llama_state_seq_get_data wrote {n} of {size} bytes")
+        return buf
+
+    def write_state(self, slot: Slot, tokens: list[int], data: Any) -> None:
+        """Replace the slot's KV with ``data``. On a llama.cpp failure the slot ends up empty, never half-written."""
+        C = llama.lib()
+        buf = data if isinstance(data, ctypes.Array) else (ctypes.c_uint8 * len(data)).from_buffer(data)
+        self.ctx.seq_rm(slot.id, -1, -1)
+        slot.cache.clear()
+        n = C.llama_state_seq_set_data(self.ctx.ptr, buf, len(buf), slot.id)
+        if n == 0:
+            self.ctx.seq_rm(slot.id, -1, -1)
+            raise RuntimeError("llama.cpp refused the state data (corrupt or from another build); the slot is empty")
+        slot.cache.extend(tokens)
 
     def free_slot_exists(self) -> bool:
         return self.n_active < len(self.slots)
@@ -128,6 +208,7 @@ def build_generation(resolved: ResolvedModel, params: RuntimeParams, progress: C
         model.free()
         raise
     gen = Generation(gen_id, resolved, params, model, ctx, 0.0)
+    gen.fingerprint = file_fingerprint(resolved.path)
     try:
         on_warming()
         gen.warmup()

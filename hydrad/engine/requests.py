@@ -39,6 +39,7 @@ class GenRequest:
     stop: list[str] = field(default_factory=list)
     sampling: SamplingOverrides = field(default_factory=SamplingOverrides)
     ignore_eos: bool = False  # generate exactly max_tokens (benchmarks); a llama-server extension
+    slot: int | None = None  # pin to a slot (llama-server's id_slot), e.g. one restored from migrated KV
     id: int = field(default_factory=lambda: next(_ids))
 
 

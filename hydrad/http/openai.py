@@ -56,6 +56,8 @@ class _Common(BaseModel):
     stream_options: dict[str, Any] | None = None
     n: int = 1
     user: str | None = None
+    max_completion_tokens: int | None = Field(None, ge=0)
+    id_slot: int | None = Field(None, ge=-1, description="Pin the request to a slot (llama-server's id_slot); -1 = any.")
     ignore_eos: bool = False
 
     @field_validator("stop")
@@ -78,12 +80,14 @@ class _Common(BaseModel):
     def limit(self) -> int | None:
         if self.max_tokens is not None:
             return self.max_tokens
-        extra = (self.model_extra or {}).get("max_completion_tokens")
-        if isinstance(extra, int) and extra >= 0:
-            return extra
+        if self.max_completion_tokens is not None:
+            return self.max_completion_tokens
         if self.n_predict is not None and self.n_predict >= 0:
             return self.n_predict
         return None
+
+    def slot(self) -> int | None:
+        return None if self.id_slot is None or self.id_slot < 0 else self.id_slot
 
     def include_usage(self) -> bool:
         return bool((self.stream_options or {}).get("include_usage"))
@@ -137,6 +141,8 @@ def parse(kind: Literal["chat", "completion"], raw: bytes) -> tuple[_Common, Gen
         data = json.loads(raw or b"null")
     except (ValueError, UnicodeDecodeError) as exc:
         raise ApiError(400, f"request body is not valid JSON: {exc}", "invalid_json") from None
+    except RecursionError:
+        raise ApiError(400, "request body is nested too deeply", "invalid_json") from None
     if not isinstance(data, dict):
         raise ApiError(400, "request body must be a JSON object", "invalid_json")
     try:
@@ -152,11 +158,11 @@ def parse(kind: Literal["chat", "completion"], raw: bytes) -> tuple[_Common, Gen
         for i, m in enumerate(req.messages):
             role = m.get("role") if isinstance(m, dict) else None
             if role not in ("system", "user", "assistant", "developer", "tool"):
-                raise ApiError(400, f"messages[{i}].role must be system, user, assistant or developer", "invalid_field",
+                raise ApiError(400, f"messages[{i}].role must be system, user, assistant, developer or tool", "invalid_field",
                                f"messages[{i}].role")
             msgs.append({"role": "system" if role == "developer" else role, "content": _text_of(m.get("content"), f"messages[{i}]")})
         gen = GenRequest(messages=msgs, max_tokens=req.limit(), stop=req.stops(), sampling=req.sampling(),
-                         ignore_eos=req.ignore_eos)
+                         ignore_eos=req.ignore_eos, slot=req.slot())
     else:
         assert isinstance(req, CompletionRequest)
         prompt = req.prompt
@@ -165,7 +171,7 @@ def parse(kind: Literal["chat", "completion"], raw: bytes) -> tuple[_Common, Gen
                 raise ApiError(400, "prompt: one prompt per request (a list of several is not supported)", "unsupported_field", "prompt")
             prompt = prompt[0]
         gen = GenRequest(prompt=prompt, max_tokens=req.limit(), stop=req.stops(), sampling=req.sampling(),
-                         ignore_eos=req.ignore_eos)
+                         ignore_eos=req.ignore_eos, slot=req.slot())
     return req, gen
 
 

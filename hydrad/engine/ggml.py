@@ -1,0 +1,135 @@
+"""ggml backend devices and ggml-RPC through ctypes on llama-cpp-python's bundled libraries.
+
+llama-cpp-python exposes neither device lists nor the RPC helpers, so this module binds the
+few functions we need from ``libggml`` and ``libggml-rpc``: enumerate devices, run llama.cpp's
+own ggml RPC server in-process (so a peer engine can compute on this engine's devices), and,
+on the client side, register a remote RPC endpoint as a device.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hydrad.engine import llama
+
+_libs: dict[str, ctypes.CDLL] = {}
+_lock = threading.Lock()
+
+DEV_TYPES = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel"}
+
+
+def _lib_dir() -> Path:
+    override = os.environ.get("LLAMA_CPP_LIB_PATH")
+    if override:
+        return Path(override)
+    mod = llama.lib()
+    return Path(mod.__file__).resolve().parent / "lib"
+
+
+def _load(name: str) -> ctypes.CDLL:
+    with _lock:
+        if name not in _libs:
+            llama.lib()  # libllama first: it pulls in libggml with the backends registered
+            _libs[name] = ctypes.CDLL(str(_lib_dir() / f"lib{name}.so"), mode=ctypes.RTLD_GLOBAL)
+            _bind(name, _libs[name])
+    return _libs[name]
+
+
+def _bind(name: str, lib: ctypes.CDLL) -> None:
+    vp, sz, cp = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p
+    sigs: dict[str, tuple[Any, list[Any]]] = {}
+    if name == "ggml":
+        sigs = {
+            "ggml_backend_dev_count": (sz, []),
+            "ggml_backend_dev_get": (vp, [sz]),
+            "ggml_backend_dev_name": (cp, [vp]),
+            "ggml_backend_dev_description": (cp, [vp]),
+            "ggml_backend_dev_type": (ctypes.c_int, [vp]),
+            "ggml_backend_dev_memory": (None, [vp, ctypes.POINTER(sz), ctypes.POINTER(sz)]),
+            "ggml_backend_reg_dev_count": (sz, [vp]),
+            "ggml_backend_reg_dev_get": (vp, [vp, sz]),
+        }
+    elif name == "ggml-rpc":
+        sigs = {
+            "ggml_backend_rpc_start_server": (None, [cp, cp, sz, sz, ctypes.POINTER(vp)]),
+            "ggml_backend_rpc_add_server": (vp, [cp]),
+        }
+    for fn, (res, args) in sigs.items():
+        f = getattr(lib, fn)
+        f.restype, f.argtypes = res, args
+
+
+@dataclass(frozen=True)
+class Device:
+    handle: int
+    name: str
+    description: str
+    kind: str
+    memory_free: int
+    memory_total: int
+
+    def public(self) -> dict[str, Any]:
+        return {"name": self.name, "description": self.description, "type": self.kind,
+                "memory_free": self.memory_free, "memory_total": self.memory_total}
+
+
+def _device(handle: int) -> Device:
+    g = _load("ggml")
+    free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+    g.ggml_backend_dev_memory(handle, ctypes.byref(free), ctypes.byref(total))
+    return Device(handle, (g.ggml_backend_dev_name(handle) or b"").decode(),
+                  (g.ggml_backend_dev_description(handle) or b"").decode(),
+                  DEV_TYPES.get(g.ggml_backend_dev_type(handle), "other"), free.value, total.value)
+
+
+def devices() -> list[Device]:
+    g = _load("ggml")
+    return [_device(g.ggml_backend_dev_get(i)) for i in range(g.ggml_backend_dev_count())]
+
+
+def serving_devices() -> list[Device]:
+    """What a peer may compute on: this engine's GPUs, or its CPU when it has none (as rpc-server does)."""
+    local = [d for d in devices() if not d.name.upper().startswith("RPC")]
+    gpus = [d for d in local if d.kind in ("gpu", "igpu")]
+    return gpus or [d for d in local if d.kind == "cpu"]
+
+
+class RpcServerThread:
+    """llama.cpp's ggml RPC server, running in-process on its own thread (the call never returns)."""
+
+    def __init__(self, host: str, port: int, cache_dir: Path | None, n_threads: int) -> None:
+        self.endpoint = f"{host}:{port}"
+        self.cache_dir = cache_dir
+        self.n_threads = n_threads
+        self.devices = serving_devices()
+        self._thread = threading.Thread(target=self._run, name="hydrad-ggml-rpc", daemon=True)
+
+    def start(self) -> None:
+        if self.cache_dir is not None:
+            self.cache_dir.mkdir(parents=True, exist_ok=True)
+        self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def _run(self) -> None:
+        r = _load("ggml-rpc")
+        arr = (ctypes.c_void_p * len(self.devices))(*[d.handle for d in self.devices])
+        cache = str(self.cache_dir).encode() if self.cache_dir is not None else None
+        r.ggml_backend_rpc_start_server(self.endpoint.encode(), cache, self.n_threads, len(self.devices), arr)
+
+
+def add_rpc_server(endpoint: str) -> list[int]:
+    """Client side: register a remote ggml RPC endpoint; returns its device handles."""
+    r = _load("ggml-rpc")
+    g = _load("ggml")
+    reg = r.ggml_backend_rpc_add_server(endpoint.encode())
+    if not reg:
+        raise ConnectionError(f"cannot reach ggml RPC server at {endpoint}")
+    return [g.ggml_backend_reg_dev_get(reg, i) for i in range(g.ggml_backend_reg_dev_count(reg))]
