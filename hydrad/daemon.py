@@ -12,15 +12,18 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import signal
+import socket
 import sys
 import time
+from pathlib import Path
 from typing import Any, Iterator
 
 import yaml
 
 from hydrad import __version__
-from hydrad.engine import llama
+from hydrad.engine import ggml, llama
 from hydrad.engine.control import EngineControl
 from hydrad.engine.core import EngineCore
 from hydrad.logs import log_event, setup_logging
@@ -56,6 +59,8 @@ class Daemon:
         self.hup_requested = asyncio.Event()
         self.core = EngineCore(on_status=self._on_status, max_queue=self.settings.max_queue)
         self.control: EngineControl | None = None
+        self.ggml_server: ggml.RpcServerThread | None = None
+        self.merged: Any = None
 
     def _status_text(self, stage: str, progress: float | None) -> str:
         gen = self.core.gen
@@ -88,6 +93,16 @@ class Daemon:
             loop.add_signal_handler(sig, self.stop_requested.set)
         loop.add_signal_handler(signal.SIGHUP, self.hup_requested.set)
         self.core.start(loop)
+        if s.rpc.enabled:
+            try:
+                rpc_port = self._start_rpc(loop)
+            except OSError as exc:
+                log_event(log, logging.ERROR, "cannot open the merged RPC port", host=s.rpc.host, port=s.rpc.port,
+                          error=str(exc))
+                self.core.stop()
+                return 1
+            log_event(log, logging.INFO, "merged RPC port", rpc=f"{s.rpc.host}:{rpc_port}",
+                      ggml_rpc=self.ggml_server.endpoint if self.ggml_server else "off")
         serve = asyncio.create_task(server.serve(), name="http")
         while not server.started:
             if serve.done():
@@ -110,6 +125,8 @@ class Daemon:
         await asyncio.wait([stop, serve], return_when=asyncio.FIRST_COMPLETED)
         await self._drain()
         server.should_exit = True
+        if self.merged is not None:
+            self.merged.close()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(serve, timeout=10)
         for t in tasks:
@@ -117,6 +134,25 @@ class Daemon:
         await asyncio.to_thread(self.core.join, 10)
         log_event(log, logging.INFO, "stopped", engine=s.name)
         return 0
+
+    def _start_rpc(self, loop: asyncio.AbstractEventLoop) -> int:
+        from hydrad.rpc.server import MergedPort
+
+        s = self.settings
+        endpoint = None
+        if s.rpc.ggml_rpc:
+            with socket.socket() as probe:  # an internal loopback port for llama.cpp's RPC server
+                probe.bind(("127.0.0.1", 0))
+                internal = probe.getsockname()[1]
+            cache = s.rpc.cache_dir or Path(os.environ.get("CACHE_DIRECTORY") or Path.home() / ".cache" / "hydra") / f"rpc-{s.name}"
+            self.ggml_server = ggml.RpcServerThread("127.0.0.1", internal, cache, os.cpu_count() or 1)
+            self.ggml_server.start()
+            endpoint = ("127.0.0.1", internal)
+        gs = self.ggml_server
+        self.merged = MergedPort(s, self.control, loop, endpoint,
+                                 devices=lambda: [d.public() for d in gs.devices] if gs else [])  # type: ignore[union-attr]
+        assert self.control is not None
+        return self.merged.start()
 
     async def _drain(self) -> None:
         """Stop admitting, let in-flight requests finish within the bound, then end the engine."""

@@ -28,7 +28,15 @@ class HttpSettings(BaseModel):
 class RpcSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
     host: str = Field("127.0.0.1", description="Address the merged RPC port binds.")
-    port: int = Field(9503, ge=0, le=65535, description="Merged RPC port (ggml-RPC and Hydra binary ops).")
+    port: int = Field(9503, ge=0, le=65535, description="Merged RPC port (ggml-RPC and Hydra binary ops); 0 = pick a free one.")
+    enabled: bool = Field(True, description="Open the merged RPC port at all.")
+    ggml_rpc: bool = Field(True, description="Run llama.cpp's ggml RPC server in-process so peers can compute on this engine's devices.")
+    cache_dir: Path | None = Field(None, description="Tensor cache of the ggml RPC server (weights a peer sent once are found by hash); default: <cache>/hydra/rpc-<name>.")
+    token: str | None = Field(None, description="When set, Hydra ops need HELLO with this token first.")
+    max_control_connections: int = Field(8, ge=1, le=1024, description="Hydra control connections served at once; more get BUSY.")
+    chunk_size: int = Field(2 << 20, ge=4096, le=64 << 20, description="STATE_DATA chunk size in bytes.")
+    max_state_bytes: int = Field(8 << 30, ge=1, description="Largest KV state a STATE_PUT may declare.")
+    first_byte_timeout_s: float = Field(10.0, gt=0, description="How long a new connection may wait before sending its first byte.")
 
 
 class LogSettings(BaseModel):

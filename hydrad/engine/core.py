@@ -330,6 +330,21 @@ class EngineCore:
         except Exception as exc:
             fut.set_exception(exc)
 
+    def check_put(self, slot_id: int, meta: Any, max_bytes: int) -> StateError | None:
+        """Cheap checks before any state byte is accepted, so a doomed upload is refused up front."""
+        gen = self.gen
+        if gen is None:
+            return StateError("no model is loaded", "not_found")
+        if not 0 <= slot_id < len(gen.slots):
+            return StateError(f"slot {slot_id} does not exist (this engine has {len(gen.slots)})", "not_found")
+        problem = gen.incompatibility(meta)
+        if problem:
+            return StateError(problem, "incompatible")
+        size = meta.get("bytes")
+        if not isinstance(size, int) or not 0 < size <= max_bytes:
+            return StateError(f"meta.bytes must be 1..{max_bytes}, got {size!r}", "too_large")
+        return None
+
     async def state_get(self, slot_id: int) -> tuple[dict[str, Any], Any]:
         """A slot's KV state (meta, bytes), read on the engine thread between steps."""
         fut: cf.Future[Any] = cf.Future()

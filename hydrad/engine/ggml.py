@@ -106,7 +106,8 @@ class RpcServerThread:
         self.endpoint = f"{host}:{port}"
         self.cache_dir = cache_dir
         self.n_threads = n_threads
-        self.devices = serving_devices()
+        self.devices: list[Device] = []
+        self.error: str | None = None
         self._thread = threading.Thread(target=self._run, name="hydrad-ggml-rpc", daemon=True)
 
     def start(self) -> None:
@@ -119,7 +120,12 @@ class RpcServerThread:
         return self._thread.is_alive()
 
     def _run(self) -> None:
-        r = _load("ggml-rpc")
+        try:
+            r = _load("ggml-rpc")
+            self.devices = serving_devices()
+        except Exception as exc:  # no libggml-rpc in this build: the engine runs without peer compute
+            self.error = f"ggml RPC server unavailable: {exc}"
+            return
         arr = (ctypes.c_void_p * len(self.devices))(*[d.handle for d in self.devices])
         cache = str(self.cache_dir).encode() if self.cache_dir is not None else None
         r.ggml_backend_rpc_start_server(self.endpoint.encode(), cache, self.n_threads, len(self.devices), arr)

@@ -19,10 +19,13 @@ from starlette.routing import Route
 
 from hydrad import __version__
 from hydrad.engine.control import EngineBusy, EngineControl, ParamError, UnknownModel
+from hydrad.engine.core import StateError
 from hydrad.engine.requests import Done, Failed, RequestHandle, Token
 from hydrad.http import metrics, openai
 from hydrad.http.openai import ApiError
 from hydrad.logs import log_event
+from hydrad.rpc import protocol as P
+from hydrad.rpc.state import StateReceiver, chunked
 from hydrad.settings import EngineSettings
 
 log = logging.getLogger("hydrad.http")
@@ -205,6 +208,89 @@ def build_app(settings: EngineSettings, control: EngineControl) -> Starlette:
             raise ApiError(404, "no such load", "not_found") from None
         return JSONResponse(rec.public())
 
+    state_status = {"not_found": 404, "conflict": 409, "incompatible": 409, "too_large": 413, "failed": 500}
+
+    def slot_id(request: Request) -> int:
+        try:
+            return int(request.path_params["slot"])
+        except ValueError:
+            raise ApiError(400, "slot id must be an integer", "invalid_slot") from None
+
+    async def slots(_: Request) -> Response:
+        gen = core.gen
+        if gen is None:
+            return JSONResponse([])
+        return JSONResponse([{"id": sl.id, "is_processing": sl.active is not None, "n_tokens": len(sl.cache)}
+                             for sl in gen.slots])
+
+    async def read_state(request: Request) -> tuple[dict[str, Any], Any]:
+        guard_control(request)
+        try:
+            return await core.state_get(slot_id(request))
+        except StateError as exc:
+            raise ApiError(state_status[exc.kind], str(exc), exc.kind) from None
+
+    async def state_get(request: Request) -> Response:
+        meta, data = await read_state(request)
+        chunk = settings.rpc.chunk_size
+
+        async def body() -> AsyncIterator[bytes]:
+            for piece in chunked(meta, data, chunk):
+                yield bytes(piece)
+
+        return StreamingResponse(body(), media_type="application/x-hydra-kv",
+                                 headers={"X-Hydra-State-Bytes": str(meta["bytes"]), "X-Hydra-Tokens": str(meta["n_tokens"])})
+
+    async def state_meta(request: Request) -> Response:
+        meta, _ = await read_state(request)
+        return JSONResponse(meta)
+
+    async def state_put(request: Request) -> Response:
+        """Restore a slot from a state stream, parsed as it arrives (never buffered whole first)."""
+        guard_control(request)
+        sid = slot_id(request)
+        decoder = P.FrameDecoder(P.RESPONSE_CODES)
+        rx: StateReceiver | None = None
+        meta: dict[str, Any] | None = None
+        end: dict[str, Any] | None = None
+        try:
+            async for piece in request.stream():
+                for frame in decoder.feed(piece):
+                    if end is not None:
+                        raise P.ProtocolError("frames after STATE_END", P.Status.BAD_REQUEST)
+                    if meta is None:
+                        if frame.code != P.Status.STATE_META:
+                            raise P.ProtocolError("a state stream starts with STATE_META", P.Status.BAD_REQUEST)
+                        meta = frame.json()
+                        refused = core.check_put(sid, meta, settings.rpc.max_state_bytes)
+                        if refused is not None:
+                            raise ApiError(state_status[refused.kind], str(refused), refused.kind)
+                        rx = StateReceiver(meta["bytes"])
+                    elif frame.code == P.Status.STATE_DATA:
+                        assert rx is not None
+                        rx.add(frame.payload)
+                    elif frame.code == P.Status.STATE_END:
+                        end = frame.json()
+                    else:
+                        raise P.ProtocolError(f"unexpected frame 0x{frame.code:02x} in a state stream", P.Status.BAD_REQUEST)
+            decoder.eof()
+        except P.ProtocolError as exc:
+            raise ApiError(413 if exc.status == P.Status.TOO_LARGE else 400, f"bad state stream: {exc}; the slot is unchanged",
+                           "bad_state_stream") from None
+        if meta is None or rx is None or end is None:
+            raise ApiError(400, "incomplete state stream (needs STATE_META, data, STATE_END); the slot is unchanged",
+                           "bad_state_stream")
+        problem = rx.verify(end)
+        if problem:
+            raise ApiError(400, problem + "; the slot is unchanged", "state_mismatch")
+        try:
+            result = await core.state_put(sid, meta, rx.buffer)
+        except StateError as exc:
+            raise ApiError(state_status[exc.kind], str(exc), exc.kind) from None
+        except RuntimeError as exc:
+            raise ApiError(500, str(exc), "restore_failed") from None
+        return JSONResponse(result)
+
     async def version(_: Request) -> Response:
         return JSONResponse({"version": __version__, "engine": settings.name})
 
@@ -228,6 +314,8 @@ def build_app(settings: EngineSettings, control: EngineControl) -> Starlette:
         Route("/v1/completions", completions, methods=["POST"]), Route("/completions", completions, methods=["POST"]),
         Route("/control/config", get_config), Route("/control/configure", configure, methods=["POST"]),
         Route("/control/loads/{load_id}", load_status),
+        Route("/slots", slots), Route("/slots/{slot}/state", state_get),
+        Route("/slots/{slot}/state", state_put, methods=["PUT"]), Route("/slots/{slot}/state/meta", state_meta),
     ]
     return Starlette(routes=routes, exception_handlers={ApiError: on_api_error, Exception: on_crash,
                                                         404: not_found, 405: not_found})

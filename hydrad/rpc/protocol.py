@@ -162,7 +162,7 @@ class FrameDecoder:
     Errors are raised at the earliest byte that proves them: an unknown code on the first byte
     of a header, an oversized length as soon as the 9-byte header is complete, so a peer cannot
     make us buffer a payload we would refuse. After an error the decoder is dead: every later
-    ``feed()`` or ``eof()`` raises a ``ProtocolError`` with the same message and status.
+    ``feed()`` or ``eof()`` raises a ``ProtocolError`` with the same status, quoting the first message.
 
     Cost: a payload contained in one ``feed()`` is copied once; a payload spread over several
     feeds of ``bytes`` is kept as views and joined once; pieces from mutable buffers (which the
@@ -197,10 +197,10 @@ class FrameDecoder:
         view = memoryview(data)
         if view.ndim != 1 or view.itemsize != 1:
             view = view.cast("B")
-        shareable = view.readonly and isinstance(view.obj, bytes)
+        source_len = len(view.obj) if view.readonly and isinstance(view.obj, bytes) else 0
         frames: list[Frame] = []
         try:
-            self._consume(view, shareable, frames)
+            self._consume(view, source_len, frames)
         except ProtocolError as exc:
             self._die(exc)
             exc.frames = tuple(frames)
@@ -213,12 +213,13 @@ class FrameDecoder:
             raise self._again()
         if self.buffered:
             what = "header" if self._code < 0 else f"{_code_name(self._code)} frame"
+            total = HEADER.size if self._code < 0 else HEADER.size + self._size
             exc = ProtocolError(f"truncated frame: stream ended inside a {what} "
-                                f"({self.buffered} bytes of it received)")
+                                f"({self.buffered} of {total} bytes received)")
             self._die(exc)
             raise exc
 
-    def _consume(self, view: memoryview, shareable: bool, frames: list[Frame]) -> None:
+    def _consume(self, view: memoryview, source_len: int, frames: list[Frame]) -> None:
         pos, end = 0, len(view)
         while pos < end:
             if self._code < 0:
@@ -251,7 +252,9 @@ class FrameDecoder:
                 self._code = -1
                 pos = stop
             else:
-                self._hold(view[pos:end], shareable and avail * 4 >= end)
+                # Keep a view only when it pins little beyond itself: the caller's object stays alive
+                # until this frame completes.
+                self._hold(view[pos:end], avail * 4 >= source_len > 0)
                 return
 
     def _check_code(self, code: int) -> None:

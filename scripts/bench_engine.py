@@ -1,0 +1,811 @@
+#!/usr/bin/env python3
+"""Benchmark hydrad against llama.cpp's own llama-server on the same GGUF, same settings.
+
+Both servers are started on loopback with matching context, batch, slot, thread and KV
+settings; then the same workloads are driven through ``POST /v1/completions`` (streaming,
+``temperature: 0``, ``ignore_eos: true``, fixed seed) in alternating A/B pairs: a hydrad run,
+then a llama-server run, repeated ``--runs`` times. Only one server works at a time, so on a
+small machine neither steals cores from the other. Every prompt carries a fresh random prefix
+and prompt caching is off on both sides, so each run prefills its whole prompt.
+
+Workloads (prompt tokens are exact, counted with the model's own tokenizer):
+
+  a  1 stream,   128-token prompt, 256 generated   (decode-bound)
+  b  8 streams,  128-token prompt, 256 generated   (continuous batching; aggregate tok/s)
+  c  1 stream,  2048-token prompt,  32 generated   (prefill-bound)
+  d  1 stream,   512-token prompt,   1 generated   (time to first token)
+
+Metrics, measured by this client: TTFT (request sent → first streamed token), prefill tok/s
+(prompt tokens / TTFT), decode tok/s ((generated - 1) / (last token - first token)) and, for
+(b), aggregate tok/s (all generated tokens / wall time of the batch). Tables show medians over
+the runs and the ratio hydrad ÷ llama-server (for throughput higher is better; for TTFT the
+ratio of times, lower is better).
+
+``--hydrad-only`` skips llama-server. hydrad's boot-to-READY time (from a NOTIFY_SOCKET this
+script binds, as systemd would) and its model load seconds (``/control/loads/{id}``) are
+reported in every mode.
+
+Examples::
+
+    .venv/bin/python scripts/bench_engine.py --hydrad-only --runs 3
+    .venv/bin/python scripts/bench_engine.py --runs 5 --json bench.json --markdown
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import ctypes
+import datetime as dt
+import json
+import os
+import platform
+import random
+import shlex
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import httpx
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+REGISTRY = REPO / "etc" / "hydra" / "models.yaml"
+DOC = REPO / "docs" / "benchmarks.md"
+DEFAULT_MODELS = "smollm2-135m,gemma3-270m"
+
+# Filler words that are one token each (with their leading space) in common BPE vocabularies.
+FILLER = ("the of and to in is was for on that with as by at from it this be are or an which "
+          "one all we can has more when will about if there time some year new people would "
+          "their what out up other into only also its two after first made well may day").split()
+
+
+# ----- workloads ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One request shape: ``streams`` concurrent requests of ``n_prompt`` → ``n_gen`` tokens."""
+
+    key: str
+    n_prompt: int
+    n_gen: int
+    streams: int
+
+    @property
+    def label(self) -> str:
+        s = f"{self.streams}×" if self.streams > 1 else "1×"
+        return f"({self.key}) {s}{self.n_prompt}→{self.n_gen}"
+
+
+WORKLOADS: dict[str, Workload] = {
+    "a": Workload("a", 128, 256, 1),
+    "b": Workload("b", 128, 256, 8),
+    "c": Workload("c", 2048, 32, 1),
+    "d": Workload("d", 512, 1, 1),
+}
+
+# (metric, unit, higher_is_better) per workload, in table order
+METRICS: dict[str, list[tuple[str, str, bool]]] = {
+    "a": [("ttft_ms", "TTFT ms", False), ("prefill_tps", "prefill tok/s", True), ("decode_tps", "decode tok/s", True)],
+    "b": [("aggregate_tps", "aggregate tok/s", True), ("ttft_ms", "TTFT ms (median stream)", False),
+          ("prefill_tps", "prefill tok/s (all prompts)", True), ("decode_tps", "decode tok/s (median stream)", True)],
+    "c": [("ttft_ms", "TTFT ms", False), ("prefill_tps", "prefill tok/s", True), ("decode_tps", "decode tok/s", True)],
+    "d": [("ttft_ms", "TTFT ms", False), ("prefill_tps", "prefill tok/s", True)],
+}
+
+
+# ----- prompts with an exact token count -----------------------------------------------------
+
+
+class Tokenizer:
+    """The model's vocabulary only (no weights), through llama-cpp-python's low-level API.
+
+    Tokenizes exactly as both servers do for a completion prompt: special tokens added
+    (BOS where the model wants one) and parsed.
+    """
+
+    _log_cb: Any = None
+
+    def __init__(self, path: Path) -> None:
+        import llama_cpp as lib
+
+        self.lib = lib
+        if Tokenizer._log_cb is None:  # silence llama.cpp's load chatter; keep the callback alive
+            Tokenizer._log_cb = lib.llama_log_callback(lambda _lvl, _text, _user: None)
+            lib.llama_log_set(Tokenizer._log_cb, ctypes.c_void_p(0))
+            lib.llama_backend_init()
+        mp = lib.llama_model_default_params()
+        mp.vocab_only = True
+        self.model = lib.llama_model_load_from_file(str(path).encode(), mp)
+        if not self.model:
+            raise SystemExit(f"bench: cannot read the vocabulary of {path}")
+        self.vocab = lib.llama_model_get_vocab(self.model)
+
+    def count(self, text: str) -> int:
+        data = text.encode("utf-8")
+        cap = len(data) + 16
+        buf = (self.lib.llama_token * cap)()
+        n = self.lib.llama_tokenize(self.vocab, data, len(data), buf, cap, True, True)
+        if n < 0:
+            raise RuntimeError(f"tokenize failed ({n})")
+        return int(n)
+
+    def close(self) -> None:
+        if self.model:
+            self.lib.llama_model_free(self.model)
+            self.model = None
+
+
+class PromptMaker:
+    """Prompts of an exact token count that never share more than a token or two of prefix."""
+
+    def __init__(self, tok: Tokenizer, seed: int) -> None:
+        self.tok = tok
+        self.rng = random.Random(seed)
+        self.serial = 0
+
+    def make(self, n_tokens: int) -> str:
+        self.serial += 1
+        head = f"{self.rng.randrange(10**8, 10**9)} run {self.serial}:"
+        for attempt in range(50):
+            words = [self.rng.choice(FILLER) for _ in range(n_tokens + 8)]
+            k = max(1, n_tokens - self.tok.count(head))
+            seen: set[int] = set()
+            while k not in seen and 0 < k <= len(words):
+                seen.add(k)
+                n = self.tok.count(head + " " + " ".join(words[:k]))
+                if n == n_tokens:
+                    return head + " " + " ".join(words[:k])
+                k += n_tokens - n if abs(n_tokens - n) > 1 else (1 if n < n_tokens else -1)
+            head += f" {attempt}"
+        raise RuntimeError(f"could not build a prompt of exactly {n_tokens} tokens")
+
+
+# ----- servers ------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class NotifyListener:
+    """An AF_UNIX datagram socket that receives sd_notify messages, stamped on arrival."""
+
+    def __init__(self, path: Path) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(str(path))
+        self.sock.settimeout(0.1)
+        self.path = path
+        self.messages: list[tuple[float, str]] = []
+        self._stop = False
+        self._t = threading.Thread(target=self._read, daemon=True)
+        self._t.start()
+
+    def _read(self) -> None:
+        while not self._stop:
+            try:
+                data = self.sock.recv(65536)
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            self.messages.append((time.perf_counter(), data.decode("utf-8", "replace")))
+
+    def wait_for(self, line: str, timeout: float) -> float:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for t, m in list(self.messages):
+                if line in m.splitlines():
+                    return t
+            time.sleep(0.002)
+        raise RuntimeError(f"no {line} on NOTIFY_SOCKET within {timeout:.0f}s")
+
+    def close(self) -> None:
+        self._stop = True
+        self.sock.close()
+
+
+@dataclass
+class ServerSettings:
+    """Settings both servers get, so that they do the same work."""
+
+    n_ctx: int
+    n_batch: int
+    n_ubatch: int
+    n_parallel: int
+    kv_unified: bool
+    threads: int
+    flash_attn: str
+    gpu_layers: int
+
+
+class Server:
+    """A server subprocess with a log file; the base of both sides."""
+
+    name = "server"
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = workdir / f"{self.name}.log"
+        self.timings: dict[str, float] = {}
+
+    def log_tail(self, n: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    def _check_alive(self) -> None:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{self.log_tail()}")
+
+    def wait_health(self, timeout: float) -> float:
+        """Poll /health until 200; returns the time it answered."""
+        deadline = time.monotonic() + timeout
+        with httpx.Client(timeout=5) as c:
+            while time.monotonic() < deadline:
+                self._check_alive()
+                try:
+                    if c.get(self.url + "/health").status_code == 200:
+                        return time.perf_counter()
+                except httpx.TransportError:
+                    pass
+                time.sleep(0.02)
+        raise RuntimeError(f"{self.name} not healthy within {timeout:.0f}s:\n{self.log_tail()}")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+
+class Hydrad(Server):
+    """hydrad started model-less (boot to READY=1 timed), then configured with the model."""
+
+    name = "hydrad"
+
+    def __init__(self, workdir: Path, settings: ServerSettings, env_lib: str | None) -> None:
+        super().__init__(workdir)
+        self.settings = settings
+        self.env_lib = env_lib
+        self.notify: NotifyListener | None = None
+
+    def start(self) -> None:
+        s = self.settings
+        cfg = {
+            "name": "bench", "http": {"host": "127.0.0.1", "port": self.port},
+            "rpc": {"host": "127.0.0.1", "port": free_port()},
+            "models_dir": str(models_dir()), "registry": str(REGISTRY), "drain_timeout_s": 5,
+            "logging": {"level": "warning"},
+            "defaults": {"n_ctx": s.n_ctx, "n_batch": s.n_batch, "n_ubatch": s.n_ubatch,
+                         "n_parallel": s.n_parallel, "kv_unified": s.kv_unified, "n_threads": s.threads,
+                         "n_threads_batch": s.threads, "flash_attn": s.flash_attn,
+                         "n_gpu_layers": s.gpu_layers, "cache_prompt": False},
+        }
+        path = self.workdir / "hydrad.yaml"
+        path.write_text(yaml.safe_dump(cfg))
+        self.notify = NotifyListener(self.workdir / "notify.sock")
+        env = dict(os.environ, NOTIFY_SOCKET=str(self.notify.path), PYTHONUNBUFFERED="1")
+        env.pop("JOURNAL_STREAM", None)
+        if self.env_lib:
+            env["LLAMA_CPP_LIB_PATH"] = self.env_lib
+        python = REPO / ".venv" / "bin" / "python"
+        argv = [str(python if python.exists() else Path(sys.executable)), "-m", "hydrad.daemon", "--config", str(path)]
+        t0 = time.perf_counter()
+        self.proc = subprocess.Popen(argv, stdout=open(self.log_path, "wb"), stderr=subprocess.STDOUT,
+                                     env=env, cwd=str(self.workdir))
+        ready = self.notify.wait_for("READY=1", 60)
+        self.timings["boot_to_ready_ms"] = (ready - t0) * 1000
+
+    def load(self, model: str) -> None:
+        """Configure the model; record the engine's own load seconds and configure→healthy."""
+        with httpx.Client(base_url=self.url, timeout=30) as c:
+            t0 = time.perf_counter()
+            r = c.post("/control/configure", json={"model": model})
+            if r.status_code != 202:
+                raise RuntimeError(f"hydrad configure answered {r.status_code}: {r.text}")
+            load_id = r.json()["load_id"]
+            deadline = time.monotonic() + 600
+            while True:
+                self._check_alive()
+                rec = c.get(f"/control/loads/{load_id}").json()
+                if rec["phase"] in ("done", "failed"):
+                    break
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"hydrad load {load_id} did not finish: {rec}")
+                time.sleep(0.02)
+            if rec["phase"] == "failed":
+                raise RuntimeError(f"hydrad could not load {model}: {rec['error']}")
+            healthy = self.wait_health(60)
+        self.timings["load_seconds"] = float(rec["seconds"])
+        self.timings["configure_to_healthy_ms"] = (healthy - t0) * 1000
+
+    def stop(self) -> None:
+        super().stop()
+        if self.notify is not None:
+            self.notify.close()
+
+
+class LlamaServer(Server):
+    """llama.cpp's llama-server with the flags that mirror hydrad's context (and no web UI)."""
+
+    name = "llama-server"
+
+    def __init__(self, workdir: Path, binary: str, settings: ServerSettings, model_path: Path,
+                 extra: list[str]) -> None:
+        super().__init__(workdir)
+        s = settings
+        self.argv = [
+            binary, "-m", str(model_path), "--host", "127.0.0.1", "--port", str(self.port),
+            "-c", str(s.n_ctx), "-b", str(s.n_batch), "-ub", str(s.n_ubatch), "-np", str(s.n_parallel),
+            "--kv-unified" if s.kv_unified else "--no-kv-unified",
+            "-t", str(s.threads), "-tb", str(s.threads), "-fa", s.flash_attn,
+            "-ngl", "all" if s.gpu_layers < 0 else str(s.gpu_layers),
+            # what hydrad does (or does not do): a full-size SWA cache (llama.cpp's library
+            # default), no host-memory prompt cache, no context checkpoints, no prompt reuse,
+            # no automatic fitting of the context to memory
+            "--swa-full", "--cache-ram", "0", "--ctx-checkpoints", "0", "--no-cache-prompt", "-fit", "off",
+            "--no-ui", *extra,
+        ]
+
+    def start(self) -> None:
+        t0 = time.perf_counter()
+        self.proc = subprocess.Popen(self.argv, stdout=open(self.log_path, "wb"), stderr=subprocess.STDOUT,
+                                     cwd=str(self.workdir))
+        healthy = self.wait_health(600)
+        self.timings["start_to_healthy_ms"] = (healthy - t0) * 1000
+
+
+# ----- one streamed request -----------------------------------------------------------------
+
+
+@dataclass
+class Stream:
+    """Client-side timings of one streamed completion (perf_counter seconds)."""
+
+    t_send: float
+    t_first: float = 0.0  # first event carrying a choice: the first token (or the end)
+    t_tok_first: float = 0.0  # first event with text
+    t_tok_last: float = 0.0  # last event with text
+    t_end: float = 0.0
+    text_events: int = 0
+    prompt_tokens: int | None = None  # as the server reports them
+    completion_tokens: int | None = None
+
+
+async def stream_completion(client: httpx.AsyncClient, url: str, payload: dict[str, Any]) -> Stream:
+    st = Stream(time.perf_counter())
+    async with client.stream("POST", url + "/v1/completions", json=payload) as r:
+        if r.status_code != 200:
+            body = (await r.aread()).decode(errors="replace")
+            raise RuntimeError(f"{url}: HTTP {r.status_code}: {body[:500]}")
+        async for line in r.aiter_lines():
+            if not line.startswith("data: "):
+                continue
+            now = time.perf_counter()
+            data = line[6:]
+            if data == "[DONE]":
+                break
+            ev = json.loads(data)
+            if "error" in ev:
+                raise RuntimeError(f"{url}: stream error: {ev['error']}")
+            choices = ev.get("choices") or []
+            if choices:
+                if not st.t_first:
+                    st.t_first = now
+                if choices[0].get("text"):
+                    st.text_events += 1
+                    st.t_tok_last = now
+                    if not st.t_tok_first:
+                        st.t_tok_first = now
+            usage = ev.get("usage")
+            if usage:
+                st.prompt_tokens = usage.get("prompt_tokens", st.prompt_tokens)
+                st.completion_tokens = usage.get("completion_tokens", st.completion_tokens)
+            timings = ev.get("timings")
+            if timings and st.completion_tokens is None:
+                st.completion_tokens = timings.get("predicted_n")
+    st.t_end = time.perf_counter()
+    return st
+
+
+def request_payload(prompt: str, n_gen: int, seed: int) -> dict[str, Any]:
+    return {"prompt": prompt, "max_tokens": n_gen, "temperature": 0, "ignore_eos": True, "seed": seed,
+            "stream": True, "stream_options": {"include_usage": True}, "cache_prompt": False}
+
+
+async def _run_streams(url: str, payloads: list[dict[str, Any]]) -> tuple[float, list[Stream]]:
+    limits = httpx.Limits(max_connections=len(payloads) + 2, max_keepalive_connections=len(payloads) + 2)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(900, connect=10), limits=limits) as client:
+        t0 = time.perf_counter()
+        results = await asyncio.gather(*(stream_completion(client, url, p) for p in payloads))
+    return t0, list(results)
+
+
+def run_workload(url: str, w: Workload, prompts: list[str], seed: int) -> dict[str, Any]:
+    """Drive one run of a workload; returns its metrics and per-stream raw figures."""
+    payloads = [request_payload(p, w.n_gen, seed) for p in prompts]
+    t0, streams = asyncio.run(_run_streams(url, payloads))
+    per: list[dict[str, Any]] = []
+    for st in streams:
+        n_gen = st.completion_tokens if st.completion_tokens is not None else st.text_events
+        if st.prompt_tokens is not None and st.prompt_tokens != w.n_prompt:
+            print(f"bench: warning: {url} counted {st.prompt_tokens} prompt tokens, expected {w.n_prompt}",
+                  file=sys.stderr)
+        if n_gen != w.n_gen:
+            print(f"bench: warning: {url} generated {n_gen} tokens, expected {w.n_gen}", file=sys.stderr)
+        ttft = st.t_first - st.t_send
+        decode = None
+        if n_gen > 1 and st.t_tok_last > st.t_tok_first:
+            decode = (n_gen - 1) / (st.t_tok_last - st.t_tok_first)
+        per.append({"ttft_ms": ttft * 1000, "prefill_tps": w.n_prompt / ttft if ttft > 0 else None,
+                    "decode_tps": decode, "completion_tokens": n_gen, "prompt_tokens_reported": st.prompt_tokens,
+                    "text_events": st.text_events, "total_ms": (st.t_end - st.t_send) * 1000})
+    out: dict[str, Any] = {"streams": per}
+    if w.streams == 1:
+        out.update({k: per[0][k] for k in ("ttft_ms", "prefill_tps", "decode_tps")})
+    else:
+        wall = max(st.t_end for st in streams) - t0
+        last_first = max(st.t_first for st in streams) - t0
+        out["aggregate_tps"] = sum(p["completion_tokens"] for p in per) / wall
+        out["ttft_ms"] = statistics.median(p["ttft_ms"] for p in per)
+        out["prefill_tps"] = w.n_prompt * w.streams / last_first
+        decodes = [p["decode_tps"] for p in per if p["decode_tps"] is not None]
+        out["decode_tps"] = statistics.median(decodes) if decodes else None
+        out["wall_ms"] = wall * 1000
+    return out
+
+
+# ----- the benchmark ------------------------------------------------------------------------
+
+
+def models_dir() -> Path:
+    return Path(os.environ.get("HYDRA_MODELS_DIR", REPO / "models"))
+
+
+def resolve_model(name: str) -> tuple[str, Path]:
+    """A registry alias or a GGUF path → (name hydrad is configured with, GGUF path)."""
+    reg = yaml.safe_load(REGISTRY.read_text()).get("models", {})
+    if name in reg:
+        return name, models_dir() / reg[name]["path"]
+    p = Path(name)
+    if p.suffix == ".gguf" and p.exists():
+        return str(p.resolve()), p.resolve()
+    raise SystemExit(f"bench: unknown model {name!r} (registry aliases: {', '.join(reg)}; or a GGUF path)")
+
+
+def llama_server_binary(path: str | None) -> str:
+    if path:
+        if not os.access(path, os.X_OK):
+            raise SystemExit(f"bench: {path} is not an executable")
+        return path
+    print("bench: building (or finding) llama-server with scripts/build_llama_server ...", file=sys.stderr)
+    r = subprocess.run([str(REPO / "scripts" / "build_llama_server"), "-q"], stdout=subprocess.PIPE, text=True)
+    lines = r.stdout.strip().splitlines()
+    if r.returncode != 0 or not lines:
+        raise SystemExit("bench: scripts/build_llama_server failed; pass --llama-server PATH or --hydrad-only")
+    return lines[-1]
+
+
+@contextlib.contextmanager
+def py_spy(pid: int, out: Path | None) -> Iterator[None]:
+    """Sample hydrad with py-spy while the block runs (when asked to)."""
+    if out is None:
+        yield
+        return
+    exe = shutil.which("py-spy") or str(REPO / ".venv" / "bin" / "py-spy")
+    if not os.access(exe, os.X_OK):
+        raise SystemExit("bench: --profile needs py-spy (.venv/bin/pip install py-spy)")
+    fmt = "speedscope" if out.suffix == ".json" else ("raw" if out.suffix == ".txt" else "flamegraph")
+    proc = subprocess.Popen([exe, "record", "--pid", str(pid), "--output", str(out), "--format", fmt,
+                             "--rate", "200", "--threads", "--nonblocking", "--native"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    time.sleep(1.0)
+    try:
+        yield
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            _, err = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, err = proc.communicate()
+        if proc.returncode not in (0, -signal.SIGINT) and not out.exists():
+            print(f"bench: py-spy failed: {err.decode(errors='replace')[-500:]}", file=sys.stderr)
+        else:
+            print(f"bench: profile written to {out}", file=sys.stderr)
+
+
+def median(values: list[float | None]) -> float | None:
+    vals = [v for v in values if v is not None]
+    return statistics.median(vals) if vals else None
+
+
+def bench_model(alias: str, args: argparse.Namespace, settings: ServerSettings, binary: str | None,
+                workloads: list[Workload], log: Callable[[str], None]) -> dict[str, Any]:
+    name, gguf = resolve_model(alias)
+    if not gguf.exists():
+        raise SystemExit(f"bench: {gguf} is missing (scripts/setup fetches the default models)")
+    tok = Tokenizer(gguf)
+    maker = PromptMaker(tok, args.seed)
+    prompts_cache: dict[tuple[str, int, str], list[str]] = {}
+
+    def prompts(w: Workload, run: int, side: str) -> list[str]:
+        key = (w.key, run, side)
+        if key not in prompts_cache:
+            prompts_cache[key] = [maker.make(w.n_prompt) for _ in range(w.streams)]
+        return prompts_cache[key]
+
+    result: dict[str, Any] = {"model": alias, "gguf": gguf.name, "size_bytes": gguf.stat().st_size, "runs": {}}
+    with tempfile.TemporaryDirectory(prefix="hydra-bench-") as tmp:
+        work = Path(tmp)
+        (work / "hydrad").mkdir()
+        hyd = Hydrad(work / "hydrad", settings, args.env_lib)
+        ref: LlamaServer | None = None
+        try:
+            log(f"[{alias}] starting hydrad")
+            hyd.start()
+            hyd.load(name)
+            log(f"[{alias}] hydrad READY after {hyd.timings['boot_to_ready_ms']:.0f} ms; "
+                f"model load {hyd.timings['load_seconds']:.2f} s")
+            servers: list[Server] = [hyd]
+            if binary is not None:
+                (work / "llama-server").mkdir()
+                ref = LlamaServer(work / "llama-server", binary, settings, gguf, shlex.split(args.llama_server_args))
+                log(f"[{alias}] starting llama-server")
+                ref.start()
+                log(f"[{alias}] llama-server healthy after {ref.timings['start_to_healthy_ms']:.0f} ms")
+                servers.append(ref)
+            # untimed warm-up on each: one stream, and every slot at once
+            for srv in servers:
+                run_workload(srv.url, Workload("warm", 64, 16, 1), [maker.make(64)], args.seed)
+                run_workload(srv.url, Workload("warm", 32, 4, settings.n_parallel),
+                             [maker.make(32) for _ in range(settings.n_parallel)], args.seed)
+            for w in workloads:
+                result["runs"][w.key] = {srv.name: [] for srv in servers}
+            profile = None
+            if args.profile:
+                p = Path(args.profile)
+                profile = p.with_name(f"{p.stem}-{alias}{p.suffix}") if len(args.models.split(",")) > 1 else p
+            assert hyd.proc is not None
+            with py_spy(hyd.proc.pid, profile):
+                for run in range(args.runs):
+                    for w in workloads:
+                        for srv in servers:  # hydrad, then llama-server: one at a time
+                            m = run_workload(srv.url, w, prompts(w, run, srv.name), args.seed)
+                            result["runs"][w.key][srv.name].append(m)
+                        parts = []
+                        for srv in servers:
+                            m = result["runs"][w.key][srv.name][-1]
+                            main = "aggregate_tps" if w.streams > 1 else ("ttft_ms" if w.n_gen == 1 else "decode_tps")
+                            parts.append(f"{srv.name} {main}={m[main]:.1f}")
+                        log(f"[{alias}] run {run + 1}/{args.runs} {w.label}: " + ", ".join(parts))
+        finally:
+            hyd.stop()
+            if ref is not None:
+                ref.stop()
+            tok.close()
+    result["startup"] = {"hydrad": hyd.timings, **({"llama-server": ref.timings} if ref else {})}
+    if ref is not None:
+        result["llama_server_argv"] = [Path(ref.argv[0]).name, *ref.argv[1:]]
+    summary: dict[str, Any] = {}
+    for w in workloads:
+        rows = []
+        for metric, unit, higher in METRICS[w.key]:
+            h = median([m[metric] for m in result["runs"][w.key]["hydrad"]])
+            r = median([m[metric] for m in result["runs"][w.key].get("llama-server", [])]) if ref else None
+            ratio = h / r if h is not None and r else None
+            pairs = [a[metric] / b[metric] for a, b in zip(result["runs"][w.key]["hydrad"],
+                                                           result["runs"][w.key].get("llama-server", []))
+                     if a[metric] and b[metric]]
+            rows.append({"metric": metric, "unit": unit, "higher_is_better": higher, "hydrad": h,
+                         "llama_server": r, "ratio": ratio, "pair_ratio_median": median(list(pairs)),
+                         "pair_ratio_min": min(pairs) if pairs else None,
+                         "pair_ratio_max": max(pairs) if pairs else None})
+        summary[w.key] = {"label": w.label, "rows": rows}
+    result["summary"] = summary
+    return result
+
+
+# ----- output -------------------------------------------------------------------------------
+
+
+def _fmt(v: float | None, digits: int = 1) -> str:
+    if v is None:
+        return "–"
+    if abs(v) >= 1000:
+        return f"{v:,.0f}"
+    return f"{v:.{digits}f}"
+
+
+def table(res: dict[str, Any], with_ref: bool) -> str:
+    if with_ref:
+        lines = ["| workload | metric | hydrad | llama-server | hydrad ÷ llama-server (pairs: min–max) |",
+                 "|---|---|---:|---:|---:|"]
+    else:
+        lines = ["| workload | metric | hydrad |", "|---|---|---:|"]
+    for key, s in res["summary"].items():
+        first = True
+        for row in s["rows"]:
+            label = s["label"] if first else ""
+            first = False
+            if with_ref:
+                ratio = "–" if row["ratio"] is None else f"{row['ratio']:.2f}"
+                if row["pair_ratio_min"] is not None:
+                    ratio += f" ({row['pair_ratio_min']:.2f}–{row['pair_ratio_max']:.2f})"
+                lines.append(f"| {label} | {row['unit']} | {_fmt(row['hydrad'])} | {_fmt(row['llama_server'])} | {ratio} |")
+            else:
+                lines.append(f"| {label} | {row['unit']} | {_fmt(row['hydrad'])} |")
+    return "\n".join(lines)
+
+
+def startup_table(res: dict[str, Any]) -> str:
+    st = res["startup"]
+    h = st["hydrad"]
+    lines = ["| | |", "|---|---:|",
+             f"| hydrad: start → READY=1 (no model) | {h['boot_to_ready_ms']:.0f} ms |",
+             f"| hydrad: model load (`/control/loads/{{id}}` seconds) | {h['load_seconds']:.2f} s |",
+             f"| hydrad: configure → `/health` 200 | {h['configure_to_healthy_ms']:.0f} ms |"]
+    if "llama-server" in st:
+        lines.append(f"| llama-server: start → `/health` 200 (with model) | "
+                     f"{st['llama-server']['start_to_healthy_ms']:.0f} ms |")
+    return "\n".join(lines)
+
+
+def machine() -> dict[str, Any]:
+    info: dict[str, Any] = {"cpu": platform.processor() or platform.machine(), "nproc": os.cpu_count()}
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                info["cpu"] = line.split(":", 1)[1].strip()
+                break
+    with contextlib.suppress(OSError, ValueError):
+        mem = {k: v for k, v in (ln.split(":", 1) for ln in Path("/proc/meminfo").read_text().splitlines())}
+        info["mem_total_gib"] = round(int(mem["MemTotal"].split()[0]) / 2**20, 1)
+        info["mem_available_gib"] = round(int(mem["MemAvailable"].split()[0]) / 2**20, 1)
+    info["nproc"] = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    if shutil.which("nvidia-smi"):
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=20).stdout.strip()
+            if out:
+                info["gpus"] = out.splitlines()
+    return info
+
+
+def describe_machine(m: dict[str, Any]) -> str:
+    s = f"{m['cpu']}, {m['nproc']} cores (nproc)"
+    if "mem_available_gib" in m:
+        s += f", {m['mem_available_gib']} GiB free of {m['mem_total_gib']} GiB"
+    if m.get("gpus"):
+        s += "; GPUs: " + "; ".join(m["gpus"])
+    return s
+
+
+def markdown_section(report: dict[str, Any]) -> str:
+    s = report["settings"]
+    with_ref = report["llama_server"] is not None
+    kind = "GPU" if report["machine"].get("gpus") and s["gpu_layers"] != 0 else "CPU"
+    title = "hydrad" + (" vs llama-server" if with_ref else " only")
+    out = [f"## {report['date']}: {kind}, {title}", "",
+           f"Command: `{report['command']}`", "",
+           f"Machine: {describe_machine(report['machine'])}.", "",
+           f"Settings (both servers): n_ctx {s['n_ctx']}, n_batch {s['n_batch']}, n_ubatch {s['n_ubatch']}, "
+           f"n_parallel {s['n_parallel']}, kv_unified {str(s['kv_unified']).lower()}, threads {s['threads']}, "
+           f"flash_attn {s['flash_attn']}, gpu layers {s['gpu_layers']}; {report['runs']} paired runs, "
+           "medians; `temperature 0`, `ignore_eos`, prompt caching off, fresh prompt prefix per request.", ""]
+    if report.get("env_lib"):
+        out += [f"hydrad ran with `LLAMA_CPP_LIB_PATH={report['env_lib']}`.", ""]
+    if with_ref:
+        out += [f"llama-server: `{report['llama_server']}` ({report.get('llama_server_build', '')}).", ""]
+    for res in report["results"]:
+        out += [f"### {res['model']} ({res['gguf']})", "", table(res, with_ref), "", startup_table(res), ""]
+        if with_ref and res.get("llama_server_argv"):
+            out += [f"llama-server flags: `{' '.join(res['llama_server_argv'][1:])}`", ""]
+    return "\n".join(out) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default=DEFAULT_MODELS, help=f"comma-separated registry aliases or GGUF paths "
+                    f"(default: {DEFAULT_MODELS})")
+    ap.add_argument("--runs", type=int, default=5, help="paired runs per workload (default: 5)")
+    ap.add_argument("--workloads", default="a,b,c,d", help="which of a,b,c,d (default: all)")
+    ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
+                    help="CPU threads for both servers (generation and batch; default: all cores)")
+    ap.add_argument("--n-ctx", type=int, default=8192, help="context size of both servers (default: 8192)")
+    ap.add_argument("--n-batch", type=int, default=2048, help="logical batch, -b (default: 2048)")
+    ap.add_argument("--n-ubatch", type=int, default=512, help="physical batch, -ub (default: 512)")
+    ap.add_argument("--n-parallel", type=int, default=8, help="slots, -np (default: 8; workload b needs 8)")
+    ap.add_argument("--kv-unified", action=argparse.BooleanOptionalAction, default=True,
+                    help="one KV pool for all slots on both servers (default: on, hydrad's default)")
+    ap.add_argument("--flash-attn", choices=("auto", "on", "off"), default="auto", help="flash attention (default: auto)")
+    ap.add_argument("--gpu-layers", type=int, default=-1, help="layers to offload on both; -1 = all (default)")
+    ap.add_argument("--seed", type=int, default=1234, help="sampling seed sent with every request, and prompt seed")
+    ap.add_argument("--llama-server", metavar="PATH", help="llama-server binary (default: scripts/build_llama_server)")
+    ap.add_argument("--llama-server-args", default="", metavar="ARGS", help="extra llama-server arguments (one string)")
+    ap.add_argument("--hydrad-only", action="store_true", help="skip llama-server; report hydrad alone")
+    ap.add_argument("--env-lib", metavar="PATH", help="run hydrad with LLAMA_CPP_LIB_PATH=PATH (e.g. a CUDA build)")
+    ap.add_argument("--profile", metavar="FILE", help="sample hydrad with py-spy during the timed runs "
+                    "(.svg flamegraph, .json speedscope, .txt collapsed stacks)")
+    ap.add_argument("--json", metavar="FILE", help="write every measurement as JSON")
+    ap.add_argument("--markdown", action="store_true", help=f"append a dated section to {DOC.relative_to(REPO)}")
+    args = ap.parse_args(argv)
+
+    keys = [k.strip() for k in args.workloads.split(",") if k.strip()]
+    bad = [k for k in keys if k not in WORKLOADS]
+    if bad or not keys:
+        ap.error(f"--workloads: unknown {','.join(bad) or '(none)'}; choose from a,b,c,d")
+    if args.runs < 1:
+        ap.error("--runs must be at least 1")
+    workloads = [WORKLOADS[k] for k in keys]
+    need_slots = max(w.streams for w in workloads)
+    if args.n_parallel < need_slots:
+        ap.error(f"--n-parallel {args.n_parallel} is below the {need_slots} streams of the chosen workloads")
+    longest = max(w.n_prompt + w.n_gen for w in workloads)
+    per_seq = args.n_ctx if args.kv_unified else args.n_ctx // args.n_parallel
+    if longest >= per_seq or (args.kv_unified and need_slots * longest > args.n_ctx):
+        ap.error(f"--n-ctx {args.n_ctx} is too small for the chosen workloads")
+    settings = ServerSettings(args.n_ctx, args.n_batch, args.n_ubatch, args.n_parallel, args.kv_unified,
+                              args.threads, args.flash_attn, args.gpu_layers)
+    binary = None if args.hydrad_only else llama_server_binary(args.llama_server)
+    t_start = time.monotonic()
+
+    def log(msg: str) -> None:
+        print(f"bench: {time.monotonic() - t_start:7.1f}s {msg}", file=sys.stderr, flush=True)
+
+    command = "scripts/bench_engine.py " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
+    report: dict[str, Any] = {
+        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "command": command,
+        "machine": machine(), "settings": asdict(settings), "runs": args.runs, "workloads": keys,
+        "llama_server": None, "env_lib": args.env_lib, "results": [],
+    }
+    if binary is not None:
+        bp = Path(binary)
+        report["llama_server"] = f"{bp.parent.name}/{bp.name}"
+        info = bp.parent / "BUILD-INFO"
+        if info.exists():
+            report["llama_server_build"] = "build " + bp.parent.name + " of " + info.read_text().splitlines()[0]
+    for alias in [m.strip() for m in args.models.split(",") if m.strip()]:
+        res = bench_model(alias, args, settings, binary, workloads, log)
+        report["results"].append(res)
+        print(f"\n{res['model']}\n" + table(res, binary is not None) + "\n\n" + startup_table(res) + "\n", flush=True)
+    log("done")
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+        log(f"wrote {args.json}")
+    if args.markdown:
+        section = markdown_section(report)
+        if DOC.exists():
+            text = DOC.read_text()
+            DOC.write_text(text + ("" if text.endswith("\n\n") else "\n" if text.endswith("\n") else "\n\n") + section)
+        else:
+            DOC.parent.mkdir(parents=True, exist_ok=True)
+            DOC.write_text("# Benchmarks\n\n" + section)
+        log(f"appended a section to {DOC.relative_to(REPO)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
