@@ -151,8 +151,8 @@ def error_frame(status: Status, code: str, message: str) -> bytes:
 
 def limit_for(code: int) -> int:
     """Largest payload accepted for ``code``: bulk KV data gets a large bound, everything else a JSON-sized one."""
-    if code == Op.STATE_DATA or code == Status.STATE_DATA:
-        return MAX_DATA_PAYLOAD
+    if code in (Op.STATE_DATA, Status.STATE_DATA, Op.STATE_PUT, Status.STATE_META):
+        return MAX_DATA_PAYLOAD  # bulk data, and metas whose token list grows with the context
     return MAX_CONTROL_PAYLOAD
 
 

@@ -16,6 +16,7 @@ import logging
 import socket
 import threading
 import time
+from collections import deque
 from typing import Any, Callable
 
 from hydrad import __version__
@@ -179,7 +180,8 @@ class MergedPort:
                                               "this engine needs HELLO with a valid token first"))
                         return
                     authed = True
-                    io.send(P.encode_json(P.Status.OK, self._hello()))
+                    if not self._op(frame, io, peer):  # the HELLO itself: version check and answer
+                        return
                     continue
                 if not self._op(frame, io, peer):
                     return
@@ -211,8 +213,8 @@ class MergedPort:
     def _op(self, frame: P.Frame, io: "_FrameIO", peer: str) -> bool:
         """Serve one request; False closes the connection."""
         op = frame.code
+        req = frame.json()  # every op's payload is a JSON object; anything else is BAD_REQUEST
         if op == P.Op.HELLO:
-            req = frame.json()
             major = req.get("version", P.PROTOCOL_VERSION)
             if major != P.PROTOCOL_VERSION:
                 io.send(P.error_frame(P.Status.ERROR, "version_mismatch",
@@ -225,14 +227,14 @@ class MergedPort:
             if not self.settings.allows_control(peer):
                 io.send(P.error_frame(P.Status.UNAUTHORIZED, "forbidden", f"configure is not allowed from {peer}"))
                 return True
-            io.send(self._configure(frame.json()))
+            io.send(self._configure(req))
         elif op == P.Op.STATE_GET:
-            self._state_get(frame.json(), io)
+            self._state_get(req, io)
         elif op == P.Op.STATE_PUT:
             if not self.settings.allows_control(peer):
                 io.send(P.error_frame(P.Status.UNAUTHORIZED, "forbidden", f"STATE_PUT is not allowed from {peer}"))
                 return True
-            return self._state_put(frame.json(), io)
+            return self._state_put(req, io)
         elif op in (P.Op.SET_EXPERT_MODE, P.Op.SWAP_QUANT):
             name = P.Op(op).name
             io.send(P.error_frame(P.Status.NOT_SUPPORTED, "not_supported", f"{name} is not supported by this engine yet"))
@@ -352,7 +354,7 @@ class _FrameIO:
     def __init__(self, conn: socket.socket, codes: frozenset[int]) -> None:
         self.conn = conn
         self.decoder = P.FrameDecoder(codes)
-        self.frames: list[P.Frame] = []
+        self.frames: deque[P.Frame] = deque()
         self.buf = bytearray(1 << 20)
 
     def next(self, data_into: StateReceiver | None = None) -> P.Frame | None:
@@ -362,7 +364,7 @@ class _FrameIO:
                 self.decoder.eof()
                 return None
             self.frames.extend(self.decoder.feed(memoryview(self.buf)[:n]))
-        frame = self.frames.pop(0)
+        frame = self.frames.popleft()
         if data_into is not None and frame.code == P.Op.STATE_DATA:
             data_into.add(frame.payload)
         return frame

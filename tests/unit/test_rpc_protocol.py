@@ -181,7 +181,8 @@ def test_oversized_length_is_refused_right_after_the_header(code: int, limit: in
 
 def test_limit_for_response_codes() -> None:
     assert limit_for(Status.STATE_DATA) == MAX_DATA_PAYLOAD
-    assert limit_for(Status.STATE_META) == limit_for(Status.OK) == limit_for(Op.STATE_PUT) == MAX_CONTROL_PAYLOAD
+    assert limit_for(Status.OK) == limit_for(Op.INFO) == MAX_CONTROL_PAYLOAD
+    assert limit_for(Status.STATE_META) == limit_for(Op.STATE_PUT) == MAX_DATA_PAYLOAD  # metas carry token lists
 
 
 @pytest.mark.parametrize("code", [GGML_RPC_HELLO, 0x00, 0x2F, 0x31, 0x47, 0xFF])

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hydrad.settings import ConfigError, EngineSettings, LoadedConfig, load_config
+from hydrad.settings import ConfigError, EngineSettings, HttpSettings, LoadedConfig, LogSettings, RpcSettings, load_config
 
 REPO = Path(__file__).resolve().parents[2]
 ETC = REPO / "etc" / "hydra"
@@ -327,8 +327,10 @@ def test_sources_yaml_vs_default(tmp_path: Path) -> None:
 def test_sources_of_default_config_are_all_default() -> None:
     src = load_config(None).sources()
     assert src and all(v["source"] == "default" for v in src.values())
-    assert {"name", "http.host", "http.port", "rpc.host", "rpc.port", "models_dir", "registry",
-            "control_allow_from", "drain_timeout_s", "max_queue", "logging.level", "logging.llama_level"} == set(src)
+    expected = {"name", "models_dir", "registry", "control_allow_from", "drain_timeout_s", "max_queue"}
+    for group, model in (("http", HttpSettings), ("rpc", RpcSettings), ("logging", LogSettings)):
+        expected |= {f"{group}.{f}" for f in model.model_fields}
+    assert expected == set(src)
 
 
 # --------------------------------------------------------------------------- the CLI, as a real process
