@@ -86,6 +86,7 @@ class Daemon:
             log_event(log, logging.ERROR, "bad model registry", error=str(exc))
             return 2
         self.control = EngineControl(self.core, registry, s.defaults)
+        self.core.drain_timeout_s = s.drain_timeout_s
         from hydrad.http.app import build_app
 
         server = _uvicorn_server(build_app(s, self.control), s.http.host, s.http.port)
@@ -116,6 +117,13 @@ class Daemon:
         self.notifier.status(self._status_text(self.core.stage, None))
         tasks = [asyncio.create_task(self._watchdog(), name="watchdog"),
                  asyncio.create_task(self._hup_loop(), name="sighup")]
+        link = None
+        if s.bus.endpoint:  # the coordinator's bus; without an endpoint the engine stands alone
+            from hydrad.bus.engine_link import EngineLink
+
+            link = EngineLink(s, self.control, http=f"{s.http.host}:{port}",
+                              rpc=f"{s.rpc.host}:{rpc_port}" if s.rpc.enabled else None)
+            link.start()
         try:
             await self.control.boot()
         except (UnknownModel, ParamError) as exc:
@@ -124,6 +132,8 @@ class Daemon:
         stop = asyncio.create_task(self.stop_requested.wait())
         await asyncio.wait([stop, serve], return_when=asyncio.FIRST_COMPLETED)
         await self._drain()
+        if link is not None:
+            await link.close()
         server.should_exit = True
         if self.merged is not None:
             self.merged.close()

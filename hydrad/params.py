@@ -84,6 +84,10 @@ class RuntimeParams(BaseModel):
     n_predict: int = _f(-1, Tier.T1, "Default token limit when a request sets none; -1 = until the context is full.", ge=-1)
     chat_template: str | None = _f(None, Tier.T1, "Chat template name (e.g. chatml) or template text; None = the model's own.")
     cache_prompt: bool = _f(True, Tier.T1, "Reuse the KV of a slot that shares a prefix with a new prompt.")
+    reload_policy: Literal["auto", "overlap", "drain"] = _f(
+        "auto", Tier.T1, "How a model reload proceeds: overlap (new generation built while the old serves), drain "
+        "(free the old first), auto (overlap when both fit in free memory).")
+    reload_queue_timeout_s: float = _f(30.0, Tier.T1, "How long a request may wait for a loading model before a 503.", gt=0)
 
     @classmethod
     def tier_of(cls, name: str) -> Tier:

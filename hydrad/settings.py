@@ -46,6 +46,17 @@ class LogSettings(BaseModel):
         "warning", description="Least level of llama.cpp's own log lines that reach our log.")
 
 
+class BusSettings(BaseModel):
+    """The engine's link to the coordinator's ZeroMQ bus (start-only, like every setting here)."""
+
+    model_config = ConfigDict(extra="forbid")
+    endpoint: str | None = Field(None, description="Coordinator ROUTER to connect, e.g. tcp://127.0.0.1:9500; None = no coordinator.")
+    heartbeat_interval_s: float = Field(1.0, gt=0, le=60, description="Seconds between heartbeats; 3 missed = dead, both ways.")
+    curve_server_key: str | None = Field(None, min_length=40, max_length=40, description="Coordinator's CURVE public key (Z85); set to encrypt the bus.")
+    curve_public_key: str | None = Field(None, min_length=40, max_length=40, description="This engine's CURVE public key (Z85).")
+    curve_secret_key: str | None = Field(None, min_length=40, max_length=40, description="This engine's CURVE secret key (Z85).")
+
+
 class EngineSettings(BaseModel):
     """Everything fixed for the life of the process."""
 
@@ -62,6 +73,7 @@ class EngineSettings(BaseModel):
     drain_timeout_s: float = Field(30.0, gt=0, description="On SIGTERM, how long in-flight requests may run before they are ended.")
     max_queue: int = Field(64, ge=0, description="Requests that may wait for a free slot; beyond that new ones get 503.")
     logging: LogSettings = Field(default_factory=LogSettings, description="Logging.")
+    bus: BusSettings = Field(default_factory=BusSettings, description="Link to the coordinator's bus.")
     defaults: dict[str, Any] = Field(default_factory=dict, description="Runtime parameter defaults (the YAML layer); a model here is loaded at boot.")
 
     @field_validator("control_allow_from")

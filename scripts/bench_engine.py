@@ -232,6 +232,12 @@ class ServerSettings:
     gpu_layers: int
 
 
+def _die_with_parent() -> None:
+    """In the child: get SIGTERM when the benchmark dies, so no server outlives it."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 class Server:
     """A server subprocess with a log file; the base of both sides."""
 
@@ -313,7 +319,7 @@ class Hydrad(Server):
         argv = [str(python if python.exists() else Path(sys.executable)), "-m", "hydrad.daemon", "--config", str(path)]
         t0 = time.perf_counter()
         self.proc = subprocess.Popen(argv, stdout=open(self.log_path, "wb"), stderr=subprocess.STDOUT,
-                                     env=env, cwd=str(self.workdir))
+                                     env=env, cwd=str(self.workdir), preexec_fn=_die_with_parent)
         ready = self.notify.wait_for("READY=1", 60)
         self.timings["boot_to_ready_ms"] = (ready - t0) * 1000
 
@@ -371,9 +377,73 @@ class LlamaServer(Server):
     def start(self) -> None:
         t0 = time.perf_counter()
         self.proc = subprocess.Popen(self.argv, stdout=open(self.log_path, "wb"), stderr=subprocess.STDOUT,
-                                     cwd=str(self.workdir))
+                                     cwd=str(self.workdir), preexec_fn=_die_with_parent)
         healthy = self.wait_health(600)
         self.timings["start_to_healthy_ms"] = (healthy - t0) * 1000
+
+
+# ----- CPU contention: other work on the machine spoils a run ------------------------------
+
+_CLK = os.sysconf("SC_CLK_TCK")
+
+
+def _system_busy_ticks() -> tuple[int, int]:
+    """(busy, total) clock ticks of all CPUs since boot, from /proc/stat."""
+    f = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = f[3] + (f[4] if len(f) > 4 else 0)  # idle + iowait
+    total = sum(f[:8])  # guest time is already inside user
+    return total - idle, total
+
+
+def _proc_ticks(pid: int) -> int:
+    """utime + stime of a process (all its threads) in clock ticks."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0
+    return int(fields[11]) + int(fields[12])
+
+
+class CpuGuard:
+    """Measures how much of the machine's CPU went to processes other than the benchmark.
+
+    The server under test and this client may use every core; anything else (another
+    server's idle loop, someone's test suite) is "foreign" and makes the run unfair.
+    """
+
+    def __init__(self, own_pids: Callable[[], list[int]]) -> None:
+        self.own_pids = own_pids
+
+    def _own_ticks(self) -> int:
+        t = os.times()
+        return int((t.user + t.system) * _CLK) + sum(_proc_ticks(p) for p in self.own_pids())
+
+    def idle_share(self, seconds: float = 0.5) -> float:
+        """Fraction of all CPUs busy with foreign work over a short window (nothing of ours runs)."""
+        return self.measure(lambda: time.sleep(seconds))[1]
+
+    def measure(self, fn: Callable[[], Any]) -> tuple[Any, float]:
+        """Run ``fn``; return its result and the foreign share of CPU capacity during it."""
+        b0, t0 = _system_busy_ticks()
+        o0 = self._own_ticks()
+        result = fn()
+        b1, t1 = _system_busy_ticks()
+        o1 = self._own_ticks()
+        total = max(t1 - t0, 1)
+        return result, max(0.0, ((b1 - b0) - (o1 - o0)) / total)
+
+    def wait_quiet(self, threshold: float, max_wait: float, log: Callable[[str], None]) -> float:
+        """Wait (up to ``max_wait`` s) until foreign load is at most ``threshold``; returns the last share."""
+        deadline = time.monotonic() + max_wait
+        share = self.idle_share()
+        told = False
+        while share > threshold and time.monotonic() < deadline:
+            if not told:
+                log(f"other processes use {share:.0%} of the CPUs; waiting for the machine to be quiet")
+                told = True
+            time.sleep(2.0)
+            share = self.idle_share()
+        return share
 
 
 # ----- one streamed request -----------------------------------------------------------------
@@ -583,6 +653,20 @@ def bench_model(alias: str, args: argparse.Namespace, settings: ServerSettings, 
                              [maker.make(32) for _ in range(settings.n_parallel)], args.seed)
             for w in workloads:
                 result["runs"][w.key] = {srv.name: [] for srv in servers}
+
+            def timed_run(srv: Server, w: Workload, ps: list[str]) -> dict[str, Any]:
+                """One run on one server, redone (after waiting for quiet) when other work intruded."""
+                guard = CpuGuard(lambda: [srv.proc.pid] if srv.proc else [])
+                m: dict[str, Any] = {}
+                for attempt in range(1 + args.retries):
+                    before = guard.wait_quiet(args.max_foreign, args.quiet_wait, log)
+                    m, foreign = guard.measure(lambda: run_workload(srv.url, w, ps, args.seed))
+                    m.update(foreign_cpu_before=round(before, 4), foreign_cpu=round(foreign, 4), attempt=attempt + 1)
+                    if foreign <= args.max_foreign:
+                        break
+                    log(f"[{alias}] {srv.name} {w.label}: other processes took {foreign:.0%} of the CPUs "
+                        f"during the run; " + ("running it again" if attempt < args.retries else "keeping it (flagged)"))
+                return m
             profile = None
             if args.profile:
                 p = Path(args.profile)
@@ -592,7 +676,7 @@ def bench_model(alias: str, args: argparse.Namespace, settings: ServerSettings, 
                 for run in range(args.runs):
                     for w in workloads:
                         for srv in servers:  # hydrad, then llama-server: one at a time
-                            m = run_workload(srv.url, w, prompts(w, run, srv.name), args.seed)
+                            m = timed_run(srv, w, prompts(w, run, srv.name))
                             result["runs"][w.key][srv.name].append(m)
                         parts = []
                         for srv in servers:
@@ -746,12 +830,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--llama-server", metavar="PATH", help="llama-server binary (default: scripts/build_llama_server)")
     ap.add_argument("--llama-server-args", default="", metavar="ARGS", help="extra llama-server arguments (one string)")
     ap.add_argument("--hydrad-only", action="store_true", help="skip llama-server; report hydrad alone")
+    ap.add_argument("--max-foreign", type=float, default=0.10, metavar="SHARE",
+                    help="redo a run when other processes used more than this share of all CPUs during it "
+                         "(default: 0.10)")
+    ap.add_argument("--quiet-wait", type=float, default=300, metavar="S",
+                    help="before each run, wait up to S seconds for other processes to go quiet (default: 300)")
+    ap.add_argument("--retries", type=int, default=3, help="times a disturbed run is redone (default: 3)")
     ap.add_argument("--env-lib", metavar="PATH", help="run hydrad with LLAMA_CPP_LIB_PATH=PATH (e.g. a CUDA build)")
     ap.add_argument("--profile", metavar="FILE", help="sample hydrad with py-spy during the timed runs "
                     "(.svg flamegraph, .json speedscope, .txt collapsed stacks)")
     ap.add_argument("--json", metavar="FILE", help="write every measurement as JSON")
     ap.add_argument("--markdown", action="store_true", help=f"append a dated section to {DOC.relative_to(REPO)}")
     args = ap.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the finally blocks: stop the servers
 
     keys = [k.strip() for k in args.workloads.split(",") if k.strip()]
     bad = [k for k in keys if k not in WORKLOADS]
@@ -763,10 +854,10 @@ def main(argv: list[str] | None = None) -> int:
     need_slots = max(w.streams for w in workloads)
     if args.n_parallel < need_slots:
         ap.error(f"--n-parallel {args.n_parallel} is below the {need_slots} streams of the chosen workloads")
-    longest = max(w.n_prompt + w.n_gen for w in workloads)
     per_seq = args.n_ctx if args.kv_unified else args.n_ctx // args.n_parallel
-    if longest >= per_seq or (args.kv_unified and need_slots * longest > args.n_ctx):
-        ap.error(f"--n-ctx {args.n_ctx} is too small for the chosen workloads")
+    for w in workloads:
+        if w.n_prompt + w.n_gen >= per_seq or w.streams * (w.n_prompt + w.n_gen) > args.n_ctx:
+            ap.error(f"--n-ctx {args.n_ctx} is too small for workload {w.label}")
     settings = ServerSettings(args.n_ctx, args.n_batch, args.n_ubatch, args.n_parallel, args.kv_unified,
                               args.threads, args.flash_attn, args.gpu_layers)
     binary = None if args.hydrad_only else llama_server_binary(args.llama_server)

@@ -352,7 +352,10 @@ def rpc_errors(address: str, refused: str | None = None) -> Iterator[None]:
     except P.ProtocolError as exc:
         raise CliError(f"{address} broke Hydra's RPC protocol ({exc.message}); is this an engine's RPC port?",
                        EXIT_UNREACHABLE) from None
-    except OSError as exc:  # refused, reset, closed, timed out, unknown host
+    except TimeoutError:
+        raise CliError(f"no answer from {address} in time; is this the engine's merged RPC port "
+                       "(not its HTTP port)?", EXIT_UNREACHABLE) from None
+    except OSError as exc:  # refused, reset, closed, unknown host
         raise CliError(f"cannot reach the engine's RPC port at {address} ({_reason(exc)})", EXIT_UNREACHABLE) from None
 
 

@@ -9,7 +9,7 @@ configuration in force.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from hydrad.engine.core import EngineBusy, EngineCore
@@ -26,6 +26,7 @@ class ConfigureResult:
     changed: list[str]
     load_id: int | None = None
     seconds: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
 
     def public(self) -> dict[str, Any]:
         out: dict[str, Any] = {"tier": f"T{int(self.tier)}" if self.tier else "none",
@@ -34,6 +35,7 @@ class ConfigureResult:
             out["load_id"] = self.load_id
         if self.seconds is not None:
             out["seconds"] = round(self.seconds, 4)
+        out.update(self.extra)
         return out
 
 
@@ -43,6 +45,7 @@ class EngineControl:
         self.registry = registry
         self.layers = ParamLayers(yaml=dict(yaml_defaults), model_defaults=registry.defaults_for)
         self.resolved: ResolvedModel | None = None
+        self._pending_payload: dict[str, Any] | None = None  # what the running load applies
         core.params = self.layers.effective()
 
     def effective(self) -> RuntimeParams:
@@ -61,12 +64,21 @@ class EngineControl:
         return ConfigureResult(Tier.T3, ["model"], load_id=rec.id)
 
     async def configure(self, payload: dict[str, Any]) -> ConfigureResult:
-        """Apply a payload. Raises ParamError (400/409), UnknownModel (404) or EngineBusy (409)."""
+        """Apply a payload. Raises ParamError (400), UnknownModel (404) or EngineBusy (409).
+
+        A configure that arrives while a model load runs supersedes it: the payload is merged into the
+        running load's payload, validated, the running load is aborted (the serving generation is
+        untouched), and the merged payload is applied as one change."""
+        if self.core.current_load is None:
+            self._pending_payload = None
+        if self.core.current_load is not None:
+            merged = {**(self._pending_payload or {}), **payload}
+            self.layers.plan(merged)  # refuse a bad payload (or unknown model) before aborting a good load
+            self.resolve_if_model(merged)
+            log_event(log, logging.INFO, "configure supersedes a running load", load=self.core.current_load.id)
+            await self.core.abort_load()
+            payload = merged
         plan = self.layers.plan(payload)
-        busy = self.core.current_load
-        if busy is not None:
-            # The load commits its own snapshot when it lands; a change accepted now would be lost.
-            raise EngineBusy(f"load {busy.id} of {busy.model} is under way; configure again when it has finished")
         if plan.tier == Tier.NONE:
             self.layers.commit(plan)  # may drop an override equal to the value below it
             return ConfigureResult(Tier.NONE, [])
@@ -77,16 +89,59 @@ class EngineControl:
                 self.resolved = None
                 self.layers.commit(plan)
                 return ConfigureResult(Tier.T3, plan.changed)
-            resolved = self.resolve(plan.effective.model)
-            rec = self.core.load(resolved, plan.effective, on_success=lambda: self._loaded(resolved, plan))
-            return ConfigureResult(Tier.T3, plan.changed, load_id=rec.id)
+            rec = self._start_load(plan, payload)
+            return ConfigureResult(Tier.T3, plan.changed, load_id=rec.id,
+                                   extra={"policy": rec.policy, "estimate": rec.estimate})
         if plan.tier == Tier.T2:
-            seconds = await self.core.rebuild_context(plan.effective)
+            result = await self.core.rebuild_context(plan.effective)
             self.layers.commit(plan)
-            return ConfigureResult(Tier.T2, plan.changed, seconds=seconds)
+            return ConfigureResult(Tier.T2, plan.changed, seconds=result.pop("seconds"), extra=result)
         self.core.set_defaults(plan.effective)
         self.layers.commit(plan)
         return ConfigureResult(Tier.T1, plan.changed)
+
+    def resolve_if_model(self, payload: dict[str, Any]) -> ResolvedModel | None:
+        name = payload.get("model")
+        return self.resolve(name) if isinstance(name, str) else None
+
+    def _start_load(self, plan: Any, payload: dict[str, Any], carry_kv: bool = False) -> Any:
+        resolved = self.resolve(plan.effective.model)
+        entry = resolved.entry
+
+        def done() -> None:
+            self._loaded(resolved, plan)
+            self._pending_payload = None
+
+        rec = self.core.load(resolved, plan.effective, on_success=done, policy=plan.effective.reload_policy,
+                             carry_kv=carry_kv, kv_bytes_per_token=entry.kv_bytes_per_token if entry else None)
+        self._pending_payload = dict(payload)
+        return rec
+
+    async def swap_quant(self, model: str) -> ConfigureResult:
+        """Reload a sibling quant of the serving model (same architecture and KV layout) and carry every
+        slot's KV across, so sessions continue without re-prefill. A non-sibling is refused after its load
+        and the current generation keeps serving."""
+        gen = self.core.gen
+        if gen is None:
+            raise ParamError("swap_quant needs a loaded model to swap from", ["model"], code="no_model")
+        if self.core.current_load is not None:
+            raise EngineBusy(f"load {self.core.current_load.id} is under way; swap again when it has finished")
+        resolved = self.resolve(model)
+        cur = gen.resolved.entry
+        if cur is not None and resolved.entry is not None and cur.arch and resolved.entry.arch \
+                and cur.arch != resolved.entry.arch:
+            raise ParamError(f"'{model}' ({resolved.entry.arch}) is not a sibling quant of '{gen.resolved.id}' "
+                             f"({cur.arch})", ["model"], code="not_sibling")
+        plan = self.layers.plan({"model": model})
+        if plan.tier == Tier.NONE:
+            return ConfigureResult(Tier.NONE, [])
+        rebuilt = [k for k in plan.changed if k != "model" and RuntimeParams.tier_of(k) >= Tier.T2]
+        if rebuilt:
+            raise ParamError("swap_quant changes only the model; its registry defaults would change "
+                             f"{', '.join(rebuilt)} too", rebuilt, code="not_sibling")
+        log_event(log, logging.INFO, "swap quant", frm=gen.resolved.id, to=model)
+        rec = self._start_load(plan, {"model": model}, carry_kv=True)
+        return ConfigureResult(Tier.T3, plan.changed, load_id=rec.id, extra={"policy": rec.policy, "carry_kv": True})
 
     def _loaded(self, resolved: ResolvedModel, plan: Any) -> None:
         """Runs on the loader thread once the new generation is installed: commit the runtime layer."""
@@ -121,7 +176,7 @@ class EngineControl:
                     self.layers.yaml = dict(defaults)
                     self._loaded(resolved, None)
 
-                rec = self.core.load(resolved, plan.effective, on_success=done)
+                rec = self.core.load(resolved, plan.effective, on_success=done, policy=plan.effective.reload_policy)
                 return ConfigureResult(tier, changed, load_id=rec.id)
             if tier == Tier.T3:
                 await self.core.unload()
@@ -140,7 +195,10 @@ class EngineControl:
         if name is None or name == "":
             return True
         gen = self.core.gen
-        return gen is not None and name in gen.resolved.names()
+        if gen is not None:
+            return name in gen.resolved.names()
+        rec = self.core.current_load
+        return rec is not None and name == rec.model
 
 
 __all__ = ["EngineControl", "ConfigureResult", "ParamError", "UnknownModel", "EngineBusy"]

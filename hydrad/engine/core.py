@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 from hydrad.engine import llama
 from hydrad.engine.generation import Generation, Slot, build_generation
+from hydrad.engine.loader import LoadRecord, choose_policy, estimate_bytes, mem_available
 from hydrad.engine.requests import (
     Done, Failed, GenerationTag, GenRequest, RequestHandle, Token, Usage,
 )
@@ -37,23 +38,6 @@ STAGES = ("starting", "idle", "loading_model", "warming", "ready", "reloading", 
 
 class EngineBusy(RuntimeError):
     """Another load or rebuild is under way."""
-
-
-@dataclass
-class LoadRecord:
-    """One model load as reported by /control/loads/{id} and /health."""
-
-    id: int
-    model: str
-    phase: str = "loading"  # loading → warming → installing → done | failed
-    progress: float = 0.0
-    error: str | None = None
-    started: float = field(default_factory=time.time)
-    seconds: float | None = None
-
-    def public(self) -> dict[str, Any]:
-        return {"id": self.id, "model": self.model, "phase": self.phase, "progress": round(self.progress, 4),
-                "error": self.error, "started": self.started, "seconds": self.seconds}
 
 
 @dataclass
@@ -80,7 +64,8 @@ class EngineCore:
         self.stage = "starting"
         self.progress: float | None = None
         self.params: RuntimeParams | None = None  # T1 defaults in force
-        self.gen: Generation | None = None
+        self.gen: Generation | None = None  # serves new requests
+        self.retiring: list[Generation] = []  # older generations finishing their in-flight requests (overlap)
         self.loads: dict[int, LoadRecord] = {}
         self.current_load: LoadRecord | None = None
         self.last_error: str | None = None
@@ -93,6 +78,8 @@ class EngineCore:
         self._waiting: deque[RequestHandle] = deque()
         self._out: list[tuple[RequestHandle, Any]] = []
         self._pending_swap: tuple[str, Any, cf.Future[Any]] | None = None
+        self._drain: tuple[float, threading.Event, LoadRecord] | None = None  # drain-policy reload in progress
+        self.drain_timeout_s = 30.0
         self._thread: threading.Thread | None = None
         self._load_ids = 0
         self._lock = threading.Lock()  # guards stage/current_load between loader and loop threads
@@ -126,11 +113,12 @@ class EngineCore:
         """T1: per-request defaults change at once; nothing is rebuilt."""
         self._cmds.put(("t1", params))
 
-    async def rebuild_context(self, params: RuntimeParams) -> float:
-        """T2: rebuild the context (in-flight requests finish first); returns seconds taken."""
+    async def rebuild_context(self, params: RuntimeParams) -> dict[str, Any]:
+        """T2: rebuild the context (in-flight requests finish first), carrying slots' KV where it fits.
+        Returns seconds taken and how many slots were carried or dropped."""
         if self.gen is None:
             self.params = params
-            return 0.0
+            return {"seconds": 0.0, "carried": 0, "dropped": 0}
         with self._lock:
             if self.current_load is not None or self._pending_swap is not None:
                 raise EngineBusy("a model load or context rebuild is under way; try again when it ends")
@@ -138,21 +126,51 @@ class EngineCore:
         self._cmds.put(("rebuild", params, fut))
         return await asyncio.wrap_future(fut)
 
-    def load(self, resolved: ResolvedModel, params: RuntimeParams,
-             on_success: Callable[[], None] | None = None) -> LoadRecord:
-        """T3: start loading a model on a loader thread; the current generation keeps serving."""
+    def load(self, resolved: ResolvedModel, params: RuntimeParams, on_success: Callable[[], None] | None = None,
+             policy: str = "auto", carry_kv: bool = False, kv_bytes_per_token: int | None = None) -> LoadRecord:
+        """T3: load a model on a loader thread. ``overlap`` keeps the current generation serving until
+        the new one takes over; ``drain`` frees it first; ``carry_kv`` moves every slot's KV across."""
         with self._lock:
             if self.current_load is not None or self._pending_swap is not None:
                 raise EngineBusy(f"load {self.current_load.id if self.current_load else '?'} is under way; "
                                  "wait for it to finish")
             self._load_ids += 1
-            rec = LoadRecord(self._load_ids, resolved.id)
+            rec = LoadRecord(self._load_ids, resolved.id, carry_kv=carry_kv)
+            try:
+                need = estimate_bytes(resolved, params, kv_bytes_per_token)
+            except OSError as exc:
+                need = 0
+                rec.estimate = {"error": str(exc)}
+            chosen, why = choose_policy(policy, need, self._free_memory(), self.gen is not None)
+            if carry_kv:
+                chosen, why = "overlap", {**why, "why": "carry_kv installs once in-flight requests finish"}
+            rec.policy, rec.estimate = chosen, {**rec.estimate, **why}
             self.loads[rec.id] = rec
             self.current_load = rec
         self._set_stage("reloading" if self.gen else "loading_model", 0.0)
         threading.Thread(target=self._load_thread, args=(rec, resolved, params, on_success),
                          name=f"hydrad-loader-{rec.id}", daemon=True).start()
         return rec
+
+    def _free_memory(self) -> int:
+        """Free memory where the weights go: the GPU's when one serves, else the host's."""
+        try:
+            from hydrad.engine import ggml
+
+            gpus = [d for d in ggml.devices() if d.kind in ("gpu", "igpu") and not d.name.upper().startswith("RPC")]
+            if gpus:
+                return min(d.memory_free for d in gpus)
+        except Exception:  # device enumeration is best effort; fall back to host memory
+            pass
+        return mem_available()
+
+    async def abort_load(self) -> None:
+        """Abort the running load (if any) and wait until its thread has ended."""
+        rec = self.current_load
+        if rec is None:
+            return
+        rec.abort.set()
+        await asyncio.to_thread(rec.ended.wait, 600)
 
     async def unload(self) -> None:
         fut: cf.Future[Any] = cf.Future()
@@ -197,36 +215,60 @@ class EngineCore:
             if value - last[0] >= 0.05 or value >= 1.0:
                 last[0] = value
                 self._set_stage("reloading" if reloading else "loading_model", rec.progress)
-            return True
+            return not rec.abort.is_set()
 
         try:
-            log_event(log, logging.INFO, "loading model", load=rec.id, model=resolved.id, path=str(resolved.path))
-            gen = build_generation(resolved, params, progress, self._load_ids,
-                                   on_warming=lambda: self._warming(rec, reloading))
+            if rec.policy == "drain" and self.gen is not None:
+                rec.phase = "draining"
+                done = threading.Event()
+                self._cmds.put(("drain", rec, done))
+                done.wait()
+                rec.timings["drain_s"] = round(time.monotonic() - t0, 4)
+            if rec.abort.is_set():
+                raise llama.LoadAborted("superseded by a newer configure")
+            rec.phase = "loading"
+            log_event(log, logging.INFO, "loading model", load=rec.id, model=resolved.id, path=str(resolved.path),
+                      policy=rec.policy)
+            t1 = time.monotonic()
+            gen = build_generation(resolved, params, progress, rec.id, on_warming=lambda: self._warming(rec, reloading))
+            rec.timings["load_s"] = round(time.monotonic() - t1, 4)
+            if rec.abort.is_set():
+                gen.free()
+                raise llama.LoadAborted("superseded by a newer configure")
             rec.phase = "installing"
+            t2 = time.monotonic()
             fut: cf.Future[Any] = cf.Future()
-            self._cmds.put(("install", gen, fut))
+            self._cmds.put(("install", (gen, rec), fut))
             fut.result()
+            rec.timings["install_s"] = round(time.monotonic() - t2, 4)
             if on_success is not None:
                 on_success()
-        except Exception as exc:  # the old generation keeps serving; report and roll back the stage
-            rec.phase, rec.error = "failed", str(exc)
+        except Exception as exc:  # the old generation keeps serving (overlap); report and roll back the stage
+            aborted = isinstance(exc, llama.LoadAborted)
+            rec.phase, rec.error = ("aborted" if aborted else "failed"), str(exc)
             rec.seconds = round(time.monotonic() - t0, 3)
-            self.last_error = f"load {rec.id} of {resolved.id} failed: {exc}"
-            log_event(log, logging.ERROR, "model load failed", load=rec.id, model=resolved.id, error=str(exc))
+            if not aborted:
+                self.last_error = f"load {rec.id} of {resolved.id} failed: {exc}"
+            log_event(log, logging.WARNING if aborted else logging.ERROR,
+                      "model load aborted" if aborted else "model load failed", load=rec.id, model=resolved.id,
+                      error=str(exc))
+            self._cmds.put(("resume",))
             with self._lock:
                 self.current_load = None
             self._set_stage("ready" if self.gen else "idle")
+            rec.ended.set()
             return
         rec.seconds = round(time.monotonic() - t0, 3)
         rec.phase, rec.progress = "done", 1.0
-        self.stats.model_load_seconds = rec.seconds
+        self.stats.model_load_seconds = rec.timings.get("load_s", rec.seconds)
         self.stats.model_loads_total += 1
         self.last_error = None
-        log_event(log, logging.INFO, "model ready", load=rec.id, model=resolved.id, seconds=rec.seconds)
+        log_event(log, logging.INFO, "model ready", load=rec.id, model=resolved.id, seconds=rec.seconds,
+                  policy=rec.policy)
         with self._lock:
             self.current_load = None
         self._set_stage("ready")
+        rec.ended.set()
 
     def _warming(self, rec: LoadRecord, reloading: bool) -> None:
         rec.phase, rec.progress = "warming", 0.97
@@ -237,15 +279,18 @@ class EngineCore:
     def _run(self) -> None:
         try:
             while True:
-                busy = bool(self.gen and (self.gen.n_active or (self._waiting and self.gen.free_slot_exists()
-                                                                               and self._pending_swap is None)))
-                if not self._drain_commands(block=not busy):
+                if not self._drain_commands(block=not self._busy()):
                     break
                 self.heartbeat = time.monotonic()
                 self._maybe_swap()
+                self._drain_step()
+                self._expire_waiting()
                 self._admit()
+                for old in [g for g in self.retiring if g.n_active]:
+                    self._step(old)
                 if self.gen is not None and self.gen.n_active:
-                    self._step()
+                    self._step(self.gen)
+                self._retire_idle()
                 self._flush()
         except BaseException as exc:  # the engine is dead: every caller must hear it, not hang
             log.exception("engine thread died")
@@ -255,6 +300,56 @@ class EngineCore:
             raise
         finally:
             self._shutdown_gen()
+
+    def _busy(self) -> bool:
+        gen = self.gen
+        if any(g.n_active for g in self.retiring):
+            return True
+        if gen is None:
+            return False
+        return bool(gen.n_active or (self._waiting and gen.free_slot_exists() and self._pending_swap is None
+                                     and self._drain is None))
+
+    def _retire_idle(self) -> None:
+        for old in [g for g in self.retiring if not g.n_active]:
+            self.retiring.remove(old)
+            old.free()
+            log_event(log, logging.INFO, "generation retired", generation=old.tag.fingerprint)
+
+    def _drain_step(self) -> None:
+        """Drain policy: once in-flight requests are done (or the bound passed), free the generation."""
+        if self._drain is None:
+            return
+        deadline, done, rec = self._drain
+        gen = self.gen
+        if gen is not None and gen.n_active and time.monotonic() < deadline and not rec.abort.is_set():
+            return
+        if gen is not None:
+            for slot in gen.slots:
+                if slot.active is not None:
+                    self._emit(slot.active.handle, Failed(
+                        f"ended by a model reload after {self.drain_timeout_s:.0f}s of draining; retry", status=503,
+                        code="reloading"))
+                    self._release(gen, slot)
+            self.gen = None
+            gen.free()
+        self._drain = None
+        done.set()
+
+    def _expire_waiting(self) -> None:
+        """Requests queued while no generation admits them wait at most reload_queue_timeout_s."""
+        if not self._waiting or (self.gen is not None and self._drain is None):
+            return
+        limit = (self.params.reload_queue_timeout_s if self.params else 30.0)
+        now = time.monotonic()
+        keep: deque[RequestHandle] = deque()
+        for h in self._waiting:
+            if now - h.t_enqueued > limit:
+                self._emit(h, Failed(f"the engine is loading a model; waited {limit:.0f}s, retry later", status=503,
+                                     code="reloading"))
+            else:
+                keep.append(h)
+        self._waiting = keep
 
     def _drain_commands(self, block: bool) -> bool:
         try:
@@ -275,11 +370,12 @@ class EngineCore:
             handle: RequestHandle = cmd[1]
             if not self.admitting:
                 self._emit(handle, Failed("engine is shutting down", status=503, code="shutting_down"))
-            elif self.gen is None:
+            elif self.gen is None and self.current_load is None:
                 self._emit(handle, Failed("no model is loaded", status=503, code="no_model"))
-            elif len(self._waiting) >= self.max_queue and not self.gen.free_slot_exists():
+            elif len(self._waiting) >= self.max_queue and not (self.gen and self.gen.free_slot_exists()):
                 self._emit(handle, Failed("all slots busy and the queue is full", status=503, code="queue_full"))
             else:
+                handle.t_enqueued = time.monotonic()
                 self._waiting.append(handle)
                 self.stats.requests_total += 1
         elif kind == "cancel":
@@ -292,6 +388,10 @@ class EngineCore:
             self._state_put(cmd[1], cmd[2], cmd[3], cmd[4])
         elif kind in ("rebuild", "install", "unload"):
             self._pending_swap = (kind, cmd[1], cmd[2])
+        elif kind == "drain":
+            self._drain = (time.monotonic() + self.drain_timeout_s, cmd[2], cmd[1])
+        elif kind == "resume":
+            pass  # wakes the loop so queued requests are re-examined
         elif kind == "stop":
             self._fail_all("engine is shutting down", engine_failed=True, status=503, code="shutting_down")
             self._flush()
@@ -358,24 +458,39 @@ class EngineCore:
         return await asyncio.wrap_future(fut)
 
     def _maybe_swap(self) -> None:
-        """Apply a pending rebuild/install/unload once the current generation has no active slot."""
-        if self._pending_swap is None or (self.gen is not None and self.gen.n_active):
+        """Apply a pending install/rebuild/unload. An overlap install takes over at once (the old generation
+        retires when its in-flight requests end); the others wait until no slot is active."""
+        if self._pending_swap is None:
             return
         kind, arg, fut = self._pending_swap
+        overlap = kind == "install" and not arg[1].carry_kv
+        if not overlap and self.gen is not None and self.gen.n_active:
+            return
         self._pending_swap = None
         try:
             if kind == "install":
-                old, self.gen = self.gen, arg
-                self.params = arg.params
+                new, rec = arg
+                if rec.carry_kv and self.gen is not None:
+                    problem = sibling_problem(self.gen, new)
+                    if problem:
+                        new.free()
+                        raise RuntimeError(problem)
+                old, self.gen = self.gen, new
+                self.params = new.params
                 if old is not None:
-                    old.free()
+                    if rec.carry_kv:
+                        rec.carried = carry_slots(old, new)
+                    if old.n_active:
+                        self.retiring.append(old)
+                    else:
+                        old.free()
                 result: Any = None
             elif kind == "rebuild":
                 t0 = time.monotonic()
                 assert self.gen is not None
-                self.gen.rebuild_context(arg)
+                carried = self.gen.rebuild_context(arg)
                 self.params = arg
-                result = time.monotonic() - t0
+                result = {"seconds": time.monotonic() - t0, **carried}
                 self.stats.context_rebuilds_total += 1
             else:
                 self._shutdown_gen()
@@ -387,7 +502,7 @@ class EngineCore:
 
     def _admit(self) -> None:
         gen = self.gen
-        if gen is None or self._pending_swap is not None or not self._waiting:
+        if gen is None or self._pending_swap is not None or self._drain is not None or not self._waiting:
             return
         deferred: deque[RequestHandle] = deque()
         while self._waiting:
@@ -448,6 +563,7 @@ class EngineCore:
             max_tokens = min(params.n_predict, room)
         else:
             max_tokens = room
+        handle.generation = gen.tag
         slot.active = _Active(handle=handle, prompt_len=len(tokens), cached=keep, pending=tokens[keep:],
                               max_tokens=max_tokens, sampler=sampler, detok=Utf8Detokenizer(),
                               stopper=StopMatcher(req.stop), t_start=time.monotonic())
@@ -457,9 +573,7 @@ class EngineCore:
         if max_tokens <= 0:
             self._finish(gen, slot, "length")
 
-    def _step(self) -> None:
-        gen = self.gen
-        assert gen is not None
+    def _step(self, gen: Generation) -> None:
         batch, ctx = gen.batch, gen.ctx
         batch.clear()
         outputs: list[tuple[Slot, int]] = []
@@ -579,20 +693,17 @@ class EngineCore:
             return
         except ValueError:
             pass
-        gen = self.gen
-        if gen is None:
-            return
-        for slot in gen.slots:
-            if slot.active is not None and slot.active.handle is handle:
-                self.stats.requests_cancelled_total += 1
-                self._release(gen, slot)
-                return
+        for gen in ([self.gen] if self.gen else []) + self.retiring:
+            for slot in gen.slots:
+                if slot.active is not None and slot.active.handle is handle:
+                    self.stats.requests_cancelled_total += 1
+                    self._release(gen, slot)
+                    return
 
     def _fail_all(self, message: str, engine_failed: bool, status: int = 500, code: str = "engine_error") -> None:
         while self._waiting:
             self._emit(self._waiting.popleft(), Failed(message, engine_failed, status, code))
-        gen = self.gen
-        if gen is not None:
+        for gen in ([self.gen] if self.gen else []) + self.retiring:
             for slot in gen.slots:
                 if slot.active is not None:
                     self._emit(slot.active.handle, Failed(message, engine_failed, status, code))
@@ -603,8 +714,12 @@ class EngineCore:
 
     def _shutdown_gen(self) -> None:
         gen, self.gen = self.gen, None
-        if gen is not None:
-            gen.free()
+        for g in ([gen] if gen else []) + self.retiring:
+            g.free()
+        self.retiring.clear()
+        if self._drain is not None:
+            self._drain[1].set()
+            self._drain = None
 
     def _emit(self, handle: RequestHandle, ev: Any) -> None:
         self._out.append((handle, ev))
@@ -621,9 +736,43 @@ class EngineCore:
 
     def slots_view(self) -> dict[str, int]:
         gen = self.gen
+        retiring = sum(g.n_active for g in self.retiring)
         if gen is None:
-            return {"busy": 0, "total": 0, "queued": len(self._waiting)}
-        return {"busy": gen.n_active, "total": len(gen.slots), "queued": len(self._waiting)}
+            return {"busy": retiring, "total": 0, "queued": len(self._waiting)}
+        return {"busy": gen.n_active + retiring, "total": len(gen.slots), "queued": len(self._waiting)}
+
+
+def sibling_problem(old: Generation, new: Generation) -> str | None:
+    """Two quants of one model share architecture and KV layout; only then can KV move between them."""
+    a, b = old.identity(), new.identity()
+    for key in ("arch", "n_layer", "n_embd", "n_head_kv", "n_vocab"):
+        if a[key] != b[key]:
+            return (f"'{new.resolved.id}' is not a sibling quant of '{old.resolved.id}': {key} {b[key]!r} != {a[key]!r}; "
+                    "the current model keeps serving")
+    if (old.params.cache_type_k, old.params.cache_type_v) != (new.params.cache_type_k, new.params.cache_type_v):
+        return "KV cache types differ between the two generations; the current model keeps serving"
+    return None
+
+
+def carry_slots(old: Generation, new: Generation) -> dict[str, int]:
+    """Move every idle slot's KV from one generation to a sibling one (same KV layout); slots that
+    cannot move start empty in the new generation and are counted as dropped."""
+    carried = dropped = 0
+    for slot in old.slots:
+        if not slot.cache or slot.active is not None:
+            continue
+        if slot.id >= len(new.slots) or len(slot.cache) >= new.ctx.n_ctx_seq:
+            dropped += 1
+            continue
+        try:
+            data = old.read_state(slot)
+            new.write_state(new.slots[slot.id], list(slot.cache), data)
+            new.slots[slot.id].last_used = slot.last_used
+            carried += 1
+        except RuntimeError as exc:
+            log_event(log, logging.WARNING, "slot KV not carried", slot=slot.id, error=str(exc))
+            dropped += 1
+    return {"carried": carried, "dropped": dropped}
 
 
 class StateError(Exception):

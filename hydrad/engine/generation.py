@@ -170,8 +170,20 @@ class Generation:
             used -= len(s.cache)
             self.reset_slot(s)
 
-    def rebuild_context(self, params: RuntimeParams) -> None:
-        """T2: a new context with new parameters; the model stays. Slots start empty."""
+    def rebuild_context(self, params: RuntimeParams) -> dict[str, int]:
+        """T2: a new context with new parameters; the model stays. Each idle slot's KV is carried into the
+        new context when the new context can hold it (same cache types, enough room, slot still exists);
+        otherwise that slot starts empty and its next request prefills again."""
+        saved: list[tuple[int, list[int], Any, float]] = []
+        same_layout = (params.cache_type_k, params.cache_type_v) == (self.params.cache_type_k, self.params.cache_type_v)
+        dropped = 0
+        for slot in self.slots:
+            if not slot.cache:
+                continue
+            if same_layout and slot.id < params.n_parallel:
+                saved.append((slot.id, list(slot.cache), self.read_state(slot), slot.last_used))
+            else:
+                dropped += 1
         new_ctx = llama.Context(self.model, params)
         self.batch.free()
         self.ctx.free()
@@ -180,6 +192,18 @@ class Generation:
         self.slots = [Slot(i) for i in range(params.n_parallel)]
         self.params = params
         self.tag = GenerationTag(self.id, self.resolved.id, params.snapshot_hash())
+        carried = 0
+        for sid, tokens, data, last_used in saved:
+            if len(tokens) >= new_ctx.n_ctx_seq:
+                dropped += 1
+                continue
+            try:
+                self.write_state(self.slots[sid], tokens, data)
+                self.slots[sid].last_used = last_used
+                carried += 1
+            except RuntimeError:
+                dropped += 1
+        return {"carried": carried, "dropped": dropped}
 
     def warmup(self) -> None:
         """One tiny decode so the first user request does not pay for lazy allocations."""

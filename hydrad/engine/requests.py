@@ -103,6 +103,8 @@ class RequestHandle:
         self.request = request
         self.queue: asyncio.Queue[Event] = asyncio.Queue()
         self.finished = False
+        self.t_enqueued = 0.0  # set by the engine thread when the request joins the wait queue
+        self.generation: GenerationTag | None = None  # set by the engine thread when a slot takes the request
 
     @property
     def id(self) -> int:

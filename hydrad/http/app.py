@@ -89,14 +89,15 @@ def build_app(settings: EngineSettings, control: EngineControl) -> Starlette:
         if not core.admitting:
             raise ApiError(503, "engine is shutting down", "shutting_down", headers={"Retry-After": "5"})
         gen = core.gen
-        if gen is None:
-            if core.current_load is not None:
-                raise ApiError(503, f"model is loading ({core.stage})", "loading", headers={"Retry-After": "1"})
+        load = core.current_load
+        if gen is None and load is None:
             raise ApiError(503, "no model is loaded; configure one with POST /control/configure", "no_model")
         if not control.serves(req.model):
-            raise ApiError(404, f"model '{req.model}' is not served by this engine (it serves '{gen.resolved.id}')",
+            serving = gen.resolved.id if gen is not None else (load.model if load else None)
+            raise ApiError(404, f"model '{req.model}' is not served by this engine (it serves '{serving}')",
                            "model_not_found", "model")
-        return gen.resolved.id
+        # with no generation yet, the request waits in the engine's queue for the loading model
+        return gen.resolved.id if gen is not None else load.model  # type: ignore[union-attr]
 
     async def generate(request: Request, kind: str) -> Response:
         req, greq = openai.parse(kind, await request.body())
@@ -112,6 +113,8 @@ def build_app(settings: EngineSettings, control: EngineControl) -> Starlette:
             handle.finished = True
             raise ApiError(first.status, first.message, first.code,
                            headers={"Retry-After": "1"} if first.status == 503 else None)
+        if handle.generation is not None:  # the generation that took the request, not the one asked at arrival
+            model_id = handle.generation.model
         if req.stream:
             return StreamingResponse(_stream(kind, rid, model_id, req, handle, first), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -136,7 +139,7 @@ def build_app(settings: EngineSettings, control: EngineControl) -> Starlette:
     async def _stream(kind: str, rid: str, model_id: str, req: openai._Common, handle: RequestHandle,
                       first: Any) -> AsyncIterator[bytes]:
         created = int(time.time())
-        fp = core.gen.tag.fingerprint if core.gen else ""
+        fp = handle.generation.fingerprint if handle.generation else ""
         try:
             if kind == "chat":
                 yield openai.chunk(kind, rid, model_id, created, "", None, fp, first=True)
@@ -187,23 +190,44 @@ def build_app(settings: EngineSettings, control: EngineControl) -> Starlette:
             raise ApiError(404, str(exc), "model_not_found", "model") from None
         except EngineBusy as exc:
             raise ApiError(409, str(exc), "busy", headers={"Retry-After": "1"}) from None
-        body = result.public()
-        if result.load_id is not None:
-            if request.query_params.get("wait") in ("1", "true", "yes"):
-                rec = core.loads[result.load_id]
-                while rec.phase not in ("done", "failed"):
-                    await asyncio.sleep(0.05)
-                body["load"] = rec.public()
-                if rec.phase == "failed":
-                    raise ApiError(422, f"model load failed: {rec.error}", "load_failed")
-                return JSONResponse(body)
-            return JSONResponse(body, status_code=202, headers={"Location": f"/control/loads/{result.load_id}"})
-        return JSONResponse(body)
+        return await finish_load(request, result.public(), result.load_id)
+
+    async def swap_quant(request: Request) -> Response:
+        guard_control(request)
+        try:
+            body = json.loads(await request.body() or b"{}")
+        except ValueError as exc:
+            raise ApiError(400, f"body is not valid JSON: {exc}", "invalid_json") from None
+        model = body.get("model") if isinstance(body, dict) else None
+        if not isinstance(model, str):
+            raise ApiError(400, "swap_quant needs {\"model\": <alias or GGUF path>}", "invalid_field", "model")
+        try:
+            result = await control.swap_quant(model)
+        except ParamError as exc:
+            raise ApiError(400, str(exc), exc.code, "model") from None
+        except UnknownModel as exc:
+            raise ApiError(404, str(exc), "model_not_found", "model") from None
+        except EngineBusy as exc:
+            raise ApiError(409, str(exc), "busy", headers={"Retry-After": "1"}) from None
+        return await finish_load(request, result.public(), result.load_id)
+
+    async def finish_load(request: Request, body: dict[str, Any], load_id: int | None) -> Response:
+        if load_id is None:
+            return JSONResponse(body)
+        if request.query_params.get("wait") in ("1", "true", "yes"):
+            rec = core.loads[load_id]
+            while not rec.terminal:
+                await asyncio.sleep(0.05)
+            body["load"] = rec.public()
+            if rec.phase != "done":
+                raise ApiError(422, f"model load {rec.phase}: {rec.error}", "load_failed")
+            return JSONResponse(body)
+        return JSONResponse(body, status_code=202, headers={"Location": f"/control/reloads/{load_id}"})
 
     async def load_status(request: Request) -> Response:
         guard_control(request)
         try:
-            rec = core.loads[int(request.path_params["load_id"])]
+            rec = core.loads[int(request.path_params["load_id"])]  # type: ignore[assignment]
         except (KeyError, ValueError):
             raise ApiError(404, "no such load", "not_found") from None
         return JSONResponse(rec.public())
@@ -313,7 +337,8 @@ def build_app(settings: EngineSettings, control: EngineControl) -> Starlette:
         Route("/v1/chat/completions", chat, methods=["POST"]), Route("/chat/completions", chat, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]), Route("/completions", completions, methods=["POST"]),
         Route("/control/config", get_config), Route("/control/configure", configure, methods=["POST"]),
-        Route("/control/loads/{load_id}", load_status),
+        Route("/control/loads/{load_id}", load_status), Route("/control/reloads/{load_id}", load_status),
+        Route("/control/swap_quant", swap_quant, methods=["POST"]),
         Route("/slots", slots), Route("/slots/{slot}/state", state_get),
         Route("/slots/{slot}/state", state_put, methods=["PUT"]), Route("/slots/{slot}/state/meta", state_meta),
     ]

@@ -235,7 +235,12 @@ class MergedPort:
                 io.send(P.error_frame(P.Status.UNAUTHORIZED, "forbidden", f"STATE_PUT is not allowed from {peer}"))
                 return True
             return self._state_put(req, io)
-        elif op in (P.Op.SET_EXPERT_MODE, P.Op.SWAP_QUANT):
+        elif op == P.Op.SWAP_QUANT:
+            if not self.settings.allows_control(peer):
+                io.send(P.error_frame(P.Status.UNAUTHORIZED, "forbidden", f"SWAP_QUANT is not allowed from {peer}"))
+                return True
+            io.send(self._swap_quant(req))
+        elif op == P.Op.SET_EXPERT_MODE:
             name = P.Op(op).name
             io.send(P.error_frame(P.Status.NOT_SUPPORTED, "not_supported", f"{name} is not supported by this engine yet"))
         elif op == P.Op.PIPELINE_ATTACH:
@@ -252,6 +257,21 @@ class MergedPort:
             result = self._run(self.control.configure(payload))
         except ParamError as exc:
             return P.error_frame(P.Status.BAD_REQUEST, exc.code, str(exc))
+        except UnknownModel as exc:
+            return P.error_frame(P.Status.NOT_FOUND, "model_not_found", str(exc))
+        except EngineBusy as exc:
+            return P.error_frame(P.Status.CONFLICT, "busy", str(exc))
+        return P.encode_json(P.Status.OK, result.public())
+
+    def _swap_quant(self, req: dict[str, Any]) -> bytes:
+        model = req.get("model")
+        if not isinstance(model, str):
+            return P.error_frame(P.Status.BAD_REQUEST, "invalid_field", "SWAP_QUANT needs {\"model\": <alias or GGUF path>}")
+        try:
+            result = self._run(self.control.swap_quant(model))
+        except ParamError as exc:
+            return P.error_frame(P.Status.INCOMPATIBLE if exc.code == "not_sibling" else P.Status.BAD_REQUEST,
+                                 exc.code, str(exc))
         except UnknownModel as exc:
             return P.error_frame(P.Status.NOT_FOUND, "model_not_found", str(exc))
         except EngineBusy as exc:
@@ -326,6 +346,7 @@ def info_view(control: EngineControl, settings: EngineSettings, devices: list[di
     return {"engine": settings.name, "version": __version__, "stage": core.stage, "progress": core.progress,
             "model": model, "generation": gen.tag.fingerprint if gen else None, "slots": slots,
             "params": control.layers.sources(), "last_error": core.last_error,
+            "reload": core.current_load.public() if core.current_load else None,
             "rpc": {"port": port, "ggml_rpc_devices": devices}}
 
 

@@ -1,0 +1,392 @@
+"""The engine's side of the bus: a DEALER named after the engine, connected to the coordinator.
+
+It runs as tasks in the engine's event loop (``zmq.asyncio``), so requests it receives reach
+the engine core exactly as HTTP requests do. Ownership follows the zguide's reliability rules:
+
+- one reader task owns ``recv`` on the socket; sends are non-blocking calls from the same
+  loop thread (the socket never leaves it), so a slow coordinator makes a send fail fast
+  instead of stalling a token stream;
+- any message from the coordinator counts as life; hearing nothing for 3 intervals means
+  the coordinator (or the path to it) is gone: close the socket, wait with a doubling
+  backoff, reconnect and REGISTER again — requests it had sent are cancelled, since it has
+  given up on them too;
+- until the coordinator answers WELCOME the link repeats REGISTER each interval instead of
+  heartbeating, so a coordinator started after the engines (or restarted) learns of them;
+- heartbeats go out every interval and early when the stage, model or load progress moved,
+  so a profile switch sees progress without polling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+import uuid
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from hydrad import __version__
+from hydrad.bus import messages as M
+from hydrad.bus.gpu import local_gpu
+from hydrad.engine.control import EngineBusy, EngineControl, ParamError, UnknownModel
+from hydrad.engine.requests import Done, Failed, Token
+from hydrad.logs import log_event
+from hydrad.settings import EngineSettings
+
+log = logging.getLogger("hydrad.bus")
+
+LIVENESS = 3  # intervals of silence before the other side counts as gone
+BACKOFF_MAX_S = 10.0
+SNDHWM = 10_000  # messages queued towards the coordinator before a send fails (then the request is cancelled)
+LOADING_STAGES = ("loading_model", "warming", "reloading")
+
+
+class _Speed:
+    """Prefill and decode tokens/s of the serving model, measured from the core's counters.
+
+    Counters are cumulative; the baseline resets when the serving generation changes, so a
+    figure always describes the model being served, not an average across models.
+    """
+
+    def __init__(self) -> None:
+        self.key: Any = None
+        self.base = (0, 0.0, 0, 0.0)
+        self.prefill = 0.0
+        self.decode = 0.0
+
+    def update(self, stats: Any, key: Any) -> tuple[float, float]:
+        now = (stats.prompt_tokens_total, stats.prompt_seconds_total,
+               stats.tokens_predicted_total, stats.predicted_seconds_total)
+        if key != self.key:
+            self.key, self.base, self.prefill, self.decode = key, now, 0.0, 0.0
+            return 0.0, 0.0
+        dp, dps, dd, dds = (a - b for a, b in zip(now, self.base))
+        if dps > 0.01 and dp > 0:
+            self.prefill = dp / dps
+        if dds > 0.01 and dd > 0:
+            self.decode = dd / dds
+        return round(self.prefill, 2), round(self.decode, 2)
+
+
+class EngineLink:
+    def __init__(self, settings: EngineSettings, control: EngineControl, *, http: str | None, rpc: str | None) -> None:
+        self.settings = settings
+        self.endpoint = settings.bus.endpoint
+        self.interval = settings.bus.heartbeat_interval_s
+        self.control = control
+        self.core = control.core
+        self.instance = uuid.uuid4().hex[:16]
+        self.http = http
+        self.rpc = rpc
+        self._ctx = zmq.asyncio.Context()
+        self._sock: zmq.asyncio.Socket | None = None
+        self._epoch = 0  # connections made; REGISTER carries it so a repeat is told from a new connection
+        self._welcomed = False
+        self._last_heard = 0.0
+        self._inflight: dict[str, asyncio.Task[None]] = {}
+        self._side: set[asyncio.Task[None]] = set()  # configure tasks
+        self._main: asyncio.Task[None] | None = None
+        self._speed = _Speed()
+        self._gpu = M.GpuInfo()
+        self._gpu_at = 0.0
+        self._warned: dict[str, float] = {}
+
+    # ----- lifecycle -------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._main = asyncio.create_task(self._run(), name="bus-link")
+
+    async def close(self, reason: str = "engine stopping") -> None:
+        """Say GOODBYE (so the coordinator stops routing here at once), then drop everything."""
+        if self._sock is not None and self._welcomed:
+            self._send(M.Goodbye(reason=reason))
+            await asyncio.sleep(0.05)  # let the I/O thread put it on the wire before linger 0 drops it
+        if self._main is not None:
+            self._main.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._main
+        self._cancel_all()
+        for t in list(self._side):
+            t.cancel()
+        self._ctx.term()
+
+    async def _run(self) -> None:
+        await self._refresh_gpu(force=True)
+        backoff = self.interval
+        while True:
+            sock = self._open()
+            heard_at_start = self._last_heard = time.monotonic()
+            reader = asyncio.create_task(self._read(sock), name="bus-link-reader")
+            try:
+                await self._beat(reader)
+            finally:
+                reader.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await reader
+                self._cancel_all()
+                self._welcomed = False
+                self._sock = None
+                sock.close(linger=0)
+            if self._last_heard > heard_at_start:
+                backoff = self.interval  # this connection worked for a while: start the backoff over
+            log_event(log, logging.WARNING, "coordinator silent; reconnecting", endpoint=self.endpoint,
+                      silent_s=round(time.monotonic() - self._last_heard, 2), backoff_s=round(backoff, 2))
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, BACKOFF_MAX_S)
+
+    def _open(self) -> zmq.asyncio.Socket:
+        b = self.settings.bus
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.IDENTITY, self.settings.name.encode())
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.IMMEDIATE, 1)  # no queueing towards a connection that is not up: fail, don't flood later
+        sock.setsockopt(zmq.SNDHWM, SNDHWM)
+        sock.setsockopt(zmq.RCVHWM, SNDHWM)
+        sock.setsockopt(zmq.MAXMSGSIZE, M.MAX_BODY + 4096)
+        sock.setsockopt(zmq.RECONNECT_IVL, 100)
+        sock.setsockopt(zmq.RECONNECT_IVL_MAX, int(BACKOFF_MAX_S * 1000))
+        if b.curve_server_key:
+            pub, sec = b.curve_public_key, b.curve_secret_key
+            if not (pub and sec):  # the coordinator does not authenticate clients: a fresh keypair still encrypts
+                pk, sk = zmq.curve_keypair()
+                pub, sec = pk.decode(), sk.decode()
+            sock.setsockopt(zmq.CURVE_SERVERKEY, b.curve_server_key.encode())
+            sock.setsockopt(zmq.CURVE_PUBLICKEY, pub.encode())
+            sock.setsockopt(zmq.CURVE_SECRETKEY, sec.encode())
+        assert self.endpoint is not None
+        sock.connect(self.endpoint)
+        self._epoch += 1
+        self._sock = sock
+        log_event(log, logging.INFO, "bus connecting", endpoint=self.endpoint, engine=self.settings.name,
+                  curve=bool(b.curve_server_key))
+        return sock
+
+    # ----- sending ---------------------------------------------------------------------
+
+    def _send(self, msg: Any) -> bool:
+        """Non-blocking send from the loop thread; False when the coordinator is not reachable now."""
+        sock = self._sock
+        if sock is None:
+            return False
+        try:
+            sock.send_multipart(M.encode(msg), flags=zmq.NOBLOCK).result()
+            return True
+        except zmq.Again:
+            if self._welcomed:  # before WELCOME, a REGISTER finding no connection yet is the normal case
+                self._warn("again", "bus send would block (coordinator not connected or not reading)",
+                           kind=msg.KIND.decode())
+        except Exception as exc:  # ZMQError, or a socket closed under us during shutdown
+            self._warn("zmq", "bus send failed", kind=msg.KIND.decode(), error=str(exc))
+        return False
+
+    def _warn(self, key: str, text: str, **fields: Any) -> None:
+        """Log a repeated problem at most every 10 s."""
+        now = time.monotonic()
+        if now - self._warned.get(key, -1e9) >= 10.0:
+            self._warned[key] = now
+            log_event(log, logging.WARNING, text, **fields)
+
+    def _register(self) -> M.Register:
+        return M.Register(engine=self.settings.name, instance=f"{self.instance}.{self._epoch}", version=__version__,
+                          pid=os.getpid(), gpu=self._gpu, http=self.http, rpc=self.rpc,
+                          models_on_disk=self._models_on_disk(), heartbeat_interval_s=self.interval,
+                          status=self._status())
+
+    def _models_on_disk(self) -> list[str]:
+        out = []
+        for alias in sorted(self.control.registry.entries):
+            try:
+                self.control.registry.resolve(alias)
+                out.append(alias)
+            except Exception:
+                continue
+        return out
+
+    def _status(self) -> M.EngineStatus:
+        core = self.core
+        gen = core.gen
+        view = core.slots_view()
+        rec = core.current_load
+        stage = core.stage
+        progress = core.progress if stage in LOADING_STAGES and core.progress is not None else None
+        prefill, decode = self._speed.update(core.stats, gen.tag.fingerprint if gen is not None else None)
+        load_s = core.stats.model_load_seconds
+        return M.EngineStatus(
+            stage=stage, model=gen.resolved.id if gen is not None else None,
+            generation=gen.tag.fingerprint if gen is not None else None,
+            progress=min(1.0, max(0.0, progress)) if progress is not None else None,
+            load_id=rec.id if rec is not None else None, loading_model=rec.model if rec is not None else None,
+            slots_busy=view["busy"], slots_total=view["total"], queued=view["queued"], max_queue=core.max_queue,
+            n_ctx=gen.ctx.n_ctx if gen is not None else 0, prefill_tps=prefill, decode_tps=decode,
+            load_seconds=load_s if load_s else None, vram_free=self._gpu.vram_free,
+            last_error=(core.last_error or None) and str(core.last_error)[:4096])
+
+    async def _refresh_gpu(self, force: bool = False) -> None:
+        """Device memory changes with loads; read it at most every 5 s, off the loop (ggml may block briefly)."""
+        now = time.monotonic()
+        if not force and now - self._gpu_at < 5.0:
+            return
+        self._gpu_at = now
+        with contextlib.suppress(Exception):
+            self._gpu = await asyncio.to_thread(local_gpu)
+
+    # ----- heartbeat and liveness ------------------------------------------------------
+
+    async def _beat(self, reader: asyncio.Task[None]) -> None:
+        """Heartbeat (or REGISTER until welcomed) until the coordinator has been silent for 3 intervals."""
+        next_at = 0.0
+        last_key: Any = None
+        tick = min(0.1, self.interval / 4)
+        while not reader.done():
+            now = time.monotonic()
+            if now - self._last_heard > LIVENESS * self.interval:
+                return
+            status = self._status()
+            key = (status.stage, status.model, status.load_id,
+                   round(status.progress, 2) if status.progress is not None else None)
+            if now >= next_at or key != last_key:
+                if now >= next_at:
+                    await self._refresh_gpu()
+                self._send(M.Heartbeat(status=status) if self._welcomed else self._register())
+                next_at, last_key = now + self.interval, key
+            await asyncio.sleep(tick)
+
+    # ----- receiving -------------------------------------------------------------------
+
+    async def _read(self, sock: zmq.asyncio.Socket) -> None:
+        """The socket's one reader: decode, count as life, dispatch; a bad message is logged and dropped."""
+        while True:
+            try:
+                frames = await sock.recv_multipart()
+            except zmq.ZMQError as exc:
+                log_event(log, logging.WARNING, "bus receive failed", error=str(exc))
+                return
+            self._last_heard = time.monotonic()
+            try:
+                msg = M.decode(frames)
+            except M.BusDecodeError as exc:
+                self._warn("decode", "malformed bus message dropped", error=exc.reason)
+                continue
+            try:
+                self._dispatch(msg)
+            except Exception as exc:  # a handler bug must not end the reader, or the link goes deaf
+                log_event(log, logging.ERROR, "bus message handler failed", kind=msg.KIND.decode(), error=repr(exc),
+                          exc_info=True)
+
+    def _dispatch(self, msg: M.Message) -> None:
+        if isinstance(msg, M.Ping):
+            return
+        if isinstance(msg, M.Welcome):
+            if not self._welcomed:
+                log_event(log, logging.INFO, "registered with the coordinator", coordinator=msg.coordinator,
+                          endpoint=self.endpoint)
+            self._welcomed = True
+        elif isinstance(msg, M.Reregister):
+            log_event(log, logging.INFO, "coordinator asks to register again", reason=msg.reason)
+            self._cancel_all()
+            self._welcomed = False
+            self._send(self._register())
+        elif isinstance(msg, M.Generate):
+            if msg.req in self._inflight:
+                self._send(M.Error(req=msg.req, message="duplicate request id", status=409, code="duplicate_request"))
+                return
+            self._inflight[msg.req] = asyncio.create_task(self._generate(msg), name=f"bus-gen-{msg.req}")
+        elif isinstance(msg, M.Cancel):
+            task = self._inflight.pop(msg.req, None)
+            if task is not None:
+                task.cancel()
+        elif isinstance(msg, M.Configure):
+            t = asyncio.create_task(self._configure(msg), name=f"bus-configure-{msg.req}")
+            self._side.add(t)
+            t.add_done_callback(self._side.discard)
+        else:
+            self._warn(f"unexpected-{msg.KIND!r}", "unexpected bus message for an engine dropped",
+                       kind=msg.KIND.decode())
+
+    def _cancel_all(self) -> None:
+        for task in self._inflight.values():
+            task.cancel()
+        self._inflight.clear()
+
+    # ----- handlers --------------------------------------------------------------------
+
+    async def _generate(self, msg: M.Generate) -> None:
+        req = msg.req
+        try:
+            if msg.model and not self.control.serves(msg.model):
+                gen = self.core.gen
+                self._send(M.Error(req=req, status=503, code="model_not_loaded",
+                                   message=f"engine {self.settings.name} serves "
+                                           f"{gen.resolved.id if gen else 'no model'}, not '{msg.model}'"))
+                return
+            handle = self.core.submit(msg.to_request())
+            try:
+                while True:
+                    batch = [await handle.queue.get()]
+                    while not isinstance(batch[-1], (Done, Failed)) and not handle.queue.empty():
+                        batch.append(handle.queue.get_nowait())
+                    texts = [ev.text for ev in batch if isinstance(ev, Token) and ev.text]
+                    if texts and not self._send(M.Tokens(req=req, texts=texts)):
+                        return  # nobody to stream to: the finally cancels it in the core
+                    last = batch[-1]
+                    if isinstance(last, Done):
+                        handle.finished = True
+                        u = last.usage
+                        self._send(M.Done(req=req, finish_reason=last.finish_reason, model=last.generation.model,
+                                          fingerprint=last.generation.fingerprint,
+                                          usage=M.UsageInfo(prompt_tokens=u.prompt_tokens,
+                                                            completion_tokens=u.completion_tokens,
+                                                            cached_tokens=u.cached_tokens, prompt_ms=u.prompt_ms,
+                                                            predicted_ms=u.predicted_ms)))
+                        return
+                    if isinstance(last, Failed):
+                        handle.finished = True
+                        self._send(M.Error(req=req, message=last.message[:8192], status=min(599, max(100, last.status)),
+                                           code=last.code[:64], engine_failed=last.engine_failed))
+                        return
+            finally:
+                if not handle.finished:
+                    self.core.cancel(handle)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log_event(log, logging.ERROR, "bus request failed", req=req, error=repr(exc), exc_info=True)
+            self._send(M.Error(req=req, message=f"engine error: {exc}"[:8192], status=500, code="internal_error"))
+        finally:
+            if self._inflight.get(req) is asyncio.current_task():
+                del self._inflight[req]
+
+    async def _configure(self, msg: M.Configure) -> None:
+        req = msg.req
+
+        def refuse(status: int, code: str, exc: Exception) -> None:
+            self._send(M.ConfigureReply(req=req, ok=False, status=status, code=code, message=str(exc)[:8192]))
+
+        try:
+            result = await self.control.configure(dict(msg.payload))
+        except ParamError as exc:
+            return refuse(400, exc.code, exc)
+        except UnknownModel as exc:
+            return refuse(404, "model_not_found", exc)
+        except EngineBusy as exc:
+            return refuse(409, "busy", exc)
+        except Exception as exc:
+            log_event(log, logging.ERROR, "bus configure failed", req=req, error=repr(exc), exc_info=True)
+            return refuse(500, "configure_failed", exc)
+        body = result.public()
+        self._send(M.ConfigureReply(req=req, ok=True, result=body))
+        if result.load_id is None:
+            return
+        rec = self.core.loads.get(result.load_id)
+        while rec is not None and rec.phase not in ("done", "failed", "aborted"):
+            await asyncio.sleep(0.05)
+        if rec is None:
+            return
+        if self._welcomed:  # the status first, so the coordinator's view has the new model when it hears LOADED
+            self._send(M.Heartbeat(status=self._status()))
+        self._send(M.LoadDone(req=req, load_id=rec.id, phase=rec.phase, model=rec.model, seconds=rec.seconds,
+                              error=(rec.error or None) and str(rec.error)[:8192]))

@@ -1,0 +1,59 @@
+"""What an engine tells the coordinator about its device: name, architecture, memory.
+
+ggml lists devices with their memory but not their compute architecture, which the router
+needs for quant support per arch (sm_61 P100 vs sm_120 Blackwell). For CUDA devices we ask
+the driver (``libcuda``) for the compute capability through ctypes; anything that fails
+leaves the architecture at the device kind, never an exception.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+
+from hydrad.bus.messages import GpuInfo
+
+log = logging.getLogger("hydrad.bus")
+
+_CU_MAJOR, _CU_MINOR = 75, 76  # CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR / _MINOR
+
+
+def _cuda_arch(ordinal: int) -> str | None:
+    try:
+        cu = ctypes.CDLL("libcuda.so.1")
+        if cu.cuInit(0) != 0:
+            return None
+        dev = ctypes.c_int(0)
+        if cu.cuDeviceGet(ctypes.byref(dev), ordinal) != 0:
+            return None
+        major, minor = ctypes.c_int(0), ctypes.c_int(0)
+        if cu.cuDeviceGetAttribute(ctypes.byref(major), _CU_MAJOR, dev) != 0:
+            return None
+        if cu.cuDeviceGetAttribute(ctypes.byref(minor), _CU_MINOR, dev) != 0:
+            return None
+        return f"sm_{major.value}{minor.value}"
+    except (OSError, AttributeError):
+        return None
+
+
+def local_gpu() -> GpuInfo:
+    """The device this engine computes on: its first GPU, else the CPU."""
+    try:
+        from hydrad.engine import ggml
+
+        devices = [d for d in ggml.devices() if not d.name.upper().startswith("RPC")]
+    except Exception as exc:  # no ggml library: report a CPU engine rather than fail registration
+        log.warning("cannot list ggml devices: %s", exc)
+        return GpuInfo()
+    gpus = [d for d in devices if d.kind in ("gpu", "igpu")]
+    dev = (gpus or [d for d in devices if d.kind == "cpu"] or devices or [None])[0]
+    if dev is None:
+        return GpuInfo()
+    arch = "cpu" if dev.kind == "cpu" else dev.kind
+    if dev.name.upper().startswith("CUDA"):
+        try:
+            arch = _cuda_arch(int(dev.name[4:] or 0)) or arch
+        except ValueError:
+            pass
+    return GpuInfo(name=dev.name[:256], description=dev.description[:512], kind=dev.kind, arch=arch,
+                   vram_total=max(0, dev.memory_total), vram_free=max(0, dev.memory_free))

@@ -1,0 +1,336 @@
+"""Typed bus messages and their multipart frames: ``[PROTOCOL, KIND, JSON body]``.
+
+Both ends import this module and nothing else of each other. Decoding is the one place
+bytes from the network become objects, so it follows the sans-IO rule: either it returns a
+message or it raises ``BusDecodeError`` — never anything else, whatever the frames hold
+(the unit tests feed it arbitrary frames to hold it to that). The ROUTER's identity frame is
+not part of a message: the coordinator strips it before decoding and checks it against the
+name the message claims.
+
+The protocol frame lets either end tell a peer of another version (or a stray client) from a
+broken message and log it as such; a change of wire shape bumps it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from hydrad.engine.requests import GenRequest, SamplingOverrides
+
+PROTOCOL = b"hydra-bus/1"
+NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"  # an engine name is its DEALER identity and its systemd instance
+REQ_PATTERN = r"^[A-Za-z0-9_.:-]{1,80}$"
+MAX_BODY = 16 << 20  # also set as the sockets' MAXMSGSIZE, so a bigger message never reaches us whole
+
+
+class BusDecodeError(Exception):
+    """Frames that are not a message of this protocol; ``reason`` says what was wrong."""
+
+    def __init__(self, reason: str, kind: str | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.kind = kind
+
+
+class _Msg(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    KIND: ClassVar[bytes]
+
+
+# ----- shared parts ----------------------------------------------------------------------
+
+
+class GpuInfo(BaseModel):
+    """The device an engine computes on, as ggml reports it."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field("cpu", max_length=256, description="ggml device name (CUDA0, CPU, ...).")
+    description: str = Field("", max_length=512, description="Marketing name (NVIDIA GeForce RTX 5060 Ti, ...).")
+    kind: str = Field("cpu", max_length=32, description="cpu | gpu | igpu | accel.")
+    arch: str = Field("cpu", max_length=32, description="Compute architecture (sm_90, ...) or 'cpu'.")
+    vram_total: int = Field(0, ge=0, description="Bytes of device memory.")
+    vram_free: int = Field(0, ge=0, description="Bytes free when measured.")
+
+
+class EngineStatus(BaseModel):
+    """What an engine reports in every heartbeat (and in REGISTER)."""
+
+    model_config = ConfigDict(extra="forbid")
+    stage: str = Field("starting", max_length=32)
+    model: str | None = Field(None, max_length=512, description="Alias (or file stem) of the model being served.")
+    generation: str | None = Field(None, max_length=128, description="Fingerprint of the serving generation.")
+    mode: str = Field("solo", max_length=16, description="solo | combine.")
+    progress: float | None = Field(None, ge=0, le=1, description="Load progress while loading or reloading.")
+    load_id: int | None = Field(None, ge=0)
+    loading_model: str | None = Field(None, max_length=512, description="The model a load under way will serve.")
+    slots_busy: int = Field(0, ge=0)
+    slots_total: int = Field(0, ge=0)
+    queued: int = Field(0, ge=0)
+    max_queue: int = Field(64, ge=0)
+    n_ctx: int = Field(0, ge=0)
+    prefill_tps: float = Field(0.0, ge=0, description="Measured prompt tokens per second (0 = not measured yet).")
+    decode_tps: float = Field(0.0, ge=0, description="Measured generated tokens per second (0 = not measured yet).")
+    load_seconds: float | None = Field(None, ge=0, description="How long the last model load took.")
+    vram_free: int | None = Field(None, ge=0)
+    last_error: str | None = Field(None, max_length=4096)
+
+
+class Sampling(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    repeat_penalty: float | None = None
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    seed: int | None = None
+
+
+class UsageInfo(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    prompt_tokens: int = Field(0, ge=0)
+    completion_tokens: int = Field(0, ge=0)
+    cached_tokens: int = Field(0, ge=0)
+    prompt_ms: float = 0.0
+    predicted_ms: float = 0.0
+
+    def openai(self) -> dict[str, Any]:
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                "total_tokens": self.prompt_tokens + self.completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
+
+
+# ----- engine → coordinator --------------------------------------------------------------
+
+
+class Register(_Msg):
+    """First message of a connection (and after the coordinator asks again): who and what I am."""
+
+    KIND = b"REGISTER"
+    engine: str = Field(pattern=NAME_PATTERN)
+    instance: str = Field(max_length=64, description="'<process>.<connection>': random per process start, then the "
+                                                      "connection count, so a restart, a reconnect and a repeat differ.")
+    version: str = Field(max_length=64)
+    pid: int = Field(0, ge=0)
+    gpu: GpuInfo = Field(default_factory=GpuInfo)
+    http: str | None = Field(None, max_length=300, description="host:port of the engine's own OpenAI/control API.")
+    rpc: str | None = Field(None, max_length=300, description="host:port of the merged RPC port, when open.")
+    models_on_disk: list[str] = Field(default_factory=list, max_length=4096)
+    heartbeat_interval_s: float = Field(1.0, gt=0, le=3600)
+    status: EngineStatus = Field(default_factory=EngineStatus)
+
+
+class Heartbeat(_Msg):
+    KIND = b"HEARTBEAT"
+    status: EngineStatus
+
+
+class Goodbye(_Msg):
+    """An engine leaving on purpose (SIGTERM): mark it down now instead of after 3 intervals."""
+
+    KIND = b"GOODBYE"
+    reason: str = Field("", max_length=512)
+
+
+class Tokens(_Msg):
+    """Text generated since the last TOKENS of a request: one message per engine step, not per token."""
+
+    KIND = b"TOKENS"
+    req: str = Field(pattern=REQ_PATTERN)
+    texts: list[str] = Field(min_length=1)
+
+
+class Done(_Msg):
+    KIND = b"DONE"
+    req: str = Field(pattern=REQ_PATTERN)
+    finish_reason: str = Field(max_length=32)
+    usage: UsageInfo
+    fingerprint: str = Field("", max_length=128)
+    model: str = Field("", max_length=512)
+
+
+class Error(_Msg):
+    """A request that ended without DONE. ``engine_failed``: the engine, not the request, is at fault."""
+
+    KIND = b"ERROR"
+    req: str = Field(pattern=REQ_PATTERN)
+    message: str = Field(max_length=8192)
+    status: int = Field(500, ge=100, le=599)
+    code: str = Field("engine_error", max_length=64)
+    engine_failed: bool = False
+
+
+class ConfigureReply(_Msg):
+    """The answer to CONFIGURE, sent once the engine accepted or refused it (a T3 load is still running)."""
+
+    KIND = b"CONFIGURED"
+    req: str = Field(pattern=REQ_PATTERN)
+    ok: bool
+    result: dict[str, Any] = Field(default_factory=dict, description="ConfigureResult.public() when ok.")
+    status: int = Field(200, ge=100, le=599)
+    code: str | None = Field(None, max_length=64)
+    message: str | None = Field(None, max_length=8192)
+
+
+class LoadDone(_Msg):
+    """A model load that a CONFIGURE started has ended (done, failed, or aborted by a later configure)."""
+
+    KIND = b"LOADED"
+    req: str = Field(pattern=REQ_PATTERN)
+    load_id: int = Field(ge=0)
+    phase: Literal["done", "failed", "aborted"]
+    model: str = Field("", max_length=512)
+    seconds: float | None = None
+    error: str | None = Field(None, max_length=8192)
+
+
+# ----- coordinator → engine --------------------------------------------------------------
+
+
+class Welcome(_Msg):
+    """The coordinator admitted a REGISTER; until then an engine keeps registering instead of beating."""
+
+    KIND = b"WELCOME"
+    coordinator: str = Field(max_length=64)
+    version: str = Field(max_length=64)
+
+
+class Ping(_Msg):
+    """The coordinator's side of the heartbeat: an engine hearing nothing for 3 intervals reconnects."""
+
+    KIND = b"PING"
+
+
+class Reregister(_Msg):
+    """The coordinator does not know (or no longer admits) this engine: send REGISTER again."""
+
+    KIND = b"REREGISTER"
+    reason: str = Field("", max_length=512)
+
+
+class Generate(_Msg):
+    KIND = b"GENERATE"
+    req: str = Field(pattern=REQ_PATTERN)
+    model: str | None = Field(None, max_length=512, description="What the router chose this engine for; checked by the engine.")
+    prompt: str | None = None
+    messages: list[dict[str, str]] | None = None
+    max_tokens: int | None = Field(None, ge=0)
+    stop: list[str] = Field(default_factory=list, max_length=16)
+    sampling: Sampling = Field(default_factory=Sampling)
+    ignore_eos: bool = False
+    slot: int | None = Field(None, ge=0)
+
+    @classmethod
+    def from_request(cls, req: str, gen: GenRequest, model: str | None) -> Generate:
+        s = gen.sampling
+        return cls(req=req, model=model, prompt=gen.prompt, messages=gen.messages, max_tokens=gen.max_tokens,
+                   stop=list(gen.stop), ignore_eos=gen.ignore_eos, slot=gen.slot,
+                   sampling=Sampling(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, min_p=s.min_p,
+                                     repeat_penalty=s.repeat_penalty, frequency_penalty=s.frequency_penalty,
+                                     presence_penalty=s.presence_penalty, seed=s.seed))
+
+    def to_request(self) -> GenRequest:
+        return GenRequest(prompt=self.prompt, messages=self.messages, max_tokens=self.max_tokens, stop=list(self.stop),
+                          sampling=SamplingOverrides(**self.sampling.model_dump()), ignore_eos=self.ignore_eos,
+                          slot=self.slot)
+
+
+class Cancel(_Msg):
+    KIND = b"CANCEL"
+    req: str = Field(pattern=REQ_PATTERN)
+
+
+class Configure(_Msg):
+    """Runtime parameters for the engine (the same payload as POST /control/configure)."""
+
+    KIND = b"CONFIGURE"
+    req: str = Field(pattern=REQ_PATTERN)
+    payload: dict[str, Any]
+
+
+Message = (Register | Heartbeat | Goodbye | Tokens | Done | Error | ConfigureReply | LoadDone
+           | Welcome | Ping | Reregister | Generate | Cancel | Configure)
+
+KINDS: dict[bytes, type[_Msg]] = {cls.KIND: cls for cls in (
+    Register, Heartbeat, Goodbye, Tokens, Done, Error, ConfigureReply, LoadDone,
+    Welcome, Ping, Reregister, Generate, Cancel, Configure)}
+
+FROM_ENGINE = frozenset({Register, Heartbeat, Goodbye, Tokens, Done, Error, ConfigureReply, LoadDone})
+TO_ENGINE = frozenset({Welcome, Ping, Reregister, Generate, Cancel, Configure})
+
+
+def encode(msg: _Msg) -> list[bytes]:
+    return [PROTOCOL, msg.KIND, msg.model_dump_json(exclude_defaults=True).encode()]
+
+
+def decode(frames: list[bytes]) -> Message:
+    """Frames (without the ROUTER identity) → a message, or ``BusDecodeError``; nothing else escapes."""
+    try:
+        if not isinstance(frames, (list, tuple)) or len(frames) != 3:
+            n = len(frames) if isinstance(frames, (list, tuple)) else "?"
+            raise BusDecodeError(f"expected 3 frames (protocol, kind, body), got {n}")
+        proto, kind, body = (bytes(f) for f in frames)
+        if proto != PROTOCOL:
+            raise BusDecodeError(f"unknown protocol {proto[:32]!r} (this end speaks {PROTOCOL.decode()})")
+        cls = KINDS.get(kind)
+        if cls is None:
+            raise BusDecodeError(f"unknown message kind {kind[:32]!r}")
+        if len(body) > MAX_BODY:
+            raise BusDecodeError(f"{kind.decode()}: body of {len(body)} bytes exceeds {MAX_BODY}", kind.decode())
+        try:
+            return cls.model_validate_json(body)  # type: ignore[return-value]
+        except ValueError as exc:  # pydantic's ValidationError is a ValueError
+            raise BusDecodeError(f"{kind.decode()}: {_first_error(exc)}", kind.decode()) from None
+    except BusDecodeError:
+        raise
+    except Exception as exc:  # RecursionError, MemoryError on absurd input...: still a typed error
+        raise BusDecodeError(f"undecodable message: {type(exc).__name__}") from None
+
+
+def _first_error(exc: Exception) -> str:
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        try:
+            err = errors()[0]
+            loc = ".".join(str(p) for p in err.get("loc", ())) or "(body)"
+            return f"{loc}: {err.get('msg')}"[:300]
+        except Exception:
+            pass
+    return str(exc)[:300]
+
+
+# ----- events (PUB) ----------------------------------------------------------------------
+
+EVENT_TOPICS = (
+    "engine.up", "engine.down", "engine.stage", "engine.progress",
+    "route", "profile.start", "profile.progress", "profile.engine", "profile.done",
+)
+
+
+class Event(BaseModel):
+    """One event on the PUB socket: frames ``[topic, JSON]`` so a console can subscribe by prefix."""
+
+    model_config = ConfigDict(extra="forbid")
+    topic: str = Field(max_length=64)
+    ts: float
+    data: dict[str, Any] = Field(default_factory=dict)
+
+    def frames(self) -> list[bytes]:
+        return [self.topic.encode(), json.dumps({"topic": self.topic, "ts": self.ts, "data": self.data},
+                                                separators=(",", ":"), default=str).encode()]
+
+    @classmethod
+    def from_frames(cls, frames: list[bytes]) -> Event:
+        """Subscriber side; raises ``BusDecodeError`` like ``decode``."""
+        try:
+            if len(frames) != 2:
+                raise BusDecodeError(f"expected 2 frames (topic, body), got {len(frames)}")
+            return cls.model_validate_json(bytes(frames[1]))
+        except BusDecodeError:
+            raise
+        except Exception as exc:
+            raise BusDecodeError(f"bad event: {_first_error(exc)}") from None

@@ -1,0 +1,112 @@
+"""Where KV lives: which engine served a session, and which conversation prefixes it has seen.
+
+Routing's first step sends a request to the engine that already holds its KV, so a follow-up
+turn only prefills what is new. Two keys lead there:
+
+- a **session id** (request field ``session_id`` or header ``X-Session-Id``), mapped to the
+  engine of its last turn;
+- a **conversation hash**: after a chat turn we record the hash of the messages *plus the
+  reply*; the next turn's messages minus its new user message hash to the same value, so a
+  client that sends no session id still lands on its KV.
+
+Both tables are bounded (least recently used out first) and an engine's entries are dropped
+when its KV is gone (it died, restarted or changed model).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from typing import Any
+
+import xxhash
+
+MAX_SESSIONS = 100_000
+MAX_PREFIXES = 50_000
+
+
+def conversation_hash(messages: list[dict[str, Any]]) -> str | None:
+    if not messages:
+        return None
+    canon = json.dumps([[m.get("role"), m.get("content")] for m in messages], separators=(",", ":"), ensure_ascii=False)
+    return xxhash.xxh3_64_hexdigest(canon.encode())
+
+
+def prefix_of(messages: list[dict[str, Any]] | None) -> str | None:
+    """The hash a previous turn of this conversation would have recorded (all but the last message)."""
+    if not messages or len(messages) < 2:
+        return None
+    return conversation_hash(messages[:-1])
+
+
+class Affinity:
+    def __init__(self, max_sessions: int = MAX_SESSIONS, max_prefixes: int = MAX_PREFIXES) -> None:
+        self.max_sessions = max_sessions
+        self.max_prefixes = max_prefixes
+        self._sessions: OrderedDict[str, str] = OrderedDict()  # session → engine
+        self._prefixes: OrderedDict[str, str] = OrderedDict()  # conversation hash → engine
+        self._by_engine: dict[str, tuple[set[str], set[str]]] = {}
+
+    def _index(self, engine: str) -> tuple[set[str], set[str]]:
+        return self._by_engine.setdefault(engine, (set(), set()))
+
+    def record(self, engine: str, session: str | None, messages: list[dict[str, Any]] | None, reply: str | None) -> None:
+        """A turn finished on ``engine``: its KV now holds this session and this conversation."""
+        if session:
+            old = self._sessions.pop(session, None)
+            if old is not None and old in self._by_engine:
+                self._by_engine[old][0].discard(session)
+            self._sessions[session] = engine
+            self._index(engine)[0].add(session)
+            while len(self._sessions) > self.max_sessions:
+                s, e = self._sessions.popitem(last=False)
+                self._by_engine.get(e, (set(), set()))[0].discard(s)
+        if messages and reply is not None:
+            h = conversation_hash([*messages, {"role": "assistant", "content": reply}])
+            if h is not None:
+                old = self._prefixes.pop(h, None)
+                if old is not None and old in self._by_engine:
+                    self._by_engine[old][1].discard(h)
+                self._prefixes[h] = engine
+                self._index(engine)[1].add(h)
+                while len(self._prefixes) > self.max_prefixes:
+                    p, e = self._prefixes.popitem(last=False)
+                    self._by_engine.get(e, (set(), set()))[1].discard(p)
+
+    def touch(self, session: str | None) -> None:
+        if session and session in self._sessions:
+            self._sessions.move_to_end(session)
+
+    def engine_of(self, session: str) -> str | None:
+        return self._sessions.get(session)
+
+    def sessions_on(self, engine: str) -> frozenset[str]:
+        idx = self._by_engine.get(engine)
+        return frozenset(idx[0]) if idx else frozenset()
+
+    def prefixes_on(self, engine: str) -> frozenset[str]:
+        idx = self._by_engine.get(engine)
+        return frozenset(idx[1]) if idx else frozenset()
+
+    def holds(self, engine: str, session: str | None, prefix: str | None) -> tuple[frozenset[str], frozenset[str]]:
+        """The (at most one-element) session and prefix sets routing needs for this request.
+
+        Handing routing only the request's own keys keeps a route O(engines), not O(sessions).
+        """
+        sessions = frozenset({session}) if session and self._sessions.get(session) == engine else frozenset()
+        prefixes = frozenset({prefix}) if prefix and self._prefixes.get(prefix) == engine else frozenset()
+        return sessions, prefixes
+
+    def forget_engine(self, engine: str) -> int:
+        """The engine's KV is gone: drop every entry that points at it; returns how many sessions it held."""
+        sessions, prefixes = self._by_engine.pop(engine, (set(), set()))
+        for s in sessions:
+            if self._sessions.get(s) == engine:
+                del self._sessions[s]
+        for p in prefixes:
+            if self._prefixes.get(p) == engine:
+                del self._prefixes[p]
+        return len(sessions)
+
+    def counts(self) -> dict[str, int]:
+        return {e: len(idx[0]) for e, idx in self._by_engine.items()}

@@ -1,0 +1,171 @@
+"""``hydra-coordinator``: the coordinator's composition root.
+
+Wires settings, the model registry, profiles, the bus (ROUTER + PUB), the profile switcher,
+the OpenAI front door and the admin API, and talks to systemd like ``hydrad`` does:
+READY=1 once the bus is bound and HTTP listens (engines may come later: a coordinator with
+no engine yet is up and says so in STATUS=), STATUS= whenever the pool changes, WATCHDOG=1
+only while the bus tasks run, STOPPING=1 on SIGTERM. Signal handlers only set a flag.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import zmq
+from starlette.applications import Starlette
+
+from hydrad import __version__
+from hydrad.coordinator.admin import admin_routes
+from hydrad.coordinator.affinity import Affinity
+from hydrad.coordinator.bus import CoordinatorBus
+from hydrad.coordinator.frontdoor import FrontDoor, exception_handlers
+from hydrad.coordinator.profiles import ProfileSet, load_profiles
+from hydrad.coordinator.settings import ConfigError, CoordinatorSettings, LoadedConfig, load_config
+from hydrad.coordinator.switcher import ProfileSwitcher
+from hydrad.logs import log_event, setup_logging
+from hydrad.registry import Registry
+from hydrad.sdnotify import Notifier
+
+log = logging.getLogger("hydra.coordinator")
+
+
+def _uvicorn_server(app: Any, host: str, port: int) -> Any:
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn without its own signal handling: the daemon owns SIGTERM/SIGINT."""
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield
+
+    cfg = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="off",
+                         timeout_graceful_shutdown=5, timeout_keep_alive=30)
+    return Server(cfg)
+
+
+def _load_parts(s: CoordinatorSettings) -> tuple[Registry, ProfileSet]:
+    """Registry and profiles, checked against each other; ValueError naming the file otherwise."""
+    registry = Registry.load(s.registry, Path("."))
+    profiles = load_profiles(s.profiles) if s.profiles is not None else ProfileSet()
+    if s.default_profile is not None:
+        try:
+            profiles.get(s.default_profile)
+        except KeyError as exc:
+            raise ValueError(f"default_profile: {exc.args[0]}") from None
+    return registry, profiles
+
+
+class CoordinatorDaemon:
+    def __init__(self, loaded: LoadedConfig) -> None:
+        self.settings = loaded.settings
+        self.notifier = Notifier.from_env()
+        self.stop_requested = asyncio.Event()
+
+    async def run(self) -> int:
+        s = self.settings
+        loop = asyncio.get_running_loop()
+        try:
+            registry, profiles = _load_parts(s)
+        except ValueError as exc:
+            log_event(log, logging.ERROR, "bad registry or profiles", error=str(exc))
+            return 2
+        bus = CoordinatorBus(s, version=__version__)
+        try:
+            bus.start()
+        except zmq.ZMQError as exc:
+            log_event(log, logging.ERROR, "cannot bind the bus", bus=s.bus.endpoint, events=s.events, error=str(exc))
+            return 1
+        affinity = Affinity()
+        switcher = ProfileSwitcher(s, bus, registry, profiles)
+        front = FrontDoor(s, bus, switcher, registry, affinity)
+        app = Starlette(routes=front.routes() + admin_routes(bus, switcher, affinity),
+                        exception_handlers=exception_handlers())
+        server = _uvicorn_server(app, s.http.host, s.http.port)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stop_requested.set)
+        serve = asyncio.create_task(server.serve(), name="http")
+        while not server.started:
+            if serve.done():
+                log_event(log, logging.ERROR, "HTTP server failed to start", host=s.http.host, port=s.http.port)
+                await bus.close()
+                return 1
+            await asyncio.sleep(0.005)
+        port = server.servers[0].sockets[0].getsockname()[1] if server.servers else s.http.port
+        log_event(log, logging.INFO, "listening", http=f"{s.http.host}:{port}", bus=bus.bus_endpoint,
+                  events=bus.events_endpoint, profile=switcher.active or "-", version=__version__)
+        self.notifier.ready()
+        tasks = [asyncio.create_task(self._watchdog(bus), name="watchdog"),
+                 asyncio.create_task(self._status(bus, front, switcher), name="status")]
+        stop = asyncio.create_task(self.stop_requested.wait())
+        await asyncio.wait([stop, serve], return_when=asyncio.FIRST_COMPLETED)
+        self.notifier.stopping()
+        front.admitting = False
+        deadline = time.monotonic() + s.drain_timeout_s
+        while bus.inflight_total() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        server.should_exit = True
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(serve, timeout=10)
+        for t in tasks:
+            t.cancel()
+        await bus.close()
+        log_event(log, logging.INFO, "stopped")
+        return 0
+
+    async def _watchdog(self, bus: CoordinatorBus) -> None:
+        interval = self.notifier.watchdog_interval()
+        if interval is None:
+            return
+        while True:
+            if bus.healthy:
+                self.notifier.watchdog()
+            else:
+                log_event(log, logging.ERROR, "bus tasks ended; withholding WATCHDOG=1")
+            await asyncio.sleep(interval)
+
+    async def _status(self, bus: CoordinatorBus, front: FrontDoor, switcher: ProfileSwitcher) -> None:
+        """STATUS= for systemctl status, sent when it changes (checked twice a second)."""
+        last = ""
+        while True:
+            engines = list(bus.engines.values())
+            served = front.served()
+            text = (f"engines {sum(1 for e in engines if e.alive)}/{len(engines)} alive; "
+                    f"profile {switcher.active or '-'}{' (switching)' if switcher.switching else ''}; "
+                    f"serving {','.join(sorted(served)) or 'nothing'}")
+            if text != last:
+                self.notifier.status(text)
+                last = text
+            await asyncio.sleep(0.5)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="hydra-coordinator", description="Hydra coordinator: bus, routing, profiles, OpenAI front door.")
+    ap.add_argument("--config", help="coordinator YAML (e.g. /etc/hydra/coordinator.yaml)")
+    ap.add_argument("--check-config", metavar="FILE", help="validate FILE (and its registry and profiles) and exit")
+    ap.add_argument("--version", action="version", version=f"hydra-coordinator {__version__}")
+    args = ap.parse_args(argv)
+    path = args.check_config or args.config
+    try:
+        loaded = load_config(path)
+        _load_parts(loaded.settings)
+    except (ConfigError, ValueError) as exc:
+        print(f"hydra-coordinator: {exc}", file=sys.stderr)
+        return 2
+    if args.check_config:
+        print(f"{args.check_config}: ok")
+        return 0
+    setup_logging(loaded.settings.logging.level)
+    return asyncio.run(CoordinatorDaemon(loaded).run())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

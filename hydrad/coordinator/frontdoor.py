@@ -1,0 +1,389 @@
+"""The OpenAI front door: ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``, ``/health``.
+
+A request is parsed exactly as an engine parses it (``hydrad.http.openai``), routed over a
+snapshot of the engines (``routing.route``), and sent as GENERATE over the bus; TOKENS come
+back and are re-emitted as OpenAI chunks. Failure rules, so a client never hangs and never
+sees a bare 500:
+
+- the engine dies, leaves or answers 5xx **before the first token**: route again without it,
+  once; a second failure (or no other candidate) is a 503 that says what happened;
+- **after the first token** of a stream: the stream ends with an OpenAI error event and
+  ``data: [DONE]``; a non-streaming request has sent nothing yet, so it is retried once too;
+- every wait has a bound (``first_token_timeout_s``, ``token_timeout_s``);
+- no candidate at all: 503 with routing's reason (which names every engine and why not).
+
+Every decision is logged and published (topic ``route``) with its scores.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from hydrad.bus import messages as M
+from hydrad.coordinator.affinity import Affinity, prefix_of
+from hydrad.coordinator.bus import CoordinatorBus, EngineLost, EngineRecord, EngineUnreachable, RequestStream
+from hydrad.coordinator.routing import (
+    LOADING_STAGES, SERVING_STAGES, Decision, EngineView, ModelSpec, RouteRequest, route,
+)
+from hydrad.coordinator.switcher import LoadFailed, ProfileSwitcher
+from hydrad.engine.requests import GenRequest
+from hydrad.http import openai
+from hydrad.http.openai import ApiError
+from hydrad.logs import log_event
+from hydrad.registry import Registry
+
+log = logging.getLogger("hydra.coordinator")
+
+RETRY_STATUSES = frozenset({500, 502, 503, 504})
+MAX_SESSION_ID = 256
+
+
+class _Lost(Exception):
+    """A non-streaming request's engine failed part-way; nothing reached the client yet."""
+
+
+def _estimate_tokens(gen: GenRequest) -> int:
+    """The coordinator has no tokenizer: about 4 characters per token, plus a few per chat message."""
+    if gen.messages is not None:
+        return sum(len(m.get("content") or "") for m in gen.messages) // 4 + 4 * len(gen.messages)
+    return len(gen.prompt or "") // 4 + 1
+
+
+def _timings(usage: M.UsageInfo) -> dict[str, Any]:
+    return {"prompt_n": usage.prompt_tokens - usage.cached_tokens, "prompt_ms": usage.prompt_ms,
+            "predicted_n": usage.completion_tokens, "predicted_ms": usage.predicted_ms, "cache_n": usage.cached_tokens,
+            "predicted_per_second": round(usage.completion_tokens / (usage.predicted_ms / 1000), 2)
+            if usage.predicted_ms else None}
+
+
+class FrontDoor:
+    def __init__(self, settings: Any, bus: CoordinatorBus, switcher: ProfileSwitcher, registry: Registry,
+                 affinity: Affinity | None = None) -> None:
+        self.settings = settings
+        self.bus = bus
+        self.switcher = switcher
+        self.registry = registry
+        self.affinity = affinity or Affinity()
+        self.specs = {alias: ModelSpec.from_entry(alias, e) for alias, e in registry.entries.items()}
+        self.admitting = True
+        self._models: dict[str, str | None] = {}
+        bus.listeners.append(self._on_engine)
+
+    # ----- pool view -------------------------------------------------------------------
+
+    def _on_engine(self, kind: str, rec: EngineRecord) -> None:
+        """An engine's KV is gone when it died, restarted or changed model: forget what it held."""
+        model = rec.status.model
+        if kind in ("down", "up") or (kind == "status" and self._models.get(rec.name) != model):
+            n = self.affinity.forget_engine(rec.name)
+            if n:
+                log_event(log, logging.INFO, "sessions forgotten", engine=rec.name, sessions=n, why=kind)
+        self._models[rec.name] = model
+
+    def views(self, session: str | None = None, prefix: str | None = None, model: str | None = None) -> list[EngineView]:
+        """What routing sees: REGISTER + latest heartbeat, corrected by the requests we have in flight
+        (a heartbeat is up to an interval old; our own count is exact for bus traffic).
+
+        Models on disk are offered for an on-demand load only where it evicts nothing (a model-less
+        engine), or anywhere when no live engine serves or is loading ``model`` at all: a burst for
+        one model must not replace another model the profile placed on a busy pool.
+        """
+        covered = model is not None and any(
+            r.alive and model in (r.status.model, r.status.loading_model) for r in self.bus.engines.values())
+        out = []
+        for rec in self.bus.engines.values():
+            st, gpu = rec.status, rec.info.gpu
+            inflight = self.bus.inflight(rec.name)
+            total = st.slots_total
+            busy = max(st.slots_busy, min(inflight, total))
+            queued = max(st.queued, inflight - total)
+            model = st.model if st.model is not None or st.stage not in LOADING_STAGES else st.loading_model
+            loadable = (self.settings.load_on_demand and not self.switcher.locked(rec.name)
+                        and (st.stage == "idle" or (st.stage == "ready" and not covered)))
+            sessions, prefixes = self.affinity.holds(rec.name, session, prefix)
+            out.append(EngineView(
+                name=rec.name, alive=rec.alive, stage=st.stage, model=model,
+                models_on_disk=frozenset(rec.info.models_on_disk) if loadable else frozenset(),
+                slots_busy=busy, slots_total=total, queued=queued, max_queue=st.max_queue,
+                vram_total=gpu.vram_total, vram_free=st.vram_free if st.vram_free is not None else gpu.vram_free,
+                gpu_arch=gpu.arch, prefill_tps=st.prefill_tps, decode_tps=st.decode_tps, load_seconds=st.load_seconds,
+                sessions=sessions, cached_prefixes=prefixes))
+        return out
+
+    def served(self) -> dict[str, list[str]]:
+        """Model → engines serving it now (alive, in a serving stage)."""
+        out: dict[str, list[str]] = {}
+        for rec in self.bus.engines.values():
+            if rec.alive and rec.status.model and rec.status.stage in SERVING_STAGES:
+                out.setdefault(rec.status.model, []).append(rec.name)
+        return out
+
+    def _model(self, name: str | None) -> str | None:
+        """A request's ``model`` as a registry alias (aliases, file names and stems are accepted)."""
+        if not name:
+            return None
+        if name in self.registry.entries:
+            return name
+        for alias, entry in self.registry.entries.items():
+            p = Path(entry.path)
+            if name in (entry.path, p.name, p.stem):
+                return alias
+        if name in self.served():
+            return name
+        known = ", ".join(sorted(set(self.registry.entries) | set(self.served()))) or "none"
+        raise ApiError(404, f"model '{name}' is not known to this pool (known: {known})", "model_not_found", "model")
+
+    # ----- routing ---------------------------------------------------------------------
+
+    def _route(self, rr: RouteRequest, exclude: set[str], rid: str, attempt: int) -> Decision:
+        decision = route(rr, self.views(rr.session_id, rr.prefix_hash, rr.model), self.specs, exclude=frozenset(exclude))
+        scores = ",".join(f"{c.engine}={c.cost_s:.3f}" for c in decision.candidates) or "-"
+        log_event(log, logging.INFO, "route", req=rid, attempt=attempt, engine=decision.engine or "-",
+                  model=decision.model or "-", step=decision.step, scores=scores, session=rr.session_id or "-",
+                  reason=decision.reason)
+        self.bus.publish("route", req=rid, attempt=attempt, session=rr.session_id, **decision.public())
+        return decision
+
+    async def _ensure(self, engine: str, model: str | None) -> None:
+        """Routing may pick an engine that has the model on disk but serves another: load it first."""
+        rec = self.bus.engines.get(engine)
+        if model is None or rec is None:
+            return
+        st = rec.status
+        if st.model == model or (st.stage in LOADING_STAGES and st.loading_model == model):
+            return
+        await self.switcher.ensure_model(engine, model)
+
+    @staticmethod
+    def _retry_reason(engine: str, ev: Any, waited: float) -> str | None:
+        if ev is None:
+            return f"engine {engine} sent nothing within {waited:g} s"
+        if isinstance(ev, EngineLost):
+            return f"engine {engine} failed before the first token ({ev.reason})"
+        if isinstance(ev, M.Error) and (ev.engine_failed or ev.status in RETRY_STATUSES):
+            return f"engine {engine} answered {ev.status} {ev.code}: {ev.message}"
+        return None
+
+    # ----- handlers --------------------------------------------------------------------
+
+    async def generate(self, request: Request, kind: str) -> Response:
+        if not self.admitting:
+            raise ApiError(503, "the coordinator is shutting down", "shutting_down", headers={"Retry-After": "5"})
+        req, greq = openai.parse(kind, await request.body())  # type: ignore[arg-type]
+        greq.slot = None  # a slot number means nothing across engines
+        session = self._session(req, request)
+        model = self._model(req.model)
+        rid = openai.new_id(kind)
+        entry = self.registry.entries.get(model) if model else None
+        rr = RouteRequest(model=model, prompt_tokens=_estimate_tokens(greq), max_tokens=greq.max_tokens or 256,
+                          session_id=session, prefix_hash=prefix_of(greq.messages),
+                          n_ctx=int((entry.defaults.get("n_ctx") if entry else None) or 8192))
+        exclude: set[str] = set()
+        failures: list[str] = []
+        for attempt in (1, 2):
+            decision = self._route(rr, exclude, rid, attempt)
+            if decision.engine is None:
+                why = decision.reason if not failures else f"{'; '.join(failures)}; no other engine: {decision.reason}"
+                raise ApiError(503, why, "no_engine", headers={"Retry-After": "1"})
+            engine, served = decision.engine, decision.model
+            try:
+                await self._ensure(engine, served)
+                stream = self.bus.generate(engine, M.Generate.from_request(self.bus.new_id("gen"), greq, served))
+            except (LoadFailed, EngineUnreachable) as exc:
+                failures.append(str(exc))
+                exclude.add(engine)
+                continue
+            try:
+                first = await stream.next(self.settings.first_token_timeout_s)
+            except BaseException:
+                self.bus.cancel(stream)
+                raise
+            retry = self._retry_reason(engine, first, self.settings.first_token_timeout_s)
+            if retry is not None:
+                self.bus.cancel(stream)
+                failures.append(retry)
+                exclude.add(engine)
+                log_event(log, logging.WARNING, "request failed before its first token; retrying elsewhere" if attempt == 1
+                          else "request failed again", req=rid, engine=engine, error=retry)
+                continue
+            assert first is not None
+            if isinstance(first, M.Error):  # the request's own fault: the same answer anywhere
+                raise ApiError(first.status, first.message, first.code)
+            headers = {"X-Hydra-Engine": engine, "X-Hydra-Route": decision.step}
+            if session:
+                headers["X-Session-Id"] = session
+            turn = _Turn(kind=kind, rid=rid, model=served or "", engine=engine, session=session,
+                         messages=greq.messages, include_usage=req.include_usage())
+            if req.stream:
+                headers.update({"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+                return StreamingResponse(self._stream(turn, stream, first), media_type="text/event-stream", headers=headers)
+            try:
+                return await self._collect(turn, stream, first, headers)
+            except _Lost as exc:
+                failures.append(str(exc))
+                exclude.add(engine)
+                log_event(log, logging.WARNING, "request failed part-way; retrying elsewhere" if attempt == 1
+                          else "request failed again", req=rid, engine=engine, error=str(exc))
+        raise ApiError(503, "the request failed twice: " + "; then ".join(failures), "engine_failed",
+                       headers={"Retry-After": "1"})
+
+    def _session(self, req: openai._Common, request: Request) -> str | None:
+        value = (req.model_extra or {}).get("session_id")
+        if value is None:
+            value = request.headers.get("x-session-id")
+        if value is None or value == "":
+            return None
+        if not isinstance(value, str) or len(value) > MAX_SESSION_ID:
+            raise ApiError(400, f"session_id must be a string of at most {MAX_SESSION_ID} characters",
+                           "invalid_field", "session_id")
+        return value
+
+    def _fingerprint(self, engine: str) -> str:
+        rec = self.bus.engines.get(engine)
+        return (rec.status.generation or "") if rec else ""
+
+    async def _collect(self, turn: "_Turn", stream: RequestStream, first: Any, headers: dict[str, str]) -> Response:
+        texts: list[str] = []
+        ev = first
+        try:
+            while True:
+                if isinstance(ev, M.Tokens):
+                    texts.extend(ev.texts)
+                elif isinstance(ev, M.Done):
+                    text = "".join(texts)
+                    self._record(turn, text)
+                    body = openai.full_response(turn.kind, turn.rid, turn.model, text, ev.finish_reason, ev.usage.openai(),
+                                                ev.fingerprint, _timings(ev.usage))
+                    return JSONResponse(body, headers={**headers, "X-Hydra-Generation": ev.fingerprint})
+                elif isinstance(ev, EngineLost):
+                    raise _Lost(f"engine {turn.engine} failed during the request ({ev.reason})")
+                elif isinstance(ev, M.Error):
+                    if ev.engine_failed:
+                        raise _Lost(f"engine {turn.engine} failed during the request: {ev.message}")
+                    raise ApiError(ev.status, ev.message, ev.code)
+                ev = await stream.next(self.settings.token_timeout_s)
+                if ev is None:
+                    raise _Lost(f"engine {turn.engine} went silent for {self.settings.token_timeout_s:g} s")
+        finally:
+            if not stream.finished:
+                self.bus.cancel(stream)
+
+    async def _stream(self, turn: "_Turn", stream: RequestStream, first: Any) -> AsyncIterator[bytes]:
+        created = int(time.time())
+        fp = self._fingerprint(turn.engine)
+        k, rid, model = turn.kind, turn.rid, turn.model
+        texts: list[str] = []
+        try:
+            if k == "chat":
+                yield openai.chunk(k, rid, model, created, "", None, fp, first=True)
+            ev = first
+            while True:
+                if isinstance(ev, M.Tokens):
+                    text = "".join(ev.texts)
+                    texts.append(text)
+                    yield openai.chunk(k, rid, model, created, text, None, fp)
+                elif isinstance(ev, M.Done):
+                    fp = ev.fingerprint or fp
+                    yield openai.chunk(k, rid, model, created, None, ev.finish_reason, fp)
+                    if turn.include_usage:
+                        yield openai.usage_chunk(k, rid, model, created, ev.usage.openai(), fp)
+                    yield openai.DONE
+                    self._record(turn, "".join(texts))
+                    return
+                elif isinstance(ev, M.Error):
+                    yield openai.sse(ApiError(ev.status, ev.message, ev.code).body())
+                    yield openai.DONE
+                    return
+                elif isinstance(ev, EngineLost):
+                    log_event(log, logging.WARNING, "engine failed mid-stream", req=rid, engine=turn.engine, error=ev.reason)
+                    yield openai.sse(ApiError(502, f"engine {turn.engine} failed mid-stream: {ev.reason}",
+                                              "engine_failed").body())
+                    yield openai.DONE
+                    return
+                ev = await stream.next(self.settings.token_timeout_s)
+                if ev is None:
+                    log_event(log, logging.WARNING, "engine went silent mid-stream", req=rid, engine=turn.engine)
+                    yield openai.sse(ApiError(504, f"engine {turn.engine} sent nothing for "
+                                                   f"{self.settings.token_timeout_s:g} s", "timeout").body())
+                    yield openai.DONE
+                    return
+        finally:
+            if not stream.finished:
+                self.bus.cancel(stream)
+
+    def _record(self, turn: "_Turn", reply: str) -> None:
+        self.affinity.record(turn.engine, turn.session, turn.messages, reply)
+
+    async def models(self, _: Request) -> Response:
+        data = []
+        for model, engines in sorted(self.served().items()):
+            entry = self.registry.entries.get(model)
+            meta: dict[str, Any] = {"engines": sorted(engines)}
+            if entry is not None:
+                meta.update(arch=entry.arch, quant=entry.quant, size=entry.size_bytes, description=entry.description)
+            data.append({"id": model, "object": "model", "created": 0, "owned_by": "hydra", "meta": meta})
+        return JSONResponse({"object": "list", "data": data})
+
+    async def health(self, _: Request) -> Response:
+        engines = list(self.bus.engines.values())
+        served = self.served()
+        body = {"status": "ok" if served and self.admitting else ("stopping" if not self.admitting else "unavailable"),
+                "engines": {"total": len(engines), "alive": sum(1 for e in engines if e.alive),
+                            "serving": sum(len(v) for v in served.values())},
+                "models": sorted(served), "profile": self.switcher.active, "switching": self.switcher.switching,
+                "inflight": self.bus.inflight_total()}
+        return JSONResponse(body, status_code=200 if body["status"] == "ok" else 503)
+
+    async def chat(self, request: Request) -> Response:
+        return await self.generate(request, "chat")
+
+    async def completions(self, request: Request) -> Response:
+        return await self.generate(request, "completion")
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/health", self.health), Route("/v1/models", self.models), Route("/models", self.models),
+            Route("/v1/chat/completions", self.chat, methods=["POST"]),
+            Route("/chat/completions", self.chat, methods=["POST"]),
+            Route("/v1/completions", self.completions, methods=["POST"]),
+            Route("/completions", self.completions, methods=["POST"]),
+        ]
+
+
+class _Turn:
+    """What a finished turn needs for its response and for affinity."""
+
+    __slots__ = ("kind", "rid", "model", "engine", "session", "messages", "include_usage")
+
+    def __init__(self, *, kind: str, rid: str, model: str, engine: str, session: str | None,
+                 messages: list[dict[str, str]] | None, include_usage: bool) -> None:
+        self.kind, self.rid, self.model, self.engine = kind, rid, model, engine
+        self.session, self.messages, self.include_usage = session, messages, include_usage
+
+
+def exception_handlers() -> dict[Any, Any]:
+    """OpenAI error JSON for everything, including routes that do not exist and handler bugs."""
+
+    async def on_api_error(_: Request, exc: Exception) -> Response:
+        assert isinstance(exc, ApiError)
+        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+    async def on_crash(request: Request, exc: Exception) -> Response:
+        log_event(log, logging.ERROR, "request failed", path=request.url.path, error=repr(exc), exc_info=True)
+        e = ApiError(500, "internal error (see the coordinator log)", "internal_error")
+        return JSONResponse(e.body(), status_code=500)
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        code = getattr(exc, "status_code", 404)
+        e = ApiError(code, f"{request.method} {request.url.path}: {getattr(exc, 'detail', 'not found')}",
+                     "not_found" if code == 404 else "method_not_allowed")
+        return JSONResponse(e.body(), status_code=code)
+
+    return {ApiError: on_api_error, Exception: on_crash, 404: not_found, 405: not_found}

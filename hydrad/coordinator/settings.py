@@ -1,0 +1,112 @@
+"""Start-only settings of the coordinator, read from ``/etc/hydra/coordinator.yaml``.
+
+One model and one ``load_config``, as for the engine, so ``--config`` and ``--check-config``
+can never disagree. Relative paths resolve against the file's directory. ``bus`` may be a
+plain endpoint (``tcp://*:9500``) or a mapping that adds CURVE keys; the short form is what
+most hosts need, the long one is for pools on a real network.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from hydrad.params import validation_message
+
+
+class HttpSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    host: str = Field("127.0.0.1", description="Address the OpenAI front door and /admin bind.")
+    port: int = Field(9000, ge=0, le=65535, description="HTTP port; 0 = pick a free one (tests).")
+
+
+class BusSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    endpoint: str = Field("tcp://127.0.0.1:9500", description="ROUTER endpoint the engines' DEALERs connect to.")
+    curve_public_key: str | None = Field(None, min_length=40, max_length=40, description="Coordinator CURVE public key (Z85); engines name it as curve_server_key.")
+    curve_secret_key: str | None = Field(None, min_length=40, max_length=40, description="Coordinator CURVE secret key (Z85); with it the bus and events are encrypted.")
+
+    @model_validator(mode="after")
+    def _pair(self) -> "BusSettings":
+        if (self.curve_public_key is None) != (self.curve_secret_key is None):
+            raise ValueError("curve_public_key and curve_secret_key come together")
+        return self
+
+
+class LogSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
+
+
+class CoordinatorSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field("coordinator", pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="Name the coordinator gives in WELCOME.")
+    http: HttpSettings = Field(default_factory=HttpSettings, description="OpenAI front door and admin API.")
+    bus: BusSettings = Field(default_factory=BusSettings, description="ZeroMQ ROUTER for the engines (string = endpoint).")
+    events: str = Field("tcp://127.0.0.1:9501", description="ZeroMQ PUB endpoint for events.")
+    heartbeat_interval_s: float = Field(1.0, gt=0, le=60, description="Seconds between the coordinator's PINGs; engines declare their own interval.")
+    liveness: int = Field(3, ge=1, le=100, description="Heartbeat intervals of silence before an engine counts as dead.")
+    registry: Path | None = Field(None, description="Model registry (alias → GGUF, size, KV bytes per token); default models.yaml beside this file.")
+    profiles: Path | None = Field(None, description="Profiles file; default profiles.yaml beside this file, if present.")
+    default_profile: str | None = Field(None, description="Profile applied at start (overrides the profiles file's default).")
+    first_token_timeout_s: float = Field(120.0, gt=0, description="Longest wait for an engine's first event of a request (queue + load + prefill).")
+    token_timeout_s: float = Field(60.0, gt=0, description="Longest silence between two events of a streaming request.")
+    load_timeout_s: float = Field(600.0, gt=0, description="Longest wait for a model load (profile switch or on-demand).")
+    configure_timeout_s: float = Field(30.0, gt=0, description="Longest wait for an engine to answer CONFIGURE.")
+    load_on_demand: bool = Field(True, description="Let routing load a model on an engine that has it on disk but serves another.")
+    drain_timeout_s: float = Field(30.0, gt=0, description="On SIGTERM, how long in-flight requests may run.")
+    logging: LogSettings = Field(default_factory=LogSettings, description="Logging.")
+
+    @field_validator("bus", mode="before")
+    @classmethod
+    def _bus_short(cls, v: Any) -> Any:
+        return {"endpoint": v} if isinstance(v, str) else v
+
+
+class ConfigError(Exception):
+    """A config file that cannot be used; the message names the file and the field."""
+
+
+@dataclass(frozen=True)
+class LoadedConfig:
+    settings: CoordinatorSettings
+    path: Path | None
+
+
+def load_config(path: str | Path | None) -> LoadedConfig:
+    if path is None:
+        return LoadedConfig(CoordinatorSettings(), None)
+    p = Path(path)
+    try:
+        raw = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{p}: not UTF-8 text (byte {exc.start})") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(f"{p}: not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+    if not isinstance(raw, dict) or any(not isinstance(k, str) for k in raw):
+        raise ConfigError(f"{p}: top level must be a mapping of settings")
+    try:
+        settings = CoordinatorSettings(**raw)
+    except ValidationError as exc:
+        raise ConfigError(validation_message(exc, str(p))[0]) from None
+    base = p.resolve().parent
+    updates: dict[str, Any] = {}
+    for key in ("registry", "profiles"):
+        value: Path | None = getattr(settings, key)
+        if value is None:
+            candidate = base / f"{'models' if key == 'registry' else 'profiles'}.yaml"
+            updates[key] = candidate if candidate.exists() else None
+        elif not value.is_absolute():
+            updates[key] = (base / value).resolve()
+    if updates:
+        settings = settings.model_copy(update=updates)
+    return LoadedConfig(settings, p)

@@ -1,0 +1,240 @@
+"""Puts engines in the state the active profile describes, and switches profiles.
+
+A switch computes each named engine's configure payload (``profiles.resolve``), keeps only
+the engines whose payload differs from what they run (``diff_profiles``), and CONFIGUREs
+those in parallel over the bus. Engines keep serving their current model while they load
+the next one (the engine's own reload), so the router keeps sending them requests for the
+model they still serve; nothing here stops traffic. Progress (each engine's load) is
+published on the PUB socket as it arrives in heartbeats.
+
+The same path applies the active profile to an engine that registers (a model-less engine
+started by systemd gets its model from here) and loads a model on demand when routing
+picks an engine that has it on disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from hydrad.coordinator.bus import CoordinatorBus, EngineRecord, EngineUnreachable
+from hydrad.coordinator.profiles import PENDING_ENGINE_FIELDS, ProfileSet, diff_profiles, resolve
+from hydrad.logs import log_event
+from hydrad.registry import Registry
+
+log = logging.getLogger("hydra.coordinator.profile")
+
+
+class SwitchBusy(RuntimeError):
+    """A profile switch is already under way."""
+
+
+class LoadFailed(RuntimeError):
+    """An on-demand model load did not happen (refused, failed, timed out, engine lost)."""
+
+
+class ProfileSwitcher:
+    def __init__(self, settings: Any, bus: CoordinatorBus, registry: Registry, profiles: ProfileSet) -> None:
+        self.settings = settings
+        self.bus = bus
+        self.registry = registry
+        self.profiles = profiles
+        self.active: str | None = settings.default_profile or profiles.default_name
+        self.previous: str | None = None
+        self.applied: dict[str, tuple[str, dict[str, Any]]] = {}  # engine → (instance, payload it took)
+        self.configuring: dict[str, str] = {}  # engine → why (profile name, "register", "on-demand")
+        self.switch_task: asyncio.Task[dict[str, Any]] | None = None
+        self.last_switch: dict[str, Any] | None = None
+        self.progress: dict[str, dict[str, Any]] = {}  # engine → latest load progress of the running switch
+        self._ondemand: dict[str, tuple[str, asyncio.Task[dict[str, Any]]]] = {}
+        self._side: set[asyncio.Task[Any]] = set()
+        bus.listeners.append(self._on_engine)
+
+    # ----- payloads --------------------------------------------------------------------
+
+    def _peer_rpc(self) -> dict[str, str]:
+        return {n: r.info.rpc for n, r in self.bus.engines.items() if r.alive and r.info.rpc}
+
+    def targets(self, name: str) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+        """Engine → payload for profile ``name``, and engine → why its payload cannot be made."""
+        profile = self.profiles.get(name)
+        payloads: dict[str, dict[str, Any]] = {}
+        errors: dict[str, str] = {}
+        peers = self._peer_rpc()
+        for engine, entry in profile.engines.items():
+            try:
+                payload = resolve(entry, self.registry.entries, peers)
+            except ValueError as exc:
+                errors[engine] = str(exc)
+                continue
+            payloads[engine] = {k: v for k, v in payload.items() if k not in PENDING_ENGINE_FIELDS}
+        return payloads, errors
+
+    def current(self) -> dict[str, dict[str, Any]]:
+        """What each live engine runs, as far as the coordinator knows: the payload it last took from
+        us if that instance took one and still serves its model, else just the model it reports."""
+        out: dict[str, dict[str, Any]] = {}
+        for name, rec in self.bus.engines.items():
+            if not rec.alive:
+                continue
+            known = self.applied.get(name)
+            if known is not None and known[0] == rec.info.instance.split(".")[0] \
+                    and known[1].get("model") == rec.status.model:
+                out[name] = known[1]
+            else:
+                out[name] = {"model": rec.status.model}
+        return out
+
+    # ----- configuring one engine ------------------------------------------------------
+
+    async def configure_engine(self, engine: str, payload: dict[str, Any], why: str) -> dict[str, Any]:
+        """CONFIGURE one engine and wait for its load; never raises, returns a result record."""
+        t0 = time.monotonic()
+        self.configuring[engine] = why
+        result: dict[str, Any] = {"engine": engine, "model": payload.get("model"), "why": why}
+        self.bus.publish("profile.engine", engine=engine, phase="configuring", why=why, model=payload.get("model"))
+        try:
+            reply, loaded = await self.bus.configure(engine, payload, reply_timeout=self.settings.configure_timeout_s,
+                                                     load_timeout=self.settings.load_timeout_s)
+            result.update(reply.result)
+            if not reply.ok:
+                result.update(ok=False, error=reply.message, code=reply.code, status=reply.status)
+            elif loaded is not None:
+                result.update(ok=loaded.phase == "done", load_phase=loaded.phase, load_seconds=loaded.seconds)
+                if loaded.phase != "done":
+                    result["error"] = loaded.error or f"load {loaded.phase}"
+            else:
+                result["ok"] = True
+        except EngineUnreachable as exc:
+            result.update(ok=False, error=str(exc), code="engine_unreachable")
+        except asyncio.TimeoutError:
+            result.update(ok=False, error="the engine did not finish in time (configure_timeout_s / load_timeout_s)",
+                          code="timeout")
+        finally:
+            self.configuring.pop(engine, None)
+            self.progress.pop(engine, None)
+        result["seconds"] = round(time.monotonic() - t0, 3)
+        if result.get("ok"):
+            rec = self.bus.engines.get(engine)
+            if rec is not None:
+                self.applied[engine] = (rec.info.instance.split(".")[0], dict(payload))
+        log_event(log, logging.INFO if result.get("ok") else logging.ERROR, "engine configured", engine=engine,
+                  why=why, model=payload.get("model") or "-", ok=result.get("ok"), seconds=result["seconds"],
+                  error=result.get("error") or "-")
+        self.bus.publish("profile.engine", **{**result, "phase": "done" if result.get("ok") else "failed"})
+        return result
+
+    # ----- switching -------------------------------------------------------------------
+
+    def start_switch(self, name: str) -> asyncio.Task[dict[str, Any]]:
+        """Begin switching to profile ``name`` (KeyError: unknown; SwitchBusy: one is running)."""
+        self.profiles.get(name)
+        if self.switch_task is not None and not self.switch_task.done():
+            raise SwitchBusy(f"a switch to {self.active!r} is under way; wait for it to finish")
+        self.switch_task = asyncio.create_task(self._switch(name), name=f"profile-switch-{name}")
+        return self.switch_task
+
+    async def _switch(self, name: str) -> dict[str, Any]:
+        t0 = time.monotonic()
+        started = time.time()
+        self.previous, self.active = self.active, name
+        targets, errors = self.targets(name)
+        affected = diff_profiles(self.current(), targets)
+        alive = {n: p for n, p in affected.items() if (r := self.bus.engines.get(n)) is not None and r.alive}
+        absent = sorted(n for n in affected if n not in alive)
+        log_event(log, logging.INFO, "profile switch", frm=self.previous or "-", to=name,
+                  engines=",".join(sorted(alive)) or "-", absent=",".join(absent) or "-")
+        self.bus.publish("profile.start", profile=name, previous=self.previous, engines=sorted(alive), absent=absent,
+                         errors=errors)
+        results = await asyncio.gather(*(self.configure_engine(n, p, f"profile {name}") for n, p in alive.items()))
+        total = round(time.monotonic() - t0, 3)
+        failed = [r["engine"] for r in results if not r.get("ok")] + sorted(errors)
+        out = {"profile": name, "previous": self.previous, "ok": not failed, "seconds": total, "started": started,
+               "engines": {r["engine"]: r for r in results},
+               "unchanged": sorted(n for n in targets if n not in affected),
+               "absent": absent, "errors": errors, "failed": failed}
+        self.last_switch = out
+        log_event(log, logging.INFO if not failed else logging.ERROR, "profile switch done", profile=name,
+                  seconds=total, ok=not failed, failed=",".join(failed) or "-")
+        self.bus.publish("profile.done", profile=name, ok=not failed, seconds=total, failed=failed, absent=absent)
+        return out
+
+    @property
+    def switching(self) -> bool:
+        return self.switch_task is not None and not self.switch_task.done()
+
+    # ----- engines coming and going ----------------------------------------------------
+
+    def _on_engine(self, kind: str, rec: EngineRecord) -> None:
+        if kind == "status" and rec.name in self.configuring and rec.status.progress is not None:
+            p = {"stage": rec.status.stage, "progress": rec.status.progress, "model": rec.status.loading_model}
+            if self.progress.get(rec.name) != p:
+                self.progress[rec.name] = p
+                self.bus.publish("profile.progress", profile=self.active, engine=rec.name, **p)
+        elif kind == "up" and self.active is not None and rec.name not in self.configuring:
+            self._apply_on_register(rec)
+
+    def _apply_on_register(self, rec: EngineRecord) -> None:
+        """A (re)registered engine named by the active profile gets that profile's payload, unless
+        this very process already took it and still serves its model."""
+        try:
+            targets, errors = self.targets(self.active)  # type: ignore[arg-type]
+        except KeyError:
+            return
+        if rec.name in errors:
+            log_event(log, logging.ERROR, "cannot apply the profile to a new engine", engine=rec.name,
+                      profile=self.active, error=errors[rec.name])
+            return
+        payload = targets.get(rec.name)
+        if payload is None:
+            return
+        if not diff_profiles({rec.name: self.current().get(rec.name, {})}, {rec.name: payload}):
+            return
+        t = asyncio.get_running_loop().create_task(self.configure_engine(rec.name, payload, f"register ({self.active})"))
+        self._side.add(t)
+        t.add_done_callback(self._side.discard)
+
+    # ----- on-demand loads -------------------------------------------------------------
+
+    async def ensure_model(self, engine: str, model: str) -> None:
+        """Make ``engine`` serve ``model`` (routing chose it to load); LoadFailed if it does not."""
+        running = self._ondemand.get(engine)
+        if running is not None and not running[1].done():
+            if running[0] != model:
+                raise LoadFailed(f"engine {engine} is loading {running[0]} for another request")
+            task = running[1]
+        else:
+            if engine in self.configuring:
+                raise LoadFailed(f"engine {engine} is being reconfigured ({self.configuring[engine]})")
+            self.bus.publish("engine.load", engine=engine, model=model, why="on-demand")
+            task = asyncio.create_task(self.configure_engine(engine, {"model": model}, "on-demand"))
+            self._ondemand[engine] = (model, task)
+        result = await asyncio.shield(task)
+        if not result.get("ok"):
+            raise LoadFailed(f"engine {engine} could not load {model}: {result.get('error')}")
+
+    def locked(self, engine: str) -> bool:
+        """Being configured: routing must not pick it to load something else."""
+        return engine in self.configuring
+
+    def public(self) -> dict[str, Any]:
+        targets: dict[str, Any] = {}
+        if self.active is not None:
+            try:
+                profile = self.profiles.get(self.active)
+                for name, entry in profile.engines.items():
+                    rec = self.bus.engines.get(name)
+                    targets[name] = {"entry": entry.model_dump(mode="json", exclude_defaults=True),
+                                     "alive": bool(rec and rec.alive),
+                                     "model": rec.status.model if rec else None,
+                                     "stage": rec.status.stage if rec else None,
+                                     "matches": bool(rec and rec.alive and rec.status.model == entry.model),
+                                     "configuring": self.configuring.get(name)}
+            except KeyError:
+                pass
+        return {"active": self.active, "previous": self.previous,
+                "state": "switching" if self.switching else "steady",
+                "profiles": {n: p.description for n, p in self.profiles.profiles.items()},
+                "engines": targets, "progress": dict(self.progress), "last_switch": self.last_switch}

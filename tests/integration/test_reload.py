@@ -1,0 +1,211 @@
+"""Reloads without downtime on a real engine: overlap, drain, failures, supersede, T2 carry, quant swap, SIGHUP."""
+
+from __future__ import annotations
+
+import ctypes
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import httpx
+import pytest
+import yaml
+
+from tests.support.engine import Engine
+
+PROMPT = " ".join(f"Item {i} costs {i * 3} coins and weighs {i % 7} stones." for i in range(40))
+
+
+class Stream:
+    """A client sending short requests back to back; records every outcome."""
+
+    def __init__(self, e: Engine) -> None:
+        self.e = e
+        self.results: list[tuple[float, int, dict[str, Any]]] = []
+        self.stop = threading.Event()
+        self.t = threading.Thread(target=self._run)
+
+    def _run(self) -> None:
+        with httpx.Client(base_url=self.e.url, timeout=60) as c:
+            while not self.stop.is_set():
+                r = c.post("/v1/completions", json={"prompt": "Say something", "max_tokens": 6, "temperature": 0})
+                self.results.append((time.monotonic(), r.status_code, r.json()))
+
+    def __enter__(self) -> "Stream":
+        self.t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.t.join(60)
+
+
+def wait_load(e: Engine, load_id: int, timeout: float = 120) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        rec = e.http.get(f"/control/reloads/{load_id}").json()
+        if rec["phase"] in ("done", "failed", "aborted"):
+            return rec
+        time.sleep(0.02)
+    raise AssertionError(f"load {load_id} did not end")
+
+
+def test_overlap_switch_under_steady_traffic(smollm_path: Path, gemma_path: Path,
+                                             start_engine: Callable[..., Engine]) -> None:
+    e = start_engine(defaults={"model": "smollm2-135m", "temperature": 0, "reload_policy": "overlap"})
+    e.wait_ready()
+    seen_reloading = []
+    with Stream(e) as s:
+        time.sleep(0.5)
+        r = e.configure(wait=False, model="gemma3-270m")
+        assert r.status_code == 202 and r.json()["policy"] == "overlap", r.text
+        while (h := e.http.get("/health")).json()["stage"] == "reloading":
+            seen_reloading.append(h.status_code)
+        rec = wait_load(e, r.json()["load_id"])
+        assert rec["phase"] == "done", rec
+        time.sleep(0.5)
+    codes = [code for _, code, _ in s.results]
+    assert codes and all(c == 200 for c in codes), codes
+    models = [body["model"] for _, _, body in s.results]
+    assert models[0] == "smollm2-135m" and models[-1] == "gemma3-270m", (models, rec)
+    assert all(body["choices"][0]["finish_reason"] in ("stop", "length") for _, _, body in s.results)
+    assert len({body["system_fingerprint"] for _, _, body in s.results}) == 2
+    assert all(code == 200 for code in seen_reloading)  # still serving while reloading
+
+
+def test_drain_serves_queued_requests_after_the_load(smollm_path: Path, gemma_path: Path,
+                                                      start_engine: Callable[..., Engine]) -> None:
+    e = start_engine(defaults={"model": "smollm2-135m", "temperature": 0, "reload_policy": "drain"})
+    e.wait_ready()
+    out: dict[str, Any] = {}
+
+    def inflight() -> None:
+        out["inflight"] = httpx.post(e.url + "/v1/completions", timeout=120, json={
+            "prompt": "Count:", "max_tokens": 120, "ignore_eos": True})
+
+    t = threading.Thread(target=inflight)
+    t.start()
+    while not e.http.get("/slots").json()[0]["is_processing"] and not any(
+            sl["is_processing"] for sl in e.http.get("/slots").json()):
+        time.sleep(0.01)
+    r = e.configure(wait=False, model="gemma3-270m")
+    assert r.json()["policy"] == "drain", r.text
+    queued = httpx.post(e.url + "/v1/completions", timeout=120, json={"prompt": "Hello", "max_tokens": 4})
+    t.join(120)
+    assert out["inflight"].status_code == 200 and out["inflight"].json()["usage"]["completion_tokens"] == 120
+    assert out["inflight"].json()["model"] == "smollm2-135m"
+    assert queued.status_code == 200 and queued.json()["model"] == "gemma3-270m"
+    rec = wait_load(e, r.json()["load_id"])
+    assert rec["phase"] == "done" and rec["timings"]["drain_s"] > 0
+
+
+def test_drain_queue_bound_answers_503_with_retry_after(smollm_path: Path, gemma_path: Path,
+                                                        start_engine: Callable[..., Engine]) -> None:
+    e = start_engine(defaults={"model": "smollm2-135m", "reload_policy": "drain", "reload_queue_timeout_s": 0.2},
+                     extra={"drain_timeout_s": 20})
+    e.wait_ready()
+    t = threading.Thread(target=lambda: httpx.post(e.url + "/v1/completions", timeout=120, json={
+        "prompt": "Count:", "max_tokens": 150, "ignore_eos": True}))
+    t.start()
+    while not any(sl["is_processing"] for sl in e.http.get("/slots").json()):
+        time.sleep(0.01)
+    e.configure(wait=False, model="gemma3-270m")
+    r = httpx.post(e.url + "/v1/completions", timeout=60, json={"prompt": "Hello", "max_tokens": 4})
+    assert r.status_code == 503 and r.headers.get("Retry-After") and r.json()["error"]["code"] == "reloading"
+    t.join(120)
+
+
+def test_bad_path_and_truncated_gguf_keep_old_model(smollm_engine: Engine, tmp_path: Path) -> None:
+    e = smollm_engine
+    r = e.configure(model=str(tmp_path / "missing.gguf"))
+    assert r.status_code == 404
+    bad = tmp_path / "half.gguf"
+    bad.write_bytes(Path(e.http.get("/v1/models").json()["data"][0]["meta"]["path"]).read_bytes()[:5_000_000])
+    r = e.configure(model=str(bad))
+    assert r.status_code == 422 and "failed" in r.json()["error"]["message"]
+    h = e.http.get("/health").json()
+    assert h["status"] == "ok" and h["model"] == "smollm2-135m" and "half.gguf" in h["last_error"]
+    assert e.http.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 3}).status_code == 200
+    assert e.http.get("/control/config").json()["params"]["model"]["value"] == "smollm2-135m"
+
+
+def test_configure_during_reload_supersedes_it(smollm_path: Path, gemma_path: Path,
+                                               start_engine: Callable[..., Engine]) -> None:
+    e = start_engine(defaults={"model": "smollm2-135m", "temperature": 0})
+    e.wait_ready()
+    first = e.configure(wait=False, model="gemma3-270m").json()
+    second = e.configure(wait=False, n_ctx=2048)
+    assert second.status_code == 202, second.text
+    rec2 = wait_load(e, second.json()["load_id"])
+    rec1 = e.http.get(f"/control/reloads/{first['load_id']}").json()
+    assert rec1["phase"] in ("aborted", "done") and rec2["phase"] == "done"
+    cfg = e.http.get("/control/config").json()["params"]
+    assert cfg["model"]["value"] == "gemma3-270m" and cfg["n_ctx"]["value"] == 2048
+    assert e.http.get("/v1/models").json()["data"][0]["meta"]["n_ctx"] == 2048
+
+
+def test_t2_change_carries_slot_kv(smollm_engine: Engine) -> None:
+    e = smollm_engine
+    first = e.http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 1, "id_slot": 1}).json()
+    n = first["usage"]["prompt_tokens"]
+    r = e.configure(n_ctx=6144)
+    assert r.json()["tier"] == "T2" and r.json()["carried"] == 1, r.text
+    again = e.http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 1, "id_slot": 1}).json()
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == n - 1
+    r = e.configure(n_ctx=256)  # too small for the slot: dropped, with the count reported
+    assert r.json()["dropped"] == 1 and r.json()["carried"] == 0
+
+
+@pytest.fixture
+def smollm_q8(smollm_path: Path, tmp_path: Path) -> Path:
+    """A sibling quant of SmolLM2 made with llama.cpp's own quantizer (Q4_1 → Q8_0)."""
+    from hydrad.engine import llama
+
+    C = llama.lib()
+    out = tmp_path / "SmolLM2-135M-Instruct.Q8_0.gguf"
+    qp = C.llama_model_quantize_default_params()
+    qp.ftype = 7  # LLAMA_FTYPE_MOSTLY_Q8_0
+    qp.allow_requantize = True
+    qp.nthread = 2
+    rc = C.llama_model_quantize(str(smollm_path).encode(), str(out).encode(), ctypes.byref(qp))
+    assert rc == 0 and out.stat().st_size > 0
+    return out
+
+
+def test_swap_quant_keeps_sessions(smollm_q8: Path, gemma_path: Path, start_engine: Callable[..., Engine]) -> None:
+    e = start_engine(defaults={"model": "smollm2-135m", "temperature": 0})
+    e.wait_ready()
+    first = e.http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 1, "id_slot": 0}).json()
+    n = first["usage"]["prompt_tokens"]
+    r = e.http.post("/control/swap_quant?wait=1", json={"model": str(smollm_q8)})
+    assert r.status_code == 200, r.text
+    assert r.json()["load"]["carried"] == {"carried": 1, "dropped": 0}
+    cont = e.http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 16, "id_slot": 0}).json()
+    assert cont["model"] == smollm_q8.stem
+    assert cont["usage"]["prompt_tokens_details"]["cached_tokens"] == n - 1 and cont["timings"]["prompt_n"] == 1
+    words = cont["choices"][0]["text"].split()
+    assert len(words) >= 3 and sum(w.isascii() for w in words) >= len(words) - 1
+    bad = e.http.post("/control/swap_quant?wait=1", json={"model": "gemma3-270m"})
+    assert bad.status_code in (400, 422) and "sibling" in bad.json()["error"]["message"]
+    assert e.http.get("/health").json()["model"] == smollm_q8.stem
+
+
+def test_sighup_reloads_yaml_with_reloading_notify(smollm_path: Path, start_engine: Callable[..., Engine]) -> None:
+    e = start_engine(defaults={"model": "smollm2-135m"})
+    e.wait_ready()
+    cfg = yaml.safe_load(e.config.read_text())
+    cfg["defaults"]["n_ctx"] = 3072
+    e.config.write_text(yaml.safe_dump(cfg))
+    n_ready = e.notify.lines().count("READY=1")
+    e.proc.send_signal(signal.SIGHUP)
+    deadline = time.monotonic() + 30
+    while e.notify.lines().count("READY=1") <= n_ready and time.monotonic() < deadline:
+        time.sleep(0.02)
+    msgs = [m for _, m in e.notify.messages]
+    reloading = [m for m in msgs if "RELOADING=1" in m.splitlines()]
+    assert reloading and any(line.startswith("MONOTONIC_USEC=") for line in reloading[0].splitlines())
+    assert any("READY=1" in m.splitlines() for m in msgs[msgs.index(reloading[0]) + 1:])
+    assert e.http.get("/v1/models").json()["data"][0]["meta"]["n_ctx"] == 3072
+    assert e.http.get("/control/config").json()["params"]["n_ctx"]["source"] == "yaml"

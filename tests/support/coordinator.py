@@ -1,0 +1,149 @@
+"""Start a real hydra-coordinator subprocess for a test: free ports, temp YAML, own NOTIFY_SOCKET,
+plus a subscriber that collects what it publishes on the PUB socket."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import httpx
+import yaml
+import zmq
+
+from tests.support.engine import REGISTRY, NotifyListener, free_port
+
+
+class Events:
+    """A SUB socket on its own thread (the socket never leaves it) collecting (topic, event) pairs."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.endpoint = endpoint
+        self.items: list[tuple[str, dict[str, Any]]] = []
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+        self._ready.wait(5)
+
+    def _run(self) -> None:
+        ctx = zmq.Context()
+        sock = ctx.socket(zmq.SUB)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SUBSCRIBE, b"")
+        sock.connect(self.endpoint)
+        self._ready.set()
+        try:
+            while not self._stop.is_set():
+                if sock.poll(100):
+                    topic, body = sock.recv_multipart()
+                    self.items.append((topic.decode(), json.loads(body)))
+        finally:
+            sock.close(0)
+            ctx.term()
+
+    def of(self, prefix: str) -> list[dict[str, Any]]:
+        return [ev for topic, ev in list(self.items) if topic.startswith(prefix)]
+
+    def wait(self, prefix: str, pred: Callable[[dict[str, Any]], bool] = lambda _: True,
+             timeout: float = 30.0) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for ev in self.of(prefix):
+                if pred(ev):
+                    return ev
+            time.sleep(0.02)
+        raise AssertionError(f"no {prefix!r} event matching within {timeout}s; topics seen: "
+                             f"{sorted({t for t, _ in self.items})}")
+
+    def close(self) -> None:
+        self._stop.set()
+        self._t.join(2)
+
+
+class Coordinator:
+    def __init__(self, tmp: Path, profiles: dict[str, Any] | str | Path | None = None, default_profile: str | None = None,
+                 heartbeat_interval_s: float = 0.5, extra: dict[str, Any] | None = None) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.bus = f"tcp://127.0.0.1:{free_port()}"
+        self.events_endpoint = f"tcp://127.0.0.1:{free_port()}"
+        cfg: dict[str, Any] = {"http": {"host": "127.0.0.1", "port": self.port}, "bus": self.bus,
+                               "events": self.events_endpoint, "heartbeat_interval_s": heartbeat_interval_s,
+                               "liveness": 3, "registry": str(REGISTRY), "first_token_timeout_s": 60,
+                               "token_timeout_s": 30, "load_timeout_s": 120}
+        if isinstance(profiles, dict):
+            path = tmp / "profiles.yaml"
+            path.write_text(yaml.safe_dump(profiles))
+            cfg["profiles"] = str(path)
+        elif profiles is not None:
+            cfg["profiles"] = str(profiles)
+        if default_profile is not None:
+            cfg["default_profile"] = default_profile
+        cfg.update(extra or {})
+        self.config = tmp / "coordinator.yaml"
+        self.config.write_text(yaml.safe_dump(cfg))
+        self.notify = NotifyListener(tmp / "notify-coordinator.sock")
+        self.log_path = tmp / "coordinator.log"
+        self._log = open(self.log_path, "wb")
+        env = dict(os.environ, NOTIFY_SOCKET=str(self.notify.path), PYTHONUNBUFFERED="1")
+        self.events = Events(self.events_endpoint)
+        self.proc = subprocess.Popen([sys.executable, "-m", "hydrad.coordinator.daemon", "--config", str(self.config)],
+                                     stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=str(tmp))
+        self.http = httpx.Client(base_url=self.url, timeout=120)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_ready(self, timeout: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"coordinator exited with {self.proc.returncode}:\n{self.log()}")
+            if "READY=1" in self.notify.lines():
+                return
+            time.sleep(0.02)
+        raise AssertionError(f"coordinator not ready within {timeout}s\n{self.log()}")
+
+    def engines(self) -> dict[str, dict[str, Any]]:
+        return {e["name"]: e for e in self.http.get("/admin/engines").json()["engines"]}
+
+    def wait_engines(self, pred: Callable[[dict[str, dict[str, Any]]], bool], timeout: float = 60.0,
+                     what: str = "engines") -> dict[str, dict[str, Any]]:
+        deadline = time.monotonic() + timeout
+        last: Any = None
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"coordinator exited with {self.proc.returncode}:\n{self.log()}")
+            last = self.engines()
+            if pred(last):
+                return last
+            time.sleep(0.05)
+        raise AssertionError(f"{what} not reached within {timeout}s; last {json.dumps(last, default=str)[:3000]}\n"
+                             f"{self.log()[-5000:]}")
+
+    def wait_serving(self, wanted: dict[str, str], timeout: float = 90.0) -> dict[str, dict[str, Any]]:
+        """Until every named engine is alive, ready and serving the given model."""
+        return self.wait_engines(
+            lambda es: all(n in es and es[n]["alive"] and es[n]["stage"] == "ready" and es[n]["model"] == m
+                           for n, m in wanted.items()), timeout, what=f"serving {wanted}")
+
+    def stop(self, timeout: float = 20.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self.http.close()
+        self.events.close()
+        self.notify.close()
+        self._log.close()
+        return self.proc.returncode
