@@ -254,8 +254,7 @@ def resolve(
 ) -> dict[str, Any]:
     """The ENGINE_CONFIGURE payload that puts an engine in the state ``entry`` describes.
 
-    ``models`` maps alias → registry entry (anything with ``.defaults``) or a plain dict of
-    defaults; ``peer_rpc`` maps engine name → its merged RPC address (``host:port``). A model
+    ``models`` maps alias → registry entry (only membership is checked); ``peer_rpc`` maps engine name → its merged RPC address (``host:port``). A model
     given as a ``.gguf`` path needs no registry entry. Every non-PEER payload names
     ``tensor_split``, ``rpc_servers`` and ``override_tensors`` (None when unused) so switching
     from COMBINE back to SOLO clears them.
@@ -263,8 +262,10 @@ def resolve(
     if entry.mode == "PEER":
         return {"model": None}
     assert entry.model is not None  # EngineEntry's validator guarantees it
-    payload: dict[str, Any] = {"model": entry.model, **_model_defaults(entry.model, models), "n_gpu_layers": -1,
-                               **entry.params}
+    _check_known(entry.model, models)
+    # The registry's defaults for the model are not copied in: the engine applies them itself as a layer
+    # below its own YAML, so a GPU's tuned n_ctx in /etc/hydra/<name>.yaml is not overridden here.
+    payload: dict[str, Any] = {"model": entry.model, "n_gpu_layers": -1, **entry.params}
     payload["split_mode"] = "layer"
     payload["tensor_split"] = None
     payload["rpc_servers"] = None
@@ -310,11 +311,6 @@ def _norm(v: Any) -> Any:
     return [_norm(x) for x in v] if isinstance(v, (list, tuple)) else v
 
 
-def _model_defaults(alias: str, models: Mapping[str, Any]) -> dict[str, Any]:
-    found = models.get(alias)
-    if found is None:
-        if alias.endswith(".gguf"):
-            return {}
+def _check_known(alias: str, models: Mapping[str, Any]) -> None:
+    if alias not in models and not alias.endswith(".gguf"):
         raise ValueError(f"unknown model {alias!r} (known: {', '.join(sorted(models)) or 'none'})")
-    defaults = getattr(found, "defaults", found)
-    return dict(defaults) if isinstance(defaults, Mapping) else {}

@@ -219,7 +219,8 @@ def test_entries_built_in_code_are_validated_too() -> None:
 
 def test_solo_payload() -> None:
     p = resolve(EngineEntry(model="smollm2-135m", mode="SOLO"), MODELS, PEER_RPC)
-    assert p == {"model": "smollm2-135m", "n_ctx": 4096, "temperature": 0.2, "n_gpu_layers": -1,
+    # registry defaults stay out: the engine layers them below its own YAML
+    assert p == {"model": "smollm2-135m", "n_gpu_layers": -1,
                  "split_mode": "layer", "tensor_split": None, "rpc_servers": None, "override_tensors": None}
 
 
@@ -239,7 +240,7 @@ def test_solo_may_keep_experts_on_cpu() -> None:
 def test_combine_payload_layer_split() -> None:
     entry = EngineEntry(model="big-model", mode="COMBINE", peer="p100", tensor_split=(0.6, 0.4))
     p = resolve(entry, MODELS, PEER_RPC)
-    assert p == {"model": "big-model", "n_ctx": 16384, "n_gpu_layers": -1, "split_mode": "layer",
+    assert p == {"model": "big-model", "n_gpu_layers": -1, "split_mode": "layer",
                  "tensor_split": [0.6, 0.4], "rpc_servers": ["192.168.10.3:9505"], "override_tensors": None}
 
 
