@@ -1,0 +1,163 @@
+#!/usr/bin/env python3
+"""Unavailability during a model switch, per reload policy, next to the raw load time.
+
+A client sends short completions back to back (one at a time, like a steady user) while the
+engine switches SmolLM2-135M → Gemma-3-270M → SmolLM2-135M. For each policy we report the
+longest gap between two successful responses during a switch, the steady-state gap, their
+ratio, failed requests, p50/p99 request latency during the switch vs steady state, and the
+model load time measured by the engine itself. Medians over the switches.
+
+    .venv/bin/python scripts/bench_reload.py --switches 6 --markdown
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.support.engine import Engine  # noqa: E402
+
+MODELS = ("gemma3-270m", "smollm2-135m")
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    return s[min(len(s) - 1, int(round(q * (len(s) - 1))))]
+
+
+class Client(threading.Thread):
+    def __init__(self, url: str) -> None:
+        super().__init__(daemon=True)
+        self.url = url
+        self.stop = threading.Event()
+        self.log: list[tuple[float, float, int]] = []  # (start, end, status)
+
+    def run(self) -> None:
+        with httpx.Client(base_url=self.url, timeout=120) as c:
+            while not self.stop.is_set():
+                t0 = time.monotonic()
+                try:
+                    status = c.post("/v1/completions", json={"prompt": "Say hello", "max_tokens": 4,
+                                                             "temperature": 0}).status_code
+                except httpx.HTTPError:
+                    status = 0
+                self.log.append((t0, time.monotonic(), status))
+
+
+def window(log: list[tuple[float, float, int]], a: float, b: float) -> list[tuple[float, float, int]]:
+    return [r for r in log if a <= r[1] <= b]
+
+
+def max_gap(entries: list[tuple[float, float, int]]) -> float:
+    ends = [e for _, e, st in entries if st == 200]
+    return max((b - a for a, b in zip(ends, ends[1:])), default=float("nan"))
+
+
+def run_policy(policy: str, switches: int, tmp: Path) -> dict[str, Any]:
+    e = Engine(tmp, defaults={"model": MODELS[1], "temperature": 0, "reload_policy": policy,
+                              "reload_queue_timeout_s": 120, "n_parallel": 2}, name=f"bench-{policy}")
+    try:
+        e.wait_ready(120)
+        client = Client(e.url)
+        client.start()
+        while len(client.log) < 2:  # the first request pays for lazy allocations
+            time.sleep(0.05)
+        steady_start = time.monotonic()
+        time.sleep(3)
+        steady_end = time.monotonic()
+        steady = window(client.log, steady_start, steady_end)
+        if len(steady) < 3:
+            raise SystemExit(f"too few steady responses ({len(steady)}) to measure; is the machine busy?")
+        results = []
+        for i in range(switches):
+            target = MODELS[i % 2]
+            t0 = time.monotonic()
+            r = e.http.post("/control/configure?wait=1", json={"model": target}, timeout=300)
+            t1 = time.monotonic()
+            body = r.json()
+            if r.status_code != 200:
+                raise SystemExit(f"switch to {target} failed: {body}")
+            time.sleep(0.5)
+            during = window(client.log, t0, t1 + 0.5)
+            results.append({"target": target, "switch_s": t1 - t0, "max_gap_s": max_gap(during),
+                            "load_s": body["load"]["timings"].get("load_s"), "policy": body["load"]["policy"],
+                            "failed": sum(1 for *_, st in during if st != 200),
+                            "latencies": [end - start for start, end, st in during if st == 200]})
+            time.sleep(1.0)
+        client.stop.set()
+        client.join(30)
+        steady_gap = statistics.median([b - a for a, b in zip([x[1] for x in steady], [x[1] for x in steady][1:])])
+        steady_lat = [end - start for start, end, st in steady if st == 200]
+        lat_during = [x for r in results for x in r["latencies"]]
+        return {
+            "policy": policy, "switches": switches, "effective_policy": sorted({r["policy"] for r in results}),
+            "steady_gap_ms": steady_gap * 1000,
+            "max_gap_ms_median": statistics.median(r["max_gap_s"] for r in results) * 1000,
+            "max_gap_ms_worst": max(r["max_gap_s"] for r in results) * 1000,
+            "load_ms_median": statistics.median(r["load_s"] for r in results) * 1000,
+            "failed": sum(r["failed"] for r in results),
+            "p50_ms_steady": pct(steady_lat, 0.5) * 1000, "p99_ms_steady": pct(steady_lat, 0.99) * 1000,
+            "p50_ms_switch": pct(lat_during, 0.5) * 1000, "p99_ms_switch": pct(lat_during, 0.99) * 1000,
+        }
+    finally:
+        e.stop()
+
+
+def markdown(rows: list[dict[str, Any]], cmd: str) -> str:
+    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                if ln.startswith("model name")), "unknown CPU")
+    import os
+    out = [f"## Reload unavailability ({time.strftime('%Y-%m-%d')})", "",
+           f"Command: `{cmd}`  ", f"Machine: {cpu}, {os.cpu_count()} cores, no GPU. Switches SmolLM2-135M ↔ "
+           "Gemma-3-270M under a steady one-at-a-time client (4-token completions).", "",
+           "| policy | steady gap ms | max gap ms (median / worst) | gap ÷ steady | load ms (engine) | gap − load ms | "
+           "failed | p50 ms steady / switch | p99 ms steady / switch |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {r['policy']} | {r['steady_gap_ms']:.1f} | {r['max_gap_ms_median']:.1f} / {r['max_gap_ms_worst']:.1f} "
+                   f"| {r['max_gap_ms_median'] / r['steady_gap_ms']:.2f} | {r['load_ms_median']:.0f} | "
+                   f"{r['max_gap_ms_median'] - r['load_ms_median']:.0f} | {r['failed']} | "
+                   f"{r['p50_ms_steady']:.1f} / {r['p50_ms_switch']:.1f} | {r['p99_ms_steady']:.1f} / {r['p99_ms_switch']:.1f} |")
+    out += ["", "Goals: overlap gap ≤ 1.5× steady gap; drain gap ≤ load time + 500 ms; 0 failed requests; "
+            "overlap p99 during a switch ≤ 1.5× steady.", ""]
+    return "\n".join(out)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--switches", type=int, default=6, help="model switches per policy (alternating)")
+    ap.add_argument("--policies", default="overlap,drain")
+    ap.add_argument("--json", metavar="FILE")
+    ap.add_argument("--markdown", action="store_true", help="append the table to docs/benchmarks.md")
+    args = ap.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for policy in args.policies.split(","):
+            rows.append(run_policy(policy, args.switches, Path(tmp)))
+            print(json.dumps(rows[-1]), flush=True)
+    cmd = "scripts/bench_reload.py " + " ".join(sys.argv[1:])
+    text = markdown(rows, ".venv/bin/python " + cmd.strip())
+    print(text)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2))
+    if args.markdown:
+        doc = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
+        existing = doc.read_text() if doc.exists() else "# Benchmarks\n\n"
+        doc.write_text(existing.rstrip("\n") + "\n\n" + text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
