@@ -185,6 +185,58 @@ class PromptMaker:
         return self.text(max(1, round((n_tokens - self.overhead) / self.per_sentence)))
 
 
+# ----- other work on the machine -----------------------------------------------------------
+
+class CpuMonitor:
+    """How busy the machine is with work other than this benchmark (its own process and the engines).
+
+    ``foreign`` between two snapshots is the share of all CPUs (0..1) that other processes used,
+    from /proc/stat minus the CPU time of our processes. On a shared machine prefill times move
+    with it, so each re-prefill records it, and ``wait_quiet`` holds a measurement back while
+    other work takes more than ``max_foreign`` of the machine.
+    """
+
+    def __init__(self, pids: list[int]) -> None:
+        self.pids = [os.getpid(), *pids]
+        self.available = Path("/proc/stat").exists()
+
+    def snapshot(self) -> tuple[int, int, int]:
+        """(busy jiffies of the machine, all jiffies, jiffies of our processes)."""
+        if not self.available:
+            return 0, 0, 0
+        f = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+        busy = f[0] + f[1] + f[2] + f[5] + f[6] + f[7]  # user nice system irq softirq steal
+        total = busy + f[3] + f[4]  # + idle iowait
+        ours = 0
+        for pid in self.pids:
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                ours += int(fields[11]) + int(fields[12])  # utime stime, all threads
+            except (OSError, IndexError, ValueError):
+                pass
+        return busy, total, ours
+
+    @staticmethod
+    def foreign(before: tuple[int, int, int], after: tuple[int, int, int]) -> float:
+        d_total = after[1] - before[1]
+        if d_total <= 0:
+            return 0.0
+        return max(0.0, (after[0] - before[0]) - (after[2] - before[2])) / d_total
+
+    def wait_quiet(self, max_foreign: float, max_wait: float, say: Callable[[str], None]) -> float:
+        """Sample 1 s at a time until other work is below ``max_foreign`` or ``max_wait`` has passed."""
+        if not self.available:
+            return 0.0
+        deadline = time.monotonic() + max_wait
+        while True:
+            before = self.snapshot()
+            time.sleep(1.0)
+            load = self.foreign(before, self.snapshot())
+            if load <= max_foreign or time.monotonic() >= deadline:
+                return load
+            say(f"other work uses {load:.0%} of the machine; waiting for quiet")
+
+
 # ----- measurements -------------------------------------------------------------------------
 
 @dataclass
@@ -197,6 +249,7 @@ class Throughput:
     put_s: list[float] = field(default_factory=list)
     put_restore_s: list[float] = field(default_factory=list)  # the engine's own restore time
     socket_s: list[float] = field(default_factory=list)
+    foreign_cpu: list[float] = field(default_factory=list)  # other processes' share of the machine, per run
 
 
 @dataclass
@@ -210,6 +263,7 @@ class MigrationRun:
     reprefill_wall_s: float
     reprefill_cached: int
     verified_cached: int
+    foreign_cpu: float  # share of the machine other processes used during the re-prefill
 
 
 def median(xs: list[float]) -> float:
@@ -252,6 +306,7 @@ def socket_copy(data: bytes, chunk: int) -> float:
 
 
 def measure_throughput(a: BenchEngine, b: BenchEngine, prompts: PromptMaker, n_tokens: int, runs: int,
+                       cpu: CpuMonitor, max_foreign: float, quiet_wait: float,
                        say: Callable[[str], None]) -> Throughput:
     resp, wall = a.complete(prompts.make(n_tokens), slot=0)
     n = a.slot_tokens(0)
@@ -263,6 +318,8 @@ def measure_throughput(a: BenchEngine, b: BenchEngine, prompts: PromptMaker, n_t
         socket_copy(data, chunk)
         res = Throughput(n_tokens=n, bytes=len(data), chunk_size=chunk)
         for i in range(runs):
+            cpu.wait_quiet(max_foreign, quiet_wait, say)
+            before = cpu.snapshot()
             t0 = time.perf_counter()
             st = ca.state_get(0)
             t_meta = time.perf_counter()
@@ -276,12 +333,14 @@ def measure_throughput(a: BenchEngine, b: BenchEngine, prompts: PromptMaker, n_t
             res.put_s.append(time.perf_counter() - t0)
             res.put_restore_s.append(float(out.get("seconds") or 0.0))
             res.socket_s.append(socket_copy(data, chunk))
+            res.foreign_cpu.append(cpu.foreign(before, cpu.snapshot()))
             say(f"state run {i + 1}/{runs}: get {res.get_s[-1] * 1e3:.1f} ms, put {res.put_s[-1] * 1e3:.1f} ms, "
                 f"socket {res.socket_s[-1] * 1e3:.1f} ms")
     return res
 
 
 def measure_migrations(a: BenchEngine, b: BenchEngine, prompts: PromptMaker, sizes: list[int], runs: int,
+                       cpu: CpuMonitor, max_foreign: float, quiet_wait: float,
                        say: Callable[[str], None]) -> list[MigrationRun]:
     out: list[MigrationRun] = []
     for target in sizes:
@@ -289,10 +348,14 @@ def measure_migrations(a: BenchEngine, b: BenchEngine, prompts: PromptMaker, siz
             prompt = prompts.make(target)
             pre, _ = a.complete(prompt, slot=0)
             n = int(pre["usage"]["prompt_tokens"])
+            cpu.wait_quiet(max_foreign, quiet_wait, say)
             t0 = time.perf_counter()
             res = migrate(a.rpc, b.rpc, 0, dst_slot=1)
             migrate_s = time.perf_counter() - t0
+            cpu.wait_quiet(max_foreign, quiet_wait, say)
+            before = cpu.snapshot()
             again, wall = b.complete(prompt, slot=0)
+            foreign = cpu.foreign(before, cpu.snapshot())
             cached = int(again["usage"]["prompt_tokens_details"]["cached_tokens"])
             check, _ = b.complete(prompt, slot=1)
             verified = int(check["usage"]["prompt_tokens_details"]["cached_tokens"])
@@ -301,10 +364,11 @@ def measure_migrations(a: BenchEngine, b: BenchEngine, prompts: PromptMaker, siz
             run = MigrationRun(target=target, n_tokens=n, bytes=int(res["bytes"]), migrate_s=migrate_s,
                                restore_s=float(res.get("seconds") or 0.0),
                                reprefill_prompt_ms=float(again["timings"]["prompt_ms"]), reprefill_wall_s=wall,
-                               reprefill_cached=cached, verified_cached=verified)
+                               reprefill_cached=cached, verified_cached=verified, foreign_cpu=foreign)
             out.append(run)
             say(f"migrate {n} tokens, run {i + 1}/{runs}: {migrate_s * 1e3:.1f} ms; re-prefill "
-                f"{run.reprefill_prompt_ms:.0f} ms (wall {wall * 1e3:.0f} ms, {cached} cached)")
+                f"{run.reprefill_prompt_ms:.0f} ms (wall {wall * 1e3:.0f} ms, {cached} cached, "
+                f"other work {foreign:.0%} of the machine)")
     return out
 
 
@@ -322,7 +386,8 @@ def throughput_table(t: Throughput) -> str:
         (f"loopback socket copy, 2 threads, {t.chunk_size >> 20} MiB sends (ceiling)", median(t.socket_s), ""),
     ]
     lines = [f"State of a {t.n_tokens}-token slot: {t.bytes} bytes ({t.bytes / 1e6:.1f} MB), "
-             f"{t.bytes / t.n_tokens:.0f} bytes per token; medians of {len(t.get_s)} runs.", "",
+             f"{t.bytes / t.n_tokens:.0f} bytes per token; medians of {len(t.get_s)} runs; other work used "
+             f"{median(t.foreign_cpu):.0%} of the machine (median).", "",
              "| transfer | median ms | GB/s | ÷ ceiling | note |", "|---|---:|---:|---:|---|"]
     for name, s, note in rows:
         rate = gbps(t.bytes, s)
@@ -332,8 +397,9 @@ def throughput_table(t: Throughput) -> str:
 
 def migration_table(runs: list[MigrationRun]) -> str:
     lines = ["| session | tokens | state MB | migrate ms | (restore ms) | migrate MB/s | re-prefill ms (prompt_ms) "
-             "| re-prefill ms (wall) | migrate ÷ re-prefill (prompt_ms) | migrate ÷ re-prefill (wall) |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| re-prefill ms (wall) | other work during re-prefill | migrate ÷ re-prefill (prompt_ms) "
+             "| migrate ÷ re-prefill (wall) |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for target in sorted({r.target for r in runs}):
         rs = [r for r in runs if r.target == target]
         n = int(median([float(r.n_tokens) for r in rs]))
@@ -342,9 +408,10 @@ def migration_table(runs: list[MigrationRun]) -> str:
         restore = median([r.restore_s for r in rs]) * 1e3
         pms = median([r.reprefill_prompt_ms for r in rs])
         wall = median([r.reprefill_wall_s for r in rs]) * 1e3
+        foreign = median([r.foreign_cpu for r in rs])
         label = f"{target // 1024}K" if target % 1024 == 0 else str(target)
         lines.append(f"| {label} | {n} | {mb:.1f} | {mig:.1f} | {restore:.1f} | {mb / (mig / 1e3):.0f} | {pms:.0f} "
-                     f"| {wall:.0f} | {mig / pms:.3f} | {mig / wall:.3f} |")
+                     f"| {wall:.0f} | {foreign:.0%} | {mig / pms:.3f} | {mig / wall:.3f} |")
     return "\n".join(lines)
 
 
@@ -421,7 +488,10 @@ def markdown_section(args: argparse.Namespace, argv: list[str], mach: dict[str, 
         "snapshot, the stream and B's restore); *restore* is B's own share. *Re-prefill*: B computes the same "
         "prompt from scratch in another slot (`max_tokens` 1), as the engine's `timings.prompt_ms` and as the "
         "client's wall clock for the request. Each migrated slot was checked to serve the prompt from cache "
-        "(`cached_tokens` ≥ n − 1).", "",
+        "(`cached_tokens` ≥ n − 1). *Other work*: the share of the machine's CPUs that processes other than "
+        f"the benchmark and its engines used during the re-prefill (median); before each timed step the "
+        f"benchmark waited up to {args.quiet_wait:.0f} s for that share to fall below {args.max_foreign:.0%}, so "
+        "where it is higher the re-prefill is slower than on a quiet machine and the ratio flatters migration.", "",
     ])
 
 
@@ -467,6 +537,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--sizes", type=parse_sizes, default=[1024, 2048, 4096],
                     help="session sizes for migration vs re-prefill (default 1024,2048,4096)")
     ap.add_argument("--migrate-runs", type=int, default=3, help="runs per session size (default 3, at least 3)")
+    ap.add_argument("--max-foreign", type=float, default=0.15, metavar="F",
+                    help="hold a timed step back while other processes use more than this share of the "
+                         "machine (default 0.15)")
+    ap.add_argument("--quiet-wait", type=float, default=120.0, metavar="S",
+                    help="longest wait for quiet before a step runs anyway (default 120 s)")
     ap.add_argument("--seed", type=int, default=None, help="prompt seed (default: random)")
     ap.add_argument("--json", type=Path, metavar="FILE", help="write all samples and medians as JSON")
     ap.add_argument("--markdown", action="store_true", help=f"append a '{SECTION}' section to docs/benchmarks.md")
@@ -502,8 +577,11 @@ def main(argv: list[str] | None = None) -> int:
             say(f"engines ready: A rpc {a.rpc}, B rpc {b.rpc}")
             prompts.calibrate(b)
             say(f"prompts: {prompts.per_sentence:.2f} tokens per sentence")
-            thr = measure_throughput(a, b, prompts, args.state_tokens, args.runs, say)
-            mig = measure_migrations(a, b, prompts, args.sizes, args.migrate_runs, say)
+            cpu = CpuMonitor([e.proc.pid for e in engines])
+            thr = measure_throughput(a, b, prompts, args.state_tokens, args.runs, cpu, args.max_foreign,
+                                     args.quiet_wait, say)
+            mig = measure_migrations(a, b, prompts, args.sizes, args.migrate_runs, cpu, args.max_foreign,
+                                     args.quiet_wait, say)
         except Exception:
             for e in engines:
                 say(f"log tail of {e.name}:\n{e.log_tail()}")

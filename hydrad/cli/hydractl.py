@@ -392,8 +392,8 @@ def format_info(info: dict[str, Any], address: str) -> str:
     ]
     if model:
         rows += [
-            ("arch", f"{model.get('arch', '-')}, {model.get('n_layer', '?')} layers, n_embd {model.get('n_embd', '?')}, "
-                     f"n_head_kv {model.get('n_head_kv', '?')}"),
+            ("arch", f"{model.get('arch', '-')}, {model.get('n_layer', '?')} layers, "
+                     f"n_embd {model.get('n_embd', '?')}, n_head_kv {model.get('n_head_kv', '?')}"),
             ("desc", model.get("desc") or "-"),
             ("fingerprint", model.get("fingerprint") or "-"),
         ]
@@ -649,9 +649,10 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         return EXIT_OK
     n_bytes = int(result.get("bytes") or 0)
     restore = result.get("seconds")
+    tail = f"; restore took {float(restore):.3f}s" if restore is not None else ""
     print(f"migrated slot {args.slot} of {src} to slot {result.get('slot', to_slot)} of {dst}: "
           f"{result.get('n_tokens')} tokens, {n_bytes} bytes ({_mb(n_bytes)}) in {seconds:.3f}s "
-          f"({_throughput(n_bytes, seconds)})" + (f"; restore took {float(restore):.3f}s" if restore is not None else ""))
+          f"({_throughput(n_bytes, seconds)}){tail}")
     return EXIT_OK
 
 

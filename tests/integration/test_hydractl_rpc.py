@@ -50,7 +50,8 @@ def complete(engine: Engine, prompt: str, slot: int, max_tokens: int = 1, **extr
     body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "id_slot": slot, **extra}
     r = engine.http.post("/v1/completions", json=body)
     assert r.status_code == 200, r.text
-    return r.json()
+    data: dict[str, Any] = r.json()
+    return data
 
 
 def slot_tokens(engine: Engine) -> dict[int, int]:
