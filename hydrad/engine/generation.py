@@ -11,6 +11,8 @@ import hashlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import numpy as np
 from typing import Any, Callable
 
 from hydrad.engine import llama
@@ -107,11 +109,13 @@ class Generation:
             return "meta.tokens has ids outside the vocabulary"
         return None
 
-    def read_state(self, slot: Slot) -> ctypes.Array[ctypes.c_uint8]:
+    def read_state(self, slot: Slot) -> Any:
+        """The slot's KV state as a uint8 array. np.empty, unlike a ctypes array, does not zero-fill
+        the buffer first: for a 100 MB state that is most of the time before the first byte is sent."""
         C = llama.lib()
         size = C.llama_state_seq_get_size(self.ctx.ptr, slot.id)
-        buf = (ctypes.c_uint8 * size)()
-        n = C.llama_state_seq_get_data(self.ctx.ptr, buf, size, slot.id)
+        buf = np.empty(size, dtype=np.uint8)
+        n = C.llama_state_seq_get_data(self.ctx.ptr, buf.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), size, slot.id)
         if n != size:
             raise RuntimeError(f"llama_state_seq_get_data wrote {n} of {size} bytes")
         return buf
@@ -119,10 +123,10 @@ class Generation:
     def write_state(self, slot: Slot, tokens: list[int], data: Any) -> None:
         """Replace the slot's KV with ``data``. On a llama.cpp failure the slot ends up empty, never half-written."""
         C = llama.lib()
-        buf = data if isinstance(data, ctypes.Array) else (ctypes.c_uint8 * len(data)).from_buffer(data)
+        arr = np.frombuffer(data, dtype=np.uint8)
         self.ctx.seq_rm(slot.id, -1, -1)
         slot.cache.clear()
-        n = C.llama_state_seq_set_data(self.ctx.ptr, buf, len(buf), slot.id)
+        n = C.llama_state_seq_set_data(self.ctx.ptr, arr.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), len(arr), slot.id)
         if n == 0:
             self.ctx.seq_rm(slot.id, -1, -1)
             raise RuntimeError("llama.cpp refused the state data (corrupt or from another build); the slot is empty")

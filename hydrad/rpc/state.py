@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any, Iterator
 
+import numpy as np
 import xxhash
 
 from hydrad.rpc import protocol as P
@@ -41,7 +42,8 @@ class StateReceiver:
 
     def __init__(self, total: int) -> None:
         self.total = total
-        self.buffer = bytearray(total)
+        self.buffer = np.empty(total, dtype=np.uint8)  # not zero-filled: every byte is written before use
+        self._view = memoryview(self.buffer)
         self.received = 0
         self.chunks = 0
         self._hash = xxhash.xxh3_128()
@@ -50,7 +52,7 @@ class StateReceiver:
         n = len(payload)
         if self.received + n > self.total:
             raise P.ProtocolError(f"state data exceeds the declared {self.total} bytes", P.Status.TOO_LARGE)
-        self.buffer[self.received:self.received + n] = payload
+        self._view[self.received:self.received + n] = payload
         self._hash.update(payload)
         self.received += n
         self.chunks += 1
