@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 import json
 import sys
+import time
 
 from hydrad.engine import ggml, llama
 from hydrad.params import RuntimeParams
@@ -36,6 +37,7 @@ def main() -> None:
     if batch.decode(ctx) != 0:
         sys.exit("decode failed")
     idx = batch.n - 1
+    t0 = time.perf_counter()
     for _ in range(n):
         tok = sampler.sample(ctx, idx)
         out.append(tok)
@@ -45,7 +47,9 @@ def main() -> None:
         if batch.decode(ctx) != 0:
             sys.exit("decode failed")
         idx = 0
-    print(json.dumps({"tokens": out, "text": b"".join(model.piece(t) for t in out).decode("utf-8", "replace")}))
+    decode_s = time.perf_counter() - t0
+    print(json.dumps({"tokens": out, "text": b"".join(model.piece(t) for t in out).decode("utf-8", "replace"),
+                      "decode_tps": n / decode_s}))
 
 
 if __name__ == "__main__":
