@@ -201,7 +201,7 @@ class Daemon:
             self.notifier.reloading()
             try:
                 fresh = load_config(self.loaded.path)
-                changed_t4 = [k for k in ("name", "http", "rpc", "models_dir", "control_allow_from", "logging")
+                changed_t4 = [k for k in ("name", "http", "rpc", "bus", "models_dir", "control_allow_from", "logging")
                               if getattr(fresh.settings, k) != getattr(self.settings, k)]
                 if changed_t4:
                     log_event(log, logging.WARNING, "start-only settings changed; restart to apply",

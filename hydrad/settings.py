@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from hydrad.params import RuntimeParams, validation_message
 
@@ -55,6 +55,14 @@ class BusSettings(BaseModel):
     curve_server_key: str | None = Field(None, min_length=40, max_length=40, description="Coordinator's CURVE public key (Z85); set to encrypt the bus.")
     curve_public_key: str | None = Field(None, min_length=40, max_length=40, description="This engine's CURVE public key (Z85).")
     curve_secret_key: str | None = Field(None, min_length=40, max_length=40, description="This engine's CURVE secret key (Z85).")
+
+    @model_validator(mode="after")
+    def _curve(self) -> "BusSettings":
+        if (self.curve_public_key is None) != (self.curve_secret_key is None):
+            raise ValueError("curve_public_key and curve_secret_key come together")
+        if self.curve_public_key is not None and self.curve_server_key is None:
+            raise ValueError("an engine key pair needs curve_server_key (the coordinator's public key)")
+        return self
 
 
 class EngineSettings(BaseModel):

@@ -94,6 +94,7 @@ class EngineLink:
         self._gpu = M.GpuInfo()
         self._gpu_at = 0.0
         self._warned: dict[str, float] = {}
+        self._closing = False
 
     # ----- lifecycle -------------------------------------------------------------------
 
@@ -102,6 +103,7 @@ class EngineLink:
 
     async def close(self, reason: str = "engine stopping") -> None:
         """Say GOODBYE (so the coordinator stops routing here at once), then drop everything."""
+        self._closing = True  # no heartbeat or re-REGISTER after the GOODBYE
         if self._sock is not None and self._welcomed:
             self._send(M.Goodbye(reason=reason))
             await asyncio.sleep(0.05)  # let the I/O thread put it on the wire before linger 0 drops it
@@ -248,7 +250,7 @@ class EngineLink:
             status = self._status()
             key = (status.stage, status.model, status.load_id,
                    round(status.progress, 2) if status.progress is not None else None)
-            if now >= next_at or key != last_key:
+            if (now >= next_at or key != last_key) and not self._closing:
                 if now >= next_at:
                     await self._refresh_gpu()
                 self._send(M.Heartbeat(status=status) if self._welcomed else self._register())
@@ -286,6 +288,8 @@ class EngineLink:
                           endpoint=self.endpoint)
             self._welcomed = True
         elif isinstance(msg, M.Reregister):
+            if self._closing:
+                return
             log_event(log, logging.INFO, "coordinator asks to register again", reason=msg.reason)
             self._cancel_all()
             self._welcomed = False

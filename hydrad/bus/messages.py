@@ -307,7 +307,7 @@ def _first_error(exc: Exception) -> str:
 
 EVENT_TOPICS = (
     "engine.up", "engine.down", "engine.stage", "engine.progress",
-    "route", "profile.start", "profile.progress", "profile.engine", "profile.done",
+    "engine.load", "route", "profile.start", "profile.progress", "profile.engine", "profile.done",
 )
 
 

@@ -17,6 +17,8 @@ Every decision is logged and published (topic ``route``) with its scores.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
 from pathlib import Path
@@ -74,6 +76,9 @@ class FrontDoor:
         self.specs = {alias: ModelSpec.from_entry(alias, e) for alias, e in registry.entries.items()}
         self.admitting = True
         self._models: dict[str, str | None] = {}
+        self._stages: dict[str, tuple[bool, str]] = {}
+        self._processes: dict[str, str] = {}
+        self._changed = asyncio.Event()
         bus.listeners.append(self._on_engine)
 
     # ----- pool view -------------------------------------------------------------------
@@ -81,11 +86,19 @@ class FrontDoor:
     def _on_engine(self, kind: str, rec: EngineRecord) -> None:
         """An engine's KV is gone when it died, restarted or changed model: forget what it held."""
         model = rec.status.model
-        if kind in ("down", "up") or (kind == "status" and self._models.get(rec.name) != model):
+        process = rec.info.instance.split(".")[0]
+        restarted = kind == "up" and self._processes.get(rec.name) != process  # a reconnect keeps its KV
+        self._processes[rec.name] = process
+        if kind == "down" or restarted or (kind == "status" and self._models.get(rec.name) != model):
             n = self.affinity.forget_engine(rec.name)
             if n:
                 log_event(log, logging.INFO, "sessions forgotten", engine=rec.name, sessions=n, why=kind)
         self._models[rec.name] = model
+        state = (rec.alive, rec.status.stage)
+        if kind != "status" or self._stages.get(rec.name) != state:
+            self._stages[rec.name] = state
+            changed, self._changed = self._changed, asyncio.Event()
+            changed.set()  # wakes requests waiting for a model that is loading
 
     def views(self, session: str | None = None, prefix: str | None = None, model: str | None = None) -> list[EngineView]:
         """What routing sees: REGISTER + latest heartbeat, corrected by the requests we have in flight
@@ -151,6 +164,30 @@ class FrontDoor:
         self.bus.publish("route", req=rid, attempt=attempt, session=rr.session_id, **decision.public())
         return decision
 
+    def _loading(self, model: str | None, exclude: set[str]) -> list[str]:
+        """Engines (not excluded) on their way to serving ``model``."""
+        return [r.name for r in self.bus.engines.values()
+                if model is not None and r.alive and r.name not in exclude and r.status.loading_model == model]
+
+    async def _await_model(self, rr: RouteRequest, exclude: set[str], rid: str, attempt: int,
+                           decision: Decision) -> Decision:
+        """No engine serves the model right now but one is loading it (a profile switch, a restart):
+        wait for the pool to change, bounded by ``first_token_timeout_s``, instead of failing."""
+        loading = self._loading(rr.model, exclude)
+        log_event(log, logging.INFO, "waiting for a loading model", req=rid, model=rr.model, engines=",".join(loading))
+        deadline = time.monotonic() + self.settings.first_token_timeout_s
+        while loading and (remaining := deadline - time.monotonic()) > 0:
+            changed = self._changed
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(changed.wait(), min(remaining, 1.0))
+            candidate = route(rr, self.views(rr.session_id, rr.prefix_hash, rr.model), self.specs,
+                              exclude=frozenset(exclude))
+            if candidate.engine is not None:
+                return self._route(rr, exclude, rid, attempt)
+            decision = candidate
+            loading = self._loading(rr.model, exclude)
+        return decision
+
     async def _ensure(self, engine: str, model: str | None) -> None:
         """Routing may pick an engine that has the model on disk but serves another: load it first."""
         rec = self.bus.engines.get(engine)
@@ -189,6 +226,8 @@ class FrontDoor:
         failures: list[str] = []
         for attempt in (1, 2):
             decision = self._route(rr, exclude, rid, attempt)
+            if decision.engine is None and self._loading(decision.model, exclude):
+                decision = await self._await_model(rr, exclude, rid, attempt, decision)
             if decision.engine is None:
                 why = decision.reason if not failures else f"{'; '.join(failures)}; no other engine: {decision.reason}"
                 raise ApiError(503, why, "no_engine", headers={"Retry-After": "1"})
@@ -314,6 +353,10 @@ class FrontDoor:
                                                    f"{self.settings.token_timeout_s:g} s", "timeout").body())
                     yield openai.DONE
                     return
+        except Exception as exc:  # headers are out: a bug here must still end the stream properly
+            log_event(log, logging.ERROR, "stream failed", req=rid, error=repr(exc), exc_info=True)
+            yield openai.sse(ApiError(500, "internal error (see the coordinator log)", "internal_error").body())
+            yield openai.DONE
         finally:
             if not stream.finished:
                 self.bus.cancel(stream)

@@ -173,7 +173,8 @@ class ProfileSwitcher:
             if self.progress.get(rec.name) != p:
                 self.progress[rec.name] = p
                 self.bus.publish("profile.progress", profile=self.active, engine=rec.name, **p)
-        elif kind == "up" and self.active is not None and rec.name not in self.configuring:
+        elif kind == "up" and self.active is not None and rec.name not in self.configuring \
+                and rec.status.stage != "stopping":
             self._apply_on_register(rec)
 
     def _apply_on_register(self, rec: EngineRecord) -> None:

@@ -69,7 +69,8 @@ class Events:
 
 class Coordinator:
     def __init__(self, tmp: Path, profiles: dict[str, Any] | str | Path | None = None, default_profile: str | None = None,
-                 heartbeat_interval_s: float = 0.5, extra: dict[str, Any] | None = None) -> None:
+                 heartbeat_interval_s: float = 0.5, extra: dict[str, Any] | None = None,
+                 env: dict[str, str] | None = None, curve: tuple[str, str] | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.bus = f"tcp://127.0.0.1:{free_port()}"
@@ -78,6 +79,8 @@ class Coordinator:
                                "events": self.events_endpoint, "heartbeat_interval_s": heartbeat_interval_s,
                                "liveness": 3, "registry": str(REGISTRY), "first_token_timeout_s": 60,
                                "token_timeout_s": 30, "load_timeout_s": 120}
+        if curve is not None:  # (public, secret) Z85 keys: the bus and events are encrypted
+            cfg["bus"] = {"endpoint": self.bus, "curve_public_key": curve[0], "curve_secret_key": curve[1]}
         if isinstance(profiles, dict):
             path = tmp / "profiles.yaml"
             path.write_text(yaml.safe_dump(profiles))
@@ -92,7 +95,7 @@ class Coordinator:
         self.notify = NotifyListener(tmp / "notify-coordinator.sock")
         self.log_path = tmp / "coordinator.log"
         self._log = open(self.log_path, "wb")
-        env = dict(os.environ, NOTIFY_SOCKET=str(self.notify.path), PYTHONUNBUFFERED="1")
+        env = dict(os.environ, NOTIFY_SOCKET=str(self.notify.path), PYTHONUNBUFFERED="1", **(env or {}))
         self.events = Events(self.events_endpoint)
         self.proc = subprocess.Popen([sys.executable, "-m", "hydrad.coordinator.daemon", "--config", str(self.config)],
                                      stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=str(tmp))
@@ -135,6 +138,8 @@ class Coordinator:
                            for n, m in wanted.items()), timeout, what=f"serving {wanted}")
 
     def stop(self, timeout: float = 20.0) -> int:
+        if self._log.closed:
+            return self.proc.returncode
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:

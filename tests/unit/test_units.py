@@ -16,6 +16,8 @@ import pytest
 
 UNITS = Path(__file__).resolve().parents[2] / "units"
 ENGINE = UNITS / "hydrad@.service"
+COORDINATOR = UNITS / "hydra-coordinator.service"
+COORDINATOR_EXEC = "/usr/local/bin/hydra-coordinator"
 TARGET = UNITS / "hydra.target"
 NOTIFY_RELOAD_DROPIN = UNITS / "hydrad@.service.d-notify-reload.conf.example"
 SHIPPED_EXEC = "/usr/local/bin/hydrad"
@@ -95,9 +97,12 @@ def test_units_pass_systemd_analyze_verify(tmp_path: Path) -> None:
     instance.write_text(text)
     target = tmp_path / TARGET.name
     shutil.copyfile(TARGET, target)
+    coordinator = tmp_path / COORDINATOR.name
+    assert COORDINATOR_EXEC in COORDINATOR.read_text()
+    coordinator.write_text(COORDINATOR.read_text().replace(COORDINATOR_EXEC, str(fake)))
 
-    result = _verify(tmp_path, instance, target)
-    names = [ENGINE.name, instance.name, TARGET.name, str(tmp_path)]
+    result = _verify(tmp_path, instance, target, coordinator)
+    names = [ENGINE.name, instance.name, TARGET.name, COORDINATOR.name, str(tmp_path)]
     assert result.returncode == 0, f"systemd-analyze verify failed:\n{result.stdout}{result.stderr}"
     assert _problems(result.stderr, names) == [], result.stderr
 
@@ -181,3 +186,20 @@ def test_notify_reload_dropin_clears_exec_reload() -> None:
     service = parse_unit(NOTIFY_RELOAD_DROPIN)["Service"]
     assert service["Type"] == ["notify-reload"]
     assert service["ExecReload"] == [""]
+
+
+def test_coordinator_unit_is_notify_hardened_and_part_of_the_target() -> None:
+    unit = parse_unit(COORDINATOR)
+    service = unit["Service"]
+    expected = {
+        "Type": "notify", "NotifyAccess": "main", "Restart": "on-failure", "WatchdogSec": "30", "KillMode": "mixed",
+        "ExecStart": f"{COORDINATOR_EXEC} --config /etc/hydra/coordinator.yaml", "User": "hydra", "Group": "hydra",
+        "ProtectSystem": "strict", "ProtectHome": "yes", "PrivateTmp": "yes", "PrivateDevices": "yes",
+        "NoNewPrivileges": "yes", "CapabilityBoundingSet": "", "RestrictAddressFamilies": "AF_UNIX AF_INET AF_INET6",
+        "SystemCallArchitectures": "native", "ReadWritePaths": "/var/lib/hydra", "ReadOnlyPaths": "/etc/hydra",
+    }
+    for key, value in expected.items():
+        assert service.get(key) == [value], f"{key}= is {service.get(key)}, want {value!r}"
+    assert unit["Unit"]["PartOf"] == ["hydra.target"]
+    assert unit["Install"]["WantedBy"] == ["hydra.target"]
+    assert parse_unit(TARGET)["Unit"]["Wants"] == ["hydra-coordinator.service"]

@@ -1,0 +1,526 @@
+"""The coordinator end to end: real hydrad engines, a real hydra-coordinator process, real ZeroMQ.
+
+Engines boot model-less and get their models from the coordinator's active profile, as
+they would under systemd. Faults are real: SIGSTOP (heartbeats stop, TCP stays up) and
+SIGKILL (the connection drops) of engine processes, garbage on the bus from raw sockets.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import httpx
+import openai
+import pytest
+import zmq
+
+from hydrad.bus import messages as M
+from tests.support.coordinator import Coordinator
+from tests.support.engine import REPO, Engine
+
+pytestmark = pytest.mark.model
+
+INTERVAL = 0.5
+DEV_PROFILES = REPO / "etc" / "hydra" / "dev" / "profiles.yaml"
+DEV = {"dev-a": "smollm2-135m", "dev-b": "gemma3-270m"}
+SWAPPED = {"dev-a": "gemma3-270m", "dev-b": "smollm2-135m"}
+TWIN_PROFILES = {
+    "profiles": {"twin": {"description": "both engines serve SmolLM2, one slot each",
+                          "engines": {n: {"model": "smollm2-135m", "params": {"n_parallel": 1, "n_ctx": 4096}}
+                                      for n in ("dev-a", "dev-b")}}},
+    "default": "twin",
+}
+TWIN = {"dev-a": "smollm2-135m", "dev-b": "smollm2-135m"}
+
+
+class Cluster:
+    def __init__(self, tmp: Path, coordinator: Coordinator, start_engine: Callable[..., Engine]) -> None:
+        self.tmp = tmp
+        self.c = coordinator
+        self._start = start_engine
+        self.engines: dict[str, Engine] = {}
+
+    def engine(self, name: str, **defaults: Any) -> Engine:
+        e = self._start(name=name, defaults={"n_ctx": 2048, "n_parallel": 2, **defaults},
+                        extra={"bus": {"endpoint": self.c.bus, "heartbeat_interval_s": INTERVAL}})
+        self.engines[name] = e
+        return e
+
+    def client(self) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.c.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, smollm_path: Path, gemma_path: Path,
+            start_engine: Callable[..., Engine]) -> Iterator[Callable[..., Cluster]]:
+    started: list[Coordinator] = []
+
+    def make(profiles: Any = DEV_PROFILES, default_profile: str | None = None, engines: tuple[str, ...] = ("dev-a", "dev-b"),
+             env: dict[str, str] | None = None) -> Cluster:
+        c = Coordinator(tmp_path, profiles=profiles, default_profile=default_profile, heartbeat_interval_s=INTERVAL,
+                        env=env)
+        started.append(c)
+        c.wait_ready()
+        cl = Cluster(tmp_path, c, start_engine)
+        for name in engines:
+            cl.engine(name)
+        return cl
+
+    yield make
+    for c in started:
+        c.stop()
+
+
+def chat(c: Coordinator, model: str | None, text: str, *, max_tokens: int = 8, session: str | None = None,
+         messages: list[dict[str, str]] | None = None, **extra: Any) -> httpx.Response:
+    body: dict[str, Any] = {"messages": messages or [{"role": "user", "content": text}], "max_tokens": max_tokens,
+                            "temperature": 0, **extra}
+    if model is not None:
+        body["model"] = model
+    if session is not None:
+        body["session_id"] = session
+    return c.http.post("/v1/chat/completions", json=body)
+
+
+def sse_lines(r: httpx.Response) -> Iterator[str]:
+    for line in r.iter_lines():
+        if line.startswith("data: "):
+            yield line[6:]
+
+
+# ----- registration and the OpenAI front door ------------------------------------------------
+
+
+def test_engines_register_and_serve_openai_through_the_coordinator(cluster: Callable[..., Cluster]) -> None:
+    cl = cluster(env={"WATCHDOG_USEC": "1000000"})
+    c = cl.c
+    engines = c.wait_serving(DEV)
+    for name, e in engines.items():
+        assert e["http"] == f"127.0.0.1:{cl.engines[name].port}"
+        assert e["rpc"] and e["rpc"].startswith("127.0.0.1:")
+        assert e["gpu"]["arch"] and e["gpu"]["vram_total"] > 0
+        assert set(e["models_on_disk"]) >= {"smollm2-135m", "gemma3-270m"}
+        assert e["version"] and e["slots_total"] == 2 and e["heartbeat_interval_s"] == INTERVAL
+    ups = {ev["data"]["engine"] for ev in c.events.of("engine.up")}
+    assert ups == {"dev-a", "dev-b"}
+
+    client = cl.client()
+    assert {m.id for m in client.models.list().data} == {"smollm2-135m", "gemma3-270m"}
+
+    raw = client.chat.completions.with_raw_response.create(
+        model="smollm2-135m", messages=[{"role": "user", "content": "Say hello."}], max_tokens=12, temperature=0)
+    reply = raw.parse()
+    assert raw.headers["x-hydra-engine"] == "dev-a"
+    assert reply.model == "smollm2-135m" and reply.choices[0].message.content
+    assert reply.usage is not None and reply.usage.completion_tokens > 0
+
+    stream = client.chat.completions.create(model="gemma3-270m", messages=[{"role": "user", "content": "Count to five."}],
+                                            max_tokens=16, temperature=0, stream=True,
+                                            stream_options={"include_usage": True})
+    chunks = list(stream)
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert text.strip()
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
+    route = c.events.wait("route", lambda ev: ev["data"]["req"] == chunks[0].id)
+    assert route["data"]["engine"] == "dev-b" and route["data"]["step"] == "cost"
+    assert {cand["engine"] for cand in route["data"]["candidates"]} >= {"dev-b"}
+
+    done = client.completions.create(model="smollm2-135m", prompt="The capital of France is", max_tokens=6, temperature=0)
+    assert done.choices[0].text and done.model == "smollm2-135m"
+
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "x"}])
+    health = c.http.get("/health")
+    assert health.status_code == 200 and health.json()["models"] == ["gemma3-270m", "smollm2-135m"]
+    assert c.http.get("/v1/nothing").json()["error"]["code"] == "not_found"
+
+    c.notify.wait_for("READY=1")
+    assert "WATCHDOG=1" in c.notify.lines() or c.notify.wait_for("WATCHDOG=1", 3)
+    c.notify.wait_prefix("STATUS=engines 2/2 alive; profile dev; serving gemma3-270m,smollm2-135m")
+    assert c.stop() == 0
+    assert "STOPPING=1" in c.notify.lines()
+
+
+def test_session_goes_back_to_its_kv_and_load_spreads(cluster: Callable[..., Cluster]) -> None:
+    cl = cluster(profiles=TWIN_PROFILES)
+    c = cl.c
+    c.wait_serving(TWIN)
+    # One slot per engine: a long request keeps one engine busy...
+    long: dict[str, httpx.Response] = {}
+    t = threading.Thread(target=lambda: long.update(r=c.http.post("/v1/completions", json={
+        "model": "smollm2-135m", "prompt": "List the numbers:", "max_tokens": 48, "ignore_eos": True})))
+    t.start()
+    first_route = c.events.wait("route", lambda ev: ev["data"]["req"].startswith("cmpl-"))
+    busy = first_route["data"]["engine"]
+    # ...so the first turn of a session goes to the other one (load spreads).
+    conv = [{"role": "system", "content": "You are a terse assistant."},
+            {"role": "user", "content": "Name a fruit that is yellow."}]
+    r1 = chat(c, "smollm2-135m", "", messages=conv, max_tokens=12, session="s-1")
+    assert r1.status_code == 200, r1.text
+    home = r1.headers["x-hydra-engine"]
+    assert home != busy
+    t.join(120)
+    assert long["r"].status_code == 200 and long["r"].headers["x-hydra-engine"] == busy
+    # Both engines idle again: without affinity the tie would go elsewhere at least as often, but
+    # the second turn of the session goes to the engine holding its KV and reuses it.
+    conv2 = [*conv, {"role": "assistant", "content": r1.json()["choices"][0]["message"]["content"]},
+             {"role": "user", "content": "And a red one?"}]
+    r2 = chat(c, "smollm2-135m", "", messages=conv2, max_tokens=8, session="s-1")
+    assert r2.status_code == 200, r2.text
+    assert r2.headers["x-hydra-engine"] == home and r2.headers["x-hydra-route"] == "affinity"
+    assert r2.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 10
+    # Without a session id the conversation itself leads back to the same KV.
+    r3 = c.http.post("/v1/chat/completions", json={"model": "smollm2-135m", "messages": conv2, "max_tokens": 4})
+    assert r3.headers["x-hydra-engine"] == home and r3.headers["x-hydra-route"] == "affinity"
+    # The header works as well as the body field.
+    conv3 = [*conv2, {"role": "assistant", "content": r2.json()["choices"][0]["message"]["content"]},
+             {"role": "user", "content": "And a green one?"}]
+    r4 = c.http.post("/v1/chat/completions", json={"model": "smollm2-135m", "messages": conv3, "max_tokens": 4},
+                     headers={"X-Session-Id": "s-1"})
+    assert r4.headers["x-hydra-engine"] == home and r4.headers["x-session-id"] == "s-1"
+    sessions = {n: e["sessions"] for n, e in c.engines().items()}
+    assert sessions[home] == 1 and sessions[busy] == 0
+
+
+# ----- engine failures -----------------------------------------------------------------------
+
+LONG_PROMPT = " ".join(f"item {i} is number {i}." for i in range(250))  # ~2,000 tokens: prefill takes a while
+
+
+def test_engine_killed_before_the_first_token_is_retried_elsewhere(cluster: Callable[..., Cluster]) -> None:
+    cl = cluster(profiles=TWIN_PROFILES, default_profile="twin")
+    c = cl.c
+    c.wait_serving(TWIN)
+    out: dict[str, Any] = {}
+
+    def ask() -> None:
+        t0 = time.monotonic()
+        with c.http.stream("POST", "/v1/chat/completions", json={
+                "model": "smollm2-135m", "stream": True, "max_tokens": 6, "temperature": 0,
+                "messages": [{"role": "user", "content": LONG_PROMPT + " Which item is number 7?"}]}) as r:
+            out["status"] = r.status_code
+            out["engine"] = r.headers.get("x-hydra-engine")
+            out["lines"] = list(sse_lines(r))
+        out["seconds"] = time.monotonic() - t0
+
+    t = threading.Thread(target=ask)
+    t.start()
+    chosen = c.events.wait("route", lambda ev: ev["data"]["attempt"] == 1)["data"]
+    victim = cl.engines[chosen["engine"]]
+    os.kill(victim.proc.pid, signal.SIGSTOP)  # frozen mid-prefill: it cannot have sent a token
+    os.kill(victim.proc.pid, signal.SIGKILL)
+    t.join(120)
+    assert out["status"] == 200, out
+    assert out["engine"] != chosen["engine"]
+    assert out["lines"][-1] == "[DONE]"
+    assert not any("error" in json.loads(x) for x in out["lines"][:-1])
+    retry = c.events.wait("route", lambda ev: ev["data"]["req"] == chosen["req"] and ev["data"]["attempt"] == 2)["data"]
+    assert retry["engine"] == out["engine"]
+    assert "retrying elsewhere" in c.log()
+    c.wait_engines(lambda es: not es[chosen["engine"]]["alive"], 5, what="victim marked dead")
+
+
+def test_engine_killed_mid_stream_ends_with_an_error_event_then_done(cluster: Callable[..., Cluster]) -> None:
+    cl = cluster(profiles=TWIN_PROFILES)
+    c = cl.c
+    c.wait_serving(TWIN)
+    body = {"model": "smollm2-135m", "stream": True, "max_tokens": 400, "ignore_eos": True,
+            "messages": [{"role": "user", "content": "Tell me a long story."}]}
+    # Raw SSE: the exact framing a client sees.
+    with c.http.stream("POST", "/v1/chat/completions", json=body) as r:
+        assert r.status_code == 200
+        victim = cl.engines[r.headers["x-hydra-engine"]]
+        lines = sse_lines(r)
+        for _ in range(4):
+            assert "error" not in json.loads(next(lines))
+        os.kill(victim.proc.pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        rest = list(lines)
+        waited = time.monotonic() - t0
+    assert rest[-1] == "[DONE]"
+    err = json.loads(rest[-2])["error"]
+    assert err["code"] == "engine_failed" and victim.config.stem in err["message"]
+    assert all("error" not in json.loads(x) for x in rest[:-2])
+    assert waited < 3 * INTERVAL + 2, f"the stream took {waited:.1f}s to end"
+    # The official client turns that event into an APIError instead of hanging.
+    other = next(e for e in cl.engines.values() if e is not victim)
+    client = cl.client()
+    stream = client.chat.completions.create(model=body["model"], messages=body["messages"], max_tokens=400,
+                                            stream=True, extra_body={"ignore_eos": True})
+    got = 0
+    with pytest.raises(openai.APIError, match="failed mid-stream"):
+        for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content:
+                got += 1
+                if got == 3:
+                    os.kill(other.proc.pid, signal.SIGKILL)
+    # Nothing left to serve: a clear 503 naming why, not a hang or a bare 500.
+    c.wait_engines(lambda es: not any(e["alive"] for e in es.values()), 5, what="both engines dead")
+    r = chat(c, "smollm2-135m", "hi")
+    assert r.status_code == 503 and "not alive" in r.json()["error"]["message"]
+
+
+def test_dead_engine_is_detected_within_three_intervals_and_readmitted(cluster: Callable[..., Cluster]) -> None:
+    cl = cluster(profiles=TWIN_PROFILES)
+    c = cl.c
+    c.wait_serving(TWIN)
+    b = cl.engines["dev-b"]
+    # Frozen: TCP stays up, heartbeats stop.
+    os.kill(b.proc.pid, signal.SIGSTOP)
+    t0 = time.monotonic()
+    c.wait_engines(lambda es: not es["dev-b"]["alive"], 10, what="dev-b dead")
+    took = time.monotonic() - t0
+    assert took <= 3 * INTERVAL + 1.0, f"marked dead after {took:.2f}s"
+    down = c.events.wait("engine.down", lambda ev: ev["data"]["engine"] == "dev-b")
+    assert "no heartbeat" in down["data"]["reason"]
+    for _ in range(3):  # the pool keeps serving on what is left
+        r = chat(c, "smollm2-135m", "hi")
+        assert r.status_code == 200 and r.headers["x-hydra-engine"] == "dev-a"
+    # Thawed: it hears that it was dropped and registers again.
+    os.kill(b.proc.pid, signal.SIGCONT)
+    c.wait_engines(lambda es: es["dev-b"]["alive"], 15, what="dev-b re-admitted")
+    # Killed: the connection drops, noticed at the next PING.
+    first = c.engines()["dev-b"]
+    os.kill(b.proc.pid, signal.SIGKILL)
+    t0 = time.monotonic()
+    c.wait_engines(lambda es: not es["dev-b"]["alive"], 10, what="dev-b dead after SIGKILL")
+    assert time.monotonic() - t0 <= 3 * INTERVAL + 1.0
+    # Restarted under the same name (new process, new ports): re-admitted and given its profile model.
+    b.stop()
+    b.notify.path.unlink()  # the restarted engine binds its own notify socket at the same path
+    b2 = cl.engine("dev-b")
+    es = c.wait_serving(TWIN)
+    assert es["dev-b"]["instance"].split(".")[0] != first["instance"].split(".")[0]
+    assert es["dev-b"]["http"] == f"127.0.0.1:{b2.port}" != first["http"]
+    ups = [ev for ev in c.events.of("engine.up") if ev["data"]["engine"] == "dev-b"]
+    assert len(ups) >= 3  # boot, thaw, restart
+    os.kill(cl.engines["dev-a"].proc.pid, signal.SIGSTOP)
+    try:
+        r = chat(c, "smollm2-135m", "hi")  # if routing picks frozen dev-a, it is found dead and dev-b serves
+        assert r.status_code == 200 and r.headers["x-hydra-engine"] == "dev-b"
+        c.wait_engines(lambda es: not es["dev-a"]["alive"], 10, what="dev-a dead")
+        r = chat(c, "smollm2-135m", "hi")
+        assert r.status_code == 200 and r.headers["x-hydra-engine"] == "dev-b"
+    finally:
+        os.kill(cl.engines["dev-a"].proc.pid, signal.SIGCONT)
+
+
+# ----- profiles ------------------------------------------------------------------------------
+
+
+def test_profile_switch_keeps_serving_and_publishes_progress(cluster: Callable[..., Cluster]) -> None:
+    cl = cluster()
+    c = cl.c
+    c.wait_serving(DEV)
+    assert c.http.get("/admin/profile").json()["active"] == "dev"
+    stop = threading.Event()
+    results: list[tuple[float, float, int, str, str]] = []  # start, end, status, model, engine (or error body)
+
+    def traffic() -> None:
+        with httpx.Client(base_url=c.url, timeout=120) as h:
+            i = 0
+            while not stop.is_set():
+                model = ("smollm2-135m", "gemma3-270m")[i % 2]
+                t0 = time.monotonic()
+                r = h.post("/v1/chat/completions", json={"model": model, "max_tokens": 4,
+                                                          "messages": [{"role": "user", "content": f"Say {i}."}]})
+                results.append((t0, time.monotonic(), r.status_code, model, r.headers.get("x-hydra-engine", r.text)))
+                i += 1
+
+    t = threading.Thread(target=traffic)
+    t.start()
+    deadline = time.monotonic() + 60
+    while not results and time.monotonic() < deadline:  # traffic flows before the switch
+        time.sleep(0.05)
+    t_switch = time.monotonic()
+    r = c.http.post("/admin/profile", json={"name": "swapped"})
+    t_done = time.monotonic()
+    n = len(results)
+    while len(results) < n + 2 and time.monotonic() < deadline + 60:  # and after it
+        time.sleep(0.05)
+    stop.set()
+    t.join(60)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["ok"] and out["profile"] == "swapped" and out["previous"] == "dev"
+    assert set(out["engines"]) == {"dev-a", "dev-b"} and all(e["ok"] for e in out["engines"].values())
+    assert 0 < out["seconds"] <= t_done - t_switch + 0.1
+    c.wait_serving(SWAPPED, 10)
+    prof = c.http.get("/admin/profile").json()
+    assert prof["active"] == "swapped" and prof["state"] == "steady"
+    assert all(e["matches"] for e in prof["engines"].values())
+    # Progress on PUB.
+    assert c.events.wait("profile.start", lambda ev: ev["data"]["profile"] == "swapped")["data"]["engines"] == ["dev-a", "dev-b"]
+    assert c.events.of("profile.progress"), "no progress events"
+    assert {ev["data"]["engine"] for ev in c.events.of("profile.engine") if ev["data"].get("phase") == "done"
+            and ev["data"].get("why") == "profile swapped"} == {"dev-a", "dev-b"}
+    done = c.events.wait("profile.done", lambda ev: ev["data"]["profile"] == "swapped")["data"]
+    assert done["ok"] and done["seconds"] == out["seconds"]
+    # Requests kept being served through the switch, by whichever engine served their model.
+    during = [x for x in results if x[0] < t_done and x[1] > t_switch]
+    assert during, "no request was in flight during the switch"
+    assert all(code == 200 for _, _, code, _, _ in results), [x for x in results if x[2] != 200]
+    served_by = {(m, e) for _, _, _, m, e in results}
+    assert ("smollm2-135m", "dev-a") in served_by and ("smollm2-135m", "dev-b") in served_by
+    # Unknown profile, a switch while one runs, a bad body.
+    assert c.http.post("/admin/profile", json={"name": "nope"}).status_code == 404
+    assert c.http.post("/admin/profile", json={"nom": "dev"}).status_code == 400
+    assert c.http.post("/admin/profile", json={"name": "dev", "wait": False}).status_code == 202
+    assert c.http.post("/admin/profile", json={"name": "dev"}).status_code == 409
+    deadline = time.monotonic() + 60
+    while c.http.get("/admin/profile").json()["state"] != "steady" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    c.wait_serving(DEV, 10)
+
+
+# ----- robustness of the bus ----------------------------------------------------------------
+
+
+def test_malformed_messages_and_unknown_engines_are_dropped(cluster: Callable[..., Cluster]) -> None:
+    cl = cluster(engines=("dev-a",))
+    c = cl.c
+    c.wait_serving({"dev-a": "smollm2-135m"})
+    ctx = zmq.Context()
+    socks = []
+    try:
+        def dealer(identity: bytes) -> zmq.Socket:
+            s = ctx.socket(zmq.DEALER)
+            s.setsockopt(zmq.LINGER, 0)
+            s.setsockopt(zmq.IDENTITY, identity)
+            s.connect(c.bus)
+            socks.append(s)
+            return s
+
+        intruder = dealer(b"intruder")
+        time.sleep(0.2)
+        for frames in ([b"junk"], [b""], [M.PROTOCOL], [b"hydra-bus/0", b"PING", b"{}"], [M.PROTOCOL, b"NOPE", b"{}"],
+                       [M.PROTOCOL, b"HEARTBEAT", b"{broken"], [M.PROTOCOL, b"HEARTBEAT", b"[" * 50_000],
+                       [M.PROTOCOL, b"TOKENS", json.dumps({"req": "x", "texts": []}).encode()],
+                       M.encode(M.Generate(req="g-1", prompt="wrong direction")),
+                       M.encode(M.Tokens(req="gen-nope-1", texts=["stray"])),
+                       [M.PROTOCOL, b"DONE", os.urandom(300)]):
+            intruder.send_multipart(frames)
+        # A well-formed heartbeat from a name that never registered: dropped, and told to register.
+        intruder.send_multipart(M.encode(M.Heartbeat(status=M.EngineStatus(stage="ready", model="smollm2-135m"))))
+        assert intruder.poll(3000), "no answer to an unregistered heartbeat"
+        assert isinstance(M.decode(intruder.recv_multipart()), M.Reregister)
+        # A REGISTER claiming another engine's name than its identity.
+        dealer(b"mallory").send_multipart(M.encode(M.Register(engine="dev-a", instance="x.1", version="0")))
+        dealer(b"\xff\x00bad").send_multipart(M.encode(M.Ping()))
+        time.sleep(3 * INTERVAL)
+        assert c.proc.poll() is None
+        engines = c.engines()
+        assert set(engines) == {"dev-a"} and engines["dev-a"]["alive"]
+        assert engines["dev-a"]["instance"] != "x.1"
+        r = chat(c, "smollm2-135m", "hi")
+        assert r.status_code == 200
+        log = c.log()
+        for text in ("malformed bus message dropped", "unregistered engine", "invalid identity",
+                     "REGISTER naming another engine", "wrong direction"):
+            assert text in log, text
+        assert "Traceback" not in log and "level=error" not in log
+    finally:
+        ctx.destroy(0)
+
+
+def test_curve_keys_encrypt_the_bus(tmp_path: Path, start_engine: Callable[..., Engine]) -> None:
+    """With bus CURVE keys an engine that knows the coordinator's public key registers; a plaintext
+    peer, or one expecting another server key, never gets a message through."""
+    public, secret = (k.decode() for k in zmq.curve_keypair())
+    c = Coordinator(tmp_path, curve=(public, secret), heartbeat_interval_s=INTERVAL)
+    ctx = zmq.Context()
+    ctx.setsockopt(zmq.LINGER, 0)
+    try:
+        c.wait_ready()
+        e = start_engine(name="sealed", extra={"bus": {"endpoint": c.bus, "heartbeat_interval_s": INTERVAL,
+                                                       "curve_server_key": public}})
+        c.wait_engines(lambda es: "sealed" in es and es["sealed"]["alive"], 30, what="sealed engine registered")
+        plain = ctx.socket(zmq.DEALER)
+        wrong = ctx.socket(zmq.DEALER)
+        other_public, _ = zmq.curve_keypair()
+        wrong.curve_serverkey = other_public
+        wrong.curve_publickey, wrong.curve_secretkey = zmq.curve_keypair()
+        for name, sock in ((b"plain", plain), (b"wrong", wrong)):
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.IDENTITY, name)
+            sock.connect(c.bus)
+            sock.send_multipart(M.encode(M.Register(engine=name.decode(), instance="x.1", version="0")))
+        time.sleep(3 * INTERVAL)
+        engines = c.engines()
+        assert set(engines) == {"sealed"} and engines["sealed"]["alive"]
+        assert "registered with the coordinator" in e.log() and "curve=true" in e.log()
+    finally:
+        ctx.destroy(0)
+        c.stop()
+
+
+def test_engine_link_against_a_raw_router(smollm_path: Path, start_engine: Callable[..., Engine]) -> None:
+    """The engine's side alone: REGISTER until WELCOME, garbage ignored, GENERATE streamed, and a
+    silent coordinator makes it reconnect and register again."""
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    answering = [True]
+    try:
+        e = start_engine(name="solo", defaults={"model": "smollm2-135m", "n_ctx": 1024, "n_parallel": 1},
+                         extra={"bus": {"endpoint": f"tcp://127.0.0.1:{port}", "heartbeat_interval_s": INTERVAL}})
+
+        def recv(kind: Any, timeout: float = 20.0, pred: Callable[[Any], bool] = lambda _: True) -> Any:
+            """Next message of ``kind``; every message is answered with a PING, as a coordinator would."""
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                if router.poll(100):
+                    ident, *frames = router.recv_multipart()
+                    assert ident == b"solo"
+                    msg = M.decode(frames)
+                    if answering[0]:
+                        router.send_multipart([b"solo", *M.encode(M.Ping())])
+                    if isinstance(msg, kind) and pred(msg):
+                        return msg
+            raise AssertionError(f"no {kind} from the engine within {timeout}s\n{e.log()}")
+
+        reg = recv(M.Register)
+        assert reg.engine == "solo" and reg.http == f"127.0.0.1:{e.port}" and "smollm2-135m" in reg.models_on_disk
+        assert reg.heartbeat_interval_s == INTERVAL and reg.gpu.vram_total > 0
+        for frames in ([b"junk"], [M.PROTOCOL, b"NOPE", b"{}"], [M.PROTOCOL, b"GENERATE", b"{"],
+                       M.encode(M.Heartbeat(status=M.EngineStatus()))):
+            router.send_multipart([b"solo", *frames])
+        assert isinstance(recv(M.Register), M.Register)  # not welcomed yet: it keeps registering
+        router.send_multipart([b"solo", *M.encode(M.Welcome(coordinator="test", version="0"))])
+        beat = recv(M.Heartbeat, pred=lambda m: m.status.stage == "ready")
+        assert beat.status.model == "smollm2-135m" and beat.status.slots_total == 1
+        router.send_multipart([b"solo", *M.encode(M.Generate(req="g-1", prompt="Once upon a time", max_tokens=8,
+                                                              model="smollm2-135m", ignore_eos=True))])
+        texts: list[str] = []
+        while True:
+            msg = recv((M.Tokens, M.Done, M.Error))
+            if isinstance(msg, M.Tokens):
+                assert msg.req == "g-1"
+                texts.extend(msg.texts)
+            else:
+                break
+        assert isinstance(msg, M.Done) and msg.usage.completion_tokens == 8 and "".join(texts)
+        assert msg.model == "smollm2-135m" and msg.fingerprint
+        router.send_multipart([b"solo", *M.encode(M.Generate(req="g-2", prompt="x", model="gemma3-270m"))])
+        err = recv(M.Error)
+        assert err.req == "g-2" and err.code == "model_not_loaded" and err.status == 503
+        router.send_multipart([b"solo", *M.encode(M.Configure(req="c-1", payload={"n_ctx": "lots"}))])
+        bad = recv(M.ConfigureReply)
+        assert not bad.ok and bad.status == 400
+        assert e.proc.poll() is None and "malformed bus message dropped" in e.log()
+        # From now on the "coordinator" says nothing: after 3 intervals the engine reconnects.
+        answering[0] = False
+        t0 = time.monotonic()
+        again = recv(M.Register, timeout=15)
+        assert again.instance.split(".")[0] == reg.instance.split(".")[0] and again.instance != reg.instance
+        assert time.monotonic() - t0 >= 2 * INTERVAL
+        assert "coordinator silent; reconnecting" in e.log()
+    finally:
+        ctx.destroy(0)
