@@ -594,10 +594,8 @@ class EngineCore:
                 continue
             take = a.pending[:budget]
             before.append((slot, len(slot.cache)))
-            pos = len(slot.cache)
             last = len(take) == len(a.pending)
-            for j, tok in enumerate(take):
-                idx = batch.add(tok, pos + j, slot.id, last and j == len(take) - 1)
+            idx = batch.add_run(take, len(slot.cache), slot.id, last)
             slot.cache.extend(take)
             del a.pending[:len(take)]
             budget -= len(take)

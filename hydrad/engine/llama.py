@@ -284,6 +284,23 @@ class Batch:
         self._nseq = self.raw.n_seq_id
         self._seq = self.raw.seq_id
         self._logits = self.raw.logits
+        import numpy as np
+
+        # numpy views of the same C arrays: a prompt chunk is written with a few slice assignments
+        # instead of five ctypes stores per token
+        self._np_token = np.ctypeslib.as_array(self._token, shape=(capacity,))
+        self._np_pos = np.ctypeslib.as_array(self._pos, shape=(capacity,))
+        self._np_nseq = np.ctypeslib.as_array(self._nseq, shape=(capacity,))
+        self._np_logits = np.ctypeslib.as_array(self._logits, shape=(capacity,))
+        self._np_arange = np.arange(capacity, dtype=np.int32)
+        # seq_id is an array of per-token pointers to separately allocated rows; point them into one
+        # contiguous array we own so seq ids are written by slice too (the originals go back before free)
+        self._seq_own = np.zeros(capacity, dtype=np.int32)
+        self._seq_orig = [ctypes.cast(self._seq[i], ctypes.c_void_p).value for i in range(capacity)]
+        base = self._seq_own.ctypes.data
+        row_t = type(self._seq[0])
+        for i in range(capacity):
+            self._seq[i] = ctypes.cast(base + 4 * i, row_t)
 
     def clear(self) -> None:
         self.n = 0
@@ -293,10 +310,23 @@ class Batch:
         self._token[i] = token
         self._pos[i] = pos
         self._nseq[i] = 1
-        self._seq[i][0] = seq
+        self._seq_own[i] = seq
         self._logits[i] = logits
         self.n = i + 1
         return i
+
+    def add_run(self, tokens: list[int], pos0: int, seq: int, logits_last: bool) -> int:
+        """Add consecutive positions of one sequence; returns the index of the last token."""
+        i, k = self.n, len(tokens)
+        self._np_token[i:i + k] = tokens
+        self._np_pos[i:i + k] = self._np_arange[:k] + pos0
+        self._np_nseq[i:i + k] = 1
+        self._np_logits[i:i + k] = 0
+        self._seq_own[i:i + k] = seq
+        if logits_last:
+            self._np_logits[i + k - 1] = 1
+        self.n = i + k
+        return i + k - 1
 
     def decode(self, ctx: Context) -> int:
         self.raw.n_tokens = self.n
@@ -304,6 +334,9 @@ class Batch:
 
     def free(self) -> None:
         if self.raw is not None:
+            row_t = type(self._seq[0])
+            for i, addr in enumerate(self._seq_orig):
+                self._seq[i] = ctypes.cast(addr, row_t)
             self.raw.n_tokens = self.capacity
             lib().llama_batch_free(self.raw)
             self.raw = None
