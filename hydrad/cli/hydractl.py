@@ -12,6 +12,10 @@ JSON and curl loops, and turns the answers into exit codes that scripts can bran
 ``info``, ``state`` and ``migrate`` speak Hydra's binary ops on the engine's merged RPC port
 (``host:port``, docs/rpc-protocol.md) instead of HTTP, with the same exit codes: an error
 frame from an engine exits 2, a port that cannot be reached (or does not speak the protocol) 1.
+
+``engines``, ``profile`` and ``route`` ask the coordinator instead (``/admin/*``, default
+``http://127.0.0.1:9000`` or ``$HYDRA_COORDINATOR_URL``), with the same exit codes; a profile
+switch whose load fails exits 4. ``up`` runs a whole local pool (``hydrad/cli/up.py``).
 """
 
 from __future__ import annotations
@@ -38,6 +42,9 @@ URL_ENV = "HYDRA_ENGINE_URL"
 POLL_INTERVAL_S = 0.2
 RPC_TOKEN_ENV = "HYDRA_RPC_TOKEN"
 STATE_READ_SIZE = 4 << 20
+
+COORDINATOR_URL = "http://127.0.0.1:9000"
+COORDINATOR_URL_ENV = "HYDRA_COORDINATOR_URL"
 
 EXIT_OK = 0
 EXIT_UNREACHABLE = 1
@@ -656,6 +663,297 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# ----- the coordinator: engines, profile, route -------------------------------------------
+
+class CoordinatorClient(EngineClient):
+    """EngineClient's calls against the coordinator, with errors that say "coordinator"."""
+
+    def request(self, method: str, path: str, payload: dict[str, Any] | None = None) -> httpx.Response:
+        try:
+            return self._http.request(method, path, json=payload)
+        except httpx.TransportError as exc:
+            reason = str(exc) or type(exc).__name__
+            raise CliError(f"cannot reach the coordinator at {self.url} ({reason})", EXIT_UNREACHABLE) from None
+        except httpx.InvalidURL as exc:
+            raise CliError(f"bad coordinator URL {self.url!r}: {exc}", EXIT_UNREACHABLE) from None
+
+    def body(self, resp: httpx.Response) -> dict[str, Any]:
+        try:
+            data = resp.json()
+        except ValueError:
+            data = None
+        if not isinstance(data, dict):
+            raise CliError(f"{self.url}{resp.request.url.path} answered {resp.status_code} without a JSON object; "
+                           "is this a Hydra coordinator?", EXIT_UNREACHABLE)
+        return data
+
+    def checked(self, resp: httpx.Response) -> dict[str, Any]:
+        data = self.body(resp)
+        if resp.is_success:
+            return data
+        err = data.get("error")
+        message = err.get("message") if isinstance(err, dict) else None
+        if resp.status_code == 404 and isinstance(err, dict) and err.get("code") == "not_found":
+            raise CliError(f"{self.url} has no {resp.request.url.path}; is this a Hydra coordinator "
+                           "(not an engine)?", EXIT_UNREACHABLE)
+        message = message or f"HTTP {resp.status_code}"
+        code = EXIT_REJECTED if resp.is_client_error else EXIT_UNREACHABLE
+        raise CliError(f"coordinator refused ({resp.status_code}): {message}", code)
+
+    def get(self, path: str) -> dict[str, Any]:
+        return self.checked(self.request("GET", path))
+
+
+def _coordinator(args: argparse.Namespace) -> CoordinatorClient:
+    return CoordinatorClient(args.url or args.default_coordinator_url, args.timeout)
+
+
+def _table(rows: list[tuple[str, ...]]) -> list[str]:
+    """Left-aligned columns two spaces apart; the first row is the header."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(f"{cell:<{widths[i]}}" for i, cell in enumerate(r)).rstrip() for r in rows]
+
+
+def _yes(flag: Any) -> str:
+    return "yes" if flag else "no"
+
+
+def _tps(value: Any) -> str:
+    return f"{float(value):.1f}" if isinstance(value, (int, float)) and value > 0 else "-"
+
+
+def _stage(e: dict[str, Any]) -> str:
+    stage = str(e.get("stage") or "?")
+    if e.get("progress") is not None and stage not in ("ready", "idle"):
+        stage += f" {_percent(e['progress'])}"
+    return stage
+
+
+def _serving(e: dict[str, Any]) -> str:
+    """The model served, and the one on its way in when a load is under way."""
+    model, loading = e.get("model"), e.get("loading_model")
+    if loading and loading != model:
+        return f"{model or '-'} -> {loading}"
+    return model or "-"
+
+
+# ----- engines ---------------------------------------------------------------------------
+
+def format_engines(data: dict[str, Any], url: str) -> str:
+    engines = data.get("engines") or []
+    alive = sum(1 for e in engines if e.get("alive"))
+    lines = [f"coordinator {url}, profile {data.get('profile') or '-'}, {alive}/{len(engines)} engines alive"]
+    if not engines:
+        return "\n".join(lines + ["no engine has registered"])
+    rows: list[tuple[str, ...]] = [("engine", "alive", "stage", "model", "slots", "queue", "decode tok/s", "heartbeat")]
+    notes: list[str] = []
+    for e in engines:
+        total = int(e.get("slots_total") or 0)
+        slots = f"{e.get('slots_busy', 0)}/{total}" if total else "-"
+        age = e.get("last_seen_s")
+        rows.append((str(e.get("name")), _yes(e.get("alive")), _stage(e), _serving(e), slots,
+                     f"{e.get('queued', 0)}/{e.get('max_queue', '-')}", _tps(e.get("decode_tps")),
+                     f"{float(age):.1f}s ago" if isinstance(age, (int, float)) else "-"))
+        if not e.get("alive") and e.get("down_reason"):
+            notes.append(f"{e.get('name')}: down: {e['down_reason']}")
+        if e.get("configuring"):
+            notes.append(f"{e.get('name')}: being configured ({e['configuring']})")
+        if e.get("last_error"):
+            notes.append(f"{e.get('name')}: last error: {e['last_error']}")
+    return "\n".join(lines + _table(rows) + notes)
+
+
+def cmd_engines(args: argparse.Namespace) -> int:
+    coord = _coordinator(args)
+    try:
+        data = coord.get("/admin/engines")
+    finally:
+        coord.close()
+    print(json.dumps(data, indent=2) if args.json else format_engines(data, coord.url))
+    return EXIT_OK if any(e.get("alive") for e in data.get("engines") or []) else EXIT_NOT_SERVING
+
+
+# ----- profile ---------------------------------------------------------------------------
+
+def _describe_switch(sw: dict[str, Any]) -> str:
+    frm = sw.get("previous") or "-"
+    state = "ok" if sw.get("ok") else f"failed ({', '.join(sw.get('failed') or []) or '?'})"
+    return f"{frm} -> {sw.get('profile')}: {state} in {float(sw.get('seconds') or 0.0):.2f}s"
+
+
+def format_profile(data: dict[str, Any]) -> str:
+    lines = [f"profile {data.get('active') or '-'} ({data.get('state', '?')})"]
+    engines = data.get("engines") or {}
+    if engines:
+        rows: list[tuple[str, ...]] = [("engine", "alive", "target", "serving", "stage", "matches")]
+        for name, t in engines.items():
+            entry = t.get("entry") or {}
+            target = entry.get("model") or f"({str(entry.get('mode') or 'SOLO').upper()})"
+            matches = _yes(t.get("matches")) + (f", configuring ({t['configuring']})" if t.get("configuring") else "")
+            rows.append((name, _yes(t.get("alive")), target, t.get("model") or "-", t.get("stage") or "-", matches))
+        lines += _table(rows)
+    if data.get("last_switch"):
+        lines.append(f"last switch: {_describe_switch(data['last_switch'])}")
+    known = data.get("profiles") or {}
+    if known:
+        lines.append("profiles: " + ", ".join(f"{n} ({d})" if d else n for n, d in known.items()))
+    return "\n".join(lines)
+
+
+class SwitchProgress:
+    """One line per engine whenever what it is doing changes (loads in 10% steps)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.seen: dict[str, tuple[Any, ...]] = {}
+
+    def update(self, data: dict[str, Any]) -> None:
+        progress = data.get("progress") or {}
+        for name, t in (data.get("engines") or {}).items():
+            p = progress.get(name) or {}
+            frac = p.get("progress")
+            key = (t.get("configuring"), t.get("stage"), t.get("model"), p.get("model"),
+                   int(float(frac) * 10) if frac is not None else None)
+            if self.seen.get(name) == key:
+                continue
+            first = name not in self.seen
+            self.seen[name] = key
+            if t.get("configuring") and not p:
+                text = f"{name}: configuring (serving {t.get('model') or 'nothing'})"
+            elif t.get("configuring"):
+                text = f"{name}: {p.get('stage') or '?'} {p.get('model') or ''} {_percent(frac or 0.0)}"
+                if t.get("model") and t.get("model") != p.get("model"):
+                    text += f" (still serving {t['model']})"
+            elif first:
+                continue  # an engine the switch leaves alone
+            else:
+                text = f"{name}: {t.get('stage') or '?'}, serving {t.get('model') or 'nothing'}"
+            self.stream.write(text + "\n")
+            self.stream.flush()
+
+
+def _switch_result(name: str, sw: dict[str, Any]) -> int:
+    for engine, r in sorted((sw.get("engines") or {}).items()):
+        if r.get("ok"):
+            load = r.get("load_seconds")
+            how = f"loaded in {float(load):.2f}s" if load is not None else describe_applied(r)
+            print(f"  {engine}: {r.get('model') or '-'}, {how} (configure {float(r.get('seconds') or 0.0):.2f}s)")
+        else:
+            print(f"  {engine}: {r.get('model') or '-'} FAILED: {r.get('error') or r.get('code') or '?'}")
+    for engine in sw.get("unchanged") or []:
+        print(f"  {engine}: unchanged")
+    for engine in sw.get("absent") or []:
+        print(f"  {engine}: not alive; it gets the profile when it registers")
+    for engine, why in sorted((sw.get("errors") or {}).items()):
+        print(f"  {engine}: cannot be configured: {why}")
+    seconds = float(sw.get("seconds") or 0.0)
+    if not sw.get("ok"):
+        raise CliError(f"switch to {name} failed after {seconds:.2f}s: {', '.join(sw.get('failed') or [])}",
+                       EXIT_LOAD_FAILED)
+    print(f"switched to {name} in {seconds:.2f}s")
+    return EXIT_OK
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    url, rest = split_url(args.args, args.default_coordinator_url)
+    if len(rest) > 1:
+        raise CliError(f"expected at most one profile name, got {' '.join(rest)}", EXIT_REJECTED)
+    coord = CoordinatorClient(url, args.timeout)
+    try:
+        before = coord.get("/admin/profile")
+        if not rest:
+            print(json.dumps(before, indent=2) if args.json else format_profile(before))
+            return EXIT_OK
+        name = rest[0]
+        previous = (before.get("last_switch") or {}).get("started")
+        resp = coord.request("POST", "/admin/profile", {"name": name, "wait": False})
+        coord.checked(resp)
+        print(f"switching to {name} (from {before.get('active') or '-'})", flush=True)
+        progress = SwitchProgress(sys.stderr)
+        try:
+            while True:
+                data = coord.get("/admin/profile")
+                sw = data.get("last_switch") or {}
+                if data.get("state") != "switching" and sw.get("profile") == name and sw.get("started") != previous:
+                    break
+                progress.update(data)
+                time.sleep(POLL_INTERVAL_S)
+        except KeyboardInterrupt:
+            print(f"stopped following the switch to {name}; it goes on in the coordinator", file=sys.stderr)
+            return 130
+        if args.json:
+            print(json.dumps(sw, indent=2))
+            return EXIT_OK if sw.get("ok") else EXIT_LOAD_FAILED
+        return _switch_result(name, sw)
+    finally:
+        coord.close()
+
+
+# ----- route -----------------------------------------------------------------------------
+
+def format_route(d: dict[str, Any]) -> str:
+    req = d.get("request") or {}
+    rows: list[tuple[str, Any]] = [
+        ("engine", d.get("engine") or "- (none)"),
+        ("model", d.get("model") or "-"),
+        ("step", d.get("step") or "-"),
+        ("reason", d.get("reason") or "-"),
+        ("request", f"~{req.get('prompt_tokens', '?')} prompt tokens, max_tokens {req.get('max_tokens', '?')}, "
+                    f"session {req.get('session_id') or '-'}, prefix {req.get('prefix_hash') or '-'}"),
+    ]
+    lines = [f"{name:<10} {value}" for name, value in rows]
+    candidates = d.get("candidates") or []
+    lines.append(f"candidates ({len(candidates)}, cheapest first):")
+    if candidates:
+        table: list[tuple[str, ...]] = [("engine", "cost s", "wait s", "load s", "prefill s", "warm")]
+        for c in candidates:
+            table.append((str(c.get("engine")), *(f"{float(c.get(k) or 0.0):.4f}"
+                                                  for k in ("cost_s", "wait_s", "load_s", "prefill_s")),
+                          _yes(c.get("warm"))))
+        lines += ["  " + line for line in _table(table)]
+    rejected = d.get("rejected") or {}
+    lines.append(f"rejected ({len(rejected)}):")
+    width = max((len(n) for n in rejected), default=0)
+    lines += [f"  {n:<{width}}  {why}" for n, why in rejected.items()]
+    if d.get("engine") is None and d.get("loading"):
+        lines.append(f"a request now would wait for {', '.join(d['loading'])}, which is loading {d.get('model')}")
+    return "\n".join(lines)
+
+
+def cmd_route(args: argparse.Namespace) -> int:
+    url, rest = split_url(args.args, args.default_coordinator_url)
+    if not rest:
+        raise CliError("give the prompt to route", EXIT_REJECTED)
+    text = " ".join(rest)
+    body: dict[str, Any] = {"prompt": text} if args.completion else {"messages": [{"role": "user", "content": text}]}
+    if args.model:
+        body["model"] = args.model
+    if args.session:
+        body["session_id"] = args.session
+    if args.max_tokens is not None:
+        body["max_tokens"] = args.max_tokens
+    coord = CoordinatorClient(url, args.timeout)
+    try:
+        decision = coord.checked(coord.request("POST", "/admin/route", body))
+    finally:
+        coord.close()
+    if args.json:
+        print(json.dumps(decision, indent=2))
+    elif args.explain:
+        print(format_route(decision))
+    else:
+        print(decision.get("engine") or f"none: {decision.get('reason')}")
+    return EXIT_OK if decision.get("engine") else EXIT_NOT_SERVING
+
+
+# ----- up --------------------------------------------------------------------------------
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from hydrad.cli import up  # the local-cluster runner; only this command needs it
+
+    return up.run(args)
+
+
 # ----- entry point -----------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
@@ -753,12 +1051,76 @@ def build_parser() -> argparse.ArgumentParser:
     mi.add_argument("destination", metavar="B", help="destination engine's RPC port, host:port")
     mi.add_argument("--json", action="store_true", help="print the result as JSON")
     mi.set_defaults(func=cmd_migrate, rpc_timeout=60.0)
+
+    coord_help = f"coordinator URL (default ${COORDINATOR_URL_ENV} or {COORDINATOR_URL})"
+    en = sub.add_parser("engines", parents=[common], help="the coordinator's engines as a table",
+                        description="Show GET /admin/engines of the coordinator: every engine with alive, stage, "
+                                    "model, slots busy/total, queue, measured decode tok/s and the age of its last "
+                                    "heartbeat. Exit 0 when some engine is alive, 3 when none is.")
+    en.add_argument("url", nargs="?", metavar="URL", help=coord_help)
+    en.add_argument("--json", action="store_true", help="print the raw /admin/engines JSON")
+    en.set_defaults(func=cmd_engines)
+
+    pr = sub.add_parser("profile", parents=[common], help="show the active profile, or switch to another",
+                        description="Without NAME: the active profile, each engine's target and whether it matches.\n"
+                                    "With NAME: switch the pool to that profile and follow it until every engine\n"
+                                    "is done, printing progress and the total time (exit 4 when a load failed).",
+                        epilog="examples:\n  hydractl profile\n  hydractl profile swapped\n"
+                               "  hydractl profile http://coord:9000 dense",
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    pr.add_argument("args", nargs="*", metavar="[URL] [NAME]", help=f"profile to switch to, after an optional {coord_help}")
+    pr.add_argument("--json", action="store_true", help="print the raw JSON (the profile, or the switch's result)")
+    pr.set_defaults(func=cmd_profile)
+
+    ro = sub.add_parser("route", parents=[common], help="which engine a request would go to, and why",
+                        description="Ask the coordinator where a chat request with PROMPT as its user message would\n"
+                                    "be routed now (POST /admin/route; nothing is generated). Prints the engine;\n"
+                                    "--explain adds the step, the reason, every candidate's cost and every\n"
+                                    "rejected engine with why. Exit 0 when an engine was chosen, 3 when none.",
+                        epilog="example:\n  hydractl route --explain --model smollm2-135m --session s1 'Hello there'",
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    ro.add_argument("args", nargs="*", metavar="[URL] PROMPT", help=f"the prompt, after an optional {coord_help}")
+    ro.add_argument("--explain", action="store_true", help="show step, reason, candidates and rejections")
+    ro.add_argument("--model", metavar="M", help="model to route for (default: the pool's default model)")
+    ro.add_argument("--session", metavar="S", help="session id (session affinity)")
+    ro.add_argument("--max-tokens", type=int, metavar="N", help="max_tokens of the request (default 256)")
+    ro.add_argument("--completion", action="store_true", help="route a completion (prompt) instead of a chat turn")
+    ro.add_argument("--json", action="store_true", help="print the raw decision JSON")
+    ro.set_defaults(func=cmd_route, intermixed=True)
+
+    up = sub.add_parser("up", help="run a local pool: the coordinator and its engines as subprocesses",
+                        description="Start hydra-coordinator and the engines its profiles name (<config-dir>/<engine>.yaml)\n"
+                                    "as local processes, without systemd; wait until every engine is alive and the\n"
+                                    "profile is applied, print the OpenAI endpoint, and run until Ctrl-C or SIGTERM,\n"
+                                    "which stop every process (SIGTERM, then SIGKILL after --stop-timeout).\n"
+                                    "Exit 0 after a requested stop, 1 when start-up fails (a process died, a port is\n"
+                                    "taken, time ran out), 2 for a bad config, 130 when interrupted during start-up.",
+                        epilog="examples:\n  hydractl up\n  hydractl up --profile swapped --logs /tmp/hydra-logs\n"
+                               "  hydractl up --port-offset 1000      # every port of the configs + 1000",
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    up.add_argument("--config-dir", metavar="DIR", default=None,
+                    help="coordinator.yaml, profiles and one <engine>.yaml per engine (default etc/hydra/dev)")
+    up.add_argument("--profile", metavar="NAME", help="profile to apply at start (default: the coordinator's)")
+    up.add_argument("--logs", metavar="DIR", help="write each process's log to DIR/<name>.log instead of the terminal")
+    up.add_argument("--port-offset", type=int, default=0, metavar="N",
+                    help="add N to every port of the configs (run beside another pool)")
+    up.add_argument("--timeout", type=float, default=300.0, metavar="S",
+                    help="seconds start-up may take, models loaded (default 300)")
+    up.add_argument("--stop-timeout", type=float, default=20.0, metavar="S",
+                    help="seconds to wait after SIGTERM before SIGKILL (default 20)")
+    up.set_defaults(func=cmd_up)
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    ap = build_parser()
+    args, extra = ap.parse_known_args(argv)
+    if extra:  # words after an option: only commands taking free text (route's PROMPT) accept them
+        if not getattr(args, "intermixed", False) or any(x.startswith("-") for x in extra):
+            ap.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.args = list(args.args) + extra
     args.default_url = os.environ.get(URL_ENV) or DEFAULT_URL
+    args.default_coordinator_url = os.environ.get(COORDINATOR_URL_ENV) or COORDINATOR_URL
     try:
         return int(args.func(args))
     except CliError as exc:

@@ -1,9 +1,17 @@
-"""The coordinator's admin API: the engine registry and profile switching.
+"""The coordinator's admin API: the engine registry, profile switching and routing explained.
 
 ``POST /admin/profile {"name": ...}`` waits for the switch by default and answers with its
 total time and every engine's result (``"wait": false`` answers 202 at once; progress is on
 the PUB socket and in ``GET /admin/profile``). The switch runs as its own task, so a client
 that hangs up does not abort a half-done switch.
+
+``POST /admin/route`` takes the body of a chat request (``messages``) or a completion request
+(``prompt``), with ``model``, ``max_tokens`` and ``session_id`` (or the ``X-Session-Id``
+header) as the front door reads them, and answers with the decision routing would take for
+it right now (``Decision.public()``: engine, step, reason, candidates with their costs,
+rejected engines with why) plus the request as routing saw it. Nothing is generated, loaded
+or published; a bad body is the same 400 and an unknown model the same 404 as on
+``/v1/chat/completions``.
 """
 
 from __future__ import annotations
@@ -18,11 +26,13 @@ from starlette.routing import Route
 
 from hydrad.coordinator.affinity import Affinity
 from hydrad.coordinator.bus import CoordinatorBus
+from hydrad.coordinator.frontdoor import FrontDoor
 from hydrad.coordinator.switcher import ProfileSwitcher, SwitchBusy
 from hydrad.http.openai import ApiError
 
 
-def admin_routes(bus: CoordinatorBus, switcher: ProfileSwitcher, affinity: Affinity) -> list[Route]:
+def admin_routes(bus: CoordinatorBus, switcher: ProfileSwitcher, affinity: Affinity,
+                 front: FrontDoor | None = None) -> list[Route]:
     async def engines(_: Request) -> Response:
         sessions = affinity.counts()
         out = []
@@ -57,5 +67,20 @@ def admin_routes(bus: CoordinatorBus, switcher: ProfileSwitcher, affinity: Affin
         result = await asyncio.shield(task)
         return JSONResponse(result, status_code=200 if result["ok"] else 502)
 
-    return [Route("/admin/engines", engines), Route("/admin/profile", get_profile),
-            Route("/admin/profile", post_profile, methods=["POST"])]
+    async def explain_route(request: Request) -> Response:
+        assert front is not None
+        raw = await request.body()
+        try:
+            body: Any = json.loads(raw or b"null")
+        except (ValueError, RecursionError):
+            raise ApiError(400, "body must be JSON like {\"messages\": [...]} or {\"prompt\": \"...\"}",
+                           "invalid_json") from None
+        if not isinstance(body, dict):
+            raise ApiError(400, "body must be a JSON object with 'messages' or 'prompt'", "invalid_request")
+        return JSONResponse(front.explain("chat" if "messages" in body else "completion", raw, request))
+
+    routes = [Route("/admin/engines", engines), Route("/admin/profile", get_profile),
+              Route("/admin/profile", post_profile, methods=["POST"])]
+    if front is not None:
+        routes.append(Route("/admin/route", explain_route, methods=["POST"]))
+    return routes

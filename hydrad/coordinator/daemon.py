@@ -87,7 +87,7 @@ class CoordinatorDaemon:
         affinity = Affinity()
         switcher = ProfileSwitcher(s, bus, registry, profiles)
         front = FrontDoor(s, bus, switcher, registry, affinity)
-        app = Starlette(routes=front.routes() + admin_routes(bus, switcher, affinity),
+        app = Starlette(routes=front.routes() + admin_routes(bus, switcher, affinity, front),
                         exception_handlers=exception_handlers())
         server = _uvicorn_server(app, s.http.host, s.http.port)
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -218,10 +218,7 @@ class FrontDoor:
         session = self._session(req, request)
         model = self._model(req.model)
         rid = openai.new_id(kind)
-        entry = self.registry.entries.get(model) if model else None
-        rr = RouteRequest(model=model, prompt_tokens=_estimate_tokens(greq), max_tokens=greq.max_tokens or 256,
-                          session_id=session, prefix_hash=prefix_of(greq.messages),
-                          n_ctx=int((entry.defaults.get("n_ctx") if entry else None) or 8192))
+        rr = self.route_request(greq, model, session)
         exclude: set[str] = set()
         failures: list[str] = []
         for attempt in (1, 2):
@@ -272,6 +269,27 @@ class FrontDoor:
                           else "request failed again", req=rid, engine=engine, error=str(exc))
         raise ApiError(503, "the request failed twice: " + "; then ".join(failures), "engine_failed",
                        headers={"Retry-After": "1"})
+
+    def route_request(self, greq: GenRequest, model: str | None, session: str | None) -> RouteRequest:
+        """What routing is told about a parsed request (also what ``POST /admin/route`` explains)."""
+        entry = self.registry.entries.get(model) if model else None
+        return RouteRequest(model=model, prompt_tokens=_estimate_tokens(greq), max_tokens=greq.max_tokens or 256,
+                            session_id=session, prefix_hash=prefix_of(greq.messages),
+                            n_ctx=int((entry.defaults.get("n_ctx") if entry else None) or 8192))
+
+    def explain(self, kind: str, raw: bytes, request: Request) -> dict[str, Any]:
+        """Where this request would go now and why, without sending it anywhere: the same parsing,
+        estimate and routing as :meth:`generate`, but nothing is loaded, logged at INFO or published."""
+        req, greq = openai.parse(kind, raw)  # type: ignore[arg-type]
+        session = self._session(req, request)
+        rr = self.route_request(greq, self._model(req.model), session)
+        decision = route(rr, self.views(rr.session_id, rr.prefix_hash, rr.model), self.specs)
+        out = decision.public()
+        out["request"] = {"kind": kind, "model": req.model, "prompt_tokens": rr.prompt_tokens,
+                          "max_tokens": rr.max_tokens, "session_id": rr.session_id, "prefix_hash": rr.prefix_hash,
+                          "n_ctx": rr.n_ctx}
+        out["loading"] = self._loading(decision.model, set())  # a request with no engine would wait for these
+        return out
 
     def _session(self, req: openai._Common, request: Request) -> str | None:
         value = (req.model_extra or {}).get("session_id")

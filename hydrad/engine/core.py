@@ -616,6 +616,7 @@ class EngineCore:
             tok = a.sampler.sample(ctx, idx)
             if a.n_gen == 0:
                 a.t_first = now
+                a.handle.t_first_token = now
             self._on_token(gen, slot, a, tok)
 
     def _on_token(self, gen: Generation, slot: Slot, a: _Active, tok: int) -> None:
@@ -652,7 +653,8 @@ class EngineCore:
         now = time.monotonic()
         t_first = a.t_first or now
         usage = Usage(prompt_tokens=a.prompt_len, completion_tokens=a.n_gen, cached_tokens=a.cached,
-                      prompt_ms=round((t_first - a.t_start) * 1000, 3), predicted_ms=round((now - t_first) * 1000, 3))
+                      prompt_ms=round((t_first - a.t_start) * 1000, 3), predicted_ms=round((now - t_first) * 1000, 3),
+                      queue_ms=round((a.t_start - (a.handle.t_enqueued or a.t_start)) * 1000, 3))
         self.stats.prompt_seconds_total += t_first - a.t_start
         self.stats.predicted_seconds_total += now - t_first
         self.stats.requests_finished_total += 1

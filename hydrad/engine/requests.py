@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +51,7 @@ class Usage:
     cached_tokens: int
     prompt_ms: float
     predicted_ms: float
+    queue_ms: float = 0.0  # waiting for a slot (or a loading model) before prefill started
 
     def openai(self) -> dict[str, Any]:
         return {
@@ -105,6 +107,8 @@ class RequestHandle:
         self.finished = False
         self.t_enqueued = 0.0  # set by the engine thread when the request joins the wait queue
         self.generation: GenerationTag | None = None  # set by the engine thread when a slot takes the request
+        self.t_submit = time.monotonic()
+        self.t_first_token = 0.0  # engine thread: when the first token was sampled
 
     @property
     def id(self) -> int:

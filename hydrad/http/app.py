@@ -100,6 +100,7 @@ def build_app(settings: EngineSettings, control: EngineControl) -> Starlette:
         return gen.resolved.id if gen is not None else load.model  # type: ignore[union-attr]
 
     async def generate(request: Request, kind: str) -> Response:
+        t_arrival = time.monotonic()
         req, greq = openai.parse(kind, await request.body())
         model_id = check_serving(req)
         handle = core.submit(greq)
@@ -109,6 +110,11 @@ def build_app(settings: EngineSettings, control: EngineControl) -> Starlette:
         except asyncio.CancelledError:
             core.cancel(handle)
             raise
+        t_first_event = time.monotonic()
+        # where the time to first token went, server side: parsing and queueing, prefill, hand-over to the loop
+        lag = {"server_ttft_ms": round((t_first_event - t_arrival) * 1000, 3),
+               "first_token_handoff_ms": round((t_first_event - handle.t_first_token) * 1000, 3)
+               if handle.t_first_token else None}
         if isinstance(first, Failed):
             handle.finished = True
             raise ApiError(first.status, first.message, first.code,
@@ -116,7 +122,7 @@ def build_app(settings: EngineSettings, control: EngineControl) -> Starlette:
         if handle.generation is not None:  # the generation that took the request, not the one asked at arrival
             model_id = handle.generation.model
         if req.stream:
-            return StreamingResponse(_stream(kind, rid, model_id, req, handle, first), media_type="text/event-stream",
+            return StreamingResponse(_stream(kind, rid, model_id, req, handle, first, lag), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         parts: list[str] = []
         ev: Any = first
@@ -128,7 +134,8 @@ def build_app(settings: EngineSettings, control: EngineControl) -> Starlette:
                     handle.finished = True
                     return JSONResponse(openai.full_response(
                         kind, rid, model_id, "".join(parts), ev.finish_reason, ev.usage.openai(),
-                        ev.generation.fingerprint, _timings(ev)), headers={"X-Hydra-Generation": ev.generation.fingerprint})
+                        ev.generation.fingerprint, {**_timings(ev), **lag}),
+                        headers={"X-Hydra-Generation": ev.generation.fingerprint})
                 elif isinstance(ev, Failed):
                     handle.finished = True
                     raise ApiError(ev.status, ev.message, ev.code)
@@ -137,7 +144,7 @@ def build_app(settings: EngineSettings, control: EngineControl) -> Starlette:
             core.cancel(handle) if not handle.finished else None
 
     async def _stream(kind: str, rid: str, model_id: str, req: openai._Common, handle: RequestHandle,
-                      first: Any) -> AsyncIterator[bytes]:
+                      first: Any, lag: dict[str, Any]) -> AsyncIterator[bytes]:
         created = int(time.time())
         fp = handle.generation.fingerprint if handle.generation else ""
         try:
@@ -150,7 +157,8 @@ def build_app(settings: EngineSettings, control: EngineControl) -> Starlette:
                 elif isinstance(ev, Done):
                     handle.finished = True
                     fp = ev.generation.fingerprint
-                    yield openai.chunk(kind, rid, model_id, created, None, ev.finish_reason, fp)
+                    yield openai.chunk(kind, rid, model_id, created, None, ev.finish_reason, fp,
+                                       timings={**_timings(ev), **lag})
                     if req.include_usage():
                         yield openai.usage_chunk(kind, rid, model_id, created, ev.usage.openai(), fp)
                     yield openai.DONE
@@ -349,6 +357,6 @@ def build_app(settings: EngineSettings, control: EngineControl) -> Starlette:
 def _timings(ev: Done) -> dict[str, Any]:
     u = ev.usage
     evaluated = u.prompt_tokens - u.cached_tokens
-    return {"prompt_n": evaluated, "prompt_ms": u.prompt_ms, "predicted_n": u.completion_tokens,
+    return {"prompt_n": evaluated, "prompt_ms": u.prompt_ms, "queue_ms": u.queue_ms, "predicted_n": u.completion_tokens,
             "predicted_ms": u.predicted_ms, "cache_n": u.cached_tokens,
             "predicted_per_second": round(u.completion_tokens / (u.predicted_ms / 1000), 2) if u.predicted_ms else None}

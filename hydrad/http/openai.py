@@ -194,7 +194,7 @@ def full_response(kind: str, rid: str, model: str, text: str, finish: str, usage
 
 
 def chunk(kind: str, rid: str, model: str, created: int, text: str | None, finish: str | None,
-          fingerprint: str, first: bool = False) -> bytes:
+          fingerprint: str, first: bool = False, timings: dict[str, Any] | None = None) -> bytes:
     if kind == "chat":
         delta: dict[str, Any] = {}
         if first:
@@ -208,6 +208,8 @@ def chunk(kind: str, rid: str, model: str, created: int, text: str | None, finis
         obj = "text_completion"
     body = {"id": rid, "object": obj, "created": created, "model": model, "system_fingerprint": fingerprint,
             "choices": [choice]}
+    if timings is not None:  # the last chunk carries them, as llama-server's does
+        body["timings"] = timings
     return sse(body)
 
 

@@ -1,0 +1,642 @@
+"""``hydractl up``: a whole pool on one machine, without systemd.
+
+Starts ``hydra-coordinator`` on ``<config-dir>/coordinator.yaml`` and one ``hydrad`` per engine
+its profiles name, each on ``<config-dir>/<engine>.yaml``, as child processes of this one. It
+waits until the coordinator reports every engine alive and the profile applied (models
+loaded), prints the OpenAI endpoint and how to use it, and runs until SIGINT (Ctrl-C), SIGTERM
+or SIGHUP, which stop every child: SIGTERM (each drains as under systemd), then SIGKILL after
+``--stop-timeout``; a second Ctrl-C does not wait.
+
+- Each child runs in a process group of its own, so a Ctrl-C at the terminal reaches only this
+  process, which then stops the children in order; on Linux a child also gets SIGTERM if this
+  process dies without stopping it (``PR_SET_PDEATHSIG``).
+- Logs: every line of a child goes to stdout prefixed with its name, or with ``--logs DIR`` to
+  ``DIR/<name>.log`` (this process then prints only its own progress).
+- ``--port-offset N`` and ``--profile NAME`` need configs that differ from the files: copies
+  are written (to ``--logs DIR`` or a temporary directory) with every port moved by N, the
+  profile as the coordinator's ``default_profile`` and relative paths made absolute.
+- Every port is checked before anything starts; a taken one is named with the file and field
+  that asks for it.
+- Start-up fails (exit 1, the rest stopped) when a child exits, an engine's model load fails or
+  ``--timeout`` passes; the error shows the last lines of the child's log.
+- Stdin is never read: it runs the same under a terminal, a pipe or CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import ctypes
+import errno
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, Iterator
+from urllib.parse import urlsplit
+
+import httpx
+import yaml
+
+from hydrad.cli.hydractl import COORDINATOR_URL, COORDINATOR_URL_ENV, EXIT_OK, CliError
+
+EXIT_START_FAILED = 1
+EXIT_BAD_CONFIG = 2
+EXIT_INTERRUPTED = 130
+
+DEFAULT_CONFIG_DIR = Path("etc") / "hydra" / "dev"
+COORDINATOR_FILE = "coordinator.yaml"
+POLL_S = 0.25
+TAIL_LINES = 30
+# What systemd hands a service; meaningless (or harmful) for processes we start ourselves.
+SERVICE_ENV = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "JOURNAL_STREAM", "LISTEN_FDS", "LISTEN_PID",
+               "LISTEN_FDNAMES", "INVOCATION_ID")
+
+
+# ----- configs ---------------------------------------------------------------------------
+
+@dataclass
+class Port:
+    host: str
+    port: int
+    what: str  # "coordinator HTTP", "dev-a RPC", ...
+    where: str  # "etc/hydra/dev/dev-a.yaml: rpc.port"
+
+
+@dataclass
+class Plan:
+    """What to start: effective config files, the ports they take, the URLs to talk to."""
+
+    config_dir: Path
+    coordinator_config: Path
+    engine_configs: dict[str, Path]  # engine name → config file to run it with
+    profile: str
+    targets: dict[str, str | None]  # engine → model the profile gives it (None: PEER)
+    http_url: str  # coordinator's front door as a client reaches it
+    engine_urls: dict[str, str]
+    ports: list[Port]
+    copies: bool  # configs were rewritten into a directory of ours
+    profiles: list[str]  # every profile of the profiles file
+
+
+def default_config_dir() -> Path:
+    """``etc/hydra/dev`` of the current directory, else of the checkout this package runs from."""
+    if (DEFAULT_CONFIG_DIR / COORDINATOR_FILE).is_file():
+        return DEFAULT_CONFIG_DIR
+    return Path(__file__).resolve().parents[2] / DEFAULT_CONFIG_DIR
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except OSError as exc:
+        raise CliError(f"cannot read {path}: {exc.strerror or exc}", EXIT_BAD_CONFIG) from None
+    except yaml.YAMLError as exc:
+        raise CliError(f"{path}: not valid YAML: {exc}", EXIT_BAD_CONFIG) from None
+    if not isinstance(raw, dict):
+        raise CliError(f"{path}: top level must be a mapping of settings", EXIT_BAD_CONFIG)
+    return raw
+
+
+def split_endpoint(endpoint: str) -> tuple[str, int]:
+    """``tcp://host:port`` → (host, port); ``*`` means every address."""
+    rest = endpoint.split("://", 1)[-1]
+    host, sep, port = rest.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"{endpoint!r} is not tcp://host:port")
+    return host.strip("[]"), int(port)
+
+
+def _moved(endpoint: str, offset: int) -> str:
+    host, port = split_endpoint(endpoint)
+    scheme = endpoint.split("://", 1)[0] if "://" in endpoint else "tcp"
+    host = f"[{host}]" if ":" in host else host
+    return f"{scheme}://{host}:{port + offset if port else 0}"
+
+
+def _client_host(host: str) -> str:
+    return "127.0.0.1" if host in ("0.0.0.0", "*", "", "::") else host
+
+
+def _url(host: str, port: int) -> str:
+    host = _client_host(host)
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def plan(config_dir: Path, profile: str | None, offset: int, copy_dir: Path) -> Plan:
+    """Read and check the configs; write moved copies into ``copy_dir`` when they must differ."""
+    from hydrad.coordinator.profiles import load_profiles
+    from hydrad.coordinator.settings import ConfigError as CoordConfigError
+    from hydrad.coordinator.settings import load_config as load_coordinator
+    from hydrad.registry import Registry
+    from hydrad.settings import ConfigError as EngineConfigError
+    from hydrad.settings import load_config as load_engine
+
+    coord_path = config_dir / COORDINATOR_FILE
+    if not coord_path.is_file():
+        raise CliError(f"no {coord_path}: --config-dir must hold {COORDINATOR_FILE} and one <engine>.yaml per engine",
+                       EXIT_BAD_CONFIG)
+    try:
+        cs = load_coordinator(coord_path).settings
+        Registry.load(cs.registry, Path("."))
+        profiles = load_profiles(cs.profiles) if cs.profiles is not None else None
+    except (CoordConfigError, ValueError) as exc:
+        raise CliError(str(exc), EXIT_BAD_CONFIG) from None
+    if profiles is None or not profiles.profiles:
+        raise CliError(f"{coord_path}: no profiles file, so no engine to start", EXIT_BAD_CONFIG)
+    name = profile or cs.default_profile or profiles.default_name
+    try:
+        active = profiles.get(name)  # type: ignore[arg-type]
+    except KeyError as exc:
+        raise CliError(str(exc.args[0]), EXIT_BAD_CONFIG) from None
+    engines: list[str] = []  # every engine any profile names, so later switches find them all
+    for p in profiles.profiles.values():
+        engines += [e for e in p.engines if e not in engines]
+    targets = {e: (active.engines[e].model if e in active.engines else None) for e in engines}
+
+    copies = offset != 0 or name != (cs.default_profile or profiles.default_name)
+    ports: list[Port] = []
+    bus_host, bus_port = split_endpoint(cs.bus.endpoint)
+    ev_host, ev_port = split_endpoint(cs.events)
+    shown = _shown(coord_path)
+    ports += [Port(cs.http.host, cs.http.port + offset, "coordinator HTTP", f"{shown}: http.port"),
+              Port(bus_host, bus_port + offset, "coordinator bus", f"{shown}: bus"),
+              Port(ev_host, ev_port + offset, "coordinator events", f"{shown}: events")]
+    if copies:
+        raw = _read_yaml(coord_path)
+        raw.setdefault("http", {})["port"] = cs.http.port + offset
+        if isinstance(raw.get("bus"), dict):
+            raw["bus"]["endpoint"] = _moved(cs.bus.endpoint, offset)
+        else:
+            raw["bus"] = _moved(cs.bus.endpoint, offset)
+        raw["events"] = _moved(cs.events, offset)
+        raw["registry"] = str(cs.registry)
+        raw["profiles"] = str(cs.profiles)
+        raw["default_profile"] = name
+        coord_run = copy_dir / COORDINATOR_FILE
+        coord_run.write_text(yaml.safe_dump(raw, sort_keys=False))
+    else:
+        coord_run = coord_path
+
+    engine_configs: dict[str, Path] = {}
+    engine_urls: dict[str, str] = {}
+    for engine in engines:
+        path = config_dir / f"{engine}.yaml"
+        if not path.is_file():
+            raise CliError(f"the profiles name engine {engine}, but there is no {path}", EXIT_BAD_CONFIG)
+        try:
+            es = load_engine(path).settings
+        except EngineConfigError as exc:
+            raise CliError(str(exc), EXIT_BAD_CONFIG) from None
+        shown = _shown(path)
+        if es.name != engine:
+            raise CliError(f"{shown}: name is {es.name!r}; the profiles call this engine {engine!r}", EXIT_BAD_CONFIG)
+        if not es.bus.endpoint:
+            raise CliError(f"{shown}: no bus.endpoint, so the coordinator would never hear of {engine}; "
+                           f"set it to {cs.bus.endpoint}", EXIT_BAD_CONFIG)
+        try:
+            _, port = split_endpoint(es.bus.endpoint)
+        except ValueError as exc:
+            raise CliError(f"{shown}: bus.endpoint: {exc}", EXIT_BAD_CONFIG) from None
+        if port != bus_port:
+            raise CliError(f"{shown}: bus.endpoint {es.bus.endpoint} is not the coordinator's bus "
+                           f"({cs.bus.endpoint} in {_shown(coord_path)})", EXIT_BAD_CONFIG)
+        ports.append(Port(es.http.host, es.http.port + offset if es.http.port else 0, f"{engine} HTTP",
+                          f"{shown}: http.port"))
+        if es.rpc.enabled:
+            ports.append(Port(es.rpc.host, es.rpc.port + offset if es.rpc.port else 0, f"{engine} RPC",
+                              f"{shown}: rpc.port"))
+        engine_urls[engine] = _url(es.http.host, es.http.port + offset)
+        if copies:
+            raw = _read_yaml(path)
+            raw.setdefault("http", {})["port"] = es.http.port + offset if es.http.port else 0
+            raw.setdefault("rpc", {})["port"] = es.rpc.port + offset if es.rpc.port else 0
+            raw.setdefault("bus", {})["endpoint"] = _moved(es.bus.endpoint, offset)
+            raw["models_dir"] = str(es.models_dir)
+            if es.registry is not None:
+                raw["registry"] = str(es.registry)
+            if es.rpc.cache_dir is not None and not es.rpc.cache_dir.is_absolute():
+                raw["rpc"]["cache_dir"] = str((path.resolve().parent / es.rpc.cache_dir).resolve())
+            run_path = copy_dir / f"{engine}.yaml"
+            run_path.write_text(yaml.safe_dump(raw, sort_keys=False))
+            try:
+                load_engine(run_path)
+            except EngineConfigError as exc:
+                raise CliError(f"{exc} (moved by --port-offset {offset})", EXIT_BAD_CONFIG) from None
+            engine_configs[engine] = run_path
+        else:
+            engine_configs[engine] = path
+    if copies:
+        try:
+            load_coordinator(coord_run)
+        except CoordConfigError as exc:
+            raise CliError(f"{exc} (moved by --port-offset {offset})", EXIT_BAD_CONFIG) from None
+    return Plan(config_dir=config_dir, coordinator_config=coord_run, engine_configs=engine_configs, profile=name,
+                targets=targets, http_url=_url(cs.http.host, cs.http.port + offset), engine_urls=engine_urls,
+                ports=ports, copies=copies, profiles=list(profiles.profiles))
+
+
+def _shown(path: Path) -> str:
+    """A path as the operator typed it, relative to the current directory when it is below it."""
+    with contextlib.suppress(ValueError):
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    return str(path)
+
+
+def check_ports(ports: list[Port]) -> None:
+    """Every port is free and asked for once; a CliError naming the port and who wants it otherwise."""
+    seen: dict[int, Port] = {}
+    for p in ports:
+        if p.port == 0:
+            continue
+        if not 0 < p.port < 65536:
+            raise CliError(f"port {p.port} ({p.what}, {p.where}) is out of range; a smaller --port-offset?",
+                           EXIT_BAD_CONFIG)
+        if p.port in seen:
+            other = seen[p.port]
+            raise CliError(f"port {p.port} is asked for twice: {other.what} ({other.where}) and {p.what} ({p.where})",
+                           EXIT_BAD_CONFIG)
+        seen[p.port] = p
+        host = "0.0.0.0" if p.host in ("*", "") else p.host
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers bind: TIME_WAIT is no conflict
+            try:
+                s.bind((host, p.port))
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    raise CliError(f"port {p.port} is already in use: it is the {p.what} port ({p.where}); stop what "
+                                   f"listens there, or run with --port-offset N", EXIT_START_FAILED) from None
+                raise CliError(f"cannot bind {host}:{p.port} ({p.what}, {p.where}): {exc.strerror or exc}",
+                               EXIT_START_FAILED) from None
+
+
+# ----- children --------------------------------------------------------------------------
+
+def _death_signal() -> Any:
+    """A preexec function giving the child SIGTERM when we die (Linux), or None elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    pr_set_pdeathsig = 1
+
+    def preexec() -> None:
+        prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)
+    return preexec
+
+
+@dataclass
+class Child:
+    name: str
+    argv: list[str]
+    log_path: Path | None
+    proc: subprocess.Popen[bytes] | None = None
+    tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=TAIL_LINES))
+    pump: threading.Thread | None = None
+    log_file: IO[bytes] | None = None
+    reported: bool = False  # its exit was already told
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def last_lines(self) -> list[str]:
+        if self.log_path is not None:
+            with contextlib.suppress(OSError):
+                text = self.log_path.read_text(errors="replace")
+                return text.splitlines()[-TAIL_LINES:]
+        return list(self.tail)
+
+    def signal_group(self, sig: int) -> None:
+        """Signal the child's process group (itself and anything it started), only while it is ours."""
+        if self.proc is None or self.proc.returncode is not None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, sig)
+
+
+class Output:
+    """Whole lines to stdout from several threads, each prefixed with who speaks."""
+
+    def __init__(self, names: list[str], stream: IO[str] | None = None) -> None:
+        self.stream = stream or sys.stdout
+        self.width = max(len(n) for n in names)
+        self.lock = threading.Lock()
+
+    def line(self, who: str, text: str) -> None:
+        with self.lock:
+            try:
+                self.stream.write(f"{who:<{self.width}} | {text}\n")
+                self.stream.flush()
+            except (OSError, ValueError):  # stdout gone (closed pipe): keep running, keep logs in memory
+                pass
+
+    def block(self, text: str) -> None:
+        with self.lock:
+            with contextlib.suppress(OSError, ValueError):
+                self.stream.write(text + "\n")
+                self.stream.flush()
+
+
+def _pump(child: Child, out: Output) -> None:
+    assert child.proc is not None and child.proc.stdout is not None
+    for raw in iter(child.proc.stdout.readline, b""):
+        text = raw.decode("utf-8", errors="replace").rstrip("\n")
+        child.tail.append(text)
+        out.line(child.name, text)
+    child.proc.stdout.close()
+
+
+class Runner:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.stop_event = threading.Event()
+        self.hurry = threading.Event()
+        self.signals = 0
+        self.children: list[Child] = []
+        self.out: Output | None = None
+        self.tmp: Path | None = None
+
+    # --- signals
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        self.signals += 1
+        if self.signals > 1:
+            self.hurry.set()  # a second Ctrl-C: do not wait for draining
+        self.stop_event.set()
+
+    @contextlib.contextmanager
+    def _signals(self) -> Iterator[None]:
+        sigs = [signal.SIGINT, signal.SIGTERM, signal.SIGHUP]
+        old = {s: signal.signal(s, self._on_signal) for s in sigs}
+        try:
+            yield
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
+
+    # --- main
+
+    def run(self) -> int:
+        with self._signals():
+            try:
+                return self._run()
+            except CliError as exc:  # said before the stop, so the reason comes first
+                with contextlib.suppress(OSError, ValueError):
+                    print(f"hydractl: {exc}", file=sys.stderr, flush=True)
+                return exc.code
+            finally:
+                self.stop()
+                if self.tmp is not None:
+                    shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def say(self, text: str) -> None:
+        if self.out is not None:
+            self.out.line("hydractl", text)
+        else:
+            print(text, flush=True)
+
+    def _run(self) -> int:
+        args = self.args
+        config_dir = Path(args.config_dir) if args.config_dir else default_config_dir()
+        logs = Path(args.logs) if args.logs else None
+        if logs is not None:
+            try:
+                logs.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise CliError(f"cannot create the log directory {logs}: {exc.strerror or exc}", EXIT_BAD_CONFIG) from None
+            copy_dir = logs / "configs"
+            copy_dir.mkdir(exist_ok=True)
+        else:
+            self.tmp = Path(tempfile.mkdtemp(prefix="hydra-up-"))
+            copy_dir = self.tmp
+        p = plan(config_dir, args.profile, args.port_offset, copy_dir)
+        check_ports(p.ports)
+
+        self.out = Output(["hydractl", "coordinator", *p.engine_configs])
+        children = [Child("coordinator", [sys.executable, "-m", "hydrad.coordinator.daemon", "--config",
+                                          str(p.coordinator_config)],
+                          logs / "coordinator.log" if logs else None)]
+        for name, path in p.engine_configs.items():
+            children.append(Child(name, [sys.executable, "-m", "hydrad.daemon", "--config", str(path)],
+                                  logs / f"{name}.log" if logs else None))
+        self.say(f"configs {_shown(config_dir)}{' (moved copies in ' + _shown(copy_dir) + ')' if p.copies else ''}, "
+                 f"profile {p.profile}{', port offset ' + str(args.port_offset) if args.port_offset else ''}")
+        if self.stop_event.is_set():
+            return EXIT_INTERRUPTED
+        t0 = time.monotonic()
+        self._spawn(children)
+        for c in children:
+            where = f", log {_shown(c.log_path)}" if c.log_path else ""
+            self.say(f"started {c.name}: pid {c.pid}{where}")
+        code = self._wait_ready(p, t0)
+        if code is not None:
+            return code
+        self._banner(p, time.monotonic() - t0, logs)
+        return self._serve()
+
+    def _spawn(self, children: list[Child]) -> None:
+        env = {k: v for k, v in os.environ.items() if k not in SERVICE_ENV}
+        env["PYTHONUNBUFFERED"] = "1"
+        preexec = _death_signal()
+        # Every child is forked before any thread of ours exists (a preexec function is only safe then).
+        for c in children:
+            if c.log_path is not None:
+                c.log_file = open(c.log_path, "ab")
+                stdout: Any = c.log_file
+            else:
+                stdout = subprocess.PIPE
+            try:
+                c.proc = subprocess.Popen(c.argv, stdin=subprocess.DEVNULL, stdout=stdout, stderr=subprocess.STDOUT,
+                                          env=env, process_group=0, preexec_fn=preexec)
+            except OSError as exc:
+                raise CliError(f"cannot start {c.name} ({' '.join(c.argv)}): {exc.strerror or exc}",
+                               EXIT_START_FAILED) from None
+            self.children.append(c)
+        assert self.out is not None
+        for c in children:
+            if c.log_path is None:
+                c.pump = threading.Thread(target=_pump, args=(c, self.out), name=f"log-{c.name}", daemon=True)
+                c.pump.start()
+
+    # --- start-up
+
+    def _died(self, c: Child, when: str) -> str:
+        assert c.proc is not None
+        c.reported = True
+        if c.pump is not None:
+            c.pump.join(2)  # its last lines
+        lines = c.last_lines()
+        where = f" (log {_shown(c.log_path)})" if c.log_path else ""
+        text = f"{c.name} exited with code {c.proc.returncode}{' ' + when if when else ''}{where}"
+        if lines:
+            text += "; its last lines:\n" + "\n".join(f"    {ln}" for ln in lines)
+        return text
+
+    def _wait_ready(self, p: Plan, t0: float) -> int | None:
+        """None once the pool serves the profile; an exit code when start-up failed or was interrupted."""
+        deadline = t0 + self.args.timeout
+        seen: dict[str, tuple[Any, ...]] = {}
+        coordinator_up = False
+        last_status = ""
+        with httpx.Client(base_url=p.http_url, timeout=5.0) as http:
+            while True:
+                if self.stop_event.is_set():
+                    self.say("interrupted during start-up; stopping")
+                    return EXIT_INTERRUPTED
+                for c in self.children:
+                    if not c.running():
+                        raise CliError(self._died(c, "during start-up") + "\nstopping the others", EXIT_START_FAILED)
+                if time.monotonic() > deadline:
+                    last = last_status or "the coordinator never answered"
+                    raise CliError(f"the pool was not ready within {self.args.timeout:g}s ({last}); stopping it",
+                                   EXIT_START_FAILED)
+                try:
+                    engines = {e["name"]: e for e in http.get("/admin/engines").json()["engines"]}
+                    profile = http.get("/admin/profile").json()
+                except (httpx.TransportError, ValueError, KeyError, TypeError):
+                    self.stop_event.wait(POLL_S)
+                    continue
+                if not coordinator_up:
+                    coordinator_up = True
+                    self.say(f"coordinator answers at {p.http_url}")
+                done, last_status = self._progress(p, engines, profile, seen)
+                if done:
+                    return None
+                self.stop_event.wait(POLL_S)
+
+    def _progress(self, p: Plan, engines: dict[str, Any], profile: dict[str, Any],
+                  seen: dict[str, tuple[Any, ...]]) -> tuple[bool, str]:
+        """Tell what changed; (whether the pool is ready, one line of where it stands)."""
+        targets = profile.get("engines") or {}
+        ready = profile.get("active") == p.profile and profile.get("state") == "steady"
+        waiting: list[str] = []
+        for name, want in p.targets.items():
+            e = engines.get(name)
+            if e is None:
+                key: tuple[Any, ...] = ("absent",)
+                text = ""
+                waiting.append(f"{name} not registered")
+                ok = False
+            else:
+                frac = e.get("progress")
+                key = (e.get("alive"), e.get("stage"), e.get("model"), e.get("loading_model"),
+                       int(float(frac) * 10) if frac is not None and e.get("stage") != "ready" else None)
+                stage = str(e.get("stage"))
+                if frac is not None and stage != "ready":
+                    stage += f" {float(frac) * 100:.0f}%"
+                loading = e.get("loading_model")
+                text = f"{name}: {'alive' if e.get('alive') else 'not alive'}, {stage}"
+                text += f", loading {loading}" if loading else ""
+                text += f", serving {e.get('model')}" if e.get("model") else ", no model yet"
+                t = targets.get(name) or {}
+                ok = bool(e.get("alive")) and not e.get("configuring") and (
+                    (want is None) or (t.get("matches") and e.get("stage") == "ready"))
+                if not ok:
+                    waiting.append(f"{name} {stage}")
+                error = e.get("last_error")
+                if error and want is not None and not e.get("configuring") and e.get("model") != want \
+                        and not e.get("loading_model") and e.get("stage") not in ("loading_model", "warming"):
+                    raise CliError(f"{name} could not load {want}: {error}\nstopping the pool", EXIT_START_FAILED)
+            if seen.get(name) != key:
+                seen[name] = key
+                if text:
+                    self.say(text)
+            ready = ready and ok
+        return ready, ", ".join(waiting) or "applying the profile"
+
+    def _banner(self, p: Plan, seconds: float, logs: Path | None) -> None:
+        url = p.http_url
+        v1 = f"{url}/v1"
+        models = [m for m in p.targets.values() if m]
+        model = models[0] if models else "MODEL"
+        implicit = url == COORDINATOR_URL and os.environ.get(COORDINATOR_URL_ENV) in (None, "", url)
+        at = "" if implicit else f" {url}"
+
+        def c(cmd: str, rest: str = "") -> str:
+            return f"hydractl {cmd}{at} {rest}".rstrip()
+        other = [n for n in p.profiles if n != p.profile]
+        width = max(len(n) for n in p.engine_configs)
+        engines = "\n".join(f"  {n:<{width}}  {p.engine_urls[n]}  {p.targets.get(n) or '(no model)'}"
+                            for n in p.engine_configs)
+        lines = [
+            "",
+            f"Hydra pool ready in {seconds:.1f}s: profile {p.profile}, endpoint {v1}",
+            engines,
+            "",
+            f"  curl {v1}/chat/completions -H 'Content-Type: application/json' \\",
+            f"       -d '{{\"model\":\"{model}\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hello!\"}}],"
+            f"\"max_tokens\":64}}'",
+            f"  python: openai.OpenAI(base_url=\"{v1}\", api_key=\"none\").chat.completions.create(",
+            f"              model=\"{model}\", messages=[{{\"role\": \"user\", \"content\": \"Hello!\"}}])",
+            f"  {c('engines')}",
+            f"  {c('route', '--explain --model ' + model + ' Hello')}",
+            f"  {c('profile', other[0] if other else '')}",
+        ]
+        if logs is not None:
+            lines.append(f"  logs: {_shown(logs)}/<name>.log")
+        lines += ["", "Ctrl-C stops the coordinator and every engine.", ""]
+        assert self.out is not None
+        self.out.block("\n".join(lines))
+
+    # --- running
+
+    def _serve(self) -> int:
+        while not self.stop_event.wait(POLL_S):
+            for c in self.children:
+                if c.running() or c.reported:
+                    continue
+                if c.name == "coordinator":
+                    raise CliError(self._died(c, "") + "\nstopping the engines", EXIT_START_FAILED)
+                self.say(self._died(c, "while running; the pool goes on without it"))
+        self.say("stopping")
+        return EXIT_OK
+
+    def stop(self) -> None:
+        """SIGTERM every child still running (engines first), wait, SIGKILL what is left."""
+        alive = [c for c in reversed(self.children) if c.proc is not None]
+        if not alive:
+            return
+        for c in alive:
+            c.signal_group(signal.SIGTERM)
+        deadline = time.monotonic() + max(0.0, self.args.stop_timeout)
+        for c in alive:
+            assert c.proc is not None
+            while c.proc.poll() is None and time.monotonic() < deadline and not self.hurry.is_set():
+                time.sleep(0.05)
+        killed = []
+        for c in alive:
+            assert c.proc is not None
+            if c.proc.poll() is None:
+                c.signal_group(signal.SIGKILL)
+                killed.append(c.name)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                c.proc.wait(10)
+            if c.pump is not None:
+                c.pump.join(2)
+            if c.log_file is not None:
+                c.log_file.close()
+        codes = ", ".join(f"{c.name} {c.proc.returncode}" for c in self.children if c.proc is not None)
+        if killed:
+            self.say(f"killed {', '.join(killed)} (still running {self.args.stop_timeout:g}s after SIGTERM)")
+        self.say(f"stopped ({codes})")
+        self.children = []
+
+
+def run(args: argparse.Namespace) -> int:
+    return Runner(args).run()
