@@ -229,6 +229,7 @@ def _print_config(loaded: LoadedConfig) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    llama.preload_native()  # before numpy & co. link the C++ runtime: see preload_native
     ap = argparse.ArgumentParser(prog="hydrad", description="Hydra engine daemon: one per GPU.")
     ap.add_argument("--config", help="engine YAML (e.g. /etc/hydra/5060ti.yaml)")
     ap.add_argument("--check-config", metavar="FILE", help="validate FILE and exit (non-zero naming the bad field)")

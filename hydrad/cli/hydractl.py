@@ -760,6 +760,10 @@ def format_engines(data: dict[str, Any], url: str) -> str:
             notes.append(f"{e.get('name')}: being configured ({e['configuring']})")
         if e.get("last_error"):
             notes.append(f"{e.get('name')}: last error: {e['last_error']}")
+        last = e.get("last_configure") or {}
+        if last.get("ok") is False:
+            notes.append(f"{e.get('name')}: configure of {last.get('model') or '-'} failed ({last.get('why')}): "
+                         f"{last.get('error') or last.get('code') or '?'}")
     return "\n".join(lines + _table(rows) + notes)
 
 

@@ -247,8 +247,19 @@ def plan(config_dir: Path, profile: str | None, offset: int, copy_dir: Path) -> 
 def _shown(path: Path) -> str:
     """A path as the operator typed it, relative to the current directory when it is below it."""
     with contextlib.suppress(ValueError):
-        return str(path.resolve().relative_to(Path.cwd().resolve()))
+        return os.path.relpath(os.path.abspath(path)) if Path(os.path.abspath(path)).is_relative_to(Path.cwd()) \
+            else str(path)
     return str(path)
+
+
+def _prog() -> str:
+    """How to run hydractl from here: its name when it is on PATH, else the path it was run by."""
+    if shutil.which("hydractl"):
+        return "hydractl"
+    argv0 = Path(sys.argv[0])
+    if argv0.name == "hydractl":
+        return _shown(argv0)
+    return f"{_shown(Path(sys.executable))} -m hydrad.cli.hydractl"
 
 
 def check_ports(ports: list[Port]) -> None:
@@ -483,9 +494,13 @@ class Runner:
             c.pump.join(2)  # its last lines
         lines = c.last_lines()
         where = f" (log {_shown(c.log_path)})" if c.log_path else ""
-        text = f"{c.name} exited with code {c.proc.returncode}{' ' + when if when else ''}{where}"
+        rc = c.proc.returncode
+        how = f"was killed by {signal.Signals(-rc).name}" if rc < 0 else f"exited with code {rc}"
+        text = f"{c.name} {how}{' ' + when if when else ''}{where}"
         if lines:
             text += "; its last lines:\n" + "\n".join(f"    {ln}" for ln in lines)
+        else:
+            text += "; it wrote nothing"
         return text
 
     def _wait_ready(self, p: Plan, t0: float) -> int | None:
@@ -549,10 +564,11 @@ class Runner:
                     (want is None) or (t.get("matches") and e.get("stage") == "ready"))
                 if not ok:
                     waiting.append(f"{name} {stage}")
-                error = e.get("last_error")
-                if error and want is not None and not e.get("configuring") and e.get("model") != want \
-                        and not e.get("loading_model") and e.get("stage") not in ("loading_model", "warming"):
-                    raise CliError(f"{name} could not load {want}: {error}\nstopping the pool", EXIT_START_FAILED)
+                last = e.get("last_configure") or {}
+                if last.get("ok") is False and want is not None and not e.get("configuring") and e.get("model") != want:
+                    error = last.get("error") or last.get("code") or e.get("last_error") or "?"
+                    raise CliError(f"{name} could not take {last.get('model') or want} ({last.get('why')}): {error}"
+                                   "\nstopping the pool", EXIT_START_FAILED)
             if seen.get(name) != key:
                 seen[name] = key
                 if text:
@@ -567,9 +583,10 @@ class Runner:
         model = models[0] if models else "MODEL"
         implicit = url == COORDINATOR_URL and os.environ.get(COORDINATOR_URL_ENV) in (None, "", url)
         at = "" if implicit else f" {url}"
+        prog = _prog()
 
         def c(cmd: str, rest: str = "") -> str:
-            return f"hydractl {cmd}{at} {rest}".rstrip()
+            return f"{prog} {cmd}{at} {rest}".rstrip()
         other = [n for n in p.profiles if n != p.profile]
         width = max(len(n) for n in p.engine_configs)
         engines = "\n".join(f"  {n:<{width}}  {p.engine_urls[n]}  {p.targets.get(n) or '(no model)'}"

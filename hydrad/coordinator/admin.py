@@ -41,6 +41,7 @@ def admin_routes(bus: CoordinatorBus, switcher: ProfileSwitcher, affinity: Affin
             item["inflight"] = bus.inflight(name)
             item["sessions"] = sessions.get(name, 0)
             item["configuring"] = switcher.configuring.get(name)
+            item["last_configure"] = switcher.results.get(name)
             out.append(item)
         return JSONResponse({"engines": out, "profile": switcher.active})
 

@@ -48,6 +48,7 @@ class ProfileSwitcher:
         self.switch_task: asyncio.Task[dict[str, Any]] | None = None
         self.last_switch: dict[str, Any] | None = None
         self.progress: dict[str, dict[str, Any]] = {}  # engine → latest load progress of the running switch
+        self.results: dict[str, dict[str, Any]] = {}  # engine → result of the last configure we sent it (any why)
         self._ondemand: dict[str, tuple[str, asyncio.Task[dict[str, Any]]]] = {}
         self._side: set[asyncio.Task[Any]] = set()
         bus.listeners.append(self._on_engine)
@@ -116,6 +117,7 @@ class ProfileSwitcher:
             self.configuring.pop(engine, None)
             self.progress.pop(engine, None)
         result["seconds"] = round(time.monotonic() - t0, 3)
+        self.results[engine] = result  # a refused configure sets no last_error on the engine: keep it here
         if result.get("ok"):
             rec = self.bus.engines.get(engine)
             if rec is not None:

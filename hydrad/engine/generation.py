@@ -11,8 +11,6 @@ import hashlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import numpy as np
 from typing import Any, Callable
 
 from hydrad.engine import llama
@@ -112,6 +110,8 @@ class Generation:
     def read_state(self, slot: Slot) -> Any:
         """The slot's KV state as a uint8 array. np.empty, unlike a ctypes array, does not zero-fill
         the buffer first: for a 100 MB state that is most of the time before the first byte is sent."""
+        import numpy as np  # after libllama: see llama.preload_native
+
         C = llama.lib()
         size = C.llama_state_seq_get_size(self.ctx.ptr, slot.id)
         buf = np.empty(size, dtype=np.uint8)
@@ -122,6 +122,8 @@ class Generation:
 
     def write_state(self, slot: Slot, tokens: list[int], data: Any) -> None:
         """Replace the slot's KV with ``data``. On a llama.cpp failure the slot ends up empty, never half-written."""
+        import numpy as np
+
         C = llama.lib()
         arr = np.frombuffer(data, dtype=np.uint8)
         self.ctx.seq_rm(slot.id, -1, -1)

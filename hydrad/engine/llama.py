@@ -50,8 +50,33 @@ def lib() -> "L":
             _log_cb = mod.llama_log_callback(_on_log)
             mod.llama_log_set(_log_cb, ctypes.c_void_p(0))
             mod.llama_backend_init()
+            # Register every backend (and initialise CUDA) here, once, under the lock: the ggml RPC server
+            # thread, the loader thread and device queries would otherwise race into that lazy
+            # initialisation from several threads, which crashes the CUDA build.
+            mod.llama_supports_gpu_offload()
             _lib = mod
     return _lib
+
+
+def preload_native() -> None:
+    """dlopen libllama (and with it libggml and its backends) before any other extension that links
+    the C++ runtime. On the GPU machine, importing numpy first made llama.cpp crash inside std::regex
+    while loading a vocabulary: its C++ symbols had been bound to another copy of the runtime. Only
+    the shared objects are loaded here (tens of milliseconds); the Python binding and the backend
+    initialisation stay lazy so the daemon is listening within a second."""
+    import importlib.util
+
+    override = os.environ.get("LLAMA_CPP_LIB_PATH")
+    if override:
+        base = Path(override)
+    else:
+        spec = importlib.util.find_spec("llama_cpp")
+        if spec is None or spec.origin is None:
+            return
+        base = Path(spec.origin).parent / "lib"
+    lib_path = base / "libllama.so"
+    if lib_path.exists():
+        ctypes.CDLL(str(lib_path), mode=ctypes.RTLD_GLOBAL)
 
 
 def set_llama_log_level(level: str) -> None:

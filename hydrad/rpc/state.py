@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 from typing import Any, Iterator
 
-import numpy as np
 import xxhash
 
 from hydrad.rpc import protocol as P
@@ -41,6 +40,8 @@ class StateReceiver:
     """Collects STATE_DATA payloads into one preallocated buffer (never more than declared)."""
 
     def __init__(self, total: int) -> None:
+        import numpy as np  # lazily, after libllama (see hydrad.engine.llama.preload_native)
+
         self.total = total
         self.buffer = np.empty(total, dtype=np.uint8)  # not zero-filled: every byte is written before use
         self._view = memoryview(self.buffer)
