@@ -708,6 +708,10 @@ def bench_model(alias: str, args: argparse.Namespace, settings: ServerSettings, 
                          "pair_ratio_max": max(pairs) if pairs else None})
         summary[w.key] = {"label": w.label, "rows": rows}
     result["summary"] = summary
+    kept = [m for w in workloads for runs in result["runs"][w.key].values() for m in runs]
+    result["contention"] = {"max_foreign_cpu": max((m["foreign_cpu"] for m in kept), default=0.0),
+                            "redone": sum(m["attempt"] - 1 for m in kept),
+                            "flagged": sum(1 for m in kept if m["foreign_cpu"] > args.max_foreign)}
     return result
 
 
@@ -803,7 +807,10 @@ def markdown_section(report: dict[str, Any]) -> str:
     if with_ref:
         out += [f"llama-server: `{report['llama_server']}` ({report.get('llama_server_build', '')}).", ""]
     for res in report["results"]:
-        out += [f"### {res['model']} ({res['gguf']})", "", table(res, with_ref), "", startup_table(res), ""]
+        c = res["contention"]
+        out += [f"### {res['model']} ({res['gguf']})", "", table(res, with_ref), "", startup_table(res), "",
+                f"Other processes' share of the CPUs during a kept run: at most {c['max_foreign_cpu']:.1%}; "
+                f"runs redone because of other load: {c['redone']}; kept over the limit: {c['flagged']}.", ""]
         if with_ref and res.get("llama_server_argv"):
             out += [f"llama-server flags: `{' '.join(res['llama_server_argv'][1:])}`", ""]
     return "\n".join(out) + "\n"

@@ -88,7 +88,8 @@ class EngineCore:
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self._thread = _start_big_stack_thread(self._run, "hydrad-engine")
+        self._thread = threading.Thread(target=self._run, name="hydrad-engine", daemon=True)
+        self._thread.start()
         self._set_stage("idle")
 
     @property
@@ -147,7 +148,8 @@ class EngineCore:
             self.loads[rec.id] = rec
             self.current_load = rec
         self._set_stage("reloading" if self.gen else "loading_model", 0.0)
-        _start_big_stack_thread(self._load_thread, f"hydrad-loader-{rec.id}", rec, resolved, params, on_success)
+        threading.Thread(target=self._load_thread, args=(rec, resolved, params, on_success),
+                         name=f"hydrad-loader-{rec.id}", daemon=True).start()
         return rec
 
     def _free_memory(self) -> int:
@@ -738,24 +740,6 @@ class EngineCore:
         if gen is None:
             return {"busy": retiring, "total": 0, "queued": len(self._waiting)}
         return {"busy": gen.n_active + retiring, "total": len(gen.slots), "queued": len(self._waiting)}
-
-
-THREAD_STACK = 64 << 20
-_stack_lock = threading.Lock()
-
-
-def _start_big_stack_thread(target: Callable[..., Any], name: str, *args: Any) -> threading.Thread:
-    """A thread with a 64 MiB stack. llama.cpp compiles its pre-tokenizer regexes with std::regex,
-    whose recursive compiler overflowed a default-sized thread stack inside the CUDA build (a SIGSEGV
-    while loading a vocabulary, seen on the GPU machine); tokenizing runs on these threads."""
-    thread = threading.Thread(target=target, args=args, name=name, daemon=True)
-    with _stack_lock:  # the stack size is a process-wide setting read when a thread starts
-        previous = threading.stack_size(THREAD_STACK)
-        try:
-            thread.start()
-        finally:
-            threading.stack_size(previous)
-    return thread
 
 
 def sibling_problem(old: Generation, new: Generation) -> str | None:
