@@ -1,0 +1,131 @@
+"""PoolState: admin snapshots and PUB events merged into what the console shows (no terminal)."""
+
+from __future__ import annotations
+
+from tests.unit.test_tui_app import GIB, engine_doc, engines_doc, profile_doc
+from tui.state import EngineRow, PoolState, describe_event, fmt_age, fmt_gpu, fmt_vram
+
+
+def state(now: list[float] | None = None) -> PoolState:
+    clock = now or [100.0]
+    s = PoolState(clock=lambda: clock[0])
+    s.apply_engines(engines_doc())
+    s.apply_profile(profile_doc())
+    return s
+
+
+def test_snapshot_rows() -> None:
+    s = state()
+    assert [r.name for r in s.sorted_engines()] == ["5060ti", "p100"]
+    r = s.engines["5060ti"]
+    assert (r.stage, r.model, r.slots_busy, r.slots_total, r.decode_tps) == ("ready", "smollm2-135m", 1, 4, 95.4)
+    assert r.vram_used == 4 * GIB and fmt_vram(r) == "4.0G/16.0G"
+    assert round(s.heartbeat_age(r) or 0, 6) == 0.3
+    assert s.profile.active == "dense" and list(s.profile.profiles) == ["dense", "gemma"]
+
+
+def test_a_failed_configure_is_kept_for_the_detail_pane() -> None:
+    from tui.widgets.detail import render_detail
+
+    s = PoolState()
+    s.apply_engines({"engines": [engine_doc("a", last_configure={
+        "engine": "a", "ok": False, "why": "profile gemma", "model": "gemma3-270m", "error": "out of memory"})]})
+    assert "profile gemma → gemma3-270m failed: out of memory" in render_detail(s, s.engines["a"]).plain
+    s.apply_engines({"engines": [engine_doc("a", last_configure=None)]})
+    assert s.engines["a"].last_configure is None
+
+
+def test_engines_missing_from_a_snapshot_are_dropped() -> None:
+    s = state()
+    s.apply_engines({"engines": [engine_doc("p100")]})
+    assert list(s.engines) == ["p100"]
+
+
+def test_heartbeat_age_moves_with_the_clock_and_events_reset_it() -> None:
+    now = [100.0]
+    s = state(now)
+    now[0] = 104.3
+    assert round(s.heartbeat_age(s.engines["5060ti"]), 1) == 4.6
+    s.apply_event("engine.progress", {"engine": "5060ti", "stage": "reloading", "progress": 0.5})
+    assert s.heartbeat_age(s.engines["5060ti"]) == 0.0
+
+
+def test_down_and_up() -> None:
+    s = state()
+    assert s.apply_event("engine.down", {"engine": "p100", "reason": "no heartbeat for 3.1 s"}) == {"engines"}
+    r = s.engines["p100"]
+    assert not r.alive and r.down_reason == "no heartbeat for 3.1 s" and not r.loading
+    s.apply_event("engine.up", {"engine": "p100", "stage": "idle", "model": None, "gpu": {"name": "CPU"}})
+    assert r.alive and r.down_reason is None and r.stage == "idle" and r.model is None
+
+
+def test_unknown_engine_from_an_event_gets_a_row() -> None:
+    s = state()
+    s.apply_event("engine.stage", {"engine": "new", "stage": "loading_model", "model": None,
+                                   "loading_model": "gemma3-270m"})
+    assert s.engines["new"].loading and s.engines["new"].loading_model == "gemma3-270m"
+
+
+def test_progress_clears_when_the_load_ends() -> None:
+    s = state()
+    s.apply_event("engine.progress", {"engine": "5060ti", "stage": "reloading", "progress": 0.7,
+                                      "loading_model": "gemma3-270m"})
+    r = s.engines["5060ti"]
+    assert r.loading and r.progress == 0.7
+    s.apply_event("engine.stage", {"engine": "5060ti", "stage": "ready", "model": "gemma3-270m"})
+    assert not r.loading and r.progress is None and r.model == "gemma3-270m"
+
+
+def test_profile_events() -> None:
+    s = state()
+    s.apply_event("profile.start", {"profile": "gemma", "previous": "dense", "engines": ["5060ti"], "absent": []})
+    assert s.profile.state == "switching" and s.profile.active == "gemma" and s.profile.switch_engines == ["5060ti"]
+    s.apply_event("profile.engine", {"engine": "5060ti", "phase": "configuring", "why": "profile gemma",
+                                     "model": "gemma3-270m"})
+    assert s.engines["5060ti"].configuring == "profile gemma"
+    s.apply_event("profile.engine", {"engine": "5060ti", "phase": "failed", "error": "out of memory"})
+    assert s.engines["5060ti"].configuring is None and s.engines["5060ti"].last_error == "out of memory"
+    s.apply_event("profile.done", {"profile": "gemma", "ok": False, "seconds": 1.5, "failed": ["5060ti"]})
+    assert s.profile.state == "steady" and s.profile.last_switch == {
+        "profile": "gemma", "ok": False, "seconds": 1.5, "failed": ["5060ti"], "absent": None}
+
+
+def test_routes_are_bounded() -> None:
+    s = PoolState(route_log_size=3)
+    for i in range(5):
+        s.apply_event("route", {"req": f"r{i}", "engine": "a", "step": "cost", "reason": "cheapest"}, ts=1.0)
+    assert [r.req for r in s.routes] == ["r2", "r3", "r4"]
+
+
+def test_mode_labels_from_the_active_profile() -> None:
+    s = PoolState()
+    s.apply_engines({"engines": [engine_doc("5060ti", mode="combine"), engine_doc("p100"), engine_doc("3060")]})
+    s.apply_profile({"active": "combine", "profiles": {"combine": ""}, "engines": {
+        "5060ti": {"entry": {"model": "gemma3-270m", "mode": "COMBINE", "peer": "p100"}},
+        "p100": {"entry": {"mode": "PEER"}},
+        "3060": {"entry": {"model": "smollm2-135m"}}}})
+    assert s.mode_label(s.engines["5060ti"]) == "COMBINE+p100"
+    assert s.mode_label(s.engines["p100"]) == "PEER→5060ti"
+    assert s.mode_label(s.engines["3060"]) == "SOLO"
+
+
+def test_reload_estimate() -> None:
+    s = state()
+    assert s.reload_estimate("gemma") == (["5060ti", "p100"], False)  # another profile: an upper bound
+    assert s.reload_estimate("dense") == ([], True)  # the active one, every engine matching it
+    s.engines["p100"].model = "smollm2-135m"
+    assert s.reload_estimate("dense") == (["p100"], True)
+    s.apply_event("engine.down", {"engine": "5060ti", "reason": "left"})
+    assert s.reload_estimate("gemma") == (["p100"], False)
+
+
+def test_formatting() -> None:
+    assert fmt_gpu(EngineRow("x", gpu={"name": "CPU", "arch": "cpu"})) == "CPU"
+    assert fmt_gpu(EngineRow("x", gpu={"name": "CUDA0", "description": "NVIDIA H200", "arch": "sm_90"})) == "H200 sm_90"
+    assert fmt_vram(EngineRow("x", gpu={"vram_total": 0})) == "-"
+    assert fmt_vram(EngineRow("x", gpu={"vram_total": 8 * GIB}, vram_free=7 * GIB + (512 << 20))) == "512M/8.0G"
+    assert [fmt_age(a) for a in (None, 0.25, 42, 600, 9000)] == ["-", "0.2s", "42s", "10m", "2h"]
+    assert describe_event("engine.down", {"engine": "a", "reason": "disconnected"}) == "a DOWN: disconnected"
+    assert describe_event("profile.done", {"profile": "p", "ok": True, "seconds": 2.0}) == "profile p done in 2.0 s"
+    assert describe_event("engine.progress", {"engine": "a", "stage": "reloading", "progress": 0.5,
+                                              "loading_model": "m"}) == "a reloading m 50%"

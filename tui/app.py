@@ -1,0 +1,413 @@
+"""hydra-console: watch and steer a Hydra pool from a terminal.
+
+    hydra-console [--coordinator tcp://HOST:9501] [--admin http://HOST:9000] [--refresh 2]
+
+Live state comes from the coordinator's PUB socket (a ZeroMQ SUB reader in a thread worker
+posts batches of events as Textual messages); heartbeat figures (slots, queue, tok/s, VRAM)
+and the initial state come from the admin API, fetched in a thread worker at start, after
+events that change them, on ``r`` and every ``--refresh`` seconds. Nothing blocking ever runs
+on the UI's event loop, and nothing the coordinator does (or fails to do) ends the console:
+an unreachable coordinator is a banner, retried until it answers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import time
+from typing import Any, Callable, ClassVar, Protocol
+
+from textual import work
+from textual.app import App, ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal
+from textual.message import Message
+from textual.screen import ModalScreen
+from textual.widgets import Footer, Header
+from textual.worker import get_current_worker
+
+from tui.feed import CONNECTED, DISCONNECTED, AdminClient, AdminError, EventReader, FeedEvent
+from tui.state import PoolState, describe_event, summarize
+from tui.widgets import (Banner, ConfirmSwitch, EngineDetail, EnginesTable, EventLog, LoadsPanel, ProfilePicker,
+                         ProfilesPanel, RouteLog)
+
+DEFAULT_ADMIN = "http://127.0.0.1:9000"  # etc/hydra/dev/coordinator.yaml: http.port
+DEFAULT_EVENTS = "tcp://127.0.0.1:9501"  # etc/hydra/dev/coordinator.yaml: events
+REFRESH_TOPICS = frozenset({"engine.up", "engine.down", "engine.stage", "route", "profile.engine", "profile.done"})
+
+
+class Admin(Protocol):
+    """What the console needs of the admin API (:class:`tui.feed.AdminClient`; a fake in unit tests)."""
+
+    def engines(self) -> dict[str, Any]: ...
+    def profile(self) -> dict[str, Any]: ...
+    def switch(self, name: str) -> dict[str, Any]: ...
+
+
+class HydraConsole(App[None]):
+    """Engines, loads, profiles and routing of one coordinator's pool."""
+
+    TITLE = "Hydra console"
+    ENABLE_COMMAND_PALETTE = False
+
+    CSS = """
+    #middle {
+        height: 10;
+    }
+    #middle > EngineDetail {
+        width: 2fr;
+    }
+    #middle > LoadsPanel {
+        width: 1fr;
+    }
+    #middle > ProfilesPanel {
+        width: 1fr;
+    }
+    #logs {
+        height: 1fr;
+        min-height: 5;
+    }
+    #logs > RouteLog {
+        width: 1fr;
+    }
+    #logs > EventLog {
+        width: 1fr;
+    }
+    """
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("q", "quit", "Quit"),
+        Binding("p", "switch_profile", "Profile"),
+        Binding("r", "refresh", "Refresh"),
+    ]
+    """
+    | Key(s) | Description |
+    | :- | :- |
+    | q | Quit. |
+    | p | Choose a profile and switch the pool to it (after a confirmation). |
+    | r | Fetch the admin API now. |
+    | up/down | Select an engine (the engines table's bindings). |
+    """
+
+    class PoolEvents(Message):
+        """A batch of events from the PUB socket (posted by the reader thread)."""
+
+        def __init__(self, events: list[FeedEvent]) -> None:
+            super().__init__()
+            self.events = events
+
+    class FeedState(Message):
+        """The event stream connected, dropped or keeps failing to connect."""
+
+        def __init__(self, state: str, detail: str) -> None:
+            super().__init__()
+            self.state = state
+            self.detail = detail
+
+    class AdminSnapshot(Message):
+        """The admin API's answer (``error`` set when it gave none); ``since``: events applied before asking."""
+
+        def __init__(self, engines: dict[str, Any] | None, profile: dict[str, Any] | None,
+                     error: str | None = None, since: int | None = None) -> None:
+            super().__init__()
+            self.engines = engines
+            self.profile = profile
+            self.error = error
+            self.since = since
+
+    class SwitchAnswer(Message):
+        """The answer to ``POST /admin/profile`` (the switch itself goes on; its progress comes as events)."""
+
+        def __init__(self, profile: str, result: dict[str, Any] | None, error: str | None = None) -> None:
+            super().__init__()
+            self.profile = profile
+            self.result = result
+            self.error = error
+
+    def __init__(self, *, admin_url: str = DEFAULT_ADMIN, events: str | None = DEFAULT_EVENTS,
+                 admin: Admin | None = None, refresh_s: float = 2.0, curve_server_key: str | None = None,
+                 clock: Callable[[], float] = time.monotonic, refresh_on_events: bool = True) -> None:
+        """``events=None`` runs without a SUB reader (unit tests post :class:`PoolEvents` themselves);
+        ``clock`` drives heartbeat ages (a fixed one makes snapshots reproducible);
+        ``refresh_on_events`` fetches the admin API soon after events that change its figures
+        (a route changes slots, an engine coming up brings its GPU and slots) and after a switch
+        is accepted."""
+        super().__init__()
+        self.admin_url = admin_url
+        self.events_endpoint = events
+        timeout = min(5.0, max(1.0, refresh_s * 2))
+        self.admin: Admin = admin if admin is not None else AdminClient(admin_url, timeout=timeout)
+        self.refresh_s = refresh_s
+        self.curve_server_key = curve_server_key
+        self.refresh_on_events = refresh_on_events
+        self.state = PoolState(clock=clock)
+        self.notices: list[tuple[str, str]] = []  # (severity, text) of every notification, newest last
+        self.snapshots = 0  # admin snapshots applied
+        self.admin_error: str | None = None
+        self.feed_state = "connecting" if events else "off"
+        self.feed_detail = ""
+        self._refreshing = False
+        self._refresh_wanted = False
+        self._last_refresh = -1e9
+        self._last_paint = 0.0
+        # the widgets, made here so that messages arriving before they are mounted find them
+        self.banner = Banner(id="banner")
+        self.table = EnginesTable(id="engines")
+        self.detail = EngineDetail(id="detail")
+        self.loads = LoadsPanel(id="loads")
+        self.profiles_panel = ProfilesPanel(id="profiles")
+        self.route_log = RouteLog(id="routes")
+        self.event_log = EventLog(id="events")
+
+    # ----- layout ------------------------------------------------------------------------
+
+    def compose(self) -> ComposeResult:
+        yield Header(show_clock=False, icon="≋")
+        yield self.banner
+        yield self.table
+        with Horizontal(id="middle"):
+            yield self.detail
+            yield self.loads
+            yield self.profiles_panel
+        with Horizontal(id="logs"):
+            yield self.route_log
+            yield self.event_log
+        yield Footer()
+
+    def on_mount(self) -> None:
+        events = f" · events {self.events_endpoint}" if self.events_endpoint else ""
+        self.sub_title = f"admin {self.admin_url}{events}"
+        self.table.focus()
+        self._render({"engines", "profile"})
+        self._start_refresh()
+        self.set_interval(0.5, self._tick)
+        if self.events_endpoint:
+            self._read_events(self.events_endpoint)
+
+    def on_unmount(self) -> None:
+        close = getattr(self.admin, "close", None)
+        if callable(close):
+            with contextlib.suppress(Exception):
+                close()
+
+    # ----- workers (all blocking I/O is here, off the UI loop) ---------------------------------
+
+    @work(thread=True, group="events", exit_on_error=False)
+    def _read_events(self, endpoint: str) -> None:
+        worker = get_current_worker()
+        while not worker.is_cancelled:
+            reader = EventReader(endpoint, curve_server_key=self.curve_server_key)
+            try:
+                reader.run(on_events=lambda batch: self.post_message(self.PoolEvents(batch)),
+                           on_state=lambda state, detail: self.post_message(self.FeedState(state, detail)),
+                           should_stop=lambda: worker.is_cancelled)
+            except Exception as exc:  # a bad endpoint string, a CURVE key of the wrong length...
+                self.post_message(self.FeedState(DISCONNECTED, f"{endpoint}: {exc}"))
+                deadline = time.monotonic() + max(2.0, self.refresh_s)
+                while time.monotonic() < deadline and not worker.is_cancelled:
+                    time.sleep(0.1)
+
+    @work(thread=True, group="admin", exit_on_error=False)
+    def _fetch_admin(self, since: int) -> None:
+        try:
+            engines = self.admin.engines()
+            profile = self.admin.profile()
+        except AdminError as exc:
+            self.post_message(self.AdminSnapshot(None, None, str(exc)))
+        except Exception as exc:  # whatever a broken answer raises, the console goes on
+            self.post_message(self.AdminSnapshot(None, None, f"{type(exc).__name__}: {exc}"))
+        else:
+            self.post_message(self.AdminSnapshot(engines, profile, since=since))
+
+    @work(thread=True, group="switch", exit_on_error=False)
+    def _post_switch(self, name: str) -> None:
+        try:
+            result = self.admin.switch(name)
+        except AdminError as exc:
+            self.post_message(self.SwitchAnswer(name, None, str(exc)))
+        except Exception as exc:
+            self.post_message(self.SwitchAnswer(name, None, f"{type(exc).__name__}: {exc}"))
+        else:
+            self.post_message(self.SwitchAnswer(name, result))
+
+    def _start_refresh(self) -> None:
+        if self._refreshing:
+            self._refresh_wanted = True
+            return
+        self._refreshing, self._refresh_wanted = True, False
+        self._last_refresh = time.monotonic()
+        self._fetch_admin(self.state.seq)
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        if not self._refreshing and (self._refresh_wanted or now - self._last_refresh >= self.refresh_s):
+            self._start_refresh()
+        if now - self._last_paint >= 1.0:  # heartbeat ages move with time
+            self._render({"engines"})
+
+    # ----- messages from the workers -----------------------------------------------------
+
+    def on_hydra_console_admin_snapshot(self, msg: AdminSnapshot) -> None:
+        self._refreshing = False
+        if msg.error is not None:
+            if self.admin_error is None:
+                self.event_log.add_event(time.time(), "console", f"admin API unreachable: {msg.error}")
+            self.admin_error = msg.error
+            self._update_banner()
+            return
+        if self.admin_error is not None:
+            self.event_log.add_event(time.time(), "console", f"admin API {self.admin_url} answers again")
+        self.admin_error = None
+        changed: set[str] = set()
+        if msg.engines is not None:
+            changed |= self.state.apply_engines(msg.engines, since=msg.since)
+        if msg.profile is not None:
+            changed |= self.state.apply_profile(msg.profile)
+        self.snapshots += 1
+        self._render(changed)
+        self._update_banner()
+
+    def on_hydra_console_pool_events(self, msg: PoolEvents) -> None:
+        changed: set[str] = set()
+        routes = self.route_log
+        log = self.event_log
+        for ev in msg.events:
+            changed |= self.state.apply_event(ev.topic, ev.data, ev.ts)
+            if ev.topic == "route":
+                routes.add_route(self.state.routes[-1])
+            elif ev.topic != "profile.progress":  # it repeats engine.progress for engines a switch reloads
+                log.add_event(ev.ts, ev.topic, describe_event(ev.topic, ev.data))
+            if ev.topic in REFRESH_TOPICS and self.refresh_on_events:
+                self._refresh_wanted = True
+            if ev.topic == "profile.done":
+                self._switch_done(ev.data)
+        self._render(changed)
+
+    def on_hydra_console_feed_state(self, msg: FeedState) -> None:
+        if msg.state != self.feed_state:
+            self.event_log.add_event(time.time(), "console", f"events: {msg.detail}")
+            if msg.state == CONNECTED and self.refresh_on_events:
+                self._refresh_wanted = True  # events may have been missed while away
+        self.feed_state, self.feed_detail = msg.state, msg.detail
+        self._update_banner()
+
+    def on_hydra_console_switch_answer(self, msg: SwitchAnswer) -> None:
+        if msg.error is not None:
+            self._notice(f"Switch to {msg.profile} refused: {msg.error}", "error")
+            return
+        self._notice(f"Switching the pool to {msg.profile}…", "information")
+        self._refresh_wanted = self._refresh_wanted or self.refresh_on_events
+
+    def on_engines_table_engine_selected(self, msg: EnginesTable.EngineSelected) -> None:
+        self.detail.show(self.state, msg.name)
+
+    # ----- actions -----------------------------------------------------------------------
+
+    def action_refresh(self) -> None:
+        """Fetch the admin API now."""
+        self._start_refresh()
+
+    def action_switch_profile(self) -> None:
+        """Pick a profile, confirm, then POST /admin/profile in a thread worker."""
+        if isinstance(self.screen, ModalScreen):
+            return
+        info = self.state.profile
+        if not info.profiles:
+            self._notice("No profiles known yet: the admin API has not answered.", "warning")
+            return
+        if info.state == "switching":
+            self._notice(f"A switch to {info.switching_to or info.active} is under way; wait for it to finish.",
+                         "warning")
+            return
+        self.push_screen(ProfilePicker(info.profiles, info.active), self._profile_picked)
+
+    def _profile_picked(self, name: str | None) -> None:
+        if not name:
+            return
+        engines, exact = self.state.reload_estimate(name)
+        note = "" if exact else "(engines that already match it are left alone)"
+        self.push_screen(ConfirmSwitch(name, engines, exact=exact, note=note),
+                         lambda ok: self._post_switch(name) if ok else None)
+
+    # ----- rendering ---------------------------------------------------------------------
+
+    def _render(self, changed: set[str]) -> None:
+        if "engines" in changed:
+            self._last_paint = time.monotonic()
+            table = self.table
+            table.show(self.state)
+            self.loads.show(self.state)
+            self.detail.show(self.state, table.selected)
+            alive, dead, loading = summarize(self.state.engines.values())
+            active = self.state.profile.active or "-"
+            parts = [f"profile {active}", f"{alive} up"]
+            if dead:
+                parts.append(f"{dead} dead")
+            if loading:
+                parts.append(f"{loading} loading")
+            self.sub_title = " · ".join(parts)
+        if "profile" in changed:
+            self.profiles_panel.show(self.state.profile)
+
+    def _update_banner(self) -> None:
+        banner = self.banner
+        if self.admin_error is not None:
+            text = f"⚠ Coordinator unreachable: {self.admin_error}. Retrying every {self.refresh_s:g} s"
+            if self.events_endpoint and self.feed_state != CONNECTED:
+                text += f"; events {self.events_endpoint} not connected"
+            banner.show_problem(text + ". Figures shown may be stale.")
+        elif self.events_endpoint and self.feed_state == DISCONNECTED:
+            banner.show_problem(f"⚠ Event stream down ({self.feed_detail}): live updates paused, "
+                                f"admin data every {self.refresh_s:g} s.", warning=True)
+        else:
+            banner.clear_problem()
+
+    def _switch_done(self, data: dict[str, Any]) -> None:
+        if data.get("ok"):
+            secs = data.get("seconds")
+            took = f" in {secs:.1f} s" if isinstance(secs, (int, float)) else ""
+            self._notice(f"Profile {data.get('profile')} is active{took}.", "information")
+        else:
+            failed = ", ".join(data.get("failed") or []) or "?"
+            self._notice(f"Switch to {data.get('profile')} failed on: {failed} (see the event log).", "error")
+
+    def _notice(self, text: str, severity: str) -> None:
+        self.notices.append((severity, text))
+        self.notify(text, severity=severity, timeout=8 if severity == "error" else 4)  # type: ignore[arg-type]
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(
+        prog="hydra-console",
+        description="Terminal console of a Hydra pool: engines, loads, profiles, routing decisions.")
+    ap.add_argument("--coordinator", default=DEFAULT_EVENTS, metavar="ENDPOINT",
+                    help=f"the coordinator's events (PUB) endpoint (default {DEFAULT_EVENTS})")
+    ap.add_argument("--admin", default=DEFAULT_ADMIN, metavar="URL",
+                    help=f"the coordinator's HTTP address, serving /admin/* (default {DEFAULT_ADMIN})")
+    ap.add_argument("--refresh", type=float, default=2.0, metavar="SECONDS",
+                    help="seconds between admin API fetches (slots, queue, tok/s; default 2)")
+    ap.add_argument("--curve-server-key", default=None, metavar="Z85",
+                    help="the coordinator's CURVE public key, when its bus and events are encrypted")
+    args = ap.parse_args(argv)
+    if not args.coordinator.startswith(("tcp://", "ipc://", "inproc://")):
+        ap.error(f"--coordinator {args.coordinator!r}: expected a ZeroMQ endpoint like tcp://127.0.0.1:9501")
+    if not args.admin.startswith(("http://", "https://")):
+        ap.error(f"--admin {args.admin!r}: expected a URL like http://127.0.0.1:9000")
+    if not 0.2 <= args.refresh <= 3600:
+        ap.error("--refresh: between 0.2 and 3600 seconds")
+    if args.curve_server_key is not None and len(args.curve_server_key) != 40:
+        ap.error("--curve-server-key: a Z85 key is 40 characters")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    app = HydraConsole(admin_url=args.admin, events=args.coordinator, refresh_s=args.refresh,
+                       curve_server_key=args.curve_server_key)
+    app.run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

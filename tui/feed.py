@@ -1,0 +1,198 @@
+"""The console's two links to the coordinator: the admin HTTP API and the PUB event stream.
+
+Both are blocking and meant to run in Textual thread workers, never on the UI's event loop:
+
+- :class:`AdminClient` wraps ``GET /admin/engines``, ``GET /admin/profile`` and
+  ``POST /admin/profile``; every failure (refused, timeout, non-JSON, HTTP error) becomes one
+  :class:`AdminError` whose text an operator can act on.
+- :class:`EventReader` owns a ZeroMQ SUB socket (and its monitor socket) on the thread that
+  calls :meth:`EventReader.run`; pyzmq sockets are not thread-safe, so they never leave it.
+  Events are handed on in small batches (a burst of routing decisions becomes one UI message,
+  not hundreds), and connection changes are reported as they happen. ZeroMQ reconnects on its
+  own, with a back-off capped at ``reconnect_max_s``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import httpx
+import zmq
+
+from hydrad.bus import messages as M
+
+
+class AdminError(Exception):
+    """An admin call that did not give an answer; ``str()`` says why, ``status`` is the HTTP status if any."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class AdminClient:
+    """Blocking client of the coordinator's ``/admin`` API (call it from a thread worker)."""
+
+    def __init__(self, base_url: str, *, timeout: float = 5.0, transport: httpx.BaseTransport | None = None) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._http = httpx.Client(base_url=self.base_url, timeout=timeout, transport=transport)
+
+    def engines(self) -> dict[str, Any]:
+        return self._call("GET", "/admin/engines")
+
+    def profile(self) -> dict[str, Any]:
+        return self._call("GET", "/admin/profile")
+
+    def switch(self, name: str) -> dict[str, Any]:
+        """Start a switch to profile ``name`` and return at once (progress comes as events)."""
+        return self._call("POST", "/admin/profile", json={"name": name, "wait": False})
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _call(self, method: str, path: str, **kw: Any) -> dict[str, Any]:
+        try:
+            r = self._http.request(method, path, **kw)
+        except httpx.TimeoutException:
+            raise AdminError(f"{self.base_url}{path}: no answer in time") from None
+        except httpx.TransportError as exc:
+            raise AdminError(f"{self.base_url}: {_transport_reason(exc)}") from None
+        try:
+            body = r.json()
+        except ValueError:
+            body = None
+        if r.status_code >= 400:
+            message = None
+            if isinstance(body, dict):
+                err = body.get("error")
+                message = err.get("message") if isinstance(err, dict) else err if isinstance(err, str) else None
+            raise AdminError(f"{method} {path}: HTTP {r.status_code}: {message or r.text[:200] or r.reason_phrase}",
+                             r.status_code)
+        if not isinstance(body, dict):
+            raise AdminError(f"{method} {path}: the answer is not a JSON object")
+        return body
+
+
+def _transport_reason(exc: Exception) -> str:
+    text = str(exc) or type(exc).__name__
+    low = text.lower()
+    if "refused" in low:
+        return "connection refused"
+    if "name or service not known" in low or "nodename nor servname" in low:
+        return "unknown host"
+    return text
+
+
+@dataclass(frozen=True)
+class FeedEvent:
+    topic: str
+    ts: float
+    data: dict[str, Any]
+
+
+# connection states reported by EventReader
+CONNECTING, CONNECTED, DISCONNECTED = "connecting", "connected", "disconnected"
+
+
+class EventReader:
+    """SUB reader: call :meth:`run` on the thread that should own the sockets."""
+
+    def __init__(self, endpoint: str, *, curve_server_key: str | None = None, reconnect_max_s: float = 2.0,
+                 batch_s: float = 0.05, context: zmq.Context | None = None) -> None:
+        self.endpoint = endpoint
+        self.curve_server_key = curve_server_key
+        self.reconnect_max_s = reconnect_max_s
+        self.batch_s = batch_s
+        self._ctx = context
+        self.dropped = 0  # frames that were not events of this protocol
+
+    def run(self, on_events: Callable[[list[FeedEvent]], None], on_state: Callable[[str, str], None],
+            should_stop: Callable[[], bool]) -> None:
+        """Read until ``should_stop()``; ``on_state(state, detail)`` on connection changes."""
+        own = self._ctx is None
+        ctx = zmq.Context() if own else self._ctx
+        assert ctx is not None
+        sub = ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.RCVHWM, 10_000)
+        sub.setsockopt(zmq.RECONNECT_IVL, 100)
+        sub.setsockopt(zmq.RECONNECT_IVL_MAX, int(self.reconnect_max_s * 1000))
+        sub.setsockopt(zmq.MAXMSGSIZE, 1 << 20)
+        if self.curve_server_key:
+            public, secret = zmq.curve_keypair()
+            sub.setsockopt(zmq.CURVE_SERVERKEY, self.curve_server_key.encode())
+            sub.setsockopt(zmq.CURVE_PUBLICKEY, public)
+            sub.setsockopt(zmq.CURVE_SECRETKEY, secret)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        monitor = sub.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED
+                                         | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                                         | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+        poller = zmq.Poller()
+        poller.register(sub, zmq.POLLIN)
+        poller.register(monitor, zmq.POLLIN)
+        state = CONNECTING
+        on_state(state, f"connecting to {self.endpoint}")
+        try:
+            sub.connect(self.endpoint)
+            batch: list[FeedEvent] = []
+            flush_at = 0.0
+            while not should_stop():
+                timeout = 100 if not batch else max(0, int((flush_at - time.monotonic()) * 1000))
+                ready = dict(poller.poll(timeout))
+                if monitor in ready:
+                    new = self._monitor(monitor, state)
+                    if new is not None and new[0] != state:
+                        state = new[0]
+                        on_state(*new)
+                if sub in ready:
+                    while True:
+                        try:
+                            frames = sub.recv_multipart(zmq.NOBLOCK)
+                        except zmq.Again:
+                            break
+                        ev = self._decode(frames)
+                        if ev is not None:
+                            if not batch:
+                                flush_at = time.monotonic() + self.batch_s
+                            batch.append(ev)
+                        if len(batch) >= 500:
+                            break
+                if batch and (time.monotonic() >= flush_at or len(batch) >= 500):
+                    on_events(batch)
+                    batch = []
+        finally:
+            sub.disable_monitor()
+            monitor.close(0)
+            sub.close(0)
+            if own:
+                ctx.term()
+
+    def _monitor(self, monitor: zmq.Socket, state: str) -> tuple[str, str] | None:
+        from zmq.utils.monitor import recv_monitor_message
+
+        try:
+            msg = recv_monitor_message(monitor, zmq.NOBLOCK)
+        except zmq.Again:
+            return None
+        event = msg.get("event")
+        if event == zmq.EVENT_CONNECTED:
+            return CONNECTED, f"connected to {self.endpoint}"
+        if event == zmq.EVENT_DISCONNECTED:
+            return DISCONNECTED, f"lost {self.endpoint}; reconnecting"
+        if event in (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
+                     zmq.EVENT_HANDSHAKE_FAILED_AUTH):
+            return DISCONNECTED, f"{self.endpoint}: handshake failed (CURVE server key?)"
+        if event == zmq.EVENT_CONNECT_RETRIED and state != CONNECTED:
+            return DISCONNECTED, f"{self.endpoint} not reachable; retrying"
+        return None
+
+    def _decode(self, frames: list[bytes]) -> FeedEvent | None:
+        try:
+            ev = M.Event.from_frames(frames)
+        except M.BusDecodeError:
+            self.dropped += 1
+            return None
+        return FeedEvent(ev.topic, ev.ts, ev.data)
+

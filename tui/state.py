@@ -1,0 +1,426 @@
+"""What the console knows about the pool, built from admin snapshots and PUB events (no I/O here).
+
+Two sources feed one :class:`PoolState`:
+
+- ``GET /admin/engines`` and ``GET /admin/profile`` (a full snapshot, fetched at start, on ``r``
+  and every few seconds): the only source of heartbeat figures (slots, queue, tok/s, VRAM);
+- events from the coordinator's PUB socket (``engine.up/down/stage/progress/load``, ``route``,
+  ``profile.*``): stage changes, load progress, deaths and routing decisions as they happen.
+
+Everything is plain data so the widgets only render and the unit tests need no terminal.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+LOADING_STAGES = frozenset({"loading_model", "warming", "reloading"})
+ROUTE_LOG_SIZE = 200
+# what GET /admin/engines sets on a row; the EVENT_FIELDS among them are also set by events
+SNAPSHOT_FIELDS = ("alive", "down_reason", "stage", "model", "loading_model", "generation", "mode", "progress",
+                   "slots_busy", "slots_total", "queued", "max_queue", "n_ctx", "prefill_tps", "decode_tps",
+                   "load_seconds", "vram_free", "last_error", "inflight", "sessions", "configuring", "http", "rpc",
+                   "version", "pid", "up_since")
+EVENT_FIELDS = frozenset({"alive", "down_reason", "stage", "model", "loading_model", "progress", "configuring"})
+
+
+@dataclass
+class EngineRow:
+    """One engine as the console shows it."""
+
+    name: str
+    alive: bool = True
+    down_reason: str | None = None
+    gpu: dict[str, Any] = field(default_factory=dict)
+    stage: str = "starting"
+    model: str | None = None
+    loading_model: str | None = None
+    generation: str | None = None
+    mode: str = "solo"
+    progress: float | None = None
+    slots_busy: int = 0
+    slots_total: int = 0
+    queued: int = 0
+    max_queue: int = 0
+    n_ctx: int = 0
+    prefill_tps: float = 0.0
+    decode_tps: float = 0.0
+    load_seconds: float | None = None
+    vram_free: int | None = None
+    last_error: str | None = None
+    inflight: int = 0
+    sessions: int = 0
+    configuring: str | None = None
+    http: str | None = None
+    rpc: str | None = None
+    version: str | None = None
+    pid: int | None = None
+    up_since: float | None = None
+    models_on_disk: list[str] = field(default_factory=list)
+    last_configure: dict[str, Any] | None = None  # the coordinator's last configure of it, when it reports one
+    last_seen: float | None = None  # clock() of the last sign of life we know of
+
+    @property
+    def loading(self) -> bool:
+        """A load is under way (first load, warm-up or a reload while the old model serves)."""
+        return self.alive and self.stage in LOADING_STAGES
+
+    @property
+    def vram_total(self) -> int:
+        return int(self.gpu.get("vram_total") or 0)
+
+    @property
+    def vram_used(self) -> int | None:
+        total = self.vram_total
+        if not total:
+            return None
+        free = self.vram_free if self.vram_free is not None else self.gpu.get("vram_free")
+        return None if free is None else max(0, total - int(free))
+
+
+@dataclass(frozen=True)
+class RouteEntry:
+    """One routing decision from a ``route`` event."""
+
+    ts: float
+    req: str
+    engine: str | None
+    model: str | None
+    step: str
+    reason: str
+    attempt: int = 1
+    session: str | None = None
+    candidates: int = 0
+    rejected: int = 0
+
+
+@dataclass
+class ProfileInfo:
+    active: str | None = None
+    previous: str | None = None
+    state: str = "steady"  # steady | switching
+    profiles: dict[str, str] = field(default_factory=dict)  # name → description
+    entries: dict[str, dict[str, Any]] = field(default_factory=dict)  # engine → its entry in the active profile
+    switching_to: str | None = None
+    switch_engines: list[str] = field(default_factory=list)
+    last_switch: dict[str, Any] | None = None
+
+
+class PoolState:
+    """Engines, profiles and recent routing decisions; ``apply_*`` return what changed."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic, route_log_size: int = ROUTE_LOG_SIZE) -> None:
+        self.clock = clock
+        self.engines: dict[str, EngineRow] = {}
+        self.profile = ProfileInfo()
+        self.routes: deque[RouteEntry] = deque(maxlen=route_log_size)
+        self.events_seen = 0
+        self.seq = 0  # events applied so far; a snapshot request notes it (see apply_engines)
+        self._event_seq: dict[str, int] = {}  # engine → seq of its latest event
+
+    # ----- admin snapshots ---------------------------------------------------------------
+
+    def apply_engines(self, doc: dict[str, Any], since: int | None = None) -> set[str]:
+        """``GET /admin/engines``: replaces every engine's figures (engines gone from it are dropped).
+
+        ``since`` is :attr:`seq` when the request was sent: an engine with events after that keeps
+        what the events said about its liveness, stage, model and load (the snapshot may predate
+        them; the console asks again after such events, so a stale event is corrected next time).
+        """
+        now = self.clock()
+        seen: set[str] = set()
+        for item in doc.get("engines") or []:
+            if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+                continue
+            name = item["name"]
+            seen.add(name)
+            row = self.engines.get(name) or EngineRow(name)
+            newer = since is not None and self._event_seq.get(name, -1) > since
+            for key in SNAPSHOT_FIELDS:
+                if key in item and not (newer and key in EVENT_FIELDS):
+                    setattr(row, key, item[key])
+            if isinstance(item.get("gpu"), dict):
+                row.gpu = dict(item["gpu"])
+            if isinstance(item.get("last_configure"), dict) or item.get("last_configure", 0) is None:
+                row.last_configure = item.get("last_configure")
+            if isinstance(item.get("models_on_disk"), list):
+                row.models_on_disk = [str(m) for m in item["models_on_disk"]]
+            age = item.get("last_seen_s")
+            if isinstance(age, (int, float)):
+                row.last_seen = now - float(age)
+            row.mode = str(row.mode or "solo")
+            self.engines[name] = row
+        for name in list(self.engines):
+            if name not in seen and not (since is not None and self._event_seq.get(name, -1) > since):
+                del self.engines[name]
+                self._event_seq.pop(name, None)
+        if isinstance(doc.get("profile"), str):
+            self.profile.active = doc["profile"]
+        return {"engines", "profile"}
+
+    def apply_profile(self, doc: dict[str, Any]) -> set[str]:
+        """``GET /admin/profile``: profile names, the active one, its per-engine entries, the last switch."""
+        p = self.profile
+        p.active = doc.get("active")
+        p.previous = doc.get("previous")
+        p.state = doc.get("state") or "steady"
+        if isinstance(doc.get("profiles"), dict):
+            p.profiles = {str(k): str(v or "") for k, v in doc["profiles"].items()}
+        entries: dict[str, dict[str, Any]] = {}
+        for name, target in (doc.get("engines") or {}).items():
+            if isinstance(target, dict) and isinstance(target.get("entry"), dict):
+                entries[str(name)] = target["entry"]
+        p.entries = entries
+        p.last_switch = doc.get("last_switch")
+        if p.state != "switching":
+            p.switching_to, p.switch_engines = None, []
+        for name, prog in (doc.get("progress") or {}).items():
+            row = self.engines.get(name)
+            if row is not None and isinstance(prog, dict) and prog.get("progress") is not None:
+                row.progress = prog["progress"]
+        return {"profile", "engines"}
+
+    # ----- events ------------------------------------------------------------------------
+
+    def apply_event(self, topic: str, data: dict[str, Any], ts: float | None = None) -> set[str]:
+        """One PUB event; unknown topics and odd payloads are ignored (a newer coordinator may send more)."""
+        self.events_seen += 1
+        self.seq += 1
+        now = self.clock()
+        name = data.get("engine") if isinstance(data.get("engine"), str) else None
+        if name is not None and topic != "route":
+            self._event_seq[name] = self.seq
+        if topic == "route":
+            self.routes.append(RouteEntry(
+                ts=ts if ts is not None else time.time(), req=str(data.get("req") or "-"), engine=name,
+                model=data.get("model"), step=str(data.get("step") or "-"), reason=str(data.get("reason") or ""),
+                attempt=int(data.get("attempt") or 1), session=data.get("session"),
+                candidates=len(data.get("candidates") or ()), rejected=len(data.get("rejected") or {})))
+            return {"routes"}
+        if topic.startswith("profile."):
+            return self._profile_event(topic, data, name, now)
+        if name is None:
+            return set()
+        row = self.engines.get(name)
+        if row is None:
+            row = self.engines[name] = EngineRow(name)
+        if topic == "engine.up":
+            row.alive, row.down_reason = True, None
+            if isinstance(data.get("gpu"), dict):
+                row.gpu = dict(data["gpu"])
+            row.stage = data.get("stage") or row.stage
+            row.model = data.get("model")
+            row.http = data.get("http") or row.http
+            row.rpc = data.get("rpc") or row.rpc
+            row.last_seen = now
+        elif topic == "engine.down":
+            row.alive = False
+            row.down_reason = data.get("reason") or "down"
+            row.progress = None
+        elif topic == "engine.stage":
+            row.stage = data.get("stage") or row.stage
+            row.model = data.get("model")
+            row.loading_model = data.get("loading_model")
+            if row.stage not in LOADING_STAGES:
+                row.progress = None
+            row.last_seen = now  # published when a heartbeat arrives
+        elif topic == "engine.progress":
+            row.stage = data.get("stage") or row.stage
+            row.progress = _fraction(data.get("progress"))
+            row.loading_model = data.get("loading_model") or row.loading_model
+            row.last_seen = now
+        elif topic == "engine.load":
+            row.loading_model = data.get("model") or row.loading_model
+            row.configuring = data.get("why") or "on-demand"
+        else:
+            return set()
+        return {"engines"}
+
+    def _profile_event(self, topic: str, data: dict[str, Any], name: str | None, now: float) -> set[str]:
+        p = self.profile
+        if topic == "profile.start":
+            p.previous, p.active = data.get("previous"), data.get("profile")
+            p.state, p.switching_to = "switching", data.get("profile")
+            p.switch_engines = [str(e) for e in data.get("engines") or []]
+            return {"profile"}
+        if topic == "profile.done":
+            p.state, p.switching_to, p.switch_engines = "steady", None, []
+            p.last_switch = {k: data.get(k) for k in ("profile", "ok", "seconds", "failed", "absent")}
+            return {"profile", "engines"}
+        if name is None:
+            return set()
+        row = self.engines.get(name)
+        if row is None:
+            return set()
+        if topic == "profile.progress":
+            row.stage = data.get("stage") or row.stage
+            row.progress = _fraction(data.get("progress"))
+            row.loading_model = data.get("model") or row.loading_model
+            row.last_seen = now
+        elif topic == "profile.engine":
+            phase = data.get("phase")
+            if phase == "configuring":
+                row.configuring = data.get("why") or "profile"
+                row.loading_model = data.get("model") or row.loading_model
+            else:
+                row.configuring = None
+                if phase == "failed":
+                    row.last_error = data.get("error") or row.last_error
+        else:
+            return set()
+        return {"engines", "profile"}
+
+    # ----- views -------------------------------------------------------------------------
+
+    def sorted_engines(self) -> list[EngineRow]:
+        return [self.engines[n] for n in sorted(self.engines)]
+
+    def heartbeat_age(self, row: EngineRow) -> float | None:
+        return None if row.last_seen is None else max(0.0, self.clock() - row.last_seen)
+
+    def mode_label(self, row: EngineRow) -> str:
+        """SOLO, COMBINE+peer or PEER→head, from the engine's status and the active profile's entry."""
+        entry = self.profile.entries.get(row.name) or {}
+        mode = str(entry.get("mode") or row.mode or "solo").upper()
+        if mode == "PEER":
+            heads = [n for n, e in self.profile.entries.items() if e.get("peer") == row.name]
+            return "PEER→" + heads[0] if heads else "PEER"
+        if row.mode.upper() == "COMBINE" or mode == "COMBINE":
+            peer = entry.get("peer")
+            return f"COMBINE+{peer}" if peer else "COMBINE"
+        return "SOLO"
+
+    def reload_estimate(self, profile: str) -> tuple[list[str], bool]:
+        """Live engines a switch to ``profile`` would reload, and whether that list is exact.
+
+        ``GET /admin/profile`` shows the entries of the active profile only: re-applying it reloads
+        the engines that do not serve their entry's model (exact); for another profile every live
+        engine is counted (an upper bound: the coordinator skips engines already matching it).
+        """
+        live = [r for r in self.sorted_engines() if r.alive]
+        if profile == self.profile.active and self.profile.entries:
+            return [r.name for r in live if r.name in self.profile.entries
+                    and self.profile.entries[r.name].get("model") != r.model], True
+        return [r.name for r in live], False
+
+
+def _fraction(v: Any) -> float | None:
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return min(1.0, max(0.0, float(v)))
+    return None
+
+
+# ----- formatting ------------------------------------------------------------------------
+
+
+def fmt_bytes(n: int | None) -> str:
+    if n is None:
+        return "-"
+    gib = n / (1 << 30)
+    return f"{gib:.1f}G" if gib >= 1 else f"{n / (1 << 20):.0f}M"
+
+
+def fmt_vram(row: EngineRow) -> str:
+    used, total = row.vram_used, row.vram_total
+    if not total:
+        return "-"
+    return f"{fmt_bytes(used)}/{fmt_bytes(total)}"
+
+
+def fmt_gpu(row: EngineRow) -> str:
+    gpu = row.gpu
+    name = str(gpu.get("description") or gpu.get("name") or "?")
+    for prefix in ("NVIDIA GeForce ", "NVIDIA ", "AMD Radeon ", "Intel(R) "):
+        if name.startswith(prefix):
+            name = name[len(prefix):]
+            break
+    arch = str(gpu.get("arch") or "")
+    if arch and arch.lower() != name.lower():
+        name = f"{name} {arch}"
+    return name
+
+
+def fmt_age(age: float | None) -> str:
+    if age is None:
+        return "-"
+    if age < 10:
+        return f"{age:.1f}s"
+    if age < 120:
+        return f"{age:.0f}s"
+    if age < 7200:
+        return f"{age / 60:.0f}m"
+    if age < 172800:
+        return f"{age / 3600:.0f}h"
+    return f"{age / 86400:.0f}d"
+
+
+def fmt_tps(v: float | None) -> str:
+    return "-" if not v else (f"{v:.0f}" if v >= 100 else f"{v:.1f}")
+
+
+def fmt_clock(ts: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(ts))
+
+
+def describe_event(topic: str, data: dict[str, Any]) -> str:
+    """One line for the event log."""
+    e = data.get("engine")
+    if topic == "engine.up":
+        gpu = fmt_gpu(EngineRow(str(e), gpu=data.get("gpu") if isinstance(data.get("gpu"), dict) else {}))
+        return f"{e} up: {data.get('stage')} {data.get('model') or '(no model)'} on {gpu}"
+    if topic == "engine.down":
+        return f"{e} DOWN: {data.get('reason')}"
+    if topic == "engine.stage":
+        if data.get("previous") == data.get("stage"):  # the model changed within the stage (a reload's swap)
+            return f"{e} now serves {data.get('model') or '(no model)'} ({data.get('stage')})"
+        model = data.get("loading_model") or data.get("model") or "-"
+        return f"{e} {data.get('previous')} → {data.get('stage')} ({model})"
+    if topic == "engine.progress":
+        p = _fraction(data.get("progress"))
+        pct = "?" if p is None else f"{p * 100:.0f}%"
+        return f"{e} {data.get('stage')} {data.get('loading_model') or ''} {pct}".replace("  ", " ")
+    if topic == "engine.load":
+        return f"{e} loading {data.get('model')} ({data.get('why')})"
+    if topic == "profile.start":
+        engines = ", ".join(data.get("engines") or []) or "none"
+        extra = f"; absent: {', '.join(data['absent'])}" if data.get("absent") else ""
+        return f"profile {data.get('previous')} → {data.get('profile')}: reloading {engines}{extra}"
+    if topic == "profile.progress":
+        p = _fraction(data.get("progress"))
+        return f"profile {data.get('profile')}: {e} {data.get('stage')} {'?' if p is None else f'{p * 100:.0f}%'}"
+    if topic == "profile.engine":
+        phase = data.get("phase")
+        if phase == "configuring":
+            return f"{e} configuring → {data.get('model')} ({data.get('why')})"
+        secs = data.get("seconds")
+        tail = f" in {secs:.1f} s" if isinstance(secs, (int, float)) else ""
+        err = f": {data.get('error')}" if data.get("error") else ""
+        return f"{e} {phase} {data.get('model') or ''}{tail}{err}"
+    if topic == "profile.done":
+        ok = "done" if data.get("ok") else "FAILED (" + ", ".join(data.get("failed") or []) + ")"
+        secs = data.get("seconds")
+        tail = f" in {secs:.1f} s" if isinstance(secs, (int, float)) else ""
+        return f"profile {data.get('profile')} {ok}{tail}"
+    if topic == "route":
+        return describe_route_data(data)
+    return f"{topic} {data}"
+
+
+def describe_route_data(data: dict[str, Any]) -> str:
+    engine = data.get("engine") or "none"
+    return f"{data.get('req')} → {engine} [{data.get('step')}] {data.get('reason') or ''}".rstrip()
+
+
+def summarize(engines: Iterable[EngineRow]) -> tuple[int, int, int]:
+    """(alive, dead, loading)."""
+    alive = dead = loading = 0
+    for r in engines:
+        if r.alive:
+            alive += 1
+            loading += r.loading
+        else:
+            dead += 1
+    return alive, dead, loading
