@@ -26,7 +26,8 @@ def main() -> None:
     from pathlib import Path
 
     model = llama.Model(ptr, Path(model_path))
-    ctx = llama.Context(model, RuntimeParams(n_ctx=512, n_batch=512, n_parallel=1, n_threads=1))
+    # flash attention off: a CUDA build without FA kernels (GGML_CUDA_FA=OFF) aborts the remote server otherwise
+    ctx = llama.Context(model, RuntimeParams(n_ctx=512, n_batch=512, n_parallel=1, n_threads=1, flash_attn="off"))
     batch = llama.Batch(512)
     sampler = llama.Sampler(llama.Sampling(0, 0, 1, 0, 1, 0, 0, 0, 0))
     tokens = model.tokenize(prompt)
