@@ -60,9 +60,10 @@ def window(log: list[tuple[float, float, int]], a: float, b: float) -> list[tupl
     return [r for r in log if a <= r[1] <= b]
 
 
-def max_gap(entries: list[tuple[float, float, int]]) -> float:
-    ends = [e for _, e, st in entries if st == 200]
-    return max((b - a for a, b in zip(ends, ends[1:])), default=float("nan"))
+def max_gap(entries: list[tuple[float, float, int]], start: float, end: float) -> float:
+    """Longest stretch of the window [start, end] without a successful response ending."""
+    ends = [start] + sorted(e for _, e, st in entries if st == 200) + [end]
+    return max(b - a for a, b in zip(ends, ends[1:]))
 
 
 def run_policy(policy: str, switches: int, tmp: Path) -> dict[str, Any]:
@@ -91,7 +92,7 @@ def run_policy(policy: str, switches: int, tmp: Path) -> dict[str, Any]:
                 raise SystemExit(f"switch to {target} failed: {body}")
             time.sleep(0.5)
             during = window(client.log, t0, t1 + 0.5)
-            results.append({"target": target, "switch_s": t1 - t0, "max_gap_s": max_gap(during),
+            results.append({"target": target, "switch_s": t1 - t0, "max_gap_s": max_gap(during, t0, t1 + 0.5),
                             "load_s": body["load"]["timings"].get("load_s"), "policy": body["load"]["policy"],
                             "failed": sum(1 for *_, st in during if st != 200),
                             "latencies": [end - start for start, end, st in during if st == 200]})

@@ -217,8 +217,11 @@ class EngineCore:
                 self._set_stage("reloading" if reloading else "loading_model", rec.progress)
             return not rec.abort.is_set()
 
+        previous = (self.gen.resolved, self.gen.params) if self.gen is not None else None
+        drained = False
         try:
             if rec.policy == "drain" and self.gen is not None:
+                drained = True
                 rec.phase = "draining"
                 done = threading.Event()
                 self._cmds.put(("drain", rec, done))
@@ -245,6 +248,8 @@ class EngineCore:
                 on_success()
         except Exception as exc:  # the old generation keeps serving (overlap); report and roll back the stage
             aborted = isinstance(exc, llama.LoadAborted)
+            if drained and not aborted and previous is not None and self.gen is None:
+                self._restore_previous(rec, previous)
             rec.phase, rec.error = ("aborted" if aborted else "failed"), str(exc)
             rec.seconds = round(time.monotonic() - t0, 3)
             if not aborted:
@@ -269,6 +274,21 @@ class EngineCore:
             self.current_load = None
         self._set_stage("ready")
         rec.ended.set()
+
+    def _restore_previous(self, rec: LoadRecord, previous: tuple[ResolvedModel, RuntimeParams]) -> None:
+        """Drain freed the old model before the new one failed: load the old one back so the engine
+        serves again (sessions' KV is gone with it; the failure is still reported)."""
+        resolved, params = previous
+        log_event(log, logging.WARNING, "reloading the previous model after a failed load", load=rec.id,
+                  model=resolved.id)
+        try:
+            gen = build_generation(resolved, params, lambda _v: True, rec.id, on_warming=lambda: None)
+            fut: cf.Future[Any] = cf.Future()
+            self._cmds.put(("install", (gen, LoadRecord(rec.id, resolved.id)), fut))
+            fut.result()
+            rec.timings["restored_previous"] = 1.0
+        except Exception as exc:  # both failed: stay model-less and say so
+            log_event(log, logging.ERROR, "previous model could not be restored", load=rec.id, error=str(exc))
 
     def _warming(self, rec: LoadRecord, reloading: bool) -> None:
         rec.phase, rec.progress = "warming", 0.97

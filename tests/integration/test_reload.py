@@ -209,3 +209,17 @@ def test_sighup_reloads_yaml_with_reloading_notify(smollm_path: Path, start_engi
     assert any("READY=1" in m.splitlines() for m in msgs[msgs.index(reloading[0]) + 1:])
     assert e.http.get("/v1/models").json()["data"][0]["meta"]["n_ctx"] == 3072
     assert e.http.get("/control/config").json()["params"]["n_ctx"]["source"] == "yaml"
+
+
+def test_failed_drain_load_restores_the_previous_model(smollm_engine: Engine, tmp_path: Path) -> None:
+    e = smollm_engine
+    bad = tmp_path / "half.gguf"
+    bad.write_bytes(Path(e.http.get("/v1/models").json()["data"][0]["meta"]["path"]).read_bytes()[:5_000_000])
+    assert e.configure(reload_policy="drain").json()["tier"] == "T1"
+    r = e.configure(model=str(bad))
+    assert r.status_code == 422
+    rec = e.http.get("/control/reloads/2").json()
+    assert rec["policy"] == "drain" and rec["phase"] == "failed" and rec["timings"].get("restored_previous") == 1.0
+    h = e.http.get("/health").json()
+    assert h["status"] == "ok" and h["model"] == "smollm2-135m" and "half.gguf" in h["last_error"]
+    assert e.http.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 3}).status_code == 200
