@@ -132,6 +132,16 @@ def validation_message(exc: ValidationError, where: str = "") -> tuple[str, list
     return prefix + "; ".join(parts), names
 
 
+def check_partial(values: dict[str, Any]) -> dict[str, Any]:
+    """Validate a partial set of runtime parameters (a YAML ``defaults:`` block, a registry entry's
+    defaults) as a pydantic field validator would: ValueError with every bad field named."""
+    try:
+        RuntimeParams(**values)
+    except ValidationError as exc:
+        raise ValueError(validation_message(exc)[0]) from None
+    return values
+
+
 @dataclass(frozen=True)
 class ConfigurePlan:
     """What a payload would do: the new layers, the fields whose effective value changes, the tier."""

@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from hydrad.params import RuntimeParams, validation_message
+from hydrad.params import check_partial, validation_message
 
 
 class ModelEntry(BaseModel):
@@ -29,10 +29,7 @@ class ModelEntry(BaseModel):
     @field_validator("defaults")
     @classmethod
     def _defaults(cls, v: dict[str, Any]) -> dict[str, Any]:
-        try:
-            RuntimeParams(**v)
-        except ValidationError as exc:
-            raise ValueError(validation_message(exc)[0]) from None
+        check_partial(v)
         if "model" in v:
             raise ValueError("a model's defaults cannot name another model")
         return v

@@ -16,7 +16,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from hydrad.params import RuntimeParams, validation_message
+from hydrad.params import check_partial, validation_message
 
 
 class HttpSettings(BaseModel):
@@ -94,11 +94,7 @@ class EngineSettings(BaseModel):
     @field_validator("defaults")
     @classmethod
     def _defaults(cls, v: dict[str, Any]) -> dict[str, Any]:
-        try:
-            RuntimeParams(**v)
-        except ValidationError as exc:
-            raise ValueError(validation_message(exc)[0]) from None
-        return v
+        return check_partial(v)
 
     def allows_control(self, host: str | None) -> bool:
         if host is None:
