@@ -418,7 +418,7 @@ class CpuGuard:
         t = os.times()
         return int((t.user + t.system) * _CLK) + sum(_proc_ticks(p) for p in self.own_pids())
 
-    def idle_share(self, seconds: float = 0.5) -> float:
+    def idle_share(self, seconds: float = 1.0) -> float:
         """Fraction of all CPUs busy with foreign work over a short window (nothing of ours runs)."""
         return self.measure(lambda: time.sleep(seconds))[1]
 
@@ -499,9 +499,11 @@ async def stream_completion(client: httpx.AsyncClient, url: str, payload: dict[s
     return st
 
 
-def request_payload(prompt: str, n_gen: int, seed: int) -> dict[str, Any]:
+def request_payload(prompt: str, n_gen: int, seed: int, slot: int) -> dict[str, Any]:
+    """Stream ``slot`` of a workload runs in slot ``slot`` on both servers (``id_slot``): each slot then
+    holds at most its last request's KV, so idle caches never crowd the unified KV pool."""
     return {"prompt": prompt, "max_tokens": n_gen, "temperature": 0, "ignore_eos": True, "seed": seed,
-            "stream": True, "stream_options": {"include_usage": True}, "cache_prompt": False}
+            "stream": True, "stream_options": {"include_usage": True}, "cache_prompt": False, "id_slot": slot}
 
 
 async def _run_streams(url: str, payloads: list[dict[str, Any]]) -> tuple[float, list[Stream]]:
@@ -514,7 +516,7 @@ async def _run_streams(url: str, payloads: list[dict[str, Any]]) -> tuple[float,
 
 def run_workload(url: str, w: Workload, prompts: list[str], seed: int) -> dict[str, Any]:
     """Drive one run of a workload; returns its metrics and per-stream raw figures."""
-    payloads = [request_payload(p, w.n_gen, seed) for p in prompts]
+    payloads = [request_payload(p, w.n_gen, seed, i) for i, p in enumerate(prompts)]
     t0, streams = asyncio.run(_run_streams(url, payloads))
     per: list[dict[str, Any]] = []
     for st in streams:
@@ -611,6 +613,40 @@ def median(values: list[float | None]) -> float | None:
     return statistics.median(vals) if vals else None
 
 
+def summarize(result: dict[str, Any], workloads: list[Workload], max_foreign: float) -> dict[str, Any]:
+    """Medians per workload and metric, and hydrad ÷ llama-server.
+
+    A run that other processes disturbed beyond ``max_foreign`` even after its retries (a
+    "flagged" run) is left out of the medians, and its pair out of the pair ratios, as long as
+    a clean run remains; it stays in the JSON.
+    """
+    summary: dict[str, Any] = {}
+    for w in workloads:
+        runs = result["runs"][w.key]
+        hyd_runs = runs["hydrad"]
+        ref_runs = runs.get("llama-server")
+
+        def clean(ms: list[dict[str, Any]]) -> list[dict[str, Any]]:
+            ok = [m for m in ms if m["foreign_cpu"] <= max_foreign]
+            return ok or ms
+
+        pairs_all = list(zip(hyd_runs, ref_runs or []))
+        pairs_ok = [(a, b) for a, b in pairs_all if a["foreign_cpu"] <= max_foreign and b["foreign_cpu"] <= max_foreign]
+        rows = []
+        for metric, unit, higher in METRICS[w.key]:
+            h = median([m[metric] for m in clean(hyd_runs)])
+            r = median([m[metric] for m in clean(ref_runs)]) if ref_runs is not None else None
+            ratio = h / r if h is not None and r else None
+            pairs = [a[metric] / b[metric] for a, b in (pairs_ok or pairs_all) if a[metric] and b[metric]]
+            rows.append({"metric": metric, "unit": unit, "higher_is_better": higher, "hydrad": h,
+                         "llama_server": r, "ratio": ratio, "pair_ratio_median": median(list(pairs)),
+                         "pair_ratio_min": min(pairs) if pairs else None,
+                         "pair_ratio_max": max(pairs) if pairs else None})
+        summary[w.key] = {"label": w.label, "rows": rows, "clean_runs": {
+            "hydrad": len(clean(hyd_runs)), **({"llama-server": len(clean(ref_runs))} if ref_runs is not None else {})}}
+    return summary
+
+
 def bench_model(alias: str, args: argparse.Namespace, settings: ServerSettings, binary: str | None,
                 workloads: list[Workload], log: Callable[[str], None]) -> dict[str, Any]:
     name, gguf = resolve_model(alias)
@@ -691,25 +727,11 @@ def bench_model(alias: str, args: argparse.Namespace, settings: ServerSettings, 
             tok.close()
     result["startup"] = {"hydrad": hyd.timings, **({"llama-server": ref.timings} if ref else {})}
     if ref is not None:
-        result["llama_server_argv"] = [Path(ref.argv[0]).name, *ref.argv[1:]]
-    summary: dict[str, Any] = {}
-    for w in workloads:
-        rows = []
-        for metric, unit, higher in METRICS[w.key]:
-            h = median([m[metric] for m in result["runs"][w.key]["hydrad"]])
-            r = median([m[metric] for m in result["runs"][w.key].get("llama-server", [])]) if ref else None
-            ratio = h / r if h is not None and r else None
-            pairs = [a[metric] / b[metric] for a, b in zip(result["runs"][w.key]["hydrad"],
-                                                           result["runs"][w.key].get("llama-server", []))
-                     if a[metric] and b[metric]]
-            rows.append({"metric": metric, "unit": unit, "higher_is_better": higher, "hydrad": h,
-                         "llama_server": r, "ratio": ratio, "pair_ratio_median": median(list(pairs)),
-                         "pair_ratio_min": min(pairs) if pairs else None,
-                         "pair_ratio_max": max(pairs) if pairs else None})
-        summary[w.key] = {"label": w.label, "rows": rows}
-    result["summary"] = summary
+        result["llama_server_argv"] = [display_path(a) for a in ref.argv]
+    result["summary"] = summarize(result, workloads, args.max_foreign)
     kept = [m for w in workloads for runs in result["runs"][w.key].values() for m in runs]
-    result["contention"] = {"max_foreign_cpu": max((m["foreign_cpu"] for m in kept), default=0.0),
+    counted = [m["foreign_cpu"] for m in kept if m["foreign_cpu"] <= args.max_foreign]
+    result["contention"] = {"max_foreign_cpu": max(counted, default=0.0),
                             "redone": sum(m["attempt"] - 1 for m in kept),
                             "flagged": sum(1 for m in kept if m["foreign_cpu"] > args.max_foreign)}
     return result
@@ -798,10 +820,12 @@ def markdown_section(report: dict[str, Any]) -> str:
     out = [f"## {report['date']}: {kind}, {title}", "",
            f"Command: `{report['command']}`", "",
            f"Machine: {describe_machine(report['machine'])}.", "",
-           f"Settings (both servers): n_ctx {s['n_ctx']}, n_batch {s['n_batch']}, n_ubatch {s['n_ubatch']}, "
-           f"n_parallel {s['n_parallel']}, kv_unified {str(s['kv_unified']).lower()}, threads {s['threads']}, "
-           f"flash_attn {s['flash_attn']}, gpu layers {s['gpu_layers']}; {report['runs']} paired runs, "
-           "medians; `temperature 0`, `ignore_eos`, prompt caching off, fresh prompt prefix per request.", ""]
+           f"Settings{' (both servers)' if with_ref else ''}: n_ctx {s['n_ctx']}, n_batch {s['n_batch']}, "
+           f"n_ubatch {s['n_ubatch']}, n_parallel {s['n_parallel']}, kv_unified {str(s['kv_unified']).lower()}, "
+           f"threads {s['threads']}, flash_attn {s['flash_attn']}, gpu layers {s['gpu_layers']}; "
+           f"{report['runs']} {'paired ' if with_ref else ''}runs, "
+           "medians; `temperature 0`, `ignore_eos`, prompt caching off, fresh prompt prefix per request.", "",
+           f"hydrad: commit {report.get('hydrad_commit', 'unknown')}.", ""]
     if report.get("env_lib"):
         out += [f"hydrad ran with `LLAMA_CPP_LIB_PATH={report['env_lib']}`.", ""]
     if with_ref:
@@ -809,11 +833,40 @@ def markdown_section(report: dict[str, Any]) -> str:
     for res in report["results"]:
         c = res["contention"]
         out += [f"### {res['model']} ({res['gguf']})", "", table(res, with_ref), "", startup_table(res), "",
-                f"Other processes' share of the CPUs during a kept run: at most {c['max_foreign_cpu']:.1%}; "
-                f"runs redone because of other load: {c['redone']}; kept over the limit: {c['flagged']}.", ""]
+                f"Other processes' share of the CPUs during a counted run: at most {c['max_foreign_cpu']:.1%}; "
+                f"runs redone because of other load: {c['redone']}; still over the limit after "
+                f"{report.get('retries', 5)} retries, so left out of the medians: {c['flagged']}.", ""]
         if with_ref and res.get("llama_server_argv"):
             out += [f"llama-server flags: `{' '.join(res['llama_server_argv'][1:])}`", ""]
     return "\n".join(out) + "\n"
+
+
+def display_path(text: str) -> str:
+    """A path as the report shows it: relative inside the repository, ``~/`` under the home
+    directory, otherwise only its file name (machine-specific locations stay out of the docs)."""
+    if "=" in text and text.startswith("--"):
+        opt, _, val = text.partition("=")
+        return f"{opt}={display_path(val)}"
+    if not text.startswith("/"):
+        return text
+    p = Path(text)
+    with contextlib.suppress(ValueError):
+        return str(p.resolve().relative_to(REPO)) or "."
+    with contextlib.suppress(ValueError):
+        return "~/" + str(p.relative_to(Path.home()))
+    return p.name
+
+
+def git_describe() -> str:
+    """The commit of the hydrad under test, with a mark when the working tree differs from it."""
+    try:
+        head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no", "--", "hydrad"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return (head or "unknown") + (" with uncommitted changes under hydrad/" if dirty else "")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -837,12 +890,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--llama-server", metavar="PATH", help="llama-server binary (default: scripts/build_llama_server)")
     ap.add_argument("--llama-server-args", default="", metavar="ARGS", help="extra llama-server arguments (one string)")
     ap.add_argument("--hydrad-only", action="store_true", help="skip llama-server; report hydrad alone")
-    ap.add_argument("--max-foreign", type=float, default=0.10, metavar="SHARE",
+    ap.add_argument("--max-foreign", type=float, default=0.05, metavar="SHARE",
                     help="redo a run when other processes used more than this share of all CPUs during it "
-                         "(default: 0.10)")
+                         "(default: 0.05; with few cores even a little other load slows llama.cpp's "
+                         "spinning worker threads a lot)")
     ap.add_argument("--quiet-wait", type=float, default=300, metavar="S",
                     help="before each run, wait up to S seconds for other processes to go quiet (default: 300)")
-    ap.add_argument("--retries", type=int, default=3, help="times a disturbed run is redone (default: 3)")
+    ap.add_argument("--retries", type=int, default=5, help="times a disturbed run is redone (default: 5)")
     ap.add_argument("--env-lib", metavar="PATH", help="run hydrad with LLAMA_CPP_LIB_PATH=PATH (e.g. a CUDA build)")
     ap.add_argument("--profile", metavar="FILE", help="sample hydrad with py-spy during the timed runs "
                     "(.svg flamegraph, .json speedscope, .txt collapsed stacks)")
@@ -873,11 +927,13 @@ def main(argv: list[str] | None = None) -> int:
     def log(msg: str) -> None:
         print(f"bench: {time.monotonic() - t_start:7.1f}s {msg}", file=sys.stderr, flush=True)
 
-    command = "scripts/bench_engine.py " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
+    command = "scripts/bench_engine.py " + " ".join(
+        shlex.quote(display_path(a)) for a in (sys.argv[1:] if argv is None else argv))
     report: dict[str, Any] = {
         "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "command": command,
         "machine": machine(), "settings": asdict(settings), "runs": args.runs, "workloads": keys,
-        "llama_server": None, "env_lib": args.env_lib, "results": [],
+        "llama_server": None, "env_lib": display_path(args.env_lib) if args.env_lib else None, "results": [],
+        "hydrad_commit": git_describe(), "retries": args.retries, "max_foreign": args.max_foreign,
     }
     if binary is not None:
         bp = Path(binary)

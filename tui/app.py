@@ -5,7 +5,9 @@
 Live state comes from the coordinator's PUB socket (a ZeroMQ SUB reader in a thread worker
 posts batches of events as Textual messages); heartbeat figures (slots, queue, tok/s, VRAM)
 and the initial state come from the admin API, fetched in a thread worker at start, after
-events that change them, on ``r`` and every ``--refresh`` seconds. Nothing blocking ever runs
+events that change them, on ``r`` and every ``--refresh`` seconds. An engine's own screen
+(``enter``) reads that engine's ``/slots`` and ``/control/config``; a profile switch (``p``)
+shows the coordinator's plan, then follows the switch to its end. Nothing blocking ever runs
 on the UI's event loop, and nothing the coordinator does (or fails to do) ends the console:
 an unreachable coordinator is a banner, retried until it answers.
 """
@@ -24,13 +26,18 @@ from textual.binding import Binding, BindingType
 from textual.containers import Horizontal
 from textual.message import Message
 from textual.screen import ModalScreen
+from textual import events as tevents
 from textual.widgets import Footer, Header
 from textual.worker import get_current_worker
 
-from tui.feed import CONNECTED, DISCONNECTED, AdminClient, AdminError, EventReader, FeedEvent
-from tui.state import PoolState, describe_event, summarize
-from tui.widgets import (Banner, ConfirmSwitch, EngineDetail, EnginesTable, EventLog, LoadsPanel, ProfilePicker,
-                         ProfilesPanel, RouteLog)
+from tui.feed import (CONNECTED, DISCONNECTED, AdminClient, AdminError, EngineClient, EventReader, FeedEvent,
+                      engine_base_url)
+from tui.state import PoolState, describe_event, summarize, switch_reasons
+from tui.widgets.logs import short_req
+from tui.widgets import (Banner, ConfirmSwitch, EngineDetail, EngineDetails, EngineScreen, EnginesTable, EventLog,
+                         HelpScreen, LoadsPanel, ProfilePicker, ProfilesPanel, RouteLog, SwitchProgress)
+
+NARROW_BELOW = 110  # columns: below, the Profiles pane gives its room to the others (p still lists profiles)
 
 DEFAULT_ADMIN = "http://127.0.0.1:9000"  # etc/hydra/dev/coordinator.yaml: http.port
 DEFAULT_EVENTS = "tcp://127.0.0.1:9501"  # etc/hydra/dev/coordinator.yaml: events
@@ -45,11 +52,21 @@ class Admin(Protocol):
     def switch(self, name: str) -> dict[str, Any]: ...
 
 
+class EngineApi(Protocol):
+    """What the engine screen needs of an engine's own HTTP API (:class:`tui.feed.EngineClient`)."""
+
+    def config(self, base_url: str) -> dict[str, Any]: ...
+    def slots(self, base_url: str) -> list[dict[str, Any]]: ...
+
+
 class HydraConsole(App[None]):
     """Engines, loads, profiles and routing of one coordinator's pool."""
 
     TITLE = "Hydra console"
     ENABLE_COMMAND_PALETTE = False
+    # screen classes by terminal size: the layout adapts down to 80×24
+    HORIZONTAL_BREAKPOINTS: ClassVar[list[tuple[int, str]] | None] = [(0, "-narrow"), (NARROW_BELOW, "-wide")]
+    VERTICAL_BREAKPOINTS: ClassVar[list[tuple[int, str]] | None] = [(0, "-short"), (32, "-tall")]
 
     CSS = """
     #middle {
@@ -74,20 +91,38 @@ class HydraConsole(App[None]):
     #logs > EventLog {
         width: 1fr;
     }
+    Screen.-narrow #middle > ProfilesPanel {
+        display: none;
+    }
+    Screen.-narrow #middle > LoadsPanel {
+        width: 1fr;
+    }
+    Screen.-narrow #middle > EngineDetail {
+        width: 1fr;
+    }
+    Screen.-short #middle {
+        height: 8;
+    }
+    Screen.-short EnginesTable {
+        max-height: 8;
+    }
     """
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("q", "quit", "Quit"),
         Binding("p", "switch_profile", "Profile"),
         Binding("r", "refresh", "Refresh"),
+        Binding("question_mark", "help", "Help", key_display="?"),
+        Binding("f1", "help", "Help", show=False),
     ]
     """
     | Key(s) | Description |
     | :- | :- |
     | q | Quit. |
-    | p | Choose a profile and switch the pool to it (after a confirmation). |
+    | p | Choose a profile and switch the pool to it (after a confirmation showing the exact plan). |
     | r | Fetch the admin API now. |
-    | up/down | Select an engine (the engines table's bindings). |
+    | ?, f1 | Help: every key, and how to read the screen. |
+    | up/down, enter | Select an engine, open its screen (the engines table's bindings). |
     """
 
     class PoolEvents(Message):
@@ -116,6 +151,17 @@ class HydraConsole(App[None]):
             self.error = error
             self.since = since
 
+    class PlanReady(Message):
+        """A fresh plan for the chosen profile (from ``GET /admin/profile``), before the confirmation."""
+
+        def __init__(self, profile: str, doc: dict[str, Any] | None, error: str | None = None,
+                     since: int | None = None) -> None:
+            super().__init__()
+            self.profile = profile
+            self.doc = doc
+            self.error = error
+            self.since = since
+
     class SwitchAnswer(Message):
         """The answer to ``POST /admin/profile`` (the switch itself goes on; its progress comes as events)."""
 
@@ -127,17 +173,20 @@ class HydraConsole(App[None]):
 
     def __init__(self, *, admin_url: str = DEFAULT_ADMIN, events: str | None = DEFAULT_EVENTS,
                  admin: Admin | None = None, refresh_s: float = 2.0, curve_server_key: str | None = None,
-                 clock: Callable[[], float] = time.monotonic, refresh_on_events: bool = True) -> None:
+                 clock: Callable[[], float] = time.monotonic, refresh_on_events: bool = True,
+                 engine_api: EngineApi | None = None) -> None:
         """``events=None`` runs without a SUB reader (unit tests post :class:`PoolEvents` themselves);
         ``clock`` drives heartbeat ages (a fixed one makes snapshots reproducible);
         ``refresh_on_events`` fetches the admin API soon after events that change its figures
         (a route changes slots, an engine coming up brings its GPU and slots) and after a switch
-        is accepted."""
+        is accepted; ``engine_api`` reads an engine's own ``/control/config`` and ``/slots`` for
+        its screen (a fake in unit tests)."""
         super().__init__()
         self.admin_url = admin_url
         self.events_endpoint = events
         timeout = min(5.0, max(1.0, refresh_s * 2))
         self.admin: Admin = admin if admin is not None else AdminClient(admin_url, timeout=timeout)
+        self.engine_api: EngineApi = engine_api if engine_api is not None else EngineClient(timeout=timeout)
         self.refresh_s = refresh_s
         self.curve_server_key = curve_server_key
         self.refresh_on_events = refresh_on_events
@@ -151,6 +200,7 @@ class HydraConsole(App[None]):
         self._refresh_wanted = False
         self._last_refresh = -1e9
         self._last_paint = 0.0
+        self.switch_view: SwitchProgress | None = None  # the progress dialog of the switch started here
         # the widgets, made here so that messages arriving before they are mounted find them
         self.banner = Banner(id="banner")
         self.table = EnginesTable(id="engines")
@@ -179,17 +229,22 @@ class HydraConsole(App[None]):
         events = f" · events {self.events_endpoint}" if self.events_endpoint else ""
         self.sub_title = f"admin {self.admin_url}{events}"
         self.table.focus()
+        self.table.fit_width(self.size.width)
         self._render({"engines", "profile"})
         self._start_refresh()
         self.set_interval(0.5, self._tick)
         if self.events_endpoint:
             self._read_events(self.events_endpoint)
 
+    def on_resize(self, event: tevents.Resize) -> None:
+        self.table.fit_width(event.size.width)
+
     def on_unmount(self) -> None:
-        close = getattr(self.admin, "close", None)
-        if callable(close):
-            with contextlib.suppress(Exception):
-                close()
+        for client in (self.admin, self.engine_api):
+            close = getattr(client, "close", None)
+            if callable(close):
+                with contextlib.suppress(Exception):
+                    close()
 
     # ----- workers (all blocking I/O is here, off the UI loop) ---------------------------------
 
@@ -219,6 +274,33 @@ class HydraConsole(App[None]):
             self.post_message(self.AdminSnapshot(None, None, f"{type(exc).__name__}: {exc}"))
         else:
             self.post_message(self.AdminSnapshot(engines, profile, since=since))
+
+    @work(thread=True, group="plan", exit_on_error=False)
+    def _fetch_plan(self, name: str, since: int) -> None:
+        try:
+            doc = self.admin.profile()
+        except Exception as exc:  # AdminError or a broken answer: confirm with the plan known so far
+            self.post_message(self.PlanReady(name, None, str(exc), since=since))
+        else:
+            self.post_message(self.PlanReady(name, doc, since=since))
+
+    def fetch_engine(self, name: str) -> EngineDetails:
+        """Blocking (the engine screen runs it in a thread worker): the engine's parameters and slots."""
+        row = self.state.engines.get(name)
+        url = engine_base_url(row.http if row is not None else None, self.admin_url)
+        if url is None:
+            why = "the coordinator lists no HTTP address for this engine"
+            return EngineDetails(None, config_error=why, slots_error=why)
+        details = EngineDetails(url)
+        try:
+            details.config = self.engine_api.config(url)
+        except Exception as exc:  # AdminError carries the reason (403: control_allow_from)
+            details.config_error = str(exc) if isinstance(exc, AdminError) else f"{type(exc).__name__}: {exc}"
+        try:
+            details.slots = self.engine_api.slots(url)
+        except Exception as exc:
+            details.slots_error = str(exc) if isinstance(exc, AdminError) else f"{type(exc).__name__}: {exc}"
+        return details
 
     @work(thread=True, group="switch", exit_on_error=False)
     def _post_switch(self, name: str) -> None:
@@ -255,6 +337,7 @@ class HydraConsole(App[None]):
                 self.event_log.add_event(time.time(), "console", f"admin API unreachable: {msg.error}")
             self.admin_error = msg.error
             self._update_banner()
+            self._render({"engines"})  # the header says DISCONNECTED
             return
         if self.admin_error is not None:
             self.event_log.add_event(time.time(), "console", f"admin API {self.admin_url} answers again")
@@ -263,7 +346,7 @@ class HydraConsole(App[None]):
         if msg.engines is not None:
             changed |= self.state.apply_engines(msg.engines, since=msg.since)
         if msg.profile is not None:
-            changed |= self.state.apply_profile(msg.profile)
+            changed |= self.state.apply_profile(msg.profile, since=msg.since)
         self.snapshots += 1
         self._render(changed)
         self._update_banner()
@@ -272,14 +355,25 @@ class HydraConsole(App[None]):
         changed: set[str] = set()
         routes = self.route_log
         log = self.event_log
+        state = self.state
         for ev in msg.events:
-            changed |= self.state.apply_event(ev.topic, ev.data, ev.ts)
+            changed |= state.apply_event(ev.topic, ev.data, ev.ts)
+            engine = ev.data.get("engine")
             if ev.topic == "route":
-                routes.add_route(self.state.routes[-1])
+                r = state.routes[-1]
+                routes.add_route(r)
+                if isinstance(engine, str):
+                    state.note(engine, ev.ts, f"route {short_req(r.req)} [{r.step}] {r.model or '-'}: {r.reason}")
             elif ev.topic != "profile.progress":  # it repeats engine.progress for engines a switch reloads
-                log.add_event(ev.ts, ev.topic, describe_event(ev.topic, ev.data))
+                line = describe_event(ev.topic, ev.data)
+                log.add_event(ev.ts, ev.topic, line)
+                if isinstance(engine, str):
+                    state.note(engine, ev.ts, line)
             if ev.topic in REFRESH_TOPICS and self.refresh_on_events:
                 self._refresh_wanted = True
+            view = self.switch_view
+            if ev.topic == "profile.start" and view is not None and ev.data.get("profile") == view.profile:
+                view.started([str(e) for e in ev.data.get("engines") or []])
             if ev.topic == "profile.done":
                 self._switch_done(ev.data)
         self._render(changed)
@@ -293,14 +387,52 @@ class HydraConsole(App[None]):
         self._update_banner()
 
     def on_hydra_console_switch_answer(self, msg: SwitchAnswer) -> None:
+        view = self.switch_view
         if msg.error is not None:
             self._notice(f"Switch to {msg.profile} refused: {msg.error}", "error")
+            if view is not None and view.profile == msg.profile and view.phase == "asking":
+                view.refused(msg.error)
             return
+        if view is not None and view.profile == msg.profile:
+            view.accepted()
         self._notice(f"Switching the pool to {msg.profile}…", "information")
         self._refresh_wanted = self._refresh_wanted or self.refresh_on_events
 
+    def on_hydra_console_plan_ready(self, msg: PlanReady) -> None:
+        if msg.doc is not None:
+            self.state.apply_profile(msg.doc, since=msg.since)
+            self._render({"profile"})
+        if isinstance(self.screen, ModalScreen):
+            return  # something else was opened meanwhile
+        name = msg.profile
+        plan = self.state.profile.plans.get(name)
+        engines, exact = self.state.reload_estimate(name)
+        note = ""
+        if msg.error is not None:
+            note = f"(plan as of the last refresh: {msg.error})"
+        elif not exact:
+            note = "(engines that already match it are left alone)"
+        self.push_screen(ConfirmSwitch(name, engines, exact=exact, note=note, plan=plan),
+                         lambda ok: self._confirmed(name, plan) if ok else None)
+
+    def _confirmed(self, name: str, plan: dict[str, Any] | None) -> None:
+        view = SwitchProgress(name, plan)
+        self.switch_view = view
+        self.push_screen(view, lambda _: self._progress_closed(view))
+        view.update_view(self.state)
+        self._post_switch(name)
+
+    def _progress_closed(self, view: SwitchProgress) -> None:
+        if self.switch_view is view:
+            self.switch_view = None
+
     def on_engines_table_engine_selected(self, msg: EnginesTable.EngineSelected) -> None:
         self.detail.show(self.state, msg.name)
+
+    def on_engines_table_engine_opened(self, msg: EnginesTable.EngineOpened) -> None:
+        if isinstance(self.screen, (ModalScreen, EngineScreen)):
+            return
+        self.push_screen(EngineScreen(msg.name, self.state, self.fetch_engine, every_s=max(1.0, min(self.refresh_s, 5))))
 
     # ----- actions -----------------------------------------------------------------------
 
@@ -308,27 +440,28 @@ class HydraConsole(App[None]):
         """Fetch the admin API now."""
         self._start_refresh()
 
+    def action_help(self) -> None:
+        """Show every key and how to read the screen."""
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen())
+
     def action_switch_profile(self) -> None:
         """Pick a profile, confirm, then POST /admin/profile in a thread worker."""
-        if isinstance(self.screen, ModalScreen):
-            return
         info = self.state.profile
-        if not info.profiles:
-            self._notice("No profiles known yet: the admin API has not answered.", "warning")
-            return
         if info.state == "switching":
             self._notice(f"A switch to {info.switching_to or info.active} is under way; wait for it to finish.",
                          "warning")
             return
-        self.push_screen(ProfilePicker(info.profiles, info.active), self._profile_picked)
+        if isinstance(self.screen, ModalScreen):
+            return
+        if not info.profiles:
+            self._notice("No profiles known yet: the admin API has not answered.", "warning")
+            return
+        self.push_screen(ProfilePicker(info.profiles, info.active, info.plans), self._profile_picked)
 
     def _profile_picked(self, name: str | None) -> None:
-        if not name:
-            return
-        engines, exact = self.state.reload_estimate(name)
-        note = "" if exact else "(engines that already match it are left alone)"
-        self.push_screen(ConfirmSwitch(name, engines, exact=exact, note=note),
-                         lambda ok: self._post_switch(name) if ok else None)
+        if name:
+            self._fetch_plan(name, self.state.seq)  # the confirmation shows the plan as of now
 
     # ----- rendering ---------------------------------------------------------------------
 
@@ -342,13 +475,20 @@ class HydraConsole(App[None]):
             alive, dead, loading = summarize(self.state.engines.values())
             active = self.state.profile.active or "-"
             parts = [f"profile {active}", f"{alive} up"]
+            if self.admin_error is not None:
+                parts.insert(0, "DISCONNECTED")
             if dead:
                 parts.append(f"{dead} dead")
             if loading:
                 parts.append(f"{loading} loading")
             self.sub_title = " · ".join(parts)
-        if "profile" in changed:
-            self.profiles_panel.show(self.state.profile)
+        if "profile" in changed or "engines" in changed:
+            self.profiles_panel.show(self.state.profile, self.state)
+        for screen in self.screen_stack[1:]:
+            if isinstance(screen, EngineScreen):
+                screen.show(self.state)
+            elif isinstance(screen, SwitchProgress):
+                screen.update_view(self.state)
 
     def _update_banner(self) -> None:
         banner = self.banner
@@ -364,13 +504,19 @@ class HydraConsole(App[None]):
             banner.clear_problem()
 
     def _switch_done(self, data: dict[str, Any]) -> None:
+        secs = data.get("seconds")
+        reasons = switch_reasons(self.state.profile.last_switch)
+        view = self.switch_view
+        if view is not None and view.profile == data.get("profile"):
+            view.finished(bool(data.get("ok")), secs if isinstance(secs, (int, float)) else None, reasons)
         if data.get("ok"):
-            secs = data.get("seconds")
             took = f" in {secs:.1f} s" if isinstance(secs, (int, float)) else ""
             self._notice(f"Profile {data.get('profile')} is active{took}.", "information")
         else:
             failed = ", ".join(data.get("failed") or []) or "?"
-            self._notice(f"Switch to {data.get('profile')} failed on: {failed} (see the event log).", "error")
+            why = "; ".join(f"{e}: {r}" for e, r in reasons.items() if r != "failed")
+            self._notice(f"Switch to {data.get('profile')} failed on: {failed}" + (f" ({why})" if why else
+                         " (see the event log)") + ".", "error")
 
     def _notice(self, text: str, severity: str) -> None:
         self.notices.append((severity, text))

@@ -5,6 +5,8 @@ Both are blocking and meant to run in Textual thread workers, never on the UI's 
 - :class:`AdminClient` wraps ``GET /admin/engines``, ``GET /admin/profile`` and
   ``POST /admin/profile``; every failure (refused, timeout, non-JSON, HTTP error) becomes one
   :class:`AdminError` whose text an operator can act on.
+- :class:`EngineClient` reads one engine's own ``GET /control/config`` and ``GET /slots`` (at the
+  HTTP address the admin API lists) for the engine detail screen.
 - :class:`EventReader` owns a ZeroMQ SUB socket (and its monitor socket) on the thread that
   calls :meth:`EventReader.run`; pyzmq sockets are not thread-safe, so they never leave it.
   Events are handed on in small batches (a burst of routing decisions becomes one UI message,
@@ -73,6 +75,77 @@ class AdminClient:
         if not isinstance(body, dict):
             raise AdminError(f"{method} {path}: the answer is not a JSON object")
         return body
+
+
+def engine_base_url(http: str | None, admin_url: str) -> str | None:
+    """The engine's HTTP address as the admin API gives it (``host:port``) as a URL this host can use.
+
+    An engine bound to every address (``0.0.0.0``, ``::``) is reached through the coordinator's
+    host, the one host the console knows to be on the engine's network.
+    """
+    if not http:
+        return None
+    addr = http.strip()
+    if "://" in addr:
+        return addr.rstrip("/")
+    host, sep, port = addr.rpartition(":")
+    if not sep or not port.isdigit():
+        return None
+    host = host.strip("[]")
+    if host in ("", "0.0.0.0", "::", "*"):
+        host = httpx.URL(admin_url).host or "127.0.0.1"
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+class EngineClient:
+    """Blocking client of one engine's own HTTP API (``/control/config``, ``/slots``), for the detail screen."""
+
+    def __init__(self, *, timeout: float = 3.0, transport: httpx.BaseTransport | None = None) -> None:
+        self._http = httpx.Client(timeout=timeout, transport=transport)
+
+    def config(self, base_url: str) -> dict[str, Any]:
+        """``GET /control/config``: every runtime parameter with its value, source layer and tier."""
+        body = self._get(base_url, "/control/config")
+        if not isinstance(body, dict):
+            raise AdminError("GET /control/config: the answer is not a JSON object")
+        return body
+
+    def slots(self, base_url: str) -> list[dict[str, Any]]:
+        body = self._get(base_url, "/slots")
+        if not isinstance(body, list):
+            raise AdminError("GET /slots: the answer is not a JSON list")
+        return [s for s in body if isinstance(s, dict)]
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _get(self, base_url: str, path: str) -> Any:
+        url = base_url.rstrip("/") + path
+        try:
+            r = self._http.get(url)
+        except httpx.TimeoutException:
+            raise AdminError(f"the engine at {base_url} gave no answer in time") from None
+        except httpx.TransportError as exc:
+            raise AdminError(f"cannot reach the engine at {base_url}: {_transport_reason(exc)}") from None
+        try:
+            body = r.json()
+        except ValueError:
+            body = None
+        if r.status_code == 403:
+            message = _error_message(body) or r.text[:200]
+            raise AdminError(f"the engine refuses {path} from this host (its control_allow_from does not list it): "
+                             f"{message}", 403)
+        if r.status_code >= 400:
+            raise AdminError(f"GET {path}: HTTP {r.status_code}: {_error_message(body) or r.text[:200] or r.reason_phrase}",
+                             r.status_code)
+        return body
+
+
+def _error_message(body: Any) -> str | None:
+    if not isinstance(body, dict):
+        return None
+    err = body.get("error")
+    return err.get("message") if isinstance(err, dict) else err if isinstance(err, str) else None
 
 
 def _transport_reason(exc: Exception) -> str:

@@ -19,6 +19,8 @@ from typing import Any, Callable, Iterable
 
 LOADING_STAGES = frozenset({"loading_model", "warming", "reloading"})
 ROUTE_LOG_SIZE = 200
+RECENT_EVENTS = 100  # per engine, for its detail screen
+SESSIONS_KEPT = 32  # per engine, the sessions last routed to it
 # what GET /admin/engines sets on a row; the EVENT_FIELDS among them are also set by events
 SNAPSHOT_FIELDS = ("alive", "down_reason", "stage", "model", "loading_model", "generation", "mode", "progress",
                    "slots_busy", "slots_total", "queued", "max_queue", "n_ctx", "prefill_tps", "decode_tps",
@@ -62,11 +64,28 @@ class EngineRow:
     models_on_disk: list[str] = field(default_factory=list)
     last_configure: dict[str, Any] | None = None  # the coordinator's last configure of it, when it reports one
     last_seen: float | None = None  # clock() of the last sign of life we know of
+    # the load under way, as the console saw it (clock() times): when it began, its first and latest
+    # progress samples (the ETA is the rate between the two)
+    load_started: float | None = None
+    load_first: tuple[float, float] | None = None  # (clock, progress)
+    load_last: tuple[float, float] | None = None
 
     @property
     def loading(self) -> bool:
         """A load is under way (first load, warm-up or a reload while the old model serves)."""
         return self.alive and self.stage in LOADING_STAGES
+
+    @property
+    def in_load(self) -> bool:
+        """Loading, or being configured by the coordinator (a load is about to start)."""
+        return self.alive and (self.stage in LOADING_STAGES or bool(self.configuring))
+
+    @property
+    def phase(self) -> str:
+        """The load's phase: the engine's stage while it loads, ``configuring`` before that."""
+        if self.stage in LOADING_STAGES or not self.configuring:
+            return self.stage
+        return "configuring"
 
     @property
     def vram_total(self) -> int:
@@ -104,9 +123,42 @@ class ProfileInfo:
     state: str = "steady"  # steady | switching
     profiles: dict[str, str] = field(default_factory=dict)  # name → description
     entries: dict[str, dict[str, Any]] = field(default_factory=dict)  # engine → its entry in the active profile
+    # profile → its entries and what a switch to it would do now (GET /admin/profile "plans"; empty
+    # from a coordinator that does not publish them)
+    plans: dict[str, dict[str, Any]] = field(default_factory=dict)
     switching_to: str | None = None
     switch_engines: list[str] = field(default_factory=list)
+    switch_started: float | None = None  # clock() when the console learnt of the running switch
+    switch_done: dict[str, dict[str, Any]] = field(default_factory=dict)  # engine → {ok, error, seconds}
+    switch_errors: dict[str, str] = field(default_factory=dict)  # engine → why the switch has no payload for it
     last_switch: dict[str, Any] | None = None
+
+    def progress(self) -> tuple[int, int]:
+        """(engines finished, engines the running switch reloads)."""
+        total = len(self.switch_engines)
+        return min(total, sum(1 for e in self.switch_done if e in self.switch_engines)), total
+
+
+def switch_reasons(last: dict[str, Any] | None) -> dict[str, str]:
+    """Engine → why it failed, from a switch result (``last_switch`` of the admin API or the console's own)."""
+    if not last:
+        return {}
+    out: dict[str, str] = {}
+    reasons = last.get("reasons")
+    if isinstance(reasons, dict):
+        out.update({str(k): str(v) for k, v in reasons.items()})
+    engines = last.get("engines")
+    if isinstance(engines, dict):
+        for name, res in engines.items():
+            if isinstance(res, dict) and res.get("ok") is False:
+                out.setdefault(str(name), str(res.get("error") or "failed"))
+    errors = last.get("errors")
+    if isinstance(errors, dict):
+        for name, why in errors.items():
+            out.setdefault(str(name), str(why))
+    for name in last.get("failed") or []:
+        out.setdefault(str(name), "failed")
+    return out
 
 
 class PoolState:
@@ -120,6 +172,16 @@ class PoolState:
         self.events_seen = 0
         self.seq = 0  # events applied so far; a snapshot request notes it (see apply_engines)
         self._event_seq: dict[str, int] = {}  # engine → seq of its latest event
+        self._profile_seq = -1  # seq of the latest profile.start / profile.done
+        self.recent: dict[str, deque[tuple[float, str]]] = {}  # engine → its latest events (time, line)
+        self.sessions_seen: dict[str, dict[str, float]] = {}  # engine → session → time of its latest route there
+
+    def note(self, engine: str, ts: float, text: str) -> None:
+        """Remember one event line for the engine's detail screen."""
+        log = self.recent.get(engine)
+        if log is None:
+            log = self.recent[engine] = deque(maxlen=RECENT_EVENTS)
+        log.append((ts, text))
 
     # ----- admin snapshots ---------------------------------------------------------------
 
@@ -152,6 +214,7 @@ class PoolState:
             if isinstance(age, (int, float)):
                 row.last_seen = now - float(age)
             row.mode = str(row.mode or "solo")
+            self._track_load(row, now)
             self.engines[name] = row
         for name in list(self.engines):
             if name not in seen and not (since is not None and self._event_seq.get(name, -1) > since):
@@ -161,12 +224,17 @@ class PoolState:
             self.profile.active = doc["profile"]
         return {"engines", "profile"}
 
-    def apply_profile(self, doc: dict[str, Any]) -> set[str]:
-        """``GET /admin/profile``: profile names, the active one, its per-engine entries, the last switch."""
+    def apply_profile(self, doc: dict[str, Any], since: int | None = None) -> set[str]:
+        """``GET /admin/profile``: profile names, the active one, its per-engine entries, the last switch.
+
+        ``since`` as for :meth:`apply_engines`: after a newer ``profile.start``/``profile.done``
+        event, what the events said about the switch (active profile, state, progress) stands."""
         p = self.profile
-        p.active = doc.get("active")
-        p.previous = doc.get("previous")
-        p.state = doc.get("state") or "steady"
+        newer = since is not None and self._profile_seq > since
+        if not newer:
+            p.active = doc.get("active")
+            p.previous = doc.get("previous")
+            p.state = doc.get("state") or "steady"
         if isinstance(doc.get("profiles"), dict):
             p.profiles = {str(k): str(v or "") for k, v in doc["profiles"].items()}
         entries: dict[str, dict[str, Any]] = {}
@@ -174,13 +242,36 @@ class PoolState:
             if isinstance(target, dict) and isinstance(target.get("entry"), dict):
                 entries[str(name)] = target["entry"]
         p.entries = entries
-        p.last_switch = doc.get("last_switch")
+        if isinstance(doc.get("plans"), dict):
+            p.plans = {str(k): v for k, v in doc["plans"].items() if isinstance(v, dict)}
+        last = doc.get("last_switch")
+        if not newer and (isinstance(last, dict) or last is None):
+            p.last_switch = last  # with every engine's result (switch_reasons reads the failures)
+        now = self.clock()
         if p.state != "switching":
-            p.switching_to, p.switch_engines = None, []
+            last = p.last_switch
+            if p.switching_to and isinstance(last, dict) and last.get("profile") == p.switching_to \
+                    and isinstance(last.get("engines"), dict):
+                # the switch ended before its last events got here: each engine's result from the answer
+                for name, res in last["engines"].items():
+                    if isinstance(res, dict):
+                        p.switch_done.setdefault(str(name), {"ok": bool(res.get("ok")), "error": res.get("error"),
+                                                             "seconds": res.get("seconds")})
+            p.switching_to, p.switch_engines, p.switch_started = None, [], None
+        else:
+            p.switching_to = p.switching_to or p.active
+            if not p.switch_engines:  # the console started during a switch: the engines being configured for it
+                p.switch_engines = sorted(n for n, t in (doc.get("engines") or {}).items()
+                                          if isinstance(t, dict) and t.get("configuring"))
+            if p.switch_started is None:
+                p.switch_started = now
         for name, prog in (doc.get("progress") or {}).items():
             row = self.engines.get(name)
+            if since is not None and self._event_seq.get(name, -1) > since:
+                continue  # an event since the request said more recent things about this load
             if row is not None and isinstance(prog, dict) and prog.get("progress") is not None:
-                row.progress = prog["progress"]
+                row.progress = _fraction(prog["progress"])
+                self._track_load(row, now)
         return {"profile", "engines"}
 
     # ----- events ------------------------------------------------------------------------
@@ -199,6 +290,13 @@ class PoolState:
                 model=data.get("model"), step=str(data.get("step") or "-"), reason=str(data.get("reason") or ""),
                 attempt=int(data.get("attempt") or 1), session=data.get("session"),
                 candidates=len(data.get("candidates") or ()), rejected=len(data.get("rejected") or {})))
+            session = data.get("session")
+            if name is not None and isinstance(session, str) and session:
+                seen = self.sessions_seen.setdefault(name, {})
+                seen.pop(session, None)
+                seen[session] = ts if ts is not None else time.time()
+                while len(seen) > SESSIONS_KEPT:
+                    seen.pop(next(iter(seen)))
             return {"routes"}
         if topic.startswith("profile."):
             return self._profile_event(topic, data, name, now)
@@ -237,18 +335,27 @@ class PoolState:
             row.configuring = data.get("why") or "on-demand"
         else:
             return set()
+        self._track_load(row, now)
         return {"engines"}
 
     def _profile_event(self, topic: str, data: dict[str, Any], name: str | None, now: float) -> set[str]:
         p = self.profile
+        if topic in ("profile.start", "profile.done"):
+            self._profile_seq = self.seq
         if topic == "profile.start":
             p.previous, p.active = data.get("previous"), data.get("profile")
             p.state, p.switching_to = "switching", data.get("profile")
             p.switch_engines = [str(e) for e in data.get("engines") or []]
-            return {"profile"}
+            p.switch_started, p.switch_done = now, {}
+            errors = data.get("errors")
+            p.switch_errors = {str(k): str(v) for k, v in errors.items()} if isinstance(errors, dict) else {}
+            return {"profile", "engines"}
         if topic == "profile.done":
-            p.state, p.switching_to, p.switch_engines = "steady", None, []
-            p.last_switch = {k: data.get(k) for k in ("profile", "ok", "seconds", "failed", "absent")}
+            last = {k: data.get(k) for k in ("profile", "ok", "seconds", "failed", "absent")}
+            reasons = {e: str(r.get("error") or "failed") for e, r in p.switch_done.items() if not r.get("ok")}
+            last["reasons"] = {**p.switch_errors, **reasons}
+            p.last_switch = last
+            p.state, p.switching_to, p.switch_engines, p.switch_started = "steady", None, [], None
             return {"profile", "engines"}
         if name is None:
             return set()
@@ -269,9 +376,30 @@ class PoolState:
                 row.configuring = None
                 if phase == "failed":
                     row.last_error = data.get("error") or row.last_error
+                p = self.profile
+                if p.state == "switching" and name in p.switch_engines and phase in ("done", "failed"):
+                    p.switch_done[name] = {"ok": phase == "done", "error": data.get("error"),
+                                                      "seconds": data.get("seconds")}
         else:
             return set()
+        self._track_load(row, now)
         return {"engines", "profile"}
+
+    def _track_load(self, row: EngineRow, now: float) -> None:
+        """Start, sample or forget the row's load timing (for elapsed time and ETA)."""
+        if not row.in_load:
+            row.load_started = row.load_first = row.load_last = None
+            return
+        if row.load_started is None:
+            row.load_started = now
+        p = row.progress
+        if p is None:
+            return
+        if row.load_last is not None and p == row.load_last[1]:
+            return  # no news: the rate is measured from when the value was first seen
+        if row.load_first is None or p < row.load_first[1] or (row.load_last is not None and p < row.load_last[1]):
+            row.load_first = (now, p)  # a new load (or a restarted one): measure the rate from here
+        row.load_last = (now, p)
 
     # ----- views -------------------------------------------------------------------------
 
@@ -293,13 +421,36 @@ class PoolState:
             return f"COMBINE+{peer}" if peer else "COMBINE"
         return "SOLO"
 
+    def load_elapsed(self, row: EngineRow) -> float | None:
+        return None if row.load_started is None else max(0.0, self.clock() - row.load_started)
+
+    def load_eta(self, row: EngineRow) -> float | None:
+        """Seconds left in the row's load at the rate seen so far; None until two samples differ."""
+        first, last = row.load_first, row.load_last
+        if first is None or last is None:
+            return None
+        if last[1] >= 1.0:
+            return 0.0
+        dt, dp = last[0] - first[0], last[1] - first[1]
+        if dt <= 0 or dp <= 0:
+            return None
+        return max(0.0, (1.0 - last[1]) * dt / dp - (self.clock() - last[0]))
+
+    def switch_elapsed(self) -> float | None:
+        started = self.profile.switch_started
+        return None if started is None else max(0.0, self.clock() - started)
+
     def reload_estimate(self, profile: str) -> tuple[list[str], bool]:
         """Live engines a switch to ``profile`` would reload, and whether that list is exact.
 
-        ``GET /admin/profile`` shows the entries of the active profile only: re-applying it reloads
+        Exact from the coordinator's plan (``GET /admin/profile`` "plans": the switch's own
+        computation). From a coordinator without plans: re-applying the active profile reloads
         the engines that do not serve their entry's model (exact); for another profile every live
         engine is counted (an upper bound: the coordinator skips engines already matching it).
         """
+        plan = self.profile.plans.get(profile)
+        if plan is not None and isinstance(plan.get("reload"), dict):
+            return sorted(plan["reload"]), True
         live = [r for r in self.sorted_engines() if r.alive]
         if profile == self.profile.active and self.profile.entries:
             return [r.name for r in live if r.name in self.profile.entries
@@ -355,6 +506,48 @@ def fmt_age(age: float | None) -> str:
     if age < 172800:
         return f"{age / 3600:.0f}h"
     return f"{age / 86400:.0f}d"
+
+
+def fmt_secs(v: float | None) -> str:
+    """Elapsed/remaining time: 4.2s, 38s, 3m05s, 1h02m."""
+    if v is None:
+        return "?"
+    if v < 10:
+        return f"{v:.1f}s"
+    if v < 60:
+        return f"{v:.0f}s"
+    if v < 3600:
+        return f"{int(v // 60)}m{int(v % 60):02d}s"
+    return f"{int(v // 3600)}h{int(v % 3600 // 60):02d}m"
+
+
+def fmt_load(state: "PoolState", row: EngineRow) -> str:
+    """``42% · 3.1s · ETA 4.0s`` for a load under way (the parts known so far)."""
+    parts = []
+    if row.progress is not None:
+        parts.append(f"{row.progress * 100:.0f}%")
+    elapsed = state.load_elapsed(row)
+    if elapsed is not None:
+        parts.append(fmt_secs(elapsed))
+    eta = state.load_eta(row)
+    parts.append(f"ETA {fmt_secs(eta)}" if eta is not None else "ETA ?")
+    return " · ".join(parts)
+
+
+def fmt_switch(state: "PoolState") -> str | None:
+    """``switch → swapped: 1/2 engines done · 12s`` while a switch runs, else None."""
+    p = state.profile
+    if p.state != "switching":
+        return None
+    done, total = p.progress()
+    elapsed = state.switch_elapsed()
+    failed = [e for e, r in p.switch_done.items() if not r.get("ok")]
+    text = f"switch → {p.switching_to or p.active}: {done}/{total} engine{'s' if total != 1 else ''} done"
+    if failed:
+        text += f" ({len(failed)} FAILED)"
+    if elapsed is not None:
+        text += f" · {fmt_secs(elapsed)}"
+    return text
 
 
 def fmt_tps(v: float | None) -> str:

@@ -1099,7 +1099,7 @@ def build_parser() -> argparse.ArgumentParser:
                                     "which stop every process (SIGTERM, then SIGKILL after --stop-timeout).\n"
                                     "Exit 0 after a requested stop, 1 when start-up fails (a process died, a port is\n"
                                     "taken, time ran out), 2 for a bad config, 130 when interrupted during start-up.",
-                        epilog="examples:\n  hydractl up\n  hydractl up --profile swapped --logs /tmp/hydra-logs\n"
+                        epilog="examples:\n  hydractl up\n  hydractl up --profile swapped --logs ~/hydra-logs\n"
                                "  hydractl up --port-offset 1000      # every port of the configs + 1000",
                         formatter_class=argparse.RawDescriptionHelpFormatter)
     up.add_argument("--config-dir", metavar="DIR", default=None,

@@ -15,6 +15,10 @@ or SIGHUP, which stop every child: SIGTERM (each drains as under systemd), then 
 - ``--port-offset N`` and ``--profile NAME`` need configs that differ from the files: copies
   are written (to ``--logs DIR`` or a temporary directory) with every port moved by N, the
   profile as the coordinator's ``default_profile`` and relative paths made absolute.
+- Every pool starts on ``--profile`` or the coordinator's default: the coordinator keeps the
+  active profile it would resume after a restart in a temporary directory of this run
+  (``$STATE_DIRECTORY``, or ``state_dir`` in a copy when the config names one), never in the
+  state of an installed coordinator or of an earlier pool.
 - Every port is checked before anything starts; a taken one is named with the file and field
   that asks for it.
 - Start-up fails (exit 1, the rest stopped) when a child exits, an engine's model load fails or
@@ -58,7 +62,7 @@ POLL_S = 0.25
 TAIL_LINES = 30
 # What systemd hands a service; meaningless (or harmful) for processes we start ourselves.
 SERVICE_ENV = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "JOURNAL_STREAM", "LISTEN_FDS", "LISTEN_PID",
-               "LISTEN_FDNAMES", "INVOCATION_ID")
+               "LISTEN_FDNAMES", "INVOCATION_ID", "STATE_DIRECTORY")
 
 
 # ----- configs ---------------------------------------------------------------------------
@@ -131,8 +135,14 @@ def _url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-def plan(config_dir: Path, profile: str | None, offset: int, copy_dir: Path) -> Plan:
-    """Read and check the configs; write moved copies into ``copy_dir`` when they must differ."""
+def plan(config_dir: Path, profile: str | None, offset: int, copy_dir: Path, state_dir: Path | None = None) -> Plan:
+    """Read and check the configs; write moved copies into ``copy_dir`` when they must differ.
+
+    ``state_dir`` is where the coordinator keeps what it would resume after a restart (the
+    active profile); a pool of ``hydractl up`` is new every time, so it gets a directory of its
+    own run, and a config that names one is copied to point elsewhere.
+    """
+    from hydrad.coordinator.settings import CoordinatorSettings
     from hydrad.coordinator.profiles import load_profiles
     from hydrad.coordinator.settings import ConfigError as CoordConfigError
     from hydrad.coordinator.settings import load_config as load_coordinator
@@ -162,7 +172,9 @@ def plan(config_dir: Path, profile: str | None, offset: int, copy_dir: Path) -> 
         engines += [e for e in p.engines if e not in engines]
     targets = {e: (active.engines[e].model if e in active.engines else None) for e in engines}
 
-    copies = offset != 0 or name != (cs.default_profile or profiles.default_name)
+    has_state = "state_dir" in CoordinatorSettings.model_fields
+    own_state = has_state and getattr(cs, "state_dir", None) is not None
+    copies = offset != 0 or name != (cs.default_profile or profiles.default_name) or (own_state and state_dir is not None)
     ports: list[Port] = []
     bus_host, bus_port = split_endpoint(cs.bus.endpoint)
     ev_host, ev_port = split_endpoint(cs.events)
@@ -181,6 +193,8 @@ def plan(config_dir: Path, profile: str | None, offset: int, copy_dir: Path) -> 
         raw["registry"] = str(cs.registry)
         raw["profiles"] = str(cs.profiles)
         raw["default_profile"] = name
+        if has_state and state_dir is not None:
+            raw["state_dir"] = str(state_dir)
         coord_run = copy_dir / COORDINATOR_FILE
         coord_run.write_text(yaml.safe_dump(raw, sort_keys=False))
     else:
@@ -382,6 +396,7 @@ class Runner:
         self.children: list[Child] = []
         self.out: Output | None = None
         self.tmp: Path | None = None
+        self.state_dir: Path | None = None
 
     # --- signals
 
@@ -426,6 +441,8 @@ class Runner:
         args = self.args
         config_dir = Path(args.config_dir) if args.config_dir else default_config_dir()
         logs = Path(args.logs) if args.logs else None
+        self.tmp = Path(tempfile.mkdtemp(prefix="hydra-up-"))
+        self.state_dir = self.tmp / "state"  # the coordinator's: nothing carried over from an earlier pool
         if logs is not None:
             try:
                 logs.mkdir(parents=True, exist_ok=True)
@@ -434,9 +451,8 @@ class Runner:
             copy_dir = logs / "configs"
             copy_dir.mkdir(exist_ok=True)
         else:
-            self.tmp = Path(tempfile.mkdtemp(prefix="hydra-up-"))
             copy_dir = self.tmp
-        p = plan(config_dir, args.profile, args.port_offset, copy_dir)
+        p = plan(config_dir, args.profile, args.port_offset, copy_dir, self.state_dir)
         check_ports(p.ports)
 
         self.out = Output(["hydractl", "coordinator", *p.engine_configs])
@@ -472,9 +488,12 @@ class Runner:
                 stdout: Any = c.log_file
             else:
                 stdout = subprocess.PIPE
+            child_env = env
+            if c.name == "coordinator" and self.state_dir is not None:  # where a coordinator config names no state_dir
+                child_env = {**env, "STATE_DIRECTORY": str(self.state_dir)}
             try:
                 c.proc = subprocess.Popen(c.argv, stdin=subprocess.DEVNULL, stdout=stdout, stderr=subprocess.STDOUT,
-                                          env=env, process_group=0, preexec_fn=preexec)
+                                          env=child_env, process_group=0, preexec_fn=preexec)
             except OSError as exc:
                 raise CliError(f"cannot start {c.name} ({' '.join(c.argv)}): {exc.strerror or exc}",
                                EXIT_START_FAILED) from None

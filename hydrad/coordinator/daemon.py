@@ -29,6 +29,7 @@ from hydrad.coordinator.bus import CoordinatorBus
 from hydrad.coordinator.frontdoor import FrontDoor, exception_handlers
 from hydrad.coordinator.profiles import ProfileSet, load_profiles
 from hydrad.coordinator.settings import ConfigError, CoordinatorSettings, LoadedConfig, load_config
+from hydrad.coordinator.state import StateFile, choose_start_profile
 from hydrad.coordinator.switcher import ProfileSwitcher
 from hydrad.logs import log_event, setup_logging
 from hydrad.registry import Registry
@@ -85,7 +86,12 @@ class CoordinatorDaemon:
             log_event(log, logging.ERROR, "cannot bind the bus", bus=s.bus.endpoint, events=s.events, error=str(exc))
             return 1
         affinity = Affinity()
-        switcher = ProfileSwitcher(s, bus, registry, profiles)
+        state = StateFile.for_settings(s)
+        start = choose_start_profile(s, profiles, state)
+        log_event(log, logging.WARNING if start.warn else logging.INFO,
+                  "saved state unusable; start profile from the default" if start.warn else "start profile",
+                  profile=start.name or "-", source=start.source, why=start.reason)
+        switcher = ProfileSwitcher(s, bus, registry, profiles, active=start.name, state=state)
         front = FrontDoor(s, bus, switcher, registry, affinity)
         app = Starlette(routes=front.routes() + admin_routes(bus, switcher, affinity, front),
                         exception_handlers=exception_handlers())

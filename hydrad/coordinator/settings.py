@@ -60,6 +60,7 @@ class CoordinatorSettings(BaseModel):
     configure_timeout_s: float = Field(30.0, gt=0, description="Longest wait for an engine to answer CONFIGURE.")
     load_on_demand: bool = Field(True, description="Let routing load a model on an engine that has it on disk but serves another.")
     drain_timeout_s: float = Field(30.0, gt=0, description="On SIGTERM, how long in-flight requests may run.")
+    state_dir: Path | None = Field(None, description="Directory of the state file (<name>.state.json: the active profile, kept across restarts); default $STATE_DIRECTORY (systemd's StateDirectory=, /var/lib/hydra) when set, else ~/.local/state/hydra.")
     logging: LogSettings = Field(default_factory=LogSettings, description="Logging.")
 
     @field_validator("bus", mode="before")
@@ -107,6 +108,8 @@ def load_config(path: str | Path | None) -> LoadedConfig:
             updates[key] = candidate if candidate.exists() else None
         elif not value.is_absolute():
             updates[key] = (base / value).resolve()
+    if settings.state_dir is not None and not settings.state_dir.is_absolute():
+        updates["state_dir"] = (base / settings.state_dir).resolve()
     if updates:
         settings = settings.model_copy(update=updates)
     return LoadedConfig(settings, p)

@@ -21,6 +21,7 @@ from typing import Any
 
 from hydrad.coordinator.bus import CoordinatorBus, EngineRecord, EngineUnreachable
 from hydrad.coordinator.profiles import PENDING_ENGINE_FIELDS, ProfileSet, diff_profiles, resolve
+from hydrad.coordinator.state import StateFile
 from hydrad.logs import log_event
 from hydrad.registry import Registry
 
@@ -36,12 +37,16 @@ class LoadFailed(RuntimeError):
 
 
 class ProfileSwitcher:
-    def __init__(self, settings: Any, bus: CoordinatorBus, registry: Registry, profiles: ProfileSet) -> None:
+    def __init__(self, settings: Any, bus: CoordinatorBus, registry: Registry, profiles: ProfileSet,
+                 active: str | None = None, state: StateFile | None = None) -> None:
+        """``active``: the profile to start with (default: ``default_profile``, else the profiles file's
+        default); ``state``: where the active profile is saved whenever a switch begins."""
         self.settings = settings
         self.bus = bus
         self.registry = registry
         self.profiles = profiles
-        self.active: str | None = settings.default_profile or profiles.default_name
+        self.state = state
+        self.active: str | None = active or settings.default_profile or profiles.default_name
         self.previous: str | None = None
         self.applied: dict[str, tuple[str, dict[str, Any]]] = {}  # engine → (instance, payload it took)
         self.configuring: dict[str, str] = {}  # engine → why (profile name, "register", "on-demand")
@@ -87,6 +92,37 @@ class ProfileSwitcher:
             else:
                 out[name] = {"model": rec.status.model}
         return out
+
+    def plan(self, name: str) -> dict[str, Any]:
+        """What a switch to profile ``name`` would do right now (KeyError: unknown profile).
+
+        The same computation :meth:`_switch` runs, so the answer is the switch's own: ``payloads``
+        (engine → payload) of the live engines it would CONFIGURE, ``absent`` (engines it would
+        change that are not alive: they get the profile when they register), ``unchanged``
+        (already matching: left alone) and ``errors`` (engine → why no payload can be made).
+        """
+        targets, errors = self.targets(name)
+        affected = diff_profiles(self.current(), targets)
+        alive = {n: p for n, p in affected.items() if (r := self.bus.engines.get(n)) is not None and r.alive}
+        return {"payloads": alive, "absent": sorted(n for n in affected if n not in alive),
+                "unchanged": sorted(n for n in targets if n not in affected), "errors": errors}
+
+    def public_plan(self, name: str) -> dict[str, Any]:
+        """One profile for ``GET /admin/profile``: its entries and the plan of a switch to it now."""
+        profile = self.profiles.get(name)
+        plan = self.plan(name)
+        reload: dict[str, Any] = {}
+        for engine, payload in sorted(plan["payloads"].items()):
+            rec = self.bus.engines.get(engine)
+            now = rec.status.model if rec is not None else None
+            entry = profile.engines[engine]
+            reload[engine] = {"from": now, "to": payload.get("model"), "mode": entry.mode, "peer": entry.peer,
+                              "model_changes": now != payload.get("model")}
+        return {"description": profile.description,
+                "engines": {e: {"model": entry.model, "mode": entry.mode, "peer": entry.peer}
+                            for e, entry in profile.engines.items()},
+                "reload": reload, "unchanged": plan["unchanged"], "absent": plan["absent"],
+                "errors": plan["errors"]}
 
     # ----- configuring one engine ------------------------------------------------------
 
@@ -142,10 +178,10 @@ class ProfileSwitcher:
         t0 = time.monotonic()
         started = time.time()
         self.previous, self.active = self.active, name
-        targets, errors = self.targets(name)
-        affected = diff_profiles(self.current(), targets)
-        alive = {n: p for n, p in affected.items() if (r := self.bus.engines.get(n)) is not None and r.alive}
-        absent = sorted(n for n in affected if n not in alive)
+        plan = self.plan(name)
+        alive, absent, errors = plan["payloads"], plan["absent"], plan["errors"]
+        if self.state is not None:
+            await asyncio.to_thread(self.state.save, name)
         log_event(log, logging.INFO, "profile switch", frm=self.previous or "-", to=name,
                   engines=",".join(sorted(alive)) or "-", absent=",".join(absent) or "-")
         self.bus.publish("profile.start", profile=name, previous=self.previous, engines=sorted(alive), absent=absent,
@@ -155,7 +191,7 @@ class ProfileSwitcher:
         failed = [r["engine"] for r in results if not r.get("ok")] + sorted(errors)
         out = {"profile": name, "previous": self.previous, "ok": not failed, "seconds": total, "started": started,
                "engines": {r["engine"]: r for r in results},
-               "unchanged": sorted(n for n in targets if n not in affected),
+               "unchanged": plan["unchanged"],
                "absent": absent, "errors": errors, "failed": failed}
         self.last_switch = out
         log_event(log, logging.INFO if not failed else logging.ERROR, "profile switch done", profile=name,
@@ -237,7 +273,11 @@ class ProfileSwitcher:
                                      "configuring": self.configuring.get(name)}
             except KeyError:
                 pass
+        plans: dict[str, Any] = {}
+        for name in self.profiles.profiles:
+            plans[name] = self.public_plan(name)
         return {"active": self.active, "previous": self.previous,
                 "state": "switching" if self.switching else "steady",
                 "profiles": {n: p.description for n, p in self.profiles.profiles.items()},
-                "engines": targets, "progress": dict(self.progress), "last_switch": self.last_switch}
+                "engines": targets, "progress": dict(self.progress), "last_switch": self.last_switch,
+                "plans": plans}

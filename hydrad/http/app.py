@@ -252,8 +252,17 @@ def build_app(settings: EngineSettings, control: EngineControl) -> Starlette:
         gen = core.gen
         if gen is None:
             return JSONResponse([])
-        return JSONResponse([{"id": sl.id, "is_processing": sl.active is not None, "n_tokens": len(sl.cache)}
-                             for sl in gen.slots])
+        now = time.monotonic()
+        out: list[dict[str, Any]] = []
+        for sl in gen.slots:
+            a = sl.active  # read once: the engine thread may end the request meanwhile
+            item: dict[str, Any] = {"id": sl.id, "is_processing": a is not None, "n_tokens": len(sl.cache)}
+            if a is not None:  # the running request: prompt size, tokens decoded so far, its decode speed
+                item.update(n_prompt=a.prompt_len, n_decoded=a.n_gen)
+                if a.n_gen > 1 and a.t_first:
+                    item["decode_tps"] = round((a.n_gen - 1) / max(1e-6, now - a.t_first), 2)
+            out.append(item)
+        return JSONResponse(out)
 
     async def read_state(request: Request) -> tuple[dict[str, Any], Any]:
         guard_control(request)

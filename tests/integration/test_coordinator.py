@@ -319,6 +319,16 @@ def test_profile_switch_keeps_serving_and_publishes_progress(cluster: Callable[.
     c = cl.c
     c.wait_serving(DEV)
     assert c.http.get("/admin/profile").json()["active"] == "dev"
+    # GET /admin/profile: every profile's entries and the plan a switch to it would carry out now
+    deadline = time.monotonic() + 10
+    while (plans := c.http.get("/admin/profile").json()["plans"])["dev"]["reload"] and time.monotonic() < deadline:
+        time.sleep(0.05)  # the engines' LOADED may trail their ready heartbeat a little
+    assert plans["dev"]["reload"] == {} and plans["dev"]["unchanged"] == ["dev-a", "dev-b"]
+    assert plans["swapped"]["engines"] == {"dev-a": {"model": "gemma3-270m", "mode": "SOLO", "peer": None},
+                                           "dev-b": {"model": "smollm2-135m", "mode": "SOLO", "peer": None}}
+    assert {e: (p["from"], p["to"], p["model_changes"]) for e, p in plans["swapped"]["reload"].items()} == {
+        "dev-a": ("smollm2-135m", "gemma3-270m", True), "dev-b": ("gemma3-270m", "smollm2-135m", True)}
+    assert plans["swapped"]["unchanged"] == [] and plans["swapped"]["absent"] == [] and not plans["swapped"]["errors"]
     stop = threading.Event()
     results: list[tuple[float, float, int, str, str]] = []  # start, end, status, model, engine (or error body)
 
@@ -350,6 +360,7 @@ def test_profile_switch_keeps_serving_and_publishes_progress(cluster: Callable[.
     out = r.json()
     assert out["ok"] and out["profile"] == "swapped" and out["previous"] == "dev"
     assert set(out["engines"]) == {"dev-a", "dev-b"} and all(e["ok"] for e in out["engines"].values())
+    assert set(out["engines"]) == set(plans["swapped"]["reload"])  # the switch did what the plan said
     assert 0 < out["seconds"] <= t_done - t_switch + 0.1
     c.wait_serving(SWAPPED, 10)
     prof = c.http.get("/admin/profile").json()

@@ -78,7 +78,8 @@ class Coordinator:
         cfg: dict[str, Any] = {"http": {"host": "127.0.0.1", "port": self.port}, "bus": self.bus,
                                "events": self.events_endpoint, "heartbeat_interval_s": heartbeat_interval_s,
                                "liveness": 3, "registry": str(REGISTRY), "first_token_timeout_s": 60,
-                               "token_timeout_s": 30, "load_timeout_s": 120}
+                               "token_timeout_s": 30, "load_timeout_s": 120,
+                               "state_dir": str(tmp / "coordinator-state")}
         if curve is not None:  # (public, secret) Z85 keys: the bus and events are encrypted
             cfg["bus"] = {"endpoint": self.bus, "curve_public_key": curve[0], "curve_secret_key": curve[1]}
         if isinstance(profiles, dict):
@@ -95,11 +96,32 @@ class Coordinator:
         self.notify = NotifyListener(tmp / "notify-coordinator.sock")
         self.log_path = tmp / "coordinator.log"
         self._log = open(self.log_path, "wb")
-        env = dict(os.environ, NOTIFY_SOCKET=str(self.notify.path), PYTHONUNBUFFERED="1", **(env or {}))
+        self._env = dict(os.environ, NOTIFY_SOCKET=str(self.notify.path), PYTHONUNBUFFERED="1", **(env or {}))
+        self._cwd = tmp
         self.events = Events(self.events_endpoint)
-        self.proc = subprocess.Popen([sys.executable, "-m", "hydrad.coordinator.daemon", "--config", str(self.config)],
-                                     stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=str(tmp))
+        self.proc = self._spawn()
         self.http = httpx.Client(base_url=self.url, timeout=120)
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        return subprocess.Popen([sys.executable, "-m", "hydrad.coordinator.daemon", "--config", str(self.config)],
+                                stdout=self._log, stderr=subprocess.STDOUT, env=self._env, cwd=str(self._cwd))
+
+    def kill(self, sig: int = signal.SIGTERM, timeout: float = 20.0) -> int:
+        """Stop the process only (same ports and config for :meth:`start_again`); the PUB collector stays."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        return self.proc.returncode
+
+    def start_again(self) -> None:
+        """A new process on the same config and ports (after :meth:`kill`); its log is appended."""
+        assert self.proc.poll() is not None, "the coordinator still runs"
+        self.notify.messages.clear()
+        self.proc = self._spawn()
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")

@@ -20,7 +20,7 @@ from textual.pilot import Pilot
 from tui.app import HydraConsole
 from tui.feed import AdminError, FeedEvent
 from tui.widgets import (Banner, ConfirmSwitch, EngineDetail, EnginesTable, EventLog, LoadBar, LoadsPanel, ProfilePicker,
-                         RouteLog)
+                         RouteLog, SwitchProgress)
 
 GIB = 1 << 30
 
@@ -100,7 +100,7 @@ def ev(topic: str, **data: Any) -> FeedEvent:
     return FeedEvent(topic, 1_700_000_000.0, data)
 
 
-def run(app: HydraConsole, body: Callable[[Pilot[None]], Awaitable[None]], size: tuple[int, int] = (120, 36)) -> None:
+def run(app: HydraConsole, body: Callable[[Pilot[None]], Awaitable[None]], size: tuple[int, int] = (140, 36)) -> None:
     async def main() -> None:
         async with app.run_test(size=size) as pilot:
             await body(pilot)
@@ -279,6 +279,9 @@ def test_profile_switch_flow() -> None:
         await pilot.press("y")
         await until(pilot, lambda: admin.switched == ["gemma"])
         await until(pilot, lambda: any("Switching the pool to gemma" in t for _, t in app.notices))
+        assert isinstance(app.screen, SwitchProgress)  # the switch's own progress dialog
+        await pilot.press("escape")  # closing it leaves the switch running
+        await until(pilot, lambda: not isinstance(app.screen, SwitchProgress))
         app.post_message(app.PoolEvents([
             ev("profile.start", profile="gemma", previous="dense", engines=["5060ti"], absent=[], errors={}),
             ev("profile.engine", engine="5060ti", phase="configuring", why="profile gemma", model="gemma3-270m"),
@@ -354,6 +357,7 @@ def test_unreachable_coordinator_shows_banner_and_recovers() -> None:
         await until(pilot, lambda: banner.shown)
         assert "Coordinator unreachable" in banner.text and "connection refused" in banner.text
         assert "Retrying every 0.2 s" in banner.text
+        assert app.sub_title.startswith("DISCONNECTED")  # in the header too, in words
         calls = admin.calls
         await until(pilot, lambda: admin.calls >= calls + 2)  # it keeps retrying
         await pilot.press("p")  # nothing known: a notice, no modal
@@ -361,6 +365,7 @@ def test_unreachable_coordinator_shows_banner_and_recovers() -> None:
         assert "No profiles known" in app.notices[-1][1]
         admin.fail = None
         await until(pilot, lambda: not banner.shown)
+        assert not app.sub_title.startswith("DISCONNECTED")
         assert app.query_one(EnginesTable).row_count == 2
 
     run(app, body)

@@ -127,3 +127,39 @@ def test_reader_connects_late_reads_batches_and_drops_garbage() -> None:
         pub.close(0)
         ctx.term()
         r.stop()
+
+
+def test_engine_base_url() -> None:
+    from tui.feed import engine_base_url
+
+    admin_url = "http://gpu-host:9000"
+    assert engine_base_url("10.0.0.11:8080", admin_url) == "http://10.0.0.11:8080"
+    assert engine_base_url("0.0.0.0:8080", admin_url) == "http://gpu-host:8080"  # bound to every address
+    assert engine_base_url("[::]:8080", admin_url) == "http://gpu-host:8080"
+    assert engine_base_url("[fe80::1]:8080", admin_url) == "http://[fe80::1]:8080"
+    assert engine_base_url("http://a:1/", admin_url) == "http://a:1"
+    assert engine_base_url(None, admin_url) is None and engine_base_url("nonsense", admin_url) is None
+
+
+def test_engine_client_config_slots_and_refusal() -> None:
+    from tui.feed import EngineClient
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        if req.url.host == "refusing":
+            return httpx.Response(403, json={"error": {"message": "/control is not allowed from 10.0.0.5 "
+                                                                  "(control_allow_from)", "code": "forbidden"}})
+        if req.url.path == "/control/config":
+            return httpx.Response(200, json={"engine": "a", "model": "m",
+                                             "params": {"n_ctx": {"value": 4096, "source": "yaml", "tier": "T2"}}})
+        if req.url.path == "/slots":
+            return httpx.Response(200, json=[{"id": 0, "is_processing": True, "n_tokens": 12, "n_decoded": 3}])
+        raise httpx.ConnectError("[Errno 111] Connection refused", request=req)
+
+    c = EngineClient(transport=httpx.MockTransport(handler))
+    assert c.config("http://a:8080")["params"]["n_ctx"]["source"] == "yaml"
+    assert c.slots("http://a:8080")[0]["n_decoded"] == 3
+    with pytest.raises(AdminError, match="refuses /control/config from this host.*control_allow_from") as exc:
+        c.config("http://refusing:8080")
+    assert exc.value.status == 403
+    with pytest.raises(AdminError, match="cannot reach the engine at http://a:8080: connection refused"):
+        c._get("http://a:8080", "/elsewhere")

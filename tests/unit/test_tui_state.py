@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from tests.unit.test_tui_app import GIB, engine_doc, engines_doc, profile_doc
-from tui.state import EngineRow, PoolState, describe_event, fmt_age, fmt_gpu, fmt_vram
+from tui.state import (EngineRow, PoolState, describe_event, fmt_age, fmt_gpu, fmt_load, fmt_secs, fmt_switch, fmt_vram,
+                       switch_reasons)
 
 
 def state(now: list[float] | None = None) -> PoolState:
@@ -87,7 +88,8 @@ def test_profile_events() -> None:
     assert s.engines["5060ti"].configuring is None and s.engines["5060ti"].last_error == "out of memory"
     s.apply_event("profile.done", {"profile": "gemma", "ok": False, "seconds": 1.5, "failed": ["5060ti"]})
     assert s.profile.state == "steady" and s.profile.last_switch == {
-        "profile": "gemma", "ok": False, "seconds": 1.5, "failed": ["5060ti"], "absent": None}
+        "profile": "gemma", "ok": False, "seconds": 1.5, "failed": ["5060ti"], "absent": None,
+        "reasons": {"5060ti": "out of memory"}}
 
 
 def test_routes_are_bounded() -> None:
@@ -129,3 +131,106 @@ def test_formatting() -> None:
     assert describe_event("profile.done", {"profile": "p", "ok": True, "seconds": 2.0}) == "profile p done in 2.0 s"
     assert describe_event("engine.progress", {"engine": "a", "stage": "reloading", "progress": 0.5,
                                               "loading_model": "m"}) == "a reloading m 50%"
+
+
+def test_load_timing_elapsed_and_eta() -> None:
+    now = [100.0]
+    s = state(now)
+    s.apply_event("profile.start", {"profile": "gemma", "previous": "dense", "engines": ["5060ti", "p100"]})
+    s.apply_event("profile.engine", {"engine": "5060ti", "phase": "configuring", "why": "profile gemma",
+                                     "model": "gemma3-270m"})
+    r = s.engines["5060ti"]
+    assert r.in_load and r.phase == "configuring" and s.load_elapsed(r) == 0.0 and s.load_eta(r) is None
+    now[0] = 101.0
+    s.apply_event("engine.stage", {"engine": "5060ti", "stage": "reloading", "model": "smollm2-135m",
+                                   "loading_model": "gemma3-270m"})
+    s.apply_event("engine.progress", {"engine": "5060ti", "stage": "reloading", "progress": 0.1})
+    assert r.phase == "reloading" and s.load_eta(r) is None  # one sample: no rate yet
+    now[0] = 105.0
+    s.apply_event("engine.progress", {"engine": "5060ti", "stage": "reloading", "progress": 0.5})
+    # 0.4 in 4 s: the remaining 0.5 takes 5 s
+    assert s.load_elapsed(r) == 5.0 and s.load_eta(r) == 5.0
+    now[0] = 107.0  # no news for 2 s: the estimate counts down
+    assert s.load_eta(r) == 3.0
+    assert fmt_load(s, r) == "50% · 7.0s · ETA 3.0s"
+    assert fmt_switch(s) == "switch → gemma: 0/2 engines done · 7.0s"
+    # the engine finishes; its part of the switch is done
+    s.apply_event("engine.stage", {"engine": "5060ti", "stage": "ready", "model": "gemma3-270m"})
+    s.apply_event("profile.engine", {"engine": "5060ti", "phase": "done", "why": "profile gemma", "ok": True,
+                                     "seconds": 7.0})
+    assert not r.in_load and r.load_started is None and s.load_eta(r) is None
+    assert s.profile.progress() == (1, 2)
+    assert fmt_switch(s) == "switch → gemma: 1/2 engines done · 7.0s"
+    s.apply_event("profile.engine", {"engine": "p100", "phase": "failed", "why": "profile gemma",
+                                     "error": "out of memory"})
+    assert fmt_switch(s) == "switch → gemma: 2/2 engines done (1 FAILED) · 7.0s"
+    s.apply_event("profile.done", {"profile": "gemma", "ok": False, "seconds": 7.5, "failed": ["p100"]})
+    assert fmt_switch(s) is None
+    assert switch_reasons(s.profile.last_switch) == {"p100": "out of memory"}
+
+
+def test_a_new_load_restarts_the_rate() -> None:
+    now = [0.0]
+    s = state(now)
+    s.apply_event("engine.progress", {"engine": "p100", "stage": "loading_model", "progress": 0.8})
+    now[0] = 2.0
+    s.apply_event("engine.progress", {"engine": "p100", "stage": "loading_model", "progress": 0.9})
+    r = s.engines["p100"]
+    assert round(s.load_eta(r) or 0, 6) == 2.0
+    now[0] = 3.0
+    s.apply_event("engine.progress", {"engine": "p100", "stage": "loading_model", "progress": 0.1})  # a new load
+    assert s.load_eta(r) is None and r.load_first == (3.0, 0.1)
+
+
+def test_plans_make_the_reload_estimate_exact() -> None:
+    s = state()
+    assert s.reload_estimate("gemma") == (["5060ti", "p100"], False)  # no plans: every live engine, at most
+    doc = profile_doc()
+    doc["plans"] = {"gemma": {"description": "", "engines": {}, "reload": {"5060ti": {"from": "smollm2-135m",
+                                                                                     "to": "gemma3-270m"}},
+                              "unchanged": ["p100"], "absent": [], "errors": {}}}
+    s.apply_profile(doc)
+    assert s.reload_estimate("gemma") == (["5060ti"], True)
+
+
+def test_a_stale_profile_snapshot_does_not_undo_a_switch_event() -> None:
+    s = state()
+    since = s.seq
+    s.apply_event("profile.start", {"profile": "gemma", "previous": "dense", "engines": ["5060ti"]})
+    s.apply_profile(profile_doc(), since=since)  # asked before the event: says dense, steady
+    assert s.profile.state == "switching" and s.profile.active == "gemma" and s.profile.switch_engines == ["5060ti"]
+    s.apply_profile(profile_doc(), since=s.seq)  # asked after it: the coordinator's word stands
+    assert s.profile.state == "steady" and s.profile.active == "dense"
+
+
+def test_recent_events_and_sessions_per_engine() -> None:
+    s = state()
+    for i in range(3):
+        s.apply_event("route", {"req": f"r{i}", "engine": "5060ti", "session": f"s{i % 2}", "step": "affinity"},
+                      ts=float(i))
+    assert list(s.sessions_seen["5060ti"]) == ["s1", "s0"]  # most recent last
+    for i in range(150):
+        s.note("p100", float(i), f"line {i}")
+    assert len(s.recent["p100"]) == 100 and s.recent["p100"][-1] == (149.0, "line 149")
+
+
+def test_fmt_secs() -> None:
+    assert [fmt_secs(v) for v in (None, 0.04, 9.94, 12.4, 185, 3725)] == ["?", "0.0s", "9.9s", "12s", "3m05s",
+                                                                          "1h02m"]
+
+
+def test_a_switch_the_admin_api_saw_end_before_its_events_arrived() -> None:
+    s = state()
+    s.apply_event("profile.start", {"profile": "gemma", "previous": "dense", "engines": ["5060ti", "p100"]})
+    since = s.seq  # asked after profile.start, answered after the switch ended, before its last events
+    doc = profile_doc()
+    doc.update(active="gemma", previous="dense", state="steady", last_switch={
+        "profile": "gemma", "ok": False, "seconds": 0.6, "failed": ["p100"],
+        "engines": {"5060ti": {"ok": True, "seconds": 0.5}, "p100": {"ok": False, "error": "no memory", "seconds": 0.4}}})
+    s.apply_profile(doc, since=since)
+    assert s.profile.state == "steady"
+    assert s.profile.switch_done == {"5060ti": {"ok": True, "error": None, "seconds": 0.5},
+                                     "p100": {"ok": False, "error": "no memory", "seconds": 0.4}}
+    s.apply_event("profile.engine", {"engine": "p100", "phase": "failed", "why": "profile gemma", "error": "no memory"})
+    s.apply_event("profile.done", {"profile": "gemma", "ok": False, "seconds": 0.6, "failed": ["p100"]})
+    assert switch_reasons(s.profile.last_switch) == {"p100": "no memory"}

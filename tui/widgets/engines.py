@@ -16,6 +16,14 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("mode", "Mode"), ("slots", "Slots"), ("queue", "Queue"), ("decode", "Dec t/s"), ("hb", "HB"),
 )
 
+# the columns shown by terminal width: all from FULL_FROM columns; without GPU and queue from
+# COMPACT_BELOW (the GPU is in the Engine pane); below that, what tells the engines' states apart
+FULL_FROM = 132
+COMPACT_BELOW = 100
+MEDIUM_COLUMNS = frozenset(k for k, _ in COLUMNS) - {"gpu", "queue"}
+COMPACT_COLUMNS = frozenset({"engine", "stage", "model", "slots", "decode", "hb"})
+STALE_S = 5.0  # a heartbeat older than this is marked "!"
+
 STAGE_STYLES = {"ready": "bold green", "reloading": "yellow", "loading_model": "yellow", "warming": "yellow",
                 "idle": "cyan", "starting": "cyan", "stopping": "magenta"}
 
@@ -28,14 +36,16 @@ class EnginesTable(DataTable[Text]):
     """
 
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("up", "cursor_up", "Prev engine", key_display="↑"),
-        Binding("down", "cursor_down", "Next engine", key_display="↓"),
+        Binding("up", "cursor_up", "Prev engine", key_display="↑", show=False),
+        Binding("down", "cursor_down", "Next engine", key_display="↓", show=False),
+        Binding("enter", "open_engine", "Details", key_display="⏎"),
     ]
     """
     | Key(s) | Description |
     | :- | :- |
     | up | Select the engine above. |
     | down | Select the engine below. |
+    | enter | Open the selected engine's screen (slots, parameters, events). |
     """
 
     DEFAULT_CSS = """
@@ -57,14 +67,47 @@ class EnginesTable(DataTable[Text]):
             super().__init__()
             self.name = name
 
+    class EngineOpened(Message):
+        """Enter on an engine: open its screen."""
+
+        def __init__(self, name: str) -> None:
+            super().__init__()
+            self.name = name
+
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id, cursor_type="row", zebra_stripes=False)
         self.border_title = "Engines"
         self._order: list[str] = []
+        self.keys: list[str] = [k for k, _ in COLUMNS]  # the columns shown
+        self._state: PoolState | None = None
 
     def on_mount(self) -> None:
+        self._columns()
+
+    def _columns(self) -> None:
         for key, label in COLUMNS:
-            self.add_column(label, key=key)
+            if key in self.keys:
+                self.add_column(label, key=key)
+
+    def fit_width(self, width: int) -> None:
+        """Pick the columns for a terminal ``width`` columns wide (the rows are rebuilt if they change)."""
+        wanted = (None if width >= FULL_FROM else MEDIUM_COLUMNS if width >= COMPACT_BELOW else COMPACT_COLUMNS)
+        keys = [k for k, _ in COLUMNS if wanted is None or k in wanted]
+        if keys == self.keys:
+            return
+        self.keys = keys
+        before = self.selected
+        self.clear(columns=True)
+        self._columns()
+        self._order = []
+        if self._state is not None:
+            self.show(self._state)
+            if before in self._order:
+                self.move_cursor(row=self._order.index(before))
+
+    def action_open_engine(self) -> None:
+        if self.selected is not None:
+            self.post_message(self.EngineOpened(self.selected))
 
     @property
     def selected(self) -> str | None:
@@ -98,7 +141,8 @@ class EnginesTable(DataTable[Text]):
             "slots": Text(slots, style="bold" if row.slots_busy else ""),
             "queue": Text(queue, style="yellow" if row.queued else ""),
             "decode": Text(fmt_tps(row.decode_tps)),
-            "hb": Text(fmt_age(age), style="red" if age is not None and age > 5 and row.alive else ""),
+            "hb": Text(fmt_age(age) + "!", style="red") if age is not None and age > STALE_S and row.alive
+            else Text(fmt_age(age)),
         }
         if dead:
             for key, text in out.items():
@@ -108,15 +152,17 @@ class EnginesTable(DataTable[Text]):
 
     def show(self, state: PoolState) -> None:
         """Bring the rows in line with ``state`` and keep the selection on the same engine."""
+        self._state = state
         rows = state.sorted_engines()
         names = [r.name for r in rows]
         before = self.selected
+        keys = self.keys
         if names != self._order:
             self.clear()
             self._order = names
             for r in rows:
                 cells = self.cells(state, r)
-                self.add_row(*(cells[k] for k, _ in COLUMNS), key=r.name)
+                self.add_row(*(cells[k] for k in keys), key=r.name)
             if names:
                 self.move_cursor(row=names.index(before) if before in names else 0)
             if self.selected != before:
@@ -124,7 +170,13 @@ class EnginesTable(DataTable[Text]):
             return
         for r in rows:
             for key, text in self.cells(state, r).items():
-                self.update_cell(r.name, key, text, update_width=True)
+                if key in keys:
+                    self.update_cell(r.name, key, text, update_width=True)
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        """A click on the highlighted row opens it, as Enter does."""
+        event.stop()
+        self.action_open_engine()
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         event.stop()

@@ -1,16 +1,17 @@
-"""Progress bars for engines that are loading or reloading a model."""
+"""Progress of loads: one bar per engine loading or reloading a model, and the profile switch as a whole."""
 
 from __future__ import annotations
 
 from textual.app import ComposeResult
-from textual.containers import Vertical, VerticalScroll
+from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import Label, ProgressBar
 
-from tui.state import PoolState
+from tui.state import EngineRow, PoolState, fmt_load, fmt_switch
 
 
 class LoadBar(Vertical):
-    """One engine's load: name, stage and target model, and below a bar (pulsing while the progress is unknown)."""
+    """One engine's load: name, phase and target model; below, a bar (pulsing while the progress is
+    unknown) with percent, elapsed time and the ETA from the rate seen so far."""
 
     DEFAULT_CSS = """
     LoadBar {
@@ -21,11 +22,20 @@ class LoadBar(Vertical):
         text-wrap: nowrap;
         text-overflow: ellipsis;
     }
-    LoadBar > ProgressBar {
-        width: 100%;
+    LoadBar > Horizontal {
+        height: 1;
     }
-    LoadBar > ProgressBar Bar {
+    LoadBar ProgressBar {
         width: 1fr;
+        min-width: 6;
+    }
+    LoadBar ProgressBar Bar {
+        width: 1fr;
+    }
+    LoadBar .timing {
+        width: auto;
+        padding-left: 1;
+        text-wrap: nowrap;
     }
     """
 
@@ -33,27 +43,41 @@ class LoadBar(Vertical):
         super().__init__()
         self.engine = engine
         self.label = Label(engine)
-        self.bar = ProgressBar(total=None, show_eta=False)
+        self.bar = ProgressBar(total=None, show_eta=False, show_percentage=False)
+        self.timing = Label("", classes="timing")
+        self.label_text = engine
+        self.timing_text = ""
 
     def compose(self) -> ComposeResult:
         yield self.label
-        yield self.bar
+        with Horizontal():
+            yield self.bar
+            yield self.timing
 
-    def set_load(self, stage: str, model: str | None, progress: float | None) -> None:
-        self.label.update(f"{self.engine} {stage} → {model}" if model else f"{self.engine} {stage}")
+    def set_load(self, stage: str, model: str | None, progress: float | None, timing: str = "") -> None:
+        self.label_text = f"{self.engine} {stage} → {model}" if model else f"{self.engine} {stage}"
+        self.timing_text = timing
+        self.label.update(self.label_text)
         if progress is None:
             self.bar.update(total=None)
         else:
             self.bar.update(total=100, progress=round(progress * 100, 1))
+        self.timing.update(timing)
 
     @property
     def percent(self) -> float | None:
         """The bar's value in percent, None while indeterminate."""
         return None if self.bar.total is None else self.bar.progress
 
+    @property
+    def text(self) -> str:
+        """What the bar says, as plain text (the tests read it)."""
+        return f"{self.label_text} {self.timing_text}".rstrip()
+
 
 class LoadsPanel(VerticalScroll):
-    """A bar per engine while it loads; "no loads" otherwise."""
+    """The switch under way (engines done of total, elapsed), then a bar per engine while it loads;
+    "no loads" otherwise."""
 
     DEFAULT_CSS = """
     LoadsPanel {
@@ -64,6 +88,11 @@ class LoadsPanel(VerticalScroll):
     LoadsPanel > #idle {
         color: $text-muted;
     }
+    LoadsPanel > #switch {
+        width: 100%;
+        text-style: bold;
+        display: none;
+    }
     """
 
     def __init__(self, *, id: str | None = None) -> None:
@@ -71,14 +100,21 @@ class LoadsPanel(VerticalScroll):
         self.border_title = "Loads"
         self.bars: dict[str, LoadBar] = {}
         self._idle = Label("no loads", id="idle")
+        self.switch_line = Label("", id="switch")
+        self.switch_text: str | None = None
 
     def compose(self) -> ComposeResult:
+        yield self.switch_line
         yield self._idle
 
     def show(self, state: PoolState) -> None:
-        want = {}
+        self.switch_text = fmt_switch(state)
+        self.switch_line.update(self.switch_text or "")
+        self.switch_line.display = self.switch_text is not None
+        want: dict[str, EngineRow] = {}
         for row in state.sorted_engines():
-            if row.loading or (row.alive and row.configuring and row.progress is not None):
+            if row.loading or (row.alive and row.configuring and (row.progress is not None
+                                                                   or state.profile.state == "switching")):
                 want[row.name] = row
         for name in list(self.bars):
             if name not in want:
@@ -92,5 +128,5 @@ class LoadsPanel(VerticalScroll):
                     self.mount(bar, before=self.bars[after[0]])  # keep the bars in name order
                 else:
                     self.mount(bar)
-            bar.set_load(row.stage, row.loading_model or row.model, row.progress)
-        self._idle.display = not want
+            bar.set_load(row.phase, row.loading_model or row.model, row.progress, fmt_load(state, row))
+        self._idle.display = not want and self.switch_text is None
