@@ -6,7 +6,7 @@ engines, traffic, a switch from profile dense to gemma), stopped 21.5 s in, mid-
 picture is the same on every run and on every machine. Times print in UTC.
 
     .venv/bin/python scripts/console_screenshot.py                 # writes docs/console-main.svg
-    .venv/bin/python scripts/console_screenshot.py --at 30 --size 80x24 --out /tmp/pool.svg
+    .venv/bin/python scripts/console_screenshot.py --at 30 --size 80x24 --out pool.svg
 """
 
 from __future__ import annotations
