@@ -38,6 +38,7 @@ import asyncio
 import contextlib
 import ctypes
 import datetime as dt
+import functools
 import json
 import os
 import platform
@@ -198,7 +199,7 @@ class NotifyListener:
         while not self._stop:
             try:
                 data = self.sock.recv(65536)
-            except socket.timeout:
+            except TimeoutError:
                 continue
             except OSError:
                 return
@@ -435,13 +436,16 @@ class CpuGuard:
     def watcher(self, threshold: float) -> Callable[[], bool]:
         """A check to call now and then during a run: True when other processes took more than
         ``threshold`` of the CPUs since the previous call."""
-        last = [_system_busy_ticks(), self._own_ticks()]
+        busy, total = _system_busy_ticks()
+        own = self._own_ticks()
 
         def check() -> bool:
-            (b0, t0), o0 = last
-            (b1, t1), o1 = _system_busy_ticks(), self._own_ticks()
-            last[:] = [(b1, t1), o1]
-            return ((b1 - b0) - (o1 - o0)) / max(t1 - t0, 1) > threshold
+            nonlocal busy, total, own
+            b1, t1 = _system_busy_ticks()
+            o1 = self._own_ticks()
+            share = ((b1 - busy) - (o1 - own)) / max(t1 - total, 1)
+            busy, total, own = b1, t1, o1
+            return share > threshold
 
         return check
 
@@ -621,7 +625,7 @@ def py_spy(pid: int, out: Path | None) -> Iterator[None]:
         raise SystemExit("bench: --profile needs py-spy (.venv/bin/pip install py-spy)")
     fmt = "speedscope" if out.suffix == ".json" else ("raw" if out.suffix == ".txt" else "flamegraph")
     proc = subprocess.Popen([exe, "record", "--pid", str(pid), "--output", str(out), "--format", fmt,
-                             "--rate", "200", "--threads", "--nonblocking", "--native"],
+                             "--rate", "200", "--threads", "--nonblocking"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     time.sleep(1.0)
     try:
@@ -661,7 +665,7 @@ def summarize(result: dict[str, Any], workloads: list[Workload], max_foreign: fl
             ok = [m for m in ms if m["foreign_cpu"] <= max_foreign]
             return ok or ms
 
-        pairs_all = list(zip(hyd_runs, ref_runs or []))
+        pairs_all = list(zip(hyd_runs, ref_runs or [], strict=False))
         pairs_ok = [(a, b) for a, b in pairs_all if a["foreign_cpu"] <= max_foreign and b["foreign_cpu"] <= max_foreign]
         rows = []
         for metric, unit, higher in METRICS[w.key]:
@@ -730,7 +734,7 @@ def bench_model(alias: str, args: argparse.Namespace, settings: ServerSettings, 
                     before = guard.wait_quiet(args.max_foreign, args.quiet_wait, log)
                     watch = guard.watcher(args.abort_foreign) if args.abort_foreign > 0 and aborted < 20 else None
                     try:
-                        m, foreign = guard.measure(lambda: run_workload(srv.url, w, ps, args.seed, watch))
+                        m, foreign = guard.measure(functools.partial(run_workload, srv.url, w, ps, args.seed, watch))
                     except Disturbed:
                         aborted += 1
                         log(f"[{alias}] {srv.name} {w.label}: other processes took over "
@@ -797,7 +801,7 @@ def table(res: dict[str, Any], with_ref: bool) -> str:
                  "|---|---|---:|---:|---:|"]
     else:
         lines = ["| workload | metric | hydrad |", "|---|---|---:|"]
-    for key, s in res["summary"].items():
+    for s in res["summary"].values():
         first = True
         for row in s["rows"]:
             label = s["label"] if first else ""
@@ -806,7 +810,8 @@ def table(res: dict[str, Any], with_ref: bool) -> str:
                 ratio = "–" if row["ratio"] is None else f"{row['ratio']:.2f}"
                 if row["pair_ratio_min"] is not None:
                     ratio += f" ({row['pair_ratio_min']:.2f}–{row['pair_ratio_max']:.2f})"
-                lines.append(f"| {label} | {row['unit']} | {_fmt(row['hydrad'])} | {_fmt(row['llama_server'])} | {ratio} |")
+                lines.append(f"| {label} | {row['unit']} | {_fmt(row['hydrad'])} | "
+                             f"{_fmt(row['llama_server'])} | {ratio} |")
             else:
                 lines.append(f"| {label} | {row['unit']} | {_fmt(row['hydrad'])} |")
     return "\n".join(lines)
@@ -839,7 +844,8 @@ def machine() -> dict[str, Any]:
     info["nproc"] = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     if shutil.which("nvidia-smi"):
         with contextlib.suppress(OSError, subprocess.SubprocessError):
-            out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+            out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version",
+                                  "--format=csv,noheader"],
                                  capture_output=True, text=True, timeout=20).stdout.strip()
             if out:
                 info["gpus"] = out.splitlines()
@@ -905,7 +911,8 @@ def git_describe() -> str:
     try:
         head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
                               text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no", "--", "hydrad"],
+        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no",
+                                "--", "hydrad"],
                                capture_output=True, text=True, timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown"
@@ -927,7 +934,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n-parallel", type=int, default=8, help="slots, -np (default: 8; workload b needs 8)")
     ap.add_argument("--kv-unified", action=argparse.BooleanOptionalAction, default=True,
                     help="one KV pool for all slots on both servers (default: on, hydrad's default)")
-    ap.add_argument("--flash-attn", choices=("auto", "on", "off"), default="auto", help="flash attention (default: auto)")
+    ap.add_argument("--flash-attn", choices=("auto", "on", "off"), default="auto",
+                    help="flash attention (default: auto)")
     ap.add_argument("--gpu-layers", type=int, default=-1, help="layers to offload on both; -1 = all (default)")
     ap.add_argument("--seed", type=int, default=1234, help="sampling seed sent with every request, and prompt seed")
     ap.add_argument("--llama-server", metavar="PATH", help="llama-server binary (default: scripts/build_llama_server)")
@@ -976,7 +984,7 @@ def main(argv: list[str] | None = None) -> int:
     command = "scripts/bench_engine.py " + " ".join(
         shlex.quote(display_path(a)) for a in (sys.argv[1:] if argv is None else argv))
     report: dict[str, Any] = {
-        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "command": command,
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"), "command": command,
         "machine": machine(), "settings": asdict(settings), "runs": args.runs, "workloads": keys,
         "llama_server": None, "env_lib": display_path(args.env_lib) if args.env_lib else None, "results": [],
         "hydrad_commit": git_describe(), "retries": args.retries, "max_foreign": args.max_foreign,

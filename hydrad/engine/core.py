@@ -626,6 +626,9 @@ class EngineCore:
             return
         rc = batch.decode(ctx)
         self.stats.n_decode_total += 1
+        if rc == 1 and gen.evict_idle():  # KV pool full: free idle slots' caches and try the step again
+            rc = batch.decode(ctx)
+            self.stats.n_decode_total += 1
         if rc != 0:
             self._decode_failed(gen, rc, before)
             return

@@ -176,6 +176,15 @@ class Generation:
             used -= len(s.cache)
             self.reset_slot(s)
 
+    def evict_idle(self) -> int:
+        """Drop every idle slot's cached KV (the unified pool ran out mid-decode); returns slots freed."""
+        freed = 0
+        for s in self.slots:
+            if s.active is None and s.cache:
+                self.reset_slot(s)
+                freed += 1
+        return freed
+
     def rebuild_context(self, params: RuntimeParams) -> dict[str, int]:
         """T2: a new context with new parameters; the model stays. Each idle slot's KV is carried into the
         new context when the new context can hold it (same cache types, enough room, slot still exists);
