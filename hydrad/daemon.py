@@ -18,7 +18,7 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import yaml
 
@@ -30,24 +30,10 @@ from hydrad.logs import log_event, setup_logging
 from hydrad.params import ParamError, RuntimeParams
 from hydrad.registry import Registry, UnknownModel
 from hydrad.sdnotify import Notifier
+from hydrad.serving import run_loop, uvicorn_server
 from hydrad.settings import ConfigError, LoadedConfig, load_config
 
 log = logging.getLogger("hydrad")
-
-
-def _uvicorn_server(app: Any, host: str, port: int) -> Any:
-    import uvicorn
-
-    class Server(uvicorn.Server):
-        """uvicorn without its own signal handling: the daemon owns SIGTERM/SIGINT/SIGHUP."""
-
-        @contextlib.contextmanager
-        def capture_signals(self) -> Iterator[None]:
-            yield
-
-    cfg = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="off",
-                         timeout_graceful_shutdown=5, timeout_keep_alive=30)
-    return Server(cfg)
 
 
 class Daemon:
@@ -89,7 +75,7 @@ class Daemon:
         self.core.drain_timeout_s = s.drain_timeout_s
         from hydrad.http.app import build_app
 
-        server = _uvicorn_server(build_app(s, self.control), s.http.host, s.http.port)
+        server = uvicorn_server(build_app(s, self.control), s.http.host, s.http.port)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop_requested.set)
         loop.add_signal_handler(signal.SIGHUP, self.hup_requested.set)
@@ -258,11 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     # The engine thread and the event loop hand work to each other every decode step; a shorter GIL
     # switch interval keeps the loop from waiting up to 5 ms for the engine thread's Python parts.
     sys.setswitchinterval(0.0005)
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(Daemon(loaded).run())
-    return uvloop.run(Daemon(loaded).run())
+    return run_loop(Daemon(loaded).run())
 
 
 if __name__ == "__main__":

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from hydrad.yamlfile import read_mapping
 from hydrad.params import check_partial, validation_message
 
 
@@ -72,16 +72,7 @@ class Registry:
     def load(cls, path: Path | None, models_dir: Path) -> "Registry":
         if path is None:
             return cls(models_dir)
-        try:
-            raw = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
-        except OSError as exc:
-            raise ValueError(f"{path}: cannot read: {exc.strerror or exc}") from None
-        except UnicodeDecodeError as exc:
-            raise ValueError(f"{path}: not UTF-8 text (byte {exc.start})") from None
-        except yaml.YAMLError as exc:
-            raise ValueError(f"{path}: not valid YAML: {exc}") from None
-        if not isinstance(raw, dict) or any(not isinstance(k, str) for k in raw):
-            raise ValueError(f"{path}: top level must be a mapping with a 'models' key")
+        raw = read_mapping(path, "a mapping with a 'models' key")
         try:
             parsed = RegistryFile(**raw)
         except ValidationError as exc:

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from hydrad.params import check_partial, validation_message
+from hydrad.yamlfile import read_mapping
 
 
 class HttpSettings(BaseModel):
@@ -140,22 +140,9 @@ def load_config(path: str | Path | None) -> LoadedConfig:
         return LoadedConfig(EngineSettings(), None, {})
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"{p}: cannot read: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{p}: not UTF-8 text (byte {exc.start})") from None
-    try:
-        raw = yaml.safe_load(text) or {}
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ConfigError(f"{p}: not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{p}: top level must be a mapping of settings, got {type(raw).__name__}")
-    odd = [repr(k) for k in raw if not isinstance(k, str)]
-    if odd:
-        raise ConfigError(f"{p}: setting names must be strings, got {', '.join(odd)} (quote keys like 'on' or 'yes')")
+        raw = read_mapping(p)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     try:
         settings = EngineSettings(**raw)
     except ValidationError as exc:

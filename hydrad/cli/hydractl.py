@@ -122,6 +122,8 @@ def normalize_url(url: str) -> str:
 class EngineClient:
     """The few HTTP calls hydractl makes, with every failure turned into a CliError."""
 
+    what = "engine"  # named in every error, so the user knows which server is meant
+
     def __init__(self, url: str, timeout: float) -> None:
         self.url = normalize_url(url)
         self._http = httpx.Client(base_url=self.url, timeout=timeout)
@@ -134,19 +136,19 @@ class EngineClient:
             return self._http.request(method, path, json=payload)
         except httpx.TransportError as exc:
             reason = str(exc) or type(exc).__name__
-            raise CliError(f"cannot reach the engine at {self.url} ({reason})", EXIT_UNREACHABLE) from None
+            raise CliError(f"cannot reach the {self.what} at {self.url} ({reason})", EXIT_UNREACHABLE) from None
         except httpx.InvalidURL as exc:
-            raise CliError(f"bad engine URL {self.url!r}: {exc}", EXIT_UNREACHABLE) from None
+            raise CliError(f"bad {self.what} URL {self.url!r}: {exc}", EXIT_UNREACHABLE) from None
 
     def body(self, resp: httpx.Response) -> dict[str, Any]:
-        """The JSON object of a response; anything else means this is not a Hydra engine."""
+        """The JSON object of a response; anything else means this is not a Hydra server."""
         try:
             data = resp.json()
         except ValueError:
             data = None
         if not isinstance(data, dict):
             raise CliError(f"{self.url}{resp.request.url.path} answered {resp.status_code} without a JSON object; "
-                           "is this a Hydra engine?", EXIT_UNREACHABLE)
+                           f"is this a Hydra {self.what}?", EXIT_UNREACHABLE)
         return data
 
     def checked(self, resp: httpx.Response) -> dict[str, Any]:
@@ -155,10 +157,14 @@ class EngineClient:
         if resp.is_success:
             return data
         err = data.get("error")
+        self._check_error(resp, err)
         message = err.get("message") if isinstance(err, dict) else None
         message = message or f"HTTP {resp.status_code}"
         code = EXIT_REJECTED if resp.is_client_error else EXIT_UNREACHABLE
-        raise CliError(f"engine refused ({resp.status_code}): {message}", code)
+        raise CliError(f"{self.what} refused ({resp.status_code}): {message}", code)
+
+    def _check_error(self, resp: httpx.Response, err: Any) -> None:
+        """A hook for errors that mean "wrong kind of server" rather than "refused"."""
 
     def health(self) -> tuple[int, dict[str, Any]]:
         resp = self.request("GET", "/health")
@@ -668,37 +674,12 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 class CoordinatorClient(EngineClient):
     """EngineClient's calls against the coordinator, with errors that say "coordinator"."""
 
-    def request(self, method: str, path: str, payload: dict[str, Any] | None = None) -> httpx.Response:
-        try:
-            return self._http.request(method, path, json=payload)
-        except httpx.TransportError as exc:
-            reason = str(exc) or type(exc).__name__
-            raise CliError(f"cannot reach the coordinator at {self.url} ({reason})", EXIT_UNREACHABLE) from None
-        except httpx.InvalidURL as exc:
-            raise CliError(f"bad coordinator URL {self.url!r}: {exc}", EXIT_UNREACHABLE) from None
+    what = "coordinator"
 
-    def body(self, resp: httpx.Response) -> dict[str, Any]:
-        try:
-            data = resp.json()
-        except ValueError:
-            data = None
-        if not isinstance(data, dict):
-            raise CliError(f"{self.url}{resp.request.url.path} answered {resp.status_code} without a JSON object; "
-                           "is this a Hydra coordinator?", EXIT_UNREACHABLE)
-        return data
-
-    def checked(self, resp: httpx.Response) -> dict[str, Any]:
-        data = self.body(resp)
-        if resp.is_success:
-            return data
-        err = data.get("error")
-        message = err.get("message") if isinstance(err, dict) else None
+    def _check_error(self, resp: httpx.Response, err: Any) -> None:
         if resp.status_code == 404 and isinstance(err, dict) and err.get("code") == "not_found":
             raise CliError(f"{self.url} has no {resp.request.url.path}; is this a Hydra coordinator "
                            "(not an engine)?", EXIT_UNREACHABLE)
-        message = message or f"HTTP {resp.status_code}"
-        code = EXIT_REJECTED if resp.is_client_error else EXIT_UNREACHABLE
-        raise CliError(f"coordinator refused ({resp.status_code}): {message}", code)
 
     def get(self, path: str) -> dict[str, Any]:
         return self.checked(self.request("GET", path))

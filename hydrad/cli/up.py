@@ -45,7 +45,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Iterator
-from urllib.parse import urlsplit
 
 import httpx
 import yaml

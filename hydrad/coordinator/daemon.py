@@ -17,7 +17,6 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterator
 
 import zmq
 from starlette.applications import Starlette
@@ -34,23 +33,9 @@ from hydrad.coordinator.switcher import ProfileSwitcher
 from hydrad.logs import log_event, setup_logging
 from hydrad.registry import Registry
 from hydrad.sdnotify import Notifier
+from hydrad.serving import run_loop, uvicorn_server
 
 log = logging.getLogger("hydra.coordinator")
-
-
-def _uvicorn_server(app: Any, host: str, port: int) -> Any:
-    import uvicorn
-
-    class Server(uvicorn.Server):
-        """uvicorn without its own signal handling: the daemon owns SIGTERM/SIGINT."""
-
-        @contextlib.contextmanager
-        def capture_signals(self) -> Iterator[None]:
-            yield
-
-    cfg = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="off",
-                         timeout_graceful_shutdown=5, timeout_keep_alive=30)
-    return Server(cfg)
 
 
 def _load_parts(s: CoordinatorSettings) -> tuple[Registry, ProfileSet]:
@@ -95,7 +80,7 @@ class CoordinatorDaemon:
         front = FrontDoor(s, bus, switcher, registry, affinity)
         app = Starlette(routes=front.routes() + admin_routes(bus, switcher, affinity, front),
                         exception_handlers=exception_handlers())
-        server = _uvicorn_server(app, s.http.host, s.http.port)
+        server = uvicorn_server(app, s.http.host, s.http.port)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop_requested.set)
         serve = asyncio.create_task(server.serve(), name="http")
@@ -170,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.check_config}: ok")
         return 0
     setup_logging(loaded.settings.logging.level)
-    return asyncio.run(CoordinatorDaemon(loaded).run())
+    return run_loop(CoordinatorDaemon(loaded).run())
 
 
 if __name__ == "__main__":

@@ -17,10 +17,10 @@ import re
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from hydrad.yamlfile import read_mapping
 from hydrad.params import RuntimeParams, validation_message
 
 Mode = Literal["SOLO", "COMBINE", "PEER"]
@@ -207,20 +207,7 @@ class ProfileSet(BaseModel):
 def load_profiles(path: str | Path) -> ProfileSet:
     """Read and validate a profiles file; ValueError naming the file and the field otherwise."""
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ValueError(f"{p}: cannot read: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        raise ValueError(f"{p}: not UTF-8 text (byte {exc.start})") from None
-    try:
-        raw = yaml.safe_load(text) or {}
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ValueError(f"{p}: not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
-    if not isinstance(raw, dict) or any(not isinstance(k, str) for k in raw):
-        raise ValueError(f"{p}: top level must be a mapping with 'profiles' and 'default'")
+    raw = read_mapping(p, "a mapping with 'profiles' and 'default'")
     try:
         return ProfileSet(**raw)
     except ValidationError as exc:

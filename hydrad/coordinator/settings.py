@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from hydrad.yamlfile import read_mapping
 from hydrad.params import validation_message
 
 
@@ -84,17 +84,9 @@ def load_config(path: str | Path | None) -> LoadedConfig:
         return LoadedConfig(CoordinatorSettings(), None)
     p = Path(path)
     try:
-        raw = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
-    except OSError as exc:
-        raise ConfigError(f"{p}: cannot read: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{p}: not UTF-8 text (byte {exc.start})") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ConfigError(f"{p}: not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
-    if not isinstance(raw, dict) or any(not isinstance(k, str) for k in raw):
-        raise ConfigError(f"{p}: top level must be a mapping of settings")
+        raw = read_mapping(p)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     try:
         settings = CoordinatorSettings(**raw)
     except ValidationError as exc:

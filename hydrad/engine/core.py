@@ -16,14 +16,14 @@ import queue
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from hydrad.engine import llama
 from hydrad.engine.generation import Generation, Slot, build_generation
 from hydrad.engine.loader import LoadRecord, choose_policy, estimate_bytes, mem_available
 from hydrad.engine.requests import (
-    Done, Failed, GenerationTag, GenRequest, RequestHandle, Token, Usage,
+    Done, Failed, GenRequest, RequestHandle, Token, Usage,
 )
 from hydrad.engine.stats import EngineStats
 from hydrad.engine.textstream import StopMatcher, Utf8Detokenizer
