@@ -18,6 +18,7 @@ import json as jsonlib
 import logging
 import math
 import os
+import re
 import sys
 import time
 from collections.abc import Mapping
@@ -49,6 +50,10 @@ _LEVELS = {
 _RESERVED = frozenset({"ts", "level", "logger", "msg", "exc", "stack"})
 
 _ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+# Scanned by the regex engine, not a Python loop per character: a route decision is logged per request.
+_NEEDS_QUOTES = re.compile(r'[ "=\\\x00-\x1f\x7f]')
+_TO_ESCAPE = re.compile(r'[\\"\x00-\x1f\x7f]')
+_BAD_KEY = re.compile(r'[ "=\\\x00-\x1f]')
 
 
 def syslog_priority(levelno: int) -> int:
@@ -108,9 +113,9 @@ def format_value(value: object) -> str:
     if isinstance(value, float):
         return _format_float(value)
     text = str(value)
-    if text and not any(c in ' "=\\' or c < " " or c == "\x7f" for c in text):
+    if text and not _NEEDS_QUOTES.search(text):
         return text
-    return '"' + "".join(_escape_char(c) for c in text) + '"'
+    return '"' + _TO_ESCAPE.sub(_escape_match, text) + '"'
 
 
 def _format_float(value: float) -> str:
@@ -123,17 +128,13 @@ def _format_float(value: float) -> str:
     return f"{value:.4g}"
 
 
-def _escape_char(c: str) -> str:
-    escaped = _ESCAPES.get(c)
-    if escaped is not None:
-        return escaped
-    if c < " " or c == "\x7f":
-        return f"\\u{ord(c):04x}"
-    return c
+def _escape_match(m: re.Match[str]) -> str:
+    c = m.group()
+    return _ESCAPES.get(c) or f"\\u{ord(c):04x}"
 
 
 def _format_key(key: str) -> str:
-    cleaned = "".join("_" if c in ' "=\\' or c < " " else c for c in key) or "_"
+    cleaned = _BAD_KEY.sub("_", key) or "_"
     return "_" + cleaned if cleaned in _RESERVED else cleaned
 
 

@@ -8,7 +8,10 @@ from typing import Any, Coroutine, Iterator
 
 
 def uvicorn_server(app: Any, host: str, port: int) -> Any:
-    """A uvicorn server without its own signal handling: the daemon owns SIGTERM/SIGINT/SIGHUP."""
+    """A uvicorn server without its own signal handling: the daemon owns SIGTERM/SIGINT/SIGHUP.
+
+    No proxy headers: ``control_allow_from`` must see the socket's peer, not a claimed X-Forwarded-For.
+    """
     import uvicorn
 
     class Server(uvicorn.Server):
@@ -16,7 +19,7 @@ def uvicorn_server(app: Any, host: str, port: int) -> Any:
         def capture_signals(self) -> Iterator[None]:
             yield
 
-    cfg = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="off",
+    cfg = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="off", proxy_headers=False,
                          timeout_graceful_shutdown=5, timeout_keep_alive=30)
     return Server(cfg)
 
