@@ -88,6 +88,10 @@ class RuntimeParams(BaseModel):
         "auto", Tier.T1, "How a model reload proceeds: overlap (new generation built while the old serves), drain "
         "(free the old first), auto (overlap when both fit in free memory).")
     reload_queue_timeout_s: float = _f(30.0, Tier.T1, "How long a request may wait for a loading model before a 503.", gt=0)
+    text_overlap: Literal["auto", "on", "off"] = _f(
+        "auto", Tier.T1, "Turn a step's tokens into text (detokenize, stop strings, stream out) while the device "
+        "computes the next step; a stop string then costs one discarded token of compute. auto = on when layers run "
+        "on a GPU, where llama_decode returns before the device is done; on a CPU it would only delay each token.")
 
     @classmethod
     def tier_of(cls, name: str) -> Tier:

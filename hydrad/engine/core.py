@@ -16,7 +16,7 @@ import queue
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from hydrad.engine import llama
@@ -56,6 +56,7 @@ class _Active:
     t_first: float = 0.0
     n_gen: int = 0
     next_token: int = -1
+    unsent: list[int] = field(default_factory=list)  # sampled, not yet turned into text (text_overlap)
 
 
 class EngineCore:
@@ -77,6 +78,7 @@ class EngineCore:
         self._cmds: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self._waiting: deque[RequestHandle] = deque()
         self._out: list[tuple[RequestHandle, Any]] = []
+        self._deferred: list[tuple[Generation, Slot, _Active]] = []  # text to make while the device computes
         self._pending_swap: tuple[str, Any, cf.Future[Any]] | None = None
         self._drain: tuple[float, threading.Event, LoadRecord] | None = None  # drain-policy reload in progress
         self.drain_timeout_s = 30.0
@@ -345,6 +347,7 @@ class EngineCore:
         if gen is not None and gen.n_active and time.monotonic() < deadline and not rec.abort.is_set():
             return
         if gen is not None:
+            self._settle_text()
             for slot in gen.slots:
                 if slot.active is not None:
                     self._emit(slot.active.handle, Failed(
@@ -623,49 +626,83 @@ class EngineCore:
             if last:
                 outputs.append((slot, idx))
         if batch.n == 0:
+            self._settle_text()
             return
         rc = batch.decode(ctx)
         self.stats.n_decode_total += 1
         if rc == 1 and gen.evict_idle():  # KV pool full: free idle slots' caches and try the step again
             rc = batch.decode(ctx)
             self.stats.n_decode_total += 1
+        if self._deferred:  # the device computes this step meanwhile; the first sample below waits for it
+            self._settle_text()
+            self._flush()
         if rc != 0:
             self._decode_failed(gen, rc, before)
             return
         now = time.monotonic()
+        overlap = self._text_overlap(gen)
         for slot, idx in outputs:
             a = slot.active
-            assert a is not None
+            if a is None:  # a stop string found while the device computed ended it: the row is discarded
+                continue
             tok = a.sampler.sample(ctx, idx)
             if a.n_gen == 0:
                 a.t_first = now
                 a.handle.t_first_token = now
-            self._on_token(gen, slot, a, tok)
+            self._on_token(gen, slot, a, tok, overlap and a.n_gen > 0)
 
-    def _on_token(self, gen: Generation, slot: Slot, a: _Active, tok: int) -> None:
-        model = gen.model
-        if model.is_eog(tok):
+    def _text_overlap(self, gen: Generation) -> bool:
+        mode = (self.params or gen.params).text_overlap
+        return mode == "on" or (mode == "auto" and gen.asynchronous)
+
+    def _on_token(self, gen: Generation, slot: Slot, a: _Active, tok: int, defer: bool) -> None:
+        """Token-level decisions now (end of generation, length); the text now, or once the next
+        step is on the device when ``defer`` (the first token never waits: it is the TTFT)."""
+        if gen.model.is_eog(tok):
             self._finish(gen, slot, "stop")
             return
         a.n_gen += 1
         self.stats.tokens_predicted_total += 1
-        text = a.detok.push(model.piece(tok))
-        if text:
+        a.unsent.append(tok)
+        if a.n_gen >= a.max_tokens or len(slot.cache) + 1 >= gen.ctx.n_ctx_seq:
+            self._finish(gen, slot, "length")
+            return
+        if defer:
+            a.next_token = tok
+            self._deferred.append((gen, slot, a))
+        elif not self._text(gen, slot, a):
+            a.next_token = tok
+
+    def _text(self, gen: Generation, slot: Slot, a: _Active) -> bool:
+        """Detokenize ``a``'s unsent tokens, stream the text out, watch for stop strings; True when
+        a stop string ended the request."""
+        tokens, a.unsent = a.unsent, []
+        model = gen.model
+        for tok in tokens:
+            text = a.detok.push(model.piece(tok))
+            if not text:
+                continue
             out, stopped = a.stopper.push(text)
             if out:
                 self._emit(a.handle, Token(out))
             if stopped:
                 self._finish(gen, slot, "stop", flush=False)
-                return
-        if a.n_gen >= a.max_tokens or len(slot.cache) + 1 >= gen.ctx.n_ctx_seq:
-            self._finish(gen, slot, "length")
-        else:
-            a.next_token = tok
+                return True
+        return False
+
+    def _settle_text(self) -> None:
+        """The deferred text of the last step, for requests still running (a cancelled one's is dropped)."""
+        deferred, self._deferred = self._deferred, []
+        for gen, slot, a in deferred:
+            if slot.active is a and a.unsent:
+                self._text(gen, slot, a)
 
     def _finish(self, gen: Generation, slot: Slot, reason: str, flush: bool = True) -> None:
         a = slot.active
         assert a is not None
         if flush:
+            if a.unsent and self._text(gen, slot, a):
+                return  # a stop string in the text not yet sent ended it first
             tail = a.detok.flush()
             out, stopped = a.stopper.push(tail) if tail else ("", False)
             out += "" if stopped else a.stopper.flush()
@@ -724,6 +761,7 @@ class EngineCore:
                     return
 
     def _fail_all(self, message: str, engine_failed: bool, status: int = 500, code: str = "engine_error") -> None:
+        self._settle_text()  # what was generated before the failure still reaches the client
         while self._waiting:
             self._emit(self._waiting.popleft(), Failed(message, engine_failed, status, code))
         for gen in ([self.gen] if self.gen else []) + self.retiring:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from hydrad.engine import llama
+from hydrad.engine import ggml, llama
 from hydrad.engine.requests import GenerationTag
 from hydrad.params import RuntimeParams
 from hydrad.registry import ResolvedModel
@@ -68,6 +68,8 @@ class Generation:
         self.loaded_at = time.time()
         self.bos = llama.lib().llama_vocab_bos(model.vocab)
         self.tag = GenerationTag(gen_id, resolved.id, params.snapshot_hash())
+        # llama_decode only queues work on a GPU (reading the logits waits for it); on a CPU it computes
+        self.asynchronous = params.n_gpu_layers != 0 and any(d.kind in ("gpu", "igpu") for d in ggml.devices())
         self.fingerprint = ""
 
     # ----- KV state of a slot (engine thread only) ---------------------------------------

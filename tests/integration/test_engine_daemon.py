@@ -176,6 +176,50 @@ def test_follow_up_turn_reports_cached_tokens(smollm_engine: Engine) -> None:
     assert cached < second.usage.prompt_tokens
 
 
+def _stream_text(e: Engine, body: dict[str, Any]) -> tuple[str, str | None, int]:
+    parts, finish, used = [], None, -1
+    with e.http.stream("POST", "/v1/completions", json={**body, "stream": True,
+                                                        "stream_options": {"include_usage": True}}) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                ev = json.loads(line[6:])
+                for ch in ev.get("choices") or []:
+                    parts.append(ch.get("text") or "")
+                    finish = ch.get("finish_reason") or finish
+                if ev.get("usage"):
+                    used = ev["usage"]["completion_tokens"]
+    return "".join(parts), finish, used
+
+
+def test_text_overlap_changes_no_output(smollm_path: Path, start_engine: Callable[..., Engine]) -> None:
+    """With text_overlap on (the GPU default; forced here on a CPU), text is made while the next
+    step decodes, so a stop string is seen one step late: the answers must not change at all.
+    Two fresh engines take the same requests in the same order, so their KV cells (which decide
+    the float reduction order) match too."""
+    bodies = [{"prompt": "1, 2, 3, 4,", "max_tokens": 24, "temperature": 0, "stop": stop}
+              for stop in (["7"], [", 9"], ["1"], ["zzz"], [" 5", "6"])]
+    bodies.append({"prompt": "Once upon a time", "max_tokens": 20, "temperature": 0, "ignore_eos": True})
+
+    def answers(mode: str) -> list[Any]:
+        e = start_engine(name=f"overlap-{mode}", defaults={"model": "smollm2-135m", "temperature": 0,
+                                                           "text_overlap": mode})
+        e.wait_ready()
+        assert e.http.get("/control/config").json()["params"]["text_overlap"]["value"] == mode
+        out = []
+        for b in bodies:
+            r = e.http.post("/v1/completions", json=b).json()
+            out.append((r["choices"][0]["text"], r["choices"][0]["finish_reason"], r["usage"]["completion_tokens"]))
+            out.append(_stream_text(e, b))
+        with ThreadPoolExecutor(len(bodies)) as pool:  # together, so stops land in shared steps
+            out += list(pool.map(lambda ib: _stream_text(e, {**ib[1], "id_slot": ib[0]}), enumerate(bodies)))
+        e.stop()
+        return out
+
+    off, on = answers("off"), answers("on")
+    assert on == off
+    assert off[0][1] == "stop" and "7" not in off[0][0] and off[11][1] == "length" and off[11][2] == 20
+
+
 # ---- configure tiers ------------------------------------------------------------------------
 
 def test_configure_tiers(smollm_engine: Engine) -> None:
