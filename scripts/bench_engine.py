@@ -53,7 +53,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -231,6 +231,7 @@ class ServerSettings:
     threads: int
     flash_attn: str
     gpu_layers: int
+    hydrad_params: dict[str, Any] = field(default_factory=dict)  # hydrad's alone, e.g. {"text_overlap": "off"}
 
 
 def _die_with_parent() -> None:
@@ -307,7 +308,7 @@ class Hydrad(Server):
             "defaults": {"n_ctx": s.n_ctx, "n_batch": s.n_batch, "n_ubatch": s.n_ubatch,
                          "n_parallel": s.n_parallel, "kv_unified": s.kv_unified, "n_threads": s.threads,
                          "n_threads_batch": s.threads, "flash_attn": s.flash_attn,
-                         "n_gpu_layers": s.gpu_layers, "cache_prompt": False},
+                         "n_gpu_layers": s.gpu_layers, "cache_prompt": False, **s.hydrad_params},
         }
         path = self.workdir / "hydrad.yaml"
         path.write_text(yaml.safe_dump(cfg))
@@ -875,6 +876,8 @@ def markdown_section(report: dict[str, Any]) -> str:
            f"{report['runs']} {'paired ' if with_ref else ''}runs, "
            "medians; `temperature 0`, `ignore_eos`, prompt caching off, fresh prompt prefix per request.", "",
            f"hydrad: commit {report.get('hydrad_commit', 'unknown')}.", ""]
+    if s.get("hydrad_params"):
+        out += [f"hydrad's own parameters: `{json.dumps(s['hydrad_params'])}`.", ""]
     if report.get("env_lib"):
         out += [f"hydrad ran with `LLAMA_CPP_LIB_PATH={report['env_lib']}`.", ""]
     if with_ref:
@@ -940,6 +943,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1234, help="sampling seed sent with every request, and prompt seed")
     ap.add_argument("--llama-server", metavar="PATH", help="llama-server binary (default: scripts/build_llama_server)")
     ap.add_argument("--llama-server-args", default="", metavar="ARGS", help="extra llama-server arguments (one string)")
+    ap.add_argument("--hydrad-params", type=json.loads, default={}, metavar="JSON",
+                    help='extra runtime parameters for hydrad alone, e.g. \'{"text_overlap": "off"}\'')
     ap.add_argument("--hydrad-only", action="store_true", help="skip llama-server; report hydrad alone")
     ap.add_argument("--max-foreign", type=float, default=0.05, metavar="SHARE",
                     help="redo a run when other processes used more than this share of all CPUs during it "
@@ -974,7 +979,7 @@ def main(argv: list[str] | None = None) -> int:
         if w.n_prompt + w.n_gen >= per_seq or w.streams * (w.n_prompt + w.n_gen) > args.n_ctx:
             ap.error(f"--n-ctx {args.n_ctx} is too small for workload {w.label}")
     settings = ServerSettings(args.n_ctx, args.n_batch, args.n_ubatch, args.n_parallel, args.kv_unified,
-                              args.threads, args.flash_attn, args.gpu_layers)
+                              args.threads, args.flash_attn, args.gpu_layers, args.hydrad_params)
     binary = None if args.hydrad_only else llama_server_binary(args.llama_server)
     t_start = time.monotonic()
 
