@@ -98,6 +98,14 @@ class EngineRecord:
     up_since: float = field(default_factory=time.time)
     down_reason: str | None = None
     next_ping: float = 0.0
+    status_at: float = field(default_factory=time.monotonic)  # when ``status`` arrived
+    ended_since_status: int = 0  # bus requests running at that heartbeat that have ended since
+
+    def heard_load(self) -> int:
+        """Requests running or queued on the engine by its last heartbeat, less those the bus has
+        seen end since: a heartbeat is up to an interval old, and a request that just finished
+        must not make its engine look busy to the next turn of the same session."""
+        return max(0, self.status.slots_busy + self.status.queued - self.ended_since_status)
 
     @property
     def interval(self) -> float:
@@ -231,6 +239,12 @@ class CoordinatorBus:
         if self._streams.pop(stream.req, None) is not None and not stream.finished:
             with contextlib.suppress(EngineUnreachable):
                 self.send(stream.engine, M.Cancel(req=stream.req))
+            self._ended(stream)
+
+    def _ended(self, stream: RequestStream) -> None:
+        rec = self.engines.get(stream.engine)
+        if rec is not None and stream.t0 < rec.status_at:
+            rec.ended_since_status += 1
 
     def inflight(self, engine: str) -> int:
         return sum(1 for s in self._streams.values() if s.engine == engine)
@@ -332,6 +346,7 @@ class CoordinatorBus:
                     self.send(name, M.Cancel(req=msg.req))
             elif stream.finished:
                 self._streams.pop(msg.req, None)
+                self._ended(stream)
         elif isinstance(msg, M.ConfigureReply):
             pending = self._configures.get(msg.req)
             if pending is not None and pending.engine == name and not pending.reply.done():
@@ -366,6 +381,7 @@ class CoordinatorBus:
             return
         rec.up_since = time.time()
         rec.status = msg.status
+        rec.status_at, rec.ended_since_status = time.monotonic(), 0
         rec.next_ping = time.monotonic() + rec.interval
         log_event(log, logging.INFO, "engine up", engine=name, http=msg.http, rpc=msg.rpc, gpu=msg.gpu.description or msg.gpu.name,
                   arch=msg.gpu.arch, stage=msg.status.stage, model=msg.status.model or "-",
@@ -377,6 +393,7 @@ class CoordinatorBus:
     def _status(self, rec: EngineRecord, status: M.EngineStatus) -> None:
         old = rec.status
         rec.status = status
+        rec.status_at, rec.ended_since_status = time.monotonic(), 0
         if status.stage != old.stage or status.model != old.model:
             log_event(log, logging.INFO, "engine stage", engine=rec.name, stage=status.stage, model=status.model or "-")
             self.publish("engine.stage", engine=rec.name, stage=status.stage, previous=old.stage, model=status.model,

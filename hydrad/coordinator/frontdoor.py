@@ -115,8 +115,9 @@ class FrontDoor:
             st, gpu = rec.status, rec.info.gpu
             inflight = self.bus.inflight(rec.name)
             total = st.slots_total
-            busy = max(st.slots_busy, min(inflight, total))
-            queued = max(st.queued, inflight - total)
+            heard = rec.heard_load()
+            busy = max(min(heard, total), min(inflight, total))
+            queued = max(heard - total, inflight - total, 0)
             model = st.model if st.model is not None or st.stage not in LOADING_STAGES else st.loading_model
             loadable = (self.settings.load_on_demand and not self.switcher.locked(rec.name)
                         and (st.stage == "idle" or (st.stage == "ready" and not covered)))

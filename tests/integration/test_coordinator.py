@@ -47,7 +47,9 @@ class Cluster:
         self.engines: dict[str, Engine] = {}
 
     def engine(self, name: str, **defaults: Any) -> Engine:
-        e = self._start(name=name, defaults={"n_ctx": 2048, "n_parallel": 2, **defaults},
+        # One thread each, as in etc/hydra/dev: two engines spinning two threads each on two cores
+        # slowed a 48-token answer from 2 s to 30 s.
+        e = self._start(name=name, defaults={"n_ctx": 2048, "n_parallel": 2, "n_threads": 1, **defaults},
                         extra={"bus": {"endpoint": self.c.bus, "heartbeat_interval_s": INTERVAL}})
         self.engines[name] = e
         return e

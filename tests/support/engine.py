@@ -7,6 +7,7 @@ the daemon writes to and reads what a service manager would receive.
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -29,10 +30,39 @@ def models_dir() -> Path:
     return Path(os.environ.get("HYDRA_MODELS_DIR", REPO / "models"))
 
 
+_handed_out: set[int] = set()
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        lo, hi = (int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        return lo, hi
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port() -> int:
-    with socket.socket() as s:
+    """A free loopback port below the kernel's ephemeral range. A port the kernel picks for
+    ``bind(0)`` comes from the same range as the local ports of outgoing connections, so between
+    this call and the daemon's own bind a client socket of another test could take it (seen as
+    "address already in use"); below that range only listeners compete, and none of ours
+    repeats a port it handed out."""
+    lo, _ = _ephemeral_range()
+    low = 10000 if lo > 12000 else 1024
+    for _ in range(200):
+        port = random.randrange(low, lo)
+        if port in _handed_out:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    with socket.socket() as s:  # the low range is crowded: fall back to the kernel's choice
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        return int(s.getsockname()[1])
 
 
 class NotifyListener:
