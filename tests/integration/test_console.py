@@ -153,11 +153,14 @@ def test_console_two_engines_detail_and_switch_from_keys(tmp_path: Path, smollm_
                 await w.until(lambda: w.cell("dev-a", "slots") == "0/2" and w.cell("dev-b", "slots") == "0/2",
                               "slots from the admin API", 10)
                 assert w.cell("dev-a", "mode") == "SOLO" and w.cell("dev-b", "mode") == "SOLO"
+                # its stage change, as it happened: an event on the PUB socket, which may trail the
+                # admin snapshot that showed the engine serving
+                for name in DEV:
+                    await w.until(lambda n=name: any(line.split(" ", 1)[1].startswith(f"{n} ") and "→ ready" in line
+                                              for line in app.event_log.entries), f"{name}'s stage change to ready", 10)
                 log = list(app.event_log.entries)
                 for name, model in DEV.items():
                     assert any(f"{name} configuring → {model}" in line for line in log), "\n".join(log)
-                    assert any(line.split(" ", 1)[1].startswith(f"{name} ") and "→ ready" in line for line in log), \
-                        "\n".join(log)  # its stage change, as it happened
                 assert not app.banner.shown and "profile dev" in app.sub_title
 
                 # the engine screen: the engine's own parameters (source layer, tier), its slots, its events
