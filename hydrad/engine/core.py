@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 from hydrad.engine import llama
 from hydrad.engine.generation import Generation, Slot, build_generation
+from hydrad.engine.statebuf import StateBuffers
 from hydrad.engine.loader import LoadRecord, choose_policy, estimate_bytes, mem_available
 from hydrad.engine.requests import (
     Done, Failed, GenRequest, RequestHandle, Token, Usage,
@@ -78,6 +79,7 @@ class EngineCore:
         self._cmds: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self._waiting: deque[RequestHandle] = deque()
         self._out: list[tuple[RequestHandle, Any]] = []
+        self.state_buffers = StateBuffers()  # KV state snapshots and uploads; any thread may take one
         self._deferred: list[tuple[Generation, Slot, _Active]] = []  # text to make while the device computes
         self._pending_swap: tuple[str, Any, cf.Future[Any]] | None = None
         self._drain: tuple[float, threading.Event, LoadRecord] | None = None  # drain-policy reload in progress
@@ -313,6 +315,7 @@ class EngineCore:
                 if self.gen is not None and self.gen.n_active:
                     self._step(self.gen)
                 self._retire_idle()
+                self.state_buffers.trim()
                 self._flush()
         except BaseException as exc:  # the engine is dead: every caller must hear it, not hang
             log.exception("engine thread died")
@@ -435,7 +438,7 @@ class EngineCore:
     def _state_get(self, slot_id: int, fut: cf.Future[Any]) -> None:
         try:
             gen, slot = self._idle_slot(slot_id)
-            data = gen.read_state(slot)
+            data = gen.read_state(slot, self.state_buffers)
             fut.set_result((gen.state_meta(slot, len(data)), data))
         except Exception as exc:
             fut.set_exception(exc)
@@ -774,6 +777,7 @@ class EngineCore:
             self._pending_swap = None
 
     def _shutdown_gen(self) -> None:
+        self.state_buffers.clear()
         gen, self.gen = self.gen, None
         for g in ([gen] if gen else []) + self.retiring:
             g.free()

@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 from hydrad.engine import ggml, llama
 from hydrad.engine.requests import GenerationTag
+from hydrad.engine.statebuf import StateBuffers
 from hydrad.params import RuntimeParams
 from hydrad.registry import ResolvedModel
 
@@ -109,14 +110,12 @@ class Generation:
             return "meta.tokens has ids outside the vocabulary"
         return None
 
-    def read_state(self, slot: Slot) -> Any:
-        """The slot's KV state as a uint8 array. np.empty, unlike a ctypes array, does not zero-fill
-        the buffer first: for a 100 MB state that is most of the time before the first byte is sent."""
-        import numpy as np  # after libllama: see llama.preload_native
-
+    def read_state(self, slot: Slot, buffers: StateBuffers) -> Any:
+        """The slot's KV state as a uint8 array, in a kept buffer when one is free (see statebuf):
+        a fresh mapping's page faults were most of the time before the first byte was sent."""
         C = llama.lib()
         size = C.llama_state_seq_get_size(self.ctx.ptr, slot.id)
-        buf = np.empty(size, dtype=np.uint8)
+        buf = buffers.take(size)
         n = C.llama_state_seq_get_data(self.ctx.ptr, buf.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), size, slot.id)
         if n != size:
             raise RuntimeError(f"llama_state_seq_get_data wrote {n} of {size} bytes")

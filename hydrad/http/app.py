@@ -306,7 +306,7 @@ def build_app(settings: EngineSettings, control: EngineControl) -> Starlette:
                         refused = core.check_put(sid, meta, settings.rpc.max_state_bytes)
                         if refused is not None:
                             raise ApiError(state_status[refused.kind], str(refused), refused.kind)
-                        rx = StateReceiver(meta["bytes"])
+                        rx = StateReceiver(meta["bytes"], core.state_buffers.take)
                     elif frame.code == P.Status.STATE_DATA:
                         assert rx is not None
                         rx.add(frame.payload)

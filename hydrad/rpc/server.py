@@ -304,7 +304,7 @@ class MergedPort:
         if refused is not None:
             io.send(P.error_frame(_STATE_STATUS[refused.kind], refused.kind, str(refused)))
             return True
-        rx = StateReceiver(meta["bytes"])
+        rx = StateReceiver(meta["bytes"], self.control.core.state_buffers.take)
         io.send(P.encode_json(P.Status.CONTINUE, {"slot": slot}))
         while True:
             frame = io.next(data_into=rx)

@@ -9,7 +9,7 @@ hash guards against truncation and bugs.
 from __future__ import annotations
 
 import json
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import xxhash
 
@@ -39,11 +39,14 @@ def chunked(meta: dict[str, Any], data: Any, chunk_size: int = DEFAULT_CHUNK,
 class StateReceiver:
     """Collects STATE_DATA payloads into one preallocated buffer (never more than declared)."""
 
-    def __init__(self, total: int) -> None:
-        import numpy as np  # lazily, after libllama (see hydrad.engine.llama.preload_native)
+    def __init__(self, total: int, take: Callable[[int], Any] | None = None) -> None:
+        """``take``: where the buffer comes from (the engine's kept state buffers); a fresh one otherwise."""
+        if take is None:
+            import numpy as np  # lazily, after libllama (see hydrad.engine.llama.preload_native)
 
+            take = lambda n: np.empty(n, dtype=np.uint8)  # noqa: E731 (not zero-filled: every byte is written)
         self.total = total
-        self.buffer = np.empty(total, dtype=np.uint8)  # not zero-filled: every byte is written before use
+        self.buffer = take(total)
         self._view = memoryview(self.buffer)
         self.received = 0
         self.chunks = 0
