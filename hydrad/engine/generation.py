@@ -110,12 +110,17 @@ class Generation:
             return "meta.tokens has ids outside the vocabulary"
         return None
 
-    def read_state(self, slot: Slot, buffers: StateBuffers) -> Any:
+    def read_state(self, slot: Slot, buffers: StateBuffers | None = None) -> Any:
         """The slot's KV state as a uint8 array, in a kept buffer when one is free (see statebuf):
         a fresh mapping's page faults were most of the time before the first byte was sent."""
         C = llama.lib()
         size = C.llama_state_seq_get_size(self.ctx.ptr, slot.id)
-        buf = buffers.take(size)
+        if buffers is not None:
+            buf = buffers.take(size)
+        else:  # several slots at once (a rebuild's carry): no kept buffer to share
+            import numpy as np  # after libllama: see llama.preload_native
+
+            buf = np.empty(size, dtype=np.uint8)
         n = C.llama_state_seq_get_data(self.ctx.ptr, buf.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), size, slot.id)
         if n != size:
             raise RuntimeError(f"llama_state_seq_get_data wrote {n} of {size} bytes")
