@@ -55,23 +55,11 @@ class AdminClient:
         self._http.close()
 
     def _call(self, method: str, path: str, **kw: Any) -> dict[str, Any]:
-        try:
-            r = self._http.request(method, path, **kw)
-        except httpx.TimeoutException:
-            raise AdminError(f"{self.base_url}{path}: no answer in time") from None
-        except httpx.TransportError as exc:
-            raise AdminError(f"{self.base_url}: {_transport_reason(exc)}") from None
-        try:
-            body = r.json()
-        except ValueError:
-            body = None
+        r, body = _exchange(self._http, method, path, no_answer=f"{self.base_url}{path}: no answer in time",
+                            unreachable=f"{self.base_url}: ", **kw)
         if r.status_code >= 400:
-            message = None
-            if isinstance(body, dict):
-                err = body.get("error")
-                message = err.get("message") if isinstance(err, dict) else err if isinstance(err, str) else None
-            raise AdminError(f"{method} {path}: HTTP {r.status_code}: {message or r.text[:200] or r.reason_phrase}",
-                             r.status_code)
+            raise AdminError(f"{method} {path}: HTTP {r.status_code}: "
+                             f"{_error_message(body) or r.text[:200] or r.reason_phrase}", r.status_code)
         if not isinstance(body, dict):
             raise AdminError(f"{method} {path}: the answer is not a JSON object")
         return body
@@ -120,17 +108,9 @@ class EngineClient:
         self._http.close()
 
     def _get(self, base_url: str, path: str) -> Any:
-        url = base_url.rstrip("/") + path
-        try:
-            r = self._http.get(url)
-        except httpx.TimeoutException:
-            raise AdminError(f"the engine at {base_url} gave no answer in time") from None
-        except httpx.TransportError as exc:
-            raise AdminError(f"cannot reach the engine at {base_url}: {_transport_reason(exc)}") from None
-        try:
-            body = r.json()
-        except ValueError:
-            body = None
+        r, body = _exchange(self._http, "GET", base_url.rstrip("/") + path,
+                            no_answer=f"the engine at {base_url} gave no answer in time",
+                            unreachable=f"cannot reach the engine at {base_url}: ")
         if r.status_code == 403:
             message = _error_message(body) or r.text[:200]
             raise AdminError(f"the engine refuses {path} from this host (its control_allow_from does not list it): "
@@ -139,6 +119,22 @@ class EngineClient:
             raise AdminError(f"GET {path}: HTTP {r.status_code}: {_error_message(body) or r.text[:200] or r.reason_phrase}",
                              r.status_code)
         return body
+
+
+def _exchange(http: httpx.Client, method: str, url: str, *, no_answer: str, unreachable: str,
+              **kw: Any) -> tuple[httpx.Response, Any]:
+    """One request: the response and its JSON body (None when it is not JSON), or an AdminError
+    saying why no answer came (``unreachable`` is followed by the transport's reason)."""
+    try:
+        r = http.request(method, url, **kw)
+    except httpx.TimeoutException:
+        raise AdminError(no_answer) from None
+    except httpx.TransportError as exc:
+        raise AdminError(unreachable + _transport_reason(exc)) from None
+    try:
+        return r, r.json()
+    except ValueError:
+        return r, None
 
 
 def _error_message(body: Any) -> str | None:

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from hydrad.engine import ggml, llama
 from hydrad.engine.requests import GenerationTag
-from hydrad.engine.statebuf import StateBuffers
+from hydrad.engine.statebuf import StateBuffers, fresh
 from hydrad.params import RuntimeParams
 from hydrad.registry import ResolvedModel
 
@@ -115,12 +115,8 @@ class Generation:
         a fresh mapping's page faults were most of the time before the first byte was sent."""
         C = llama.lib()
         size = C.llama_state_seq_get_size(self.ctx.ptr, slot.id)
-        if buffers is not None:
-            buf = buffers.take(size)
-        else:  # several slots at once (a rebuild's carry): no kept buffer to share
-            import numpy as np  # after libllama: see llama.preload_native
-
-            buf = np.empty(size, dtype=np.uint8)
+        # several slots at once (a rebuild's carry, no ``buffers``) take fresh ones
+        buf = buffers.take(size) if buffers is not None else fresh(size)
         n = C.llama_state_seq_get_data(self.ctx.ptr, buf.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), size, slot.id)
         if n != size:
             raise RuntimeError(f"llama_state_seq_get_data wrote {n} of {size} bytes")

@@ -393,8 +393,12 @@ class Sampler:
         self.argmax = (s.temperature <= 0 and n_vocab > 0 and s.repeat_penalty == 1.0
                        and not s.frequency_penalty and not s.presence_penalty)
         self.n_vocab = n_vocab
-        self.ban = list(s.ban)
         if self.argmax:
+            import numpy as np  # after libllama (preload_native); once per request, not per token
+
+            self._as_array = np.ctypeslib.as_array
+            self._ban = np.asarray(s.ban, dtype=np.int64) if s.ban else None
+            self._neg_inf = -np.inf
             self.ptr = None
             return
         sp = C.llama_sampler_chain_default_params()
@@ -427,11 +431,9 @@ class Sampler:
             row = lib().llama_get_logits_ith(ctx.ptr, idx)  # waits for the device, like the chain would
             if not row:
                 raise RuntimeError(f"no logits for batch row {idx}")
-            import numpy as np
-
-            logits = np.ctypeslib.as_array(row, shape=(self.n_vocab,))
-            if self.ban:
-                logits[self.ban] = -np.inf  # this row is read by nobody after us
+            logits = self._as_array(row, shape=(self.n_vocab,))
+            if self._ban is not None:
+                logits[self._ban] = self._neg_inf  # this row is read by nobody after us
             return int(logits.argmax())
         # llama_sampler_sample also accepts the token into the chain (penalty history)
         return int(lib().llama_sampler_sample(self.ptr, ctx.ptr, idx))

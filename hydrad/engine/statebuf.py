@@ -23,6 +23,19 @@ KEEP_MAX_BYTES = 1 << 30
 IDLE_S = 60.0
 
 
+def fresh(size: int) -> Any:
+    """A new uint8 array of ``size`` bytes, not zero-filled (every byte is written before use)."""
+    import numpy as np  # after libllama: see hydrad.engine.llama.preload_native
+
+    return np.empty(size, dtype=np.uint8)
+
+
+def headroom(size: int) -> int:
+    """What a kept buffer is allocated with for ``size``: room for the session's next state, a few
+    tokens longer (pages never touched cost nothing)."""
+    return size + size // 4
+
+
 class StateBuffers:
     def __init__(self, keep_max: int = KEEP_MAX_BYTES, idle_s: float = IDLE_S) -> None:
         self.keep_max = keep_max
@@ -34,15 +47,13 @@ class StateBuffers:
 
     def take(self, size: int) -> Any:
         """A uint8 array of exactly ``size`` bytes, contents undefined; back in the pool once dropped."""
-        import numpy as np  # after libllama: see hydrad.engine.llama.preload_native
-
         with self._lock:
             spare, self._spare = self._spare, None
         if spare is not None and size <= len(spare) <= 2 * size:
             base = spare
             self.reused += 1
-        else:  # headroom for the next state of the session, a few tokens longer (untouched pages cost nothing)
-            base = np.empty(size + size // 4, dtype=np.uint8)
+        else:
+            base = fresh(headroom(size))
         view = base[:size]
         if size <= self.keep_max:
             weakref.finalize(view, self._give_back, base)

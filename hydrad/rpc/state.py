@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterator
 
 import xxhash
 
+from hydrad.engine.statebuf import fresh
 from hydrad.rpc import protocol as P
 
 DEFAULT_CHUNK = 2 << 20
@@ -41,12 +42,8 @@ class StateReceiver:
 
     def __init__(self, total: int, take: Callable[[int], Any] | None = None) -> None:
         """``take``: where the buffer comes from (the engine's kept state buffers); a fresh one otherwise."""
-        if take is None:
-            import numpy as np  # lazily, after libllama (see hydrad.engine.llama.preload_native)
-
-            take = lambda n: np.empty(n, dtype=np.uint8)  # noqa: E731 (not zero-filled: every byte is written)
         self.total = total
-        self.buffer = take(total)
+        self.buffer = (take or fresh)(total)
         self._view = memoryview(self.buffer)
         self.received = 0
         self.chunks = 0

@@ -36,14 +36,7 @@ def test_console_shows_a_real_engine(tmp_path: Path, smollm_path: Path,
 
         async def main() -> None:
             async with app.run_test(size=(140, 40)) as pilot:
-                async def until(cond: Callable[[], bool], what: str, timeout: float = 90.0) -> None:
-                    deadline = time.monotonic() + timeout
-                    while not cond():
-                        if time.monotonic() > deadline:
-                            raise AssertionError(f"{what} not seen within {timeout}s; engines "
-                                                 f"{app.state.engines}\nevents {list(app.event_log.entries)}\n"
-                                                 f"{c.log()[-3000:]}")
-                        await pilot.pause(0.05)
+                until = Watch(app, pilot, c).until
 
                 await until(lambda: app.feed_state == CONNECTED and app.snapshots >= 1, "console connected", 20)
                 # the engine starts model-less after the console: it comes up over PUB and the

@@ -5,9 +5,8 @@ from __future__ import annotations
 import time
 
 from rich.text import Text
-from textual.widgets import Static
-
 from tui.state import EngineRow, PoolState, fmt_age, fmt_bytes, fmt_gpu, fmt_tps
+from tui.widgets.panel import TextPanel
 
 
 def slot_cells(busy: int, total: int, width: int = 32) -> Text:
@@ -20,22 +19,11 @@ def slot_cells(busy: int, total: int, width: int = 32) -> Text:
     return Text("■" * busy, style="bold yellow") + Text("□" * max(0, total - busy), style="dim")
 
 
-class EngineDetail(Static):
+class EngineDetail(TextPanel):
     """Everything the admin API says about one engine, slots first."""
 
-    DEFAULT_CSS = """
-    EngineDetail {
-        border: round $primary-darken-2;
-        border-title-color: $text-muted;
-        height: 100%;
-        padding: 0 1;
-        overflow-y: auto;
-    }
-    """
-
     def __init__(self, *, id: str | None = None) -> None:
-        super().__init__("", id=id)
-        self.border_title = "Engine"
+        super().__init__("Engine", id=id)
         self.engine: str | None = None
 
     def show(self, state: PoolState, name: str | None) -> None:

@@ -13,6 +13,7 @@ from textual.widgets import Button, Label, OptionList, Static
 from textual.widgets.option_list import Option
 
 from tui.state import PoolState, ProfileInfo, fmt_load, fmt_secs, fmt_switch, switch_reasons
+from tui.widgets.panel import TextPanel
 
 
 def entry_text(engine: str, entry: dict[str, Any], entries: dict[str, dict[str, Any]]) -> str:
@@ -58,22 +59,11 @@ def plan_lines(plan: dict[str, Any]) -> list[str]:
     return lines
 
 
-class ProfilesPanel(Static):
+class ProfilesPanel(TextPanel):
     """Every profile the coordinator knows, the active one marked ●, and the switch under way or the last one."""
 
-    DEFAULT_CSS = """
-    ProfilesPanel {
-        border: round $primary-darken-2;
-        border-title-color: $text-muted;
-        height: 100%;
-        padding: 0 1;
-        overflow-y: auto;
-    }
-    """
-
     def __init__(self, *, id: str | None = None) -> None:
-        super().__init__("", id=id)
-        self.border_title = "Profiles (p)"
+        super().__init__("Profiles (p)", id=id)
 
     def show(self, info: ProfileInfo, state: PoolState | None = None) -> None:
         t = Text()
