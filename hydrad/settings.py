@@ -55,6 +55,16 @@ class BusSettings(BaseModel):
     curve_server_key: str | None = Field(None, min_length=40, max_length=40, description="Coordinator's CURVE public key (Z85); set to encrypt the bus.")
     curve_public_key: str | None = Field(None, min_length=40, max_length=40, description="This engine's CURVE public key (Z85).")
     curve_secret_key: str | None = Field(None, min_length=40, max_length=40, description="This engine's CURVE secret key (Z85).")
+    token_file: Path | None = Field(None, description="File holding the pool's shared bus token (the coordinator's bus_token_file), sent with REGISTER; absolute path, mode 0600. $HYDRA_BUS_TOKEN_FILE overrides it.")
+
+    @field_validator("token_file")
+    @classmethod
+    def _token_file(cls, v: Path | None) -> Path | None:
+        # Absolute only: this model does not know the config file's directory, and a token read
+        # from wherever the daemon happens to start would be a silent misconfiguration.
+        if v is not None and not v.is_absolute():
+            raise ValueError(f"token_file must be an absolute path (got {str(v)!r})")
+        return v
 
     @model_validator(mode="after")
     def _curve(self) -> "BusSettings":

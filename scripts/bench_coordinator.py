@@ -415,7 +415,7 @@ def main() -> int:
             e = Engine(Path(tmp), name="bench",
                        defaults={"model": MODEL, "n_parallel": 8, "n_ctx": 8192, "n_threads": args.threads,
                                  "temperature": 0},
-                       extra={"bus": {"endpoint": c.bus, "heartbeat_interval_s": 1.0}, "max_queue": 64})
+                       extra={"bus": c.engine_bus(heartbeat_interval_s=1.0), "max_queue": 64})
             e.wait_ready(120)
             c.wait_serving({"bench": MODEL}, 60)
             print(f"engine {e.url}, coordinator {c.url}; warming up ...", flush=True)

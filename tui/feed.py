@@ -23,6 +23,7 @@ from typing import Any, Callable
 import httpx
 import zmq
 
+from hydrad import tokenfile
 from hydrad.bus import messages as M
 
 
@@ -37,9 +38,18 @@ class AdminError(Exception):
 class AdminClient:
     """Blocking client of the coordinator's ``/admin`` API (call it from a thread worker)."""
 
-    def __init__(self, base_url: str, *, timeout: float = 5.0, transport: httpx.BaseTransport | None = None) -> None:
+    def __init__(self, base_url: str, *, timeout: float = 5.0, transport: httpx.BaseTransport | None = None,
+                 token: str | None = None) -> None:
+        """``token``: the coordinator's admin token, sent as a bearer token (default: from
+        ``$HYDRA_ADMIN_TOKEN`` or the file ``$HYDRA_ADMIN_TOKEN_FILE`` names, if set)."""
         self.base_url = base_url.rstrip("/")
-        self._http = httpx.Client(base_url=self.base_url, timeout=timeout, transport=transport)
+        if token is None:
+            try:
+                token = tokenfile.admin_token_from_env()
+            except tokenfile.TokenError:
+                token = None  # the calls then fail with the coordinator's 401, which says what is missing
+        self._http = httpx.Client(base_url=self.base_url, timeout=timeout, transport=transport,
+                                  headers=tokenfile.bearer(token))
 
     def engines(self) -> dict[str, Any]:
         return self._call("GET", "/admin/engines")

@@ -13,7 +13,18 @@ the engine core exactly as HTTP requests do. Ownership follows the zguide's reli
 - until the coordinator answers WELCOME the link repeats REGISTER each interval instead of
   heartbeating, so a coordinator started after the engines (or restarted) learns of them;
 - heartbeats go out every interval and early when the stage, model or load progress moved,
-  so a profile switch sees progress without polling.
+  so a profile switch sees progress without polling; an engine whose engine thread died
+  reports stage ``failed`` in its very next heartbeat (within a tick), so routing stops
+  sending it requests at once instead of after the watchdog restarts it;
+- the DEALER identity is ``<name>~<nonce>``, new for each connection: the coordinator sends
+  only to the identity whose REGISTER it admitted, so another peer claiming the same name
+  cannot take this engine's traffic over;
+- REGISTER carries the pool's bus token (``bus.token_file``, or ``$HYDRA_BUS_TOKEN_FILE``),
+  read again at every connection so a rotated token needs no restart; a coordinator that
+  refuses it answers REFUSED, which is logged and retried at the reconnect backoff;
+- the socket has no ZeroMQ message size limit: with one, a single oversized message makes
+  ZeroMQ drop the whole connection (and every request on it). A body over ``MAX_BODY`` is
+  instead refused by ``decode`` like any malformed message, and the link stays up.
 """
 
 from __future__ import annotations
@@ -22,14 +33,16 @@ import asyncio
 import contextlib
 import logging
 import os
+import secrets
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import zmq
 import zmq.asyncio
 
-from hydrad import __version__
+from hydrad import __version__, tokenfile
 from hydrad.bus import messages as M
 from hydrad.bus.gpu import local_gpu
 from hydrad.engine.control import EngineBusy, EngineControl, ParamError, UnknownModel
@@ -95,6 +108,8 @@ class EngineLink:
         self._gpu_at = 0.0
         self._warned: dict[str, float] = {}
         self._closing = False
+        self._token: str | None = None
+        self._refused: str | None = None  # why the coordinator refused the last REGISTER, until admitted
 
     # ----- lifecycle -------------------------------------------------------------------
 
@@ -133,22 +148,48 @@ class EngineLink:
                 self._welcomed = False
                 self._sock = None
                 sock.close(linger=0)
-            if self._last_heard > heard_at_start:
+            refused, self._refused = self._refused, None
+            if self._last_heard > heard_at_start and refused is None:
                 backoff = self.interval  # this connection worked for a while: start the backoff over
-            log_event(log, logging.WARNING, "coordinator silent; reconnecting", endpoint=self.endpoint,
-                      silent_s=round(time.monotonic() - self._last_heard, 2), backoff_s=round(backoff, 2))
+            if refused is not None:
+                log_event(log, logging.ERROR, "the coordinator refuses this engine; retrying", endpoint=self.endpoint,
+                          reason=refused, backoff_s=round(backoff, 2))
+            else:
+                log_event(log, logging.WARNING, "coordinator silent; reconnecting", endpoint=self.endpoint,
+                          silent_s=round(time.monotonic() - self._last_heard, 2), backoff_s=round(backoff, 2))
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, BACKOFF_MAX_S)
 
+    def token_path(self) -> Path | None:
+        """``$HYDRA_BUS_TOKEN_FILE`` (``hydractl up`` sets it for its pool) wins over ``bus.token_file``."""
+        env = os.environ.get(tokenfile.ENV_BUS_TOKEN_FILE, "").strip()
+        if env:
+            return Path(env)
+        return getattr(self.settings.bus, "token_file", None)
+
+    def _read_token(self) -> None:
+        """(Re)read the bus token; a bad file is logged and REGISTER goes without a token (and is refused)."""
+        path = self.token_path()
+        if path is None:
+            self._token = None
+            return
+        try:
+            self._token = tokenfile.read_token(path)
+        except tokenfile.TokenError as exc:
+            self._token = None
+            log_event(log, logging.ERROR, "cannot read the bus token", path=str(path), error=str(exc))
+
     def _open(self) -> zmq.asyncio.Socket:
         b = self.settings.bus
+        self._read_token()
         sock = self._ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.IDENTITY, self.settings.name.encode())
+        # A fresh identity per connection: the coordinator sends only to the one it admitted.
+        sock.setsockopt(zmq.IDENTITY, f"{self.settings.name}~{secrets.token_hex(16)}".encode())
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.IMMEDIATE, 1)  # no queueing towards a connection that is not up: fail, don't flood later
         sock.setsockopt(zmq.SNDHWM, SNDHWM)
         sock.setsockopt(zmq.RCVHWM, SNDHWM)
-        sock.setsockopt(zmq.MAXMSGSIZE, M.MAX_BODY + 4096)
+        sock.setsockopt(zmq.MAXMSGSIZE, -1)  # see the module doc: decode() refuses what is too big
         sock.setsockopt(zmq.RECONNECT_IVL, 100)
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, int(BACKOFF_MAX_S * 1000))
         if b.curve_server_key:
@@ -164,7 +205,7 @@ class EngineLink:
         self._epoch += 1
         self._sock = sock
         log_event(log, logging.INFO, "bus connecting", endpoint=self.endpoint, engine=self.settings.name,
-                  curve=bool(b.curve_server_key))
+                  curve=bool(b.curve_server_key), token=self._token is not None)
         return sock
 
     # ----- sending ---------------------------------------------------------------------
@@ -196,7 +237,7 @@ class EngineLink:
         return M.Register(engine=self.settings.name, instance=f"{self.instance}.{self._epoch}", version=__version__,
                           pid=os.getpid(), gpu=self._gpu, http=self.http, rpc=self.rpc,
                           models_on_disk=self._models_on_disk(), heartbeat_interval_s=self.interval,
-                          status=self._status())
+                          status=self._status(), token=self._token)
 
     def _models_on_disk(self) -> list[str]:
         out = []
@@ -217,6 +258,11 @@ class EngineLink:
         progress = core.progress if stage in LOADING_STAGES and core.progress is not None else None
         prefill, decode = self._speed.update(core.stats, gen.tag.fingerprint if gen is not None else None)
         load_s = core.stats.model_load_seconds
+        last_error = (core.last_error or None) and str(core.last_error)[:4096]
+        if not core.alive and stage not in ("starting", "stopping"):
+            # The engine thread is gone: nothing here can serve, whatever the stage says.
+            stage = "failed"
+            last_error = last_error or "the engine thread died"
         return M.EngineStatus(
             stage=stage, model=gen.resolved.id if gen is not None else None,
             generation=gen.tag.fingerprint if gen is not None else None,
@@ -224,8 +270,7 @@ class EngineLink:
             load_id=rec.id if rec is not None else None, loading_model=rec.model if rec is not None else None,
             slots_busy=view["busy"], slots_total=view["total"], queued=view["queued"], max_queue=core.max_queue,
             n_ctx=gen.ctx.n_ctx if gen is not None else 0, prefill_tps=prefill, decode_tps=decode,
-            load_seconds=load_s if load_s else None, vram_free=self._gpu.vram_free,
-            last_error=(core.last_error or None) and str(core.last_error)[:4096])
+            load_seconds=load_s if load_s else None, vram_free=self._gpu.vram_free, last_error=last_error)
 
     async def _refresh_gpu(self, force: bool = False) -> None:
         """Device memory changes with loads; read it at most every 5 s, off the loop (ggml may block briefly)."""
@@ -245,7 +290,7 @@ class EngineLink:
         tick = min(0.1, self.interval / 4)
         while not reader.done():
             now = time.monotonic()
-            if now - self._last_heard > LIVENESS * self.interval:
+            if now - self._last_heard > LIVENESS * self.interval or self._refused is not None:
                 return
             status = self._status()
             key = (status.stage, status.model, status.load_id,
@@ -287,6 +332,12 @@ class EngineLink:
                 log_event(log, logging.INFO, "registered with the coordinator", coordinator=msg.coordinator,
                           endpoint=self.endpoint)
             self._welcomed = True
+            self._refused = None
+        elif isinstance(msg, M.Refused):
+            # Drop this connection and retry at the backoff: hammering a coordinator that will say
+            # no again helps nobody, but a fixed token file must heal the pool without a restart.
+            if not self._welcomed:
+                self._refused = msg.reason or "refused"
         elif isinstance(msg, M.Reregister):
             if self._closing:
                 return

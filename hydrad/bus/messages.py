@@ -23,7 +23,7 @@ from hydrad.engine.requests import GenRequest, SamplingOverrides
 PROTOCOL = b"hydra-bus/1"
 NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"  # an engine name is its DEALER identity and its systemd instance
 REQ_PATTERN = r"^[A-Za-z0-9_.:-]{1,80}$"
-MAX_BODY = 16 << 20  # also set as the sockets' MAXMSGSIZE, so a bigger message never reaches us whole
+MAX_BODY = 16 << 20  # the largest body either end accepts; a sender checks it before sending (see fits)
 
 
 class BusDecodeError(Exception):
@@ -122,6 +122,9 @@ class Register(_Msg):
     models_on_disk: list[str] = Field(default_factory=list, max_length=4096)
     heartbeat_interval_s: float = Field(1.0, gt=0, le=3600)
     status: EngineStatus = Field(default_factory=EngineStatus)
+    token: str | None = Field(None, max_length=256, description="The pool's shared bus token (from the engine's "
+                                                                 "bus.token_file); a coordinator with a token refuses "
+                                                                 "a REGISTER without the same one.")
 
 
 class Heartbeat(_Msg):
@@ -199,6 +202,15 @@ class Welcome(_Msg):
     version: str = Field(max_length=64)
 
 
+class Refused(_Msg):
+    """The coordinator does not admit this REGISTER (no token, or the wrong one). The engine gets
+    no traffic; it logs ``reason`` and keeps trying at its reconnect backoff, so fixing the token
+    file on either side heals the pool without a restart of the other."""
+
+    KIND = b"REFUSED"
+    reason: str = Field("", max_length=512)
+
+
 class Ping(_Msg):
     """The coordinator's side of the heartbeat: an engine hearing nothing for 3 intervals reconnects."""
 
@@ -253,18 +265,40 @@ class Configure(_Msg):
 
 
 Message = (Register | Heartbeat | Goodbye | Tokens | Done | Error | ConfigureReply | LoadDone
-           | Welcome | Ping | Reregister | Generate | Cancel | Configure)
+           | Welcome | Refused | Ping | Reregister | Generate | Cancel | Configure)
 
 KINDS: dict[bytes, type[_Msg]] = {cls.KIND: cls for cls in (
     Register, Heartbeat, Goodbye, Tokens, Done, Error, ConfigureReply, LoadDone,
-    Welcome, Ping, Reregister, Generate, Cancel, Configure)}
+    Welcome, Refused, Ping, Reregister, Generate, Cancel, Configure)}
 
 FROM_ENGINE = frozenset({Register, Heartbeat, Goodbye, Tokens, Done, Error, ConfigureReply, LoadDone})
-TO_ENGINE = frozenset({Welcome, Ping, Reregister, Generate, Cancel, Configure})
+TO_ENGINE = frozenset({Welcome, Refused, Ping, Reregister, Generate, Cancel, Configure})
+
+
+class BusEncodeError(ValueError):
+    """A message that cannot be put on the wire: text JSON cannot carry (a lone surrogate), or a
+    body larger than the other end accepts. Raised before anything is sent."""
+
+    def __init__(self, reason: str, *, too_large: bool = False) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.too_large = too_large
 
 
 def encode(msg: _Msg) -> list[bytes]:
-    return [PROTOCOL, msg.KIND, msg.model_dump_json(exclude_defaults=True).encode()]
+    """Frames of ``msg``; ``BusEncodeError`` when it cannot be encoded or its body exceeds MAX_BODY.
+
+    Checking here, at the one place bytes are made, means a sender never puts a message on the
+    wire that the receiver would refuse (or whose size would make ZeroMQ drop the connection).
+    """
+    try:
+        body = msg.model_dump_json(exclude_defaults=True).encode()
+    except Exception as exc:  # pydantic refuses strings JSON cannot carry, e.g. a lone surrogate
+        raise BusEncodeError(f"{msg.KIND.decode()}: cannot encode the message: {str(exc)[:200]}") from None
+    if len(body) > MAX_BODY:
+        raise BusEncodeError(f"{msg.KIND.decode()}: body of {len(body)} bytes exceeds the bus limit of {MAX_BODY}",
+                             too_large=True)
+    return [PROTOCOL, msg.KIND, body]
 
 
 def decode(frames: list[bytes]) -> Message:

@@ -34,6 +34,7 @@ import httpx
 import xxhash
 import yaml
 
+from hydrad import tokenfile
 from hydrad.rpc import protocol as P
 from hydrad.rpc.client import RpcClient, RpcError, migrate, parse_address
 
@@ -676,10 +677,22 @@ class CoordinatorClient(EngineClient):
 
     what = "coordinator"
 
+    def __init__(self, url: str, timeout: float) -> None:
+        super().__init__(url, timeout)
+        # /admin/* may need the admin token: $HYDRA_ADMIN_TOKEN, or the file $HYDRA_ADMIN_TOKEN_FILE names.
+        try:
+            self._http.headers.update(tokenfile.bearer(tokenfile.admin_token_from_env()))
+        except tokenfile.TokenError as exc:
+            raise CliError(f"{tokenfile.ENV_ADMIN_TOKEN_FILE}: {exc}", EXIT_REJECTED) from None
+
     def _check_error(self, resp: httpx.Response, err: Any) -> None:
         if resp.status_code == 404 and isinstance(err, dict) and err.get("code") == "not_found":
             raise CliError(f"{self.url} has no {resp.request.url.path}; is this a Hydra coordinator "
                            "(not an engine)?", EXIT_UNREACHABLE)
+        if resp.status_code in (401, 403) and isinstance(err, dict):
+            hint = (f"set {tokenfile.ENV_ADMIN_TOKEN_FILE} to the coordinator's admin token file"
+                    if resp.status_code == 401 else "run it from an address in the coordinator's admin_allow_from")
+            raise CliError(f"{self.url}: {err.get('message')}; {hint}", EXIT_UNREACHABLE)
 
     def get(self, path: str) -> dict[str, Any]:
         return self.checked(self.request("GET", path))

@@ -19,6 +19,12 @@ or SIGHUP, which stop every child: SIGTERM (each drains as under systemd), then 
   active profile it would resume after a restart in a temporary directory of this run
   (``$STATE_DIRECTORY``, or ``state_dir`` in a copy when the config names one), never in the
   state of an installed coordinator or of an earlier pool.
+- Every pool has a bus token of its own: a random one is written (mode 0600) to this run's
+  temporary directory and handed to the coordinator and every engine as
+  ``$HYDRA_BUS_TOKEN_FILE``, so no other process on the machine can register on the pool's bus
+  as an engine and be sent its users' prompts. It goes away with the pool.
+- When the coordinator's config names an ``admin_token_file``, this process reads it to follow
+  the start-up through ``/admin/*``.
 - Every port is checked before anything starts; a taken one is named with the file and field
   that asks for it.
 - Start-up fails (exit 1, the rest stopped) when a child exits, an engine's model load fails or
@@ -49,6 +55,7 @@ from typing import IO, Any, Iterator
 import httpx
 import yaml
 
+from hydrad import tokenfile
 from hydrad.cli.hydractl import COORDINATOR_URL, COORDINATOR_URL_ENV, EXIT_OK, CliError
 
 EXIT_START_FAILED = 1
@@ -88,6 +95,7 @@ class Plan:
     ports: list[Port]
     copies: bool  # configs were rewritten into a directory of ours
     profiles: list[str]  # every profile of the profiles file
+    admin_token_file: Path | None = None  # the coordinator's, if it has one: start-up polls /admin with it
 
 
 def default_config_dir() -> Path:
@@ -254,7 +262,7 @@ def plan(config_dir: Path, profile: str | None, offset: int, copy_dir: Path, sta
             raise CliError(f"{exc} (moved by --port-offset {offset})", EXIT_BAD_CONFIG) from None
     return Plan(config_dir=config_dir, coordinator_config=coord_run, engine_configs=engine_configs, profile=name,
                 targets=targets, http_url=_url(cs.http.host, cs.http.port + offset), engine_urls=engine_urls,
-                ports=ports, copies=copies, profiles=list(profiles.profiles))
+                ports=ports, copies=copies, profiles=list(profiles.profiles), admin_token_file=cs.admin_token_file)
 
 
 def _shown(path: Path) -> str:
@@ -396,6 +404,8 @@ class Runner:
         self.out: Output | None = None
         self.tmp: Path | None = None
         self.state_dir: Path | None = None
+        self.bus_token_file: Path | None = None
+        self.admin_token: str | None = None
 
     # --- signals
 
@@ -453,6 +463,13 @@ class Runner:
             copy_dir = self.tmp
         p = plan(config_dir, args.profile, args.port_offset, copy_dir, self.state_dir)
         check_ports(p.ports)
+        self.bus_token_file = self.tmp / "bus.token"  # mkdtemp made the directory 0700; the file is 0600
+        tokenfile.write_token(self.bus_token_file)
+        if p.admin_token_file is not None:
+            try:
+                self.admin_token = tokenfile.read_token(p.admin_token_file)
+            except tokenfile.TokenError as exc:
+                raise CliError(f"{_shown(p.coordinator_config)}: admin_token_file: {exc}", EXIT_BAD_CONFIG) from None
 
         self.out = Output(["hydractl", "coordinator", *p.engine_configs])
         children = [Child("coordinator", [sys.executable, "-m", "hydrad.coordinator.daemon", "--config",
@@ -479,6 +496,8 @@ class Runner:
     def _spawn(self, children: list[Child]) -> None:
         env = {k: v for k, v in os.environ.items() if k not in SERVICE_ENV}
         env["PYTHONUNBUFFERED"] = "1"
+        if self.bus_token_file is not None:  # the pool's own bus token, for the coordinator and every engine
+            env[tokenfile.ENV_BUS_TOKEN_FILE] = str(self.bus_token_file)
         preexec = _death_signal()
         # Every child is forked before any thread of ours exists (a preexec function is only safe then).
         for c in children:
@@ -527,7 +546,7 @@ class Runner:
         seen: dict[str, tuple[Any, ...]] = {}
         coordinator_up = False
         last_status = ""
-        with httpx.Client(base_url=p.http_url, timeout=5.0) as http:
+        with httpx.Client(base_url=p.http_url, timeout=5.0, headers=tokenfile.bearer(self.admin_token)) as http:
             while True:
                 if self.stop_event.is_set():
                     self.say("interrupted during start-up; stopping")

@@ -7,8 +7,14 @@ crosses threads and no caller ever waits on a socket.
 
 - ``ROUTER_MANDATORY``: sending to an engine that is not connected raises instead of vanishing,
   which we use to learn of a dead engine within one PING instead of three heartbeats.
-- ``ROUTER_HANDOVER``: a restarted engine reconnecting under its name takes the name over
-  from the dead connection.
+- Identities: an engine's DEALER identity is ``<name>~<random nonce>``, new for every
+  connection, and the coordinator sends to the identity of the engine's last *admitted*
+  REGISTER. A peer that merely claims an engine's name (even its bare name, with
+  ``ROUTER_HANDOVER`` taking a routing id over) therefore never receives that engine's traffic,
+  and a reconnecting engine needs no handover to reclaim its name.
+- Admission: with a bus token configured (``bus_token_file``) a REGISTER must carry the same
+  token; otherwise it is answered REFUSED (with why) and the peer gets nothing else: no request,
+  no configure, no PING. A message from a peer that was not admitted is dropped.
 - Liveness: any message from an engine counts as life; silent for ``liveness`` of its declared
   heartbeat intervals ⇒ dead, its requests fail at once (so the front door can retry
   elsewhere) and it is re-admitted only by a new REGISTER.
@@ -23,15 +29,19 @@ import contextlib
 import errno
 import itertools
 import logging
+import os
+import re
 import time
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 import zmq
 import zmq.asyncio
 
+from hydrad import tokenfile
 from hydrad.bus import messages as M
 from hydrad.logs import log_event
 
@@ -39,10 +49,34 @@ log = logging.getLogger("hydra.coordinator.bus")
 
 HWM = 10_000
 STREAM_LIMIT = 4096  # TOKENS messages buffered for one request before it counts as abandoned
+IDENT_SEP = "~"  # DEALER identity = <engine name>~<per-connection nonce>; "~" is never in a name
+_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_NONCE = re.compile(r"^[A-Za-z0-9]{1,64}$")
+
+
+def engine_of(ident: bytes) -> str | None:
+    """The engine name a DEALER identity claims (``name~nonce``, or a bare name), or None if invalid."""
+    try:
+        text = ident.decode("ascii")
+    except UnicodeDecodeError:
+        return None
+    name, sep, nonce = text.partition(IDENT_SEP)
+    if not _NAME.match(name) or (sep and not _NONCE.match(nonce)):
+        return None
+    return name
 
 
 class EngineUnreachable(Exception):
     """The engine is not connected (or not admitted) right now."""
+
+
+class RequestUnsendable(Exception):
+    """A request that cannot be put on the bus (it does not encode, or it is larger than an engine
+    accepts): the request's fault, the same on every engine, so never retried. ``too_large`` → 413."""
+
+    def __init__(self, reason: str, *, too_large: bool = False) -> None:
+        super().__init__(reason)
+        self.too_large = too_large
 
 
 @dataclass(frozen=True)
@@ -93,6 +127,7 @@ class EngineRecord:
     name: str
     info: M.Register
     status: M.EngineStatus
+    ident: bytes = b""  # the DEALER identity of the admitted connection: the only one we send to
     alive: bool = True
     last_seen: float = field(default_factory=time.monotonic)
     up_since: float = field(default_factory=time.time)
@@ -147,6 +182,15 @@ class CoordinatorBus:
         self._prefix = uuid.uuid4().hex[:8]
         self.bus_endpoint = ""
         self.events_endpoint = ""
+        self.token: str | None = None  # the pool's bus token; None = an open bus (loopback only)
+
+    def load_token(self) -> None:
+        """Read the bus token (``HYDRA_BUS_TOKEN_FILE`` wins over ``bus_token_file``); raises TokenError."""
+        path = bus_token_path(self.settings)
+        self.token = tokenfile.read_token(path) if path is not None else None
+        if path is not None and tokenfile.loose_permissions(path):
+            log_event(log, logging.WARNING, "the bus token file is readable by every user; chmod 600 it",
+                      path=str(path))
 
     # ----- lifecycle -------------------------------------------------------------------
 
@@ -165,6 +209,8 @@ class CoordinatorBus:
                     sock.setsockopt(zmq.CURVE_SECRETKEY, s.bus.curve_secret_key.encode())
             router.setsockopt(zmq.ROUTER_MANDATORY, 1)
             router.setsockopt(zmq.ROUTER_HANDOVER, 1)
+            # Only an engine's own messages arrive here, and none is near the limit: a peer that
+            # sends more is not one of ours, and dropping its connection harms nobody else.
             router.setsockopt(zmq.MAXMSGSIZE, M.MAX_BODY + 4096)
             router.bind(s.bus.endpoint)
             pub.bind(s.events)
@@ -200,10 +246,22 @@ class CoordinatorBus:
     # ----- sending ---------------------------------------------------------------------
 
     def send(self, engine: str, msg: Any) -> None:
-        """Non-blocking send to an engine; ``EngineUnreachable`` when it is not connected or its queue is full."""
+        """Non-blocking send to an admitted engine; ``EngineUnreachable`` when it is not connected or
+        its queue is full; ``M.BusEncodeError`` (nothing sent) when the message cannot be encoded."""
+        rec = self.engines.get(engine)
+        if rec is None or not rec.ident:
+            raise EngineUnreachable(f"engine {engine} is not registered")
+        self._send_to(rec.ident, engine, M.encode(msg))
+
+    def _reply(self, ident: bytes, msg: Any) -> None:
+        """An answer to whoever sent a message (admitted or not): WELCOME, REFUSED, REREGISTER."""
+        with contextlib.suppress(EngineUnreachable, M.BusEncodeError):
+            self._send_to(ident, ident.decode("ascii", "replace"), M.encode(msg))
+
+    def _send_to(self, ident: bytes, engine: str, frames: list[bytes]) -> None:
         assert self._router is not None
         try:
-            self._router.send_multipart([engine.encode(), *M.encode(msg)], flags=zmq.NOBLOCK).result()
+            self._router.send_multipart([ident, *frames], flags=zmq.NOBLOCK).result()
         except zmq.Again:
             raise EngineUnreachable(f"engine {engine}: bus queue full") from None
         except zmq.ZMQError as exc:
@@ -222,22 +280,30 @@ class CoordinatorBus:
         return f"{kind}-{self._prefix}-{next(self._ids)}"
 
     def generate(self, engine: str, msg: M.Generate) -> RequestStream:
+        """Send GENERATE and return the stream its events will arrive on.
+
+        The stream is registered only once the message is on its way: a request that fails to
+        encode or to send leaves nothing behind (an entry left here would count as a busy slot
+        of that engine forever). No event can arrive in between: the reader runs on this loop
+        and this method does not yield. ``RequestUnsendable`` for the request's own fault
+        (never retried), ``EngineUnreachable`` for the engine's.
+        """
         rec = self.engines.get(engine)
         if rec is None or not rec.alive:
             raise EngineUnreachable(f"engine {engine} is not alive")
+        try:
+            frames = M.encode(msg)
+        except M.BusEncodeError as exc:
+            raise RequestUnsendable(exc.reason, too_large=exc.too_large) from None
+        self._send_to(rec.ident, engine, frames)
         stream = RequestStream(msg.req, engine)
         self._streams[msg.req] = stream
-        try:
-            self.send(engine, msg)
-        except EngineUnreachable:
-            self._streams.pop(msg.req, None)
-            raise
         return stream
 
     def cancel(self, stream: RequestStream) -> None:
         """The client went away (or gave up): tell the engine, forget the stream."""
         if self._streams.pop(stream.req, None) is not None and not stream.finished:
-            with contextlib.suppress(EngineUnreachable):
+            with contextlib.suppress(EngineUnreachable, M.BusEncodeError):
                 self.send(stream.engine, M.Cancel(req=stream.req))
             self._ended(stream)
 
@@ -267,7 +333,10 @@ class CoordinatorBus:
         pending = _Configure(engine, loop.create_future(), loop.create_future())
         self._configures[req] = pending
         try:
-            self.send(engine, M.Configure(req=req, payload=payload))
+            try:
+                self.send(engine, M.Configure(req=req, payload=payload))
+            except M.BusEncodeError as exc:
+                raise EngineUnreachable(f"engine {engine}: {exc.reason}") from None
             reply = await asyncio.wait_for(asyncio.shield(pending.reply), reply_timeout)
             if not reply.ok or reply.result.get("load_id") is None:
                 return reply, None
@@ -303,11 +372,8 @@ class CoordinatorBus:
 
     def _on_frames(self, frames: list[bytes]) -> None:
         ident = frames[0]
-        try:
-            name = ident.decode("ascii")
-        except UnicodeDecodeError:
-            name = ""
-        if not name or len(name) > 64 or not all(c.isalnum() or c in "_.-" for c in name):
+        name = engine_of(ident)
+        if name is None:
             self._warn(f"ident:{ident[:16]!r}", "bus message from a peer with an invalid identity dropped",
                        identity=repr(ident[:32]))
             return
@@ -321,14 +387,15 @@ class CoordinatorBus:
                        kind=msg.KIND.decode())
             return
         if isinstance(msg, M.Register):
-            self._register(name, msg)
+            self._register(name, ident, msg)
             return
         rec = self.engines.get(name)
-        if rec is None or not rec.alive:
+        if rec is None or not rec.alive or rec.ident != ident:
             self._warn(f"unknown:{name}", "bus message from an unregistered engine dropped; asking it to register",
                        engine=name, kind=msg.KIND.decode())
-            with contextlib.suppress(EngineUnreachable):
-                self.send(name, M.Reregister(reason="unknown engine" if rec is None else f"marked dead: {rec.down_reason}"))
+            why = ("unknown engine" if rec is None else f"marked dead: {rec.down_reason}" if not rec.alive
+                   else "not the admitted connection of this engine")
+            self._reply(ident, M.Reregister(reason=why))
             return
         rec.last_seen = time.monotonic()
         if isinstance(msg, M.Heartbeat):
@@ -342,7 +409,7 @@ class CoordinatorBus:
                 self._streams.pop(msg.req, None)
                 stream.finished = False
                 stream.push(EngineLost("the client is not reading the stream"))
-                with contextlib.suppress(EngineUnreachable):
+                with contextlib.suppress(EngineUnreachable, M.BusEncodeError):
                     self.send(name, M.Cancel(req=msg.req))
             elif stream.finished:
                 self._streams.pop(msg.req, None)
@@ -358,24 +425,29 @@ class CoordinatorBus:
         elif isinstance(msg, M.Goodbye):
             self._down(rec, f"left: {msg.reason}" if msg.reason else "left")
 
-    def _register(self, name: str, msg: M.Register) -> None:
+    def _register(self, name: str, ident: bytes, msg: M.Register) -> None:
         if msg.engine != name:
             self._warn(f"mismatch:{name}", "REGISTER naming another engine than its identity dropped",
                        identity=name, engine=msg.engine)
             return
+        if self.token is not None and not tokenfile.same(msg.token, self.token):
+            why = ("this bus needs a token: set the engine's bus.token_file to the pool's token file"
+                   if msg.token is None else "wrong bus token: the engine's bus.token_file differs from the pool's")
+            self._warn(f"refused:{name}", "REGISTER refused", engine=name, why=why, pid=msg.pid)
+            self._reply(ident, M.Refused(reason=why))
+            return
+        msg = msg.model_copy(update={"token": None})  # the record is shown by /admin/engines; the secret is not
         rec = self.engines.get(name)
-        repeat = rec is not None and rec.alive and rec.info.instance == msg.instance
+        repeat = rec is not None and rec.alive and rec.info.instance == msg.instance and rec.ident == ident
         if rec is not None and rec.alive and not repeat:
             self._fail_engine(name, f"engine {name} re-registered (restarted or reconnected)")
         if rec is None:
             rec = self.engines[name] = EngineRecord(name, msg, msg.status)
         old_stage = rec.status.stage
-        rec.info, rec.alive, rec.down_reason = msg, True, None
+        rec.info, rec.alive, rec.down_reason, rec.ident = msg, True, None, ident
         rec.last_seen = time.monotonic()
-        try:
+        with contextlib.suppress(EngineUnreachable, M.BusEncodeError):
             self.send(name, M.Welcome(coordinator=self.settings.name, version=self.version))
-        except EngineUnreachable:
-            pass
         if repeat:
             self._status(rec, msg.status)
             return
@@ -394,6 +466,11 @@ class CoordinatorBus:
         old = rec.status
         rec.status = status
         rec.status_at, rec.ended_since_status = time.monotonic(), 0
+        if status.stage == "failed" and old.stage != "failed":
+            # The engine thread died: the requests it holds will never end. Fail them now, so
+            # those that have not streamed yet are retried elsewhere (routing skips the stage).
+            log_event(log, logging.ERROR, "engine failed", engine=rec.name, error=status.last_error or "-")
+            self._fail_engine(rec.name, f"engine {rec.name} failed: {status.last_error or 'its engine thread died'}")
         if status.stage != old.stage or status.model != old.model:
             log_event(log, logging.INFO, "engine stage", engine=rec.name, stage=status.stage, model=status.model or "-")
             self.publish("engine.stage", engine=rec.name, stage=status.stage, previous=old.stage, model=status.model,
@@ -422,6 +499,8 @@ class CoordinatorBus:
                     rec.next_ping = now + min(rec.interval, self.settings.heartbeat_interval_s)
                     try:
                         self.send(rec.name, M.Ping())
+                    except M.BusEncodeError:
+                        pass
                     except EngineUnreachable as exc:
                         if "not connected" in str(exc):
                             self._down(rec, "disconnected")
@@ -463,3 +542,12 @@ class CoordinatorBus:
             if len(self._warned) > 10_000:
                 self._warned.clear()
             log_event(log, logging.WARNING, text, **fields)
+
+
+def bus_token_path(settings: Any) -> Path | None:
+    """Where the coordinator's bus token is: ``$HYDRA_BUS_TOKEN_FILE`` (set by ``hydractl up`` for its
+    pool) wins over the ``bus_token_file`` setting; None when neither names one."""
+    env = os.environ.get(tokenfile.ENV_BUS_TOKEN_FILE, "").strip()
+    if env:
+        return Path(env)
+    return getattr(settings, "bus_token_file", None)

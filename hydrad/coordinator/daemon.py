@@ -5,6 +5,11 @@ the OpenAI front door and the admin API, and talks to systemd like ``hydrad`` do
 READY=1 once the bus is bound and HTTP listens (engines may come later: a coordinator with
 no engine yet is up and says so in STATUS=), STATUS= whenever the pool changes, WATCHDOG=1
 only while the bus tasks run, STOPPING=1 on SIGTERM. Signal handlers only set a flag.
+
+Secrets are read once at start, from files (never from the YAML): the bus token (engines must
+present it to register) and the admin token (``/admin/*`` needs it as a bearer token). A bus
+that listens beyond loopback without a token is refused at start: anyone who can reach it
+could register as an engine and receive users' prompts.
 """
 
 from __future__ import annotations
@@ -21,13 +26,14 @@ from pathlib import Path
 import zmq
 from starlette.applications import Starlette
 
-from hydrad import __version__
+from hydrad import __version__, tokenfile
 from hydrad.coordinator.admin import admin_routes
 from hydrad.coordinator.affinity import Affinity
 from hydrad.coordinator.bus import CoordinatorBus
 from hydrad.coordinator.frontdoor import FrontDoor, exception_handlers
+from hydrad.coordinator.guard import Guard
 from hydrad.coordinator.profiles import ProfileSet, load_profiles
-from hydrad.coordinator.settings import ConfigError, CoordinatorSettings, LoadedConfig, load_config
+from hydrad.coordinator.settings import ConfigError, CoordinatorSettings, LoadedConfig, bus_is_loopback, load_config
 from hydrad.coordinator.state import StateFile, choose_start_profile
 from hydrad.coordinator.switcher import ProfileSwitcher
 from hydrad.logs import log_event, setup_logging
@@ -66,6 +72,20 @@ class CoordinatorDaemon:
             return 2
         bus = CoordinatorBus(s, version=__version__)
         try:
+            bus.load_token()
+            admin_token = tokenfile.read_token(s.admin_token_file) if s.admin_token_file is not None else None
+        except tokenfile.TokenError as exc:
+            log_event(log, logging.ERROR, "cannot read a token file", error=str(exc))
+            return 2
+        if bus.token is None:
+            if not bus_is_loopback(s.bus.endpoint):
+                log_event(log, logging.ERROR, "the bus listens beyond loopback but has no token: any host that "
+                          "reaches it could register as an engine; set bus_token_file", bus=s.bus.endpoint,
+                          how=tokenfile.HOW_TO_CREATE)
+                return 2
+            log_event(log, logging.WARNING, "the bus has no token: any local process can register as an engine; "
+                      "set bus_token_file", bus=s.bus.endpoint)
+        try:
             bus.start()
         except zmq.ZMQError as exc:
             log_event(log, logging.ERROR, "cannot bind the bus", bus=s.bus.endpoint, events=s.events, error=str(exc))
@@ -80,7 +100,9 @@ class CoordinatorDaemon:
         front = FrontDoor(s, bus, switcher, registry, affinity)
         app = Starlette(routes=front.routes() + admin_routes(bus, switcher, affinity, front),
                         exception_handlers=exception_handlers())
-        server = uvicorn_server(app, s.http.host, s.http.port)
+        guarded = Guard(app, admin_allow_from=s.admin_allow_from, admin_token=admin_token,
+                        max_body_bytes=s.max_body_bytes, body_timeout_s=s.body_timeout_s)
+        server = uvicorn_server(guarded, s.http.host, s.http.port)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop_requested.set)
         serve = asyncio.create_task(server.serve(), name="http")
@@ -92,7 +114,9 @@ class CoordinatorDaemon:
             await asyncio.sleep(0.005)
         port = server.servers[0].sockets[0].getsockname()[1] if server.servers else s.http.port
         log_event(log, logging.INFO, "listening", http=f"{s.http.host}:{port}", bus=bus.bus_endpoint,
-                  events=bus.events_endpoint, profile=switcher.active or "-", version=__version__)
+                  events=bus.events_endpoint, profile=switcher.active or "-", version=__version__,
+                  bus_token=bus.token is not None, admin_token=admin_token is not None,
+                  admin_allow_from=",".join(s.admin_allow_from))
         self.notifier.ready()
         tasks = [asyncio.create_task(self._watchdog(bus), name="watchdog"),
                  asyncio.create_task(self._status(bus, front, switcher), name="status")]

@@ -5,12 +5,19 @@ snapshot of the engines (``routing.route``), and sent as GENERATE over the bus; 
 back and are re-emitted as OpenAI chunks. Failure rules, so a client never hangs and never
 sees a bare 500:
 
-- the engine dies, leaves or answers 5xx **before the first token**: route again without it,
-  once; a second failure (or no other candidate) is a 503 that says what happened;
-- **after the first token** of a stream: the stream ends with an OpenAI error event and
-  ``data: [DONE]``; a non-streaming request has sent nothing yet, so it is retried once too;
+- a request is retried on another engine (once) only when the *engine* failed, never when the
+  request did: the engine was lost, unreachable or silent **before the first token**; it
+  answered ``engine_failed`` (its engine thread died, it is stopping); or it answered 503 with
+  a code that means "not now" (:data:`RETRY_CODES`). A 4xx, or a 500 with ``engine_failed``
+  false, is the request's own fault and would be the same anywhere: retrying it would only
+  hurt a second engine (a request that crashes an engine would take the pool down one by one);
+- a second failure (or no other candidate) is a 503 that says what happened;
+- **after the first token**: a stream ends with an OpenAI error event and ``data: [DONE]``; a
+  non-streaming request is retried only on ``engine_failed``, otherwise it gets a 502/504;
 - every wait has a bound (``first_token_timeout_s``, ``token_timeout_s``);
-- no candidate at all: 503 with routing's reason (which names every engine and why not).
+- no candidate at all: 503 with routing's reason (which names every engine and why not);
+- the client going away (streaming or not, before or after the first token) cancels the
+  request on its engine at once: nobody would read what it generates.
 
 Every decision is logged and published (topic ``route``) with its scores.
 """
@@ -20,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
 from pathlib import Path
 from typing import Any, AsyncIterator
@@ -30,7 +38,9 @@ from starlette.routing import Route
 
 from hydrad.bus import messages as M
 from hydrad.coordinator.affinity import Affinity, prefix_of
-from hydrad.coordinator.bus import CoordinatorBus, EngineLost, EngineRecord, EngineUnreachable, RequestStream
+from hydrad.coordinator.bus import (
+    CoordinatorBus, EngineLost, EngineRecord, EngineUnreachable, RequestStream, RequestUnsendable,
+)
 from hydrad.coordinator.routing import (
     LOADING_STAGES, SERVING_STAGES, Decision, EngineView, ModelSpec, RouteRequest, route,
 )
@@ -43,8 +53,14 @@ from hydrad.registry import Registry
 
 log = logging.getLogger("hydra.coordinator")
 
-RETRY_STATUSES = frozenset({500, 502, 503, 504})
+# 503 codes by which an engine says "not now" (no model yet, reloading, full, stopping): the same
+# request may well succeed elsewhere. Any other error is the request's and is passed on as is.
+RETRY_CODES = frozenset({"no_model", "reloading", "queue_full", "shutting_down", "context_full",
+                         "model_not_loaded", "busy"})
 MAX_SESSION_ID = 256
+# A session id travels back in the X-Session-Id header and into logs and events: printable ASCII
+# only (no control characters, nothing a header cannot carry), no leading or trailing space.
+_SESSION_RE = re.compile(r"^[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?$")
 
 
 class _Lost(Exception):
@@ -104,9 +120,8 @@ class FrontDoor:
         """What routing sees: REGISTER + latest heartbeat, corrected by the requests we have in flight
         (a heartbeat is up to an interval old; our own count is exact for bus traffic).
 
-        Models on disk are offered for an on-demand load only where it evicts nothing (a model-less
-        engine), or anywhere when no live engine serves or is loading ``model`` at all: a burst for
-        one model must not replace another model the profile placed on a busy pool.
+        Models on disk are offered for an on-demand load only where the load cannot break the
+        active profile (:meth:`_loadable`).
         """
         covered = model is not None and any(
             r.alive and model in (r.status.model, r.status.loading_model) for r in self.bus.engines.values())
@@ -119,17 +134,40 @@ class FrontDoor:
             busy = max(min(heard, total), min(inflight, total))
             queued = max(heard - total, inflight - total, 0)
             model = st.model if st.model is not None or st.stage not in LOADING_STAGES else st.loading_model
-            loadable = (self.settings.load_on_demand and not self.switcher.locked(rec.name)
-                        and (st.stage == "idle" or (st.stage == "ready" and not covered)))
             sessions, prefixes = self.affinity.holds(rec.name, session, prefix)
             out.append(EngineView(
                 name=rec.name, alive=rec.alive, stage=st.stage, model=model,
-                models_on_disk=frozenset(rec.info.models_on_disk) if loadable else frozenset(),
+                models_on_disk=self._loadable(rec, covered),
                 slots_busy=busy, slots_total=total, queued=queued, max_queue=st.max_queue,
                 vram_total=gpu.vram_total, vram_free=st.vram_free if st.vram_free is not None else gpu.vram_free,
                 gpu_arch=gpu.arch, prefill_tps=st.prefill_tps, decode_tps=st.decode_tps, load_seconds=st.load_seconds,
                 sessions=sessions, cached_prefixes=prefixes))
         return out
+
+    def _loadable(self, rec: EngineRecord, covered: bool) -> frozenset[str]:
+        """The models routing may load on demand on this engine.
+
+        - an engine the active profile places a model on: that model only, and only while it
+          serves nothing (it is model-less, e.g. restarted and not configured yet). Loading
+          another model there would evict the profile's, and nothing would restore it: a request
+          for a dead engine's model would move that model onto a healthy engine and leave the
+          healthy engine's own model served nowhere;
+        - a PEER of the profile: nothing (its device is lent to a COMBINE head);
+        - an engine the profile leaves free: anything on its disk while it serves nothing, or
+          while no live engine serves or loads the requested model at all (``covered``), so a
+          burst for one model does not replace another that is served;
+        - nothing while the engine is being configured, or when loading on demand is off.
+        """
+        st = rec.status
+        if not self.settings.load_on_demand or self.switcher.locked(rec.name):
+            return frozenset()
+        placed, model = self.switcher.placed(rec.name)
+        on_disk = frozenset(rec.info.models_on_disk)
+        if placed:
+            return on_disk & {model} if model is not None and st.stage == "idle" else frozenset()
+        if st.stage == "idle" or (st.stage == "ready" and not covered):
+            return on_disk
+        return frozenset()
 
     def served(self) -> dict[str, list[str]]:
         """Model → engines serving it now (alive, in a serving stage)."""
@@ -206,11 +244,12 @@ class FrontDoor:
 
     @staticmethod
     def _retry_reason(engine: str, ev: Any, waited: float) -> str | None:
+        """Why the first event of a request calls for another engine, or None (see the module doc)."""
         if ev is None:
             return f"engine {engine} sent nothing within {waited:g} s"
         if isinstance(ev, EngineLost):
             return f"engine {engine} failed before the first token ({ev.reason})"
-        if isinstance(ev, M.Error) and (ev.engine_failed or ev.status in RETRY_STATUSES):
+        if isinstance(ev, M.Error) and (ev.engine_failed or (ev.status == 503 and ev.code in RETRY_CODES)):
             return f"engine {engine} answered {ev.status} {ev.code}: {ev.message}"
         return None
 
@@ -224,6 +263,28 @@ class FrontDoor:
         session = self._session(req, request)
         model = self._model(req.model)
         rid = openai.new_id(kind)
+        # From here on the request waits on engines: watch the client meanwhile, and cancel the
+        # request on its engine the moment the client goes (a non-streaming request has no
+        # send that would fail; without this it would generate to max_tokens for nobody).
+        work = asyncio.ensure_future(self._generate(request, kind, req, greq, session, model, rid))
+        gone = asyncio.ensure_future(_disconnected(request))
+        try:
+            await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            work.cancel()
+            raise
+        finally:
+            gone.cancel()
+        if work.done():
+            return work.result()
+        work.cancel()
+        with contextlib.suppress(BaseException):
+            await work
+        log_event(log, logging.INFO, "client went away; request cancelled", req=rid)
+        return Response(status_code=499)  # nobody reads it; uvicorn drops it
+
+    async def _generate(self, request: Request, kind: str, req: Any, greq: GenRequest, session: str | None,
+                        model: str | None, rid: str) -> Response:
         rr = self.route_request(greq, model, session)
         exclude: set[str] = set()
         failures: list[str] = []
@@ -235,9 +296,15 @@ class FrontDoor:
                 why = decision.reason if not failures else f"{'; '.join(failures)}; no other engine: {decision.reason}"
                 raise ApiError(503, why, "no_engine", headers={"Retry-After": "1"})
             engine, served = decision.engine, decision.model
+            msg = _generate_message(self.bus.new_id("gen"), greq, served)
             try:
                 await self._ensure(engine, served)
-                stream = self.bus.generate(engine, M.Generate.from_request(self.bus.new_id("gen"), greq, served))
+                stream = self.bus.generate(engine, msg)
+            except RequestUnsendable as exc:  # the request's fault: the same on every engine
+                if exc.too_large:
+                    raise ApiError(413, f"the request is too large to send to an engine ({exc})",
+                                   "request_too_large") from None
+                raise ApiError(400, f"the request cannot be sent to an engine: {exc}", "invalid_request") from None
             except (LoadFailed, EngineUnreachable) as exc:
                 failures.append(str(exc))
                 exclude.add(engine)
@@ -268,7 +335,7 @@ class FrontDoor:
                 return StreamingResponse(self._stream(turn, stream, first), media_type="text/event-stream", headers=headers)
             try:
                 return await self._collect(turn, stream, first, headers)
-            except _Lost as exc:
+            except _Lost as exc:  # engine_failed part-way: the engine's fault, and nothing was sent
                 failures.append(str(exc))
                 exclude.add(engine)
                 log_event(log, logging.WARNING, "request failed part-way; retrying elsewhere" if attempt == 1
@@ -298,14 +365,20 @@ class FrontDoor:
         return out
 
     def _session(self, req: openai._Common, request: Request) -> str | None:
+        """The request's session id (body ``session_id``, else header ``X-Session-Id``), or None.
+
+        It is echoed in a response header and written to logs and events, so it must be printable
+        ASCII (a header decoded as Latin-1 that held UTF-8 shows up here as non-ASCII, a newline
+        would split a header or a log line): anything else is a 400, not a broken response.
+        """
         value = (req.model_extra or {}).get("session_id")
         if value is None:
             value = request.headers.get("x-session-id")
         if value is None or value == "":
             return None
-        if not isinstance(value, str) or len(value) > MAX_SESSION_ID:
-            raise ApiError(400, f"session_id must be a string of at most {MAX_SESSION_ID} characters",
-                           "invalid_field", "session_id")
+        if not isinstance(value, str) or len(value) > MAX_SESSION_ID or not _SESSION_RE.match(value):
+            raise ApiError(400, f"session_id must be a string of 1 to {MAX_SESSION_ID} printable ASCII characters "
+                           "(no control characters, no leading or trailing space)", "invalid_field", "session_id")
         return value
 
     def _fingerprint(self, engine: str) -> str:
@@ -326,14 +399,18 @@ class FrontDoor:
                                                 ev.fingerprint, _timings(ev.usage))
                     return JSONResponse(body, headers={**headers, "X-Hydra-Generation": ev.fingerprint})
                 elif isinstance(ev, EngineLost):
-                    raise _Lost(f"engine {turn.engine} failed during the request ({ev.reason})")
+                    # Lost after it started generating: the request itself may be what killed it,
+                    # so it is not tried on a second engine.
+                    raise ApiError(502, f"engine {turn.engine} failed during the request ({ev.reason})",
+                                   "engine_failed")
                 elif isinstance(ev, M.Error):
                     if ev.engine_failed:
                         raise _Lost(f"engine {turn.engine} failed during the request: {ev.message}")
                     raise ApiError(ev.status, ev.message, ev.code)
                 ev = await stream.next(self.settings.token_timeout_s)
                 if ev is None:
-                    raise _Lost(f"engine {turn.engine} went silent for {self.settings.token_timeout_s:g} s")
+                    raise ApiError(504, f"engine {turn.engine} sent nothing for {self.settings.token_timeout_s:g} s",
+                                   "timeout")
         finally:
             if not stream.finished:
                 self.bus.cancel(stream)
@@ -422,6 +499,24 @@ class FrontDoor:
             Route("/v1/completions", self.completions, methods=["POST"]),
             Route("/completions", self.completions, methods=["POST"]),
         ]
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client has gone away (its body was read already, so the next message of
+    the ASGI ``receive`` channel is ``http.disconnect``)."""
+    while True:
+        message = await request.receive()
+        if message.get("type") == "http.disconnect":
+            return
+
+
+def _generate_message(req: str, greq: GenRequest, model: str | None) -> M.Generate:
+    """GENERATE for a parsed request; a request the bus message cannot represent is a 400."""
+    try:
+        return M.Generate.from_request(req, greq, model)
+    except ValueError as exc:  # pydantic's ValidationError, e.g. more stop strings than the bus carries
+        raise ApiError(400, f"the request cannot be sent to an engine: {M._first_error(exc)}",
+                       "invalid_request") from None
 
 
 class _Turn:

@@ -8,6 +8,7 @@ most hosts need, the long one is for pools on a real network.
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -61,12 +62,54 @@ class CoordinatorSettings(BaseModel):
     load_on_demand: bool = Field(True, description="Let routing load a model on an engine that has it on disk but serves another.")
     drain_timeout_s: float = Field(30.0, gt=0, description="On SIGTERM, how long in-flight requests may run.")
     state_dir: Path | None = Field(None, description="Directory of the state file (<name>.state.json: the active profile, kept across restarts); default $STATE_DIRECTORY (systemd's StateDirectory=, /var/lib/hydra) when set, else ~/.local/state/hydra.")
+    bus_token_file: Path | None = Field(None, description="File holding the pool's shared bus token: a REGISTER without it is refused. Required when the bus listens beyond loopback; $HYDRA_BUS_TOKEN_FILE overrides it.")
+    admin_allow_from: list[str] = Field(default_factory=lambda: ["127.0.0.0/8", "::1/128"], description="CIDR networks allowed to call /admin/* (others get 403).")
+    admin_token_file: Path | None = Field(None, description="File holding the admin token; when set, /admin/* also needs 'Authorization: Bearer <token>' (else 401).")
+    max_body_bytes: int = Field(8 << 20, ge=1024, le=1 << 30, description="Largest request body the front door and /admin accept; larger ones get 413 before they are read.")
+    body_timeout_s: float = Field(30.0, gt=0, le=3600, description="Longest time a client may take to send a request body (else 408).")
     logging: LogSettings = Field(default_factory=LogSettings, description="Logging.")
 
     @field_validator("bus", mode="before")
     @classmethod
     def _bus_short(cls, v: Any) -> Any:
         return {"endpoint": v} if isinstance(v, str) else v
+
+    @field_validator("admin_allow_from")
+    @classmethod
+    def _cidrs(cls, v: list[str]) -> list[str]:
+        for item in v:
+            ipaddress.ip_network(item, strict=False)
+        return v
+
+    def allows_admin(self, host: str | None) -> bool:
+        """Whether a client at ``host`` may call /admin/* (IPv4-mapped IPv6 counts as IPv4)."""
+        return address_allowed(host, self.admin_allow_from)
+
+
+def address_allowed(host: str | None, networks: list[str]) -> bool:
+    if host is None:
+        return False
+    try:
+        addr = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        addr = addr.ipv4_mapped  # IPv4 clients of a dual-stack listener arrive as ::ffff:a.b.c.d
+    return any(addr in ipaddress.ip_network(n, strict=False) for n in networks)
+
+
+def bus_is_loopback(endpoint: str) -> bool:
+    """Whether a ROUTER endpoint is reachable from this host only (tcp on a loopback address, ipc, inproc)."""
+    scheme, _, rest = endpoint.partition("://")
+    if scheme in ("ipc", "inproc"):
+        return True
+    host = rest.rpartition(":")[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # "*", an interface name or a host name: assume reachable from the network
 
 
 class ConfigError(Exception):
@@ -100,8 +143,10 @@ def load_config(path: str | Path | None) -> LoadedConfig:
             updates[key] = candidate if candidate.exists() else None
         elif not value.is_absolute():
             updates[key] = (base / value).resolve()
-    if settings.state_dir is not None and not settings.state_dir.is_absolute():
-        updates["state_dir"] = (base / settings.state_dir).resolve()
+    for key in ("state_dir", "bus_token_file", "admin_token_file"):
+        value = getattr(settings, key)
+        if value is not None and not value.is_absolute():
+            updates[key] = (base / value).resolve()
     if updates:
         settings = settings.model_copy(update=updates)
     return LoadedConfig(settings, p)

@@ -258,6 +258,23 @@ class ProfileSwitcher:
         """Being configured: routing must not pick it to load something else."""
         return engine in self.configuring
 
+    def placed(self, engine: str) -> tuple[bool, str | None]:
+        """Whether the active profile names ``engine``, and the model it gives it (None for a PEER).
+
+        Routing's on-demand loads use this to keep the profile: an engine the profile places a
+        model on may only ever be loaded with that model, and a PEER with none, so a request for
+        a model whose engine died cannot evict another engine's model (nothing would put it back).
+        """
+        if self.active is None:
+            return False, None
+        try:
+            entry = self.profiles.get(self.active).engines.get(engine)
+        except KeyError:
+            return False, None
+        if entry is None:
+            return False, None
+        return True, entry.model
+
     def public(self) -> dict[str, Any]:
         targets: dict[str, Any] = {}
         if self.active is not None:

@@ -42,7 +42,7 @@ def test_console_shows_a_real_engine(tmp_path: Path, smollm_path: Path,
                 # the engine starts model-less after the console: it comes up over PUB and the
                 # coordinator's profile makes it load SmolLM2
                 start_engine(name="console-a", defaults={"n_ctx": 2048},
-                             extra={"bus": {"endpoint": c.bus, "heartbeat_interval_s": 0.5}})
+                             extra={"bus": c.engine_bus(heartbeat_interval_s=0.5)})
                 table = app.query_one(EnginesTable)
 
                 def row(column: str) -> str:
@@ -82,7 +82,7 @@ def _engines(c: Coordinator, start_engine: Callable[..., Engine], refuse_control
     """dev-a and dev-b, model-less at boot: the coordinator's profile places them. ``refuse_control``:
     that engine's /control is closed to loopback (control_allow_from lists another network only)."""
     for name in ("dev-a", "dev-b"):
-        extra: dict[str, Any] = {"bus": {"endpoint": c.bus, "heartbeat_interval_s": 0.5}}
+        extra: dict[str, Any] = {"bus": c.engine_bus(heartbeat_interval_s=0.5)}
         if name == refuse_control:
             extra["control_allow_from"] = ["10.255.0.0/16"]
         start_engine(name=name, defaults={"n_ctx": 2048, "n_parallel": 2}, extra=extra)

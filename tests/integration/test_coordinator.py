@@ -50,7 +50,7 @@ class Cluster:
         # One thread each, as in etc/hydra/dev: two engines spinning two threads each on two cores
         # slowed a 48-token answer from 2 s to 30 s.
         e = self._start(name=name, defaults={"n_ctx": 2048, "n_parallel": 2, "n_threads": 1, **defaults},
-                        extra={"bus": {"endpoint": self.c.bus, "heartbeat_interval_s": INTERVAL}})
+                        extra={"bus": self.c.engine_bus(heartbeat_interval_s=INTERVAL)})
         self.engines[name] = e
         return e
 
@@ -451,8 +451,8 @@ def test_curve_keys_encrypt_the_bus(tmp_path: Path, start_engine: Callable[..., 
     ctx.setsockopt(zmq.LINGER, 0)
     try:
         c.wait_ready()
-        e = start_engine(name="sealed", extra={"bus": {"endpoint": c.bus, "heartbeat_interval_s": INTERVAL,
-                                                       "curve_server_key": public}})
+        e = start_engine(name="sealed", extra={"bus": c.engine_bus(heartbeat_interval_s=INTERVAL,
+                                                                   curve_server_key=public)})
         c.wait_engines(lambda es: "sealed" in es and es["sealed"]["alive"], 30, what="sealed engine registered")
         plain = ctx.socket(zmq.DEALER)
         wrong = ctx.socket(zmq.DEALER)
@@ -481,6 +481,7 @@ def test_engine_link_against_a_raw_router(smollm_path: Path, start_engine: Calla
     router.setsockopt(zmq.LINGER, 0)
     port = router.bind_to_random_port("tcp://127.0.0.1")
     answering = [True]
+    ident = [b""]  # the engine's DEALER identity: "solo~<nonce>", new for every connection
     try:
         e = start_engine(name="solo", defaults={"model": "smollm2-135m", "n_ctx": 1024, "n_parallel": 1},
                          extra={"bus": {"endpoint": f"tcp://127.0.0.1:{port}", "heartbeat_interval_s": INTERVAL}})
@@ -490,11 +491,11 @@ def test_engine_link_against_a_raw_router(smollm_path: Path, start_engine: Calla
             deadline = time.monotonic() + timeout
             while time.monotonic() < deadline:
                 if router.poll(100):
-                    ident, *frames = router.recv_multipart()
-                    assert ident == b"solo"
+                    ident[0], *frames = router.recv_multipart()
+                    assert ident[0].split(b"~")[0] == b"solo" and len(ident[0]) > len(b"solo~")
                     msg = M.decode(frames)
                     if answering[0]:
-                        router.send_multipart([b"solo", *M.encode(M.Ping())])
+                        router.send_multipart([ident[0], *M.encode(M.Ping())])
                     if isinstance(msg, kind) and pred(msg):
                         return msg
             raise AssertionError(f"no {kind} from the engine within {timeout}s\n{e.log()}")
@@ -504,12 +505,12 @@ def test_engine_link_against_a_raw_router(smollm_path: Path, start_engine: Calla
         assert reg.heartbeat_interval_s == INTERVAL and reg.gpu.vram_total > 0
         for frames in ([b"junk"], [M.PROTOCOL, b"NOPE", b"{}"], [M.PROTOCOL, b"GENERATE", b"{"],
                        M.encode(M.Heartbeat(status=M.EngineStatus()))):
-            router.send_multipart([b"solo", *frames])
+            router.send_multipart([ident[0], *frames])
         assert isinstance(recv(M.Register), M.Register)  # not welcomed yet: it keeps registering
-        router.send_multipart([b"solo", *M.encode(M.Welcome(coordinator="test", version="0"))])
+        router.send_multipart([ident[0], *M.encode(M.Welcome(coordinator="test", version="0"))])
         beat = recv(M.Heartbeat, pred=lambda m: m.status.stage == "ready")
         assert beat.status.model == "smollm2-135m" and beat.status.slots_total == 1
-        router.send_multipart([b"solo", *M.encode(M.Generate(req="g-1", prompt="Once upon a time", max_tokens=8,
+        router.send_multipart([ident[0], *M.encode(M.Generate(req="g-1", prompt="Once upon a time", max_tokens=8,
                                                               model="smollm2-135m", ignore_eos=True))])
         texts: list[str] = []
         while True:
@@ -521,10 +522,10 @@ def test_engine_link_against_a_raw_router(smollm_path: Path, start_engine: Calla
                 break
         assert isinstance(msg, M.Done) and msg.usage.completion_tokens == 8 and "".join(texts)
         assert msg.model == "smollm2-135m" and msg.fingerprint
-        router.send_multipart([b"solo", *M.encode(M.Generate(req="g-2", prompt="x", model="gemma3-270m"))])
+        router.send_multipart([ident[0], *M.encode(M.Generate(req="g-2", prompt="x", model="gemma3-270m"))])
         err = recv(M.Error)
         assert err.req == "g-2" and err.code == "model_not_loaded" and err.status == 503
-        router.send_multipart([b"solo", *M.encode(M.Configure(req="c-1", payload={"n_ctx": "lots"}))])
+        router.send_multipart([ident[0], *M.encode(M.Configure(req="c-1", payload={"n_ctx": "lots"}))])
         bad = recv(M.ConfigureReply)
         assert not bad.ok and bad.status == 400
         assert e.proc.poll() is None and "malformed bus message dropped" in e.log()

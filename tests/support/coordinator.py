@@ -1,5 +1,9 @@
 """Start a real hydra-coordinator subprocess for a test: free ports, temp YAML, own NOTIFY_SOCKET,
-plus a subscriber that collects what it publishes on the PUB socket."""
+plus a subscriber that collects what it publishes on the PUB socket.
+
+Like a real pool, the bus has a token by default (``<tmp>/bus.token``): engines join with
+:meth:`Coordinator.engine_bus` as their ``bus`` section, which names the endpoint and the token
+file."""
 
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ import httpx
 import yaml
 import zmq
 
+from hydrad import tokenfile
 from tests.support.engine import REGISTRY, NotifyListener, free_port
 
 
@@ -70,7 +75,8 @@ class Events:
 class Coordinator:
     def __init__(self, tmp: Path, profiles: dict[str, Any] | str | Path | None = None, default_profile: str | None = None,
                  heartbeat_interval_s: float = 0.5, extra: dict[str, Any] | None = None,
-                 env: dict[str, str] | None = None, curve: tuple[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, curve: tuple[str, str] | None = None,
+                 bus_token: bool = True, admin_token: bool = False) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.bus = f"tcp://127.0.0.1:{free_port()}"
@@ -82,6 +88,16 @@ class Coordinator:
                                "state_dir": str(tmp / "coordinator-state")}
         if curve is not None:  # (public, secret) Z85 keys: the bus and events are encrypted
             cfg["bus"] = {"endpoint": self.bus, "curve_public_key": curve[0], "curve_secret_key": curve[1]}
+        self.token_file: Path | None = None
+        if bus_token:
+            self.token_file = tmp / "bus.token"
+            tokenfile.write_token(self.token_file)
+            cfg["bus_token_file"] = str(self.token_file)
+        self.admin_token: str | None = None
+        if admin_token:
+            admin_file = tmp / "admin.token"
+            self.admin_token = tokenfile.write_token(admin_file)
+            cfg["admin_token_file"] = str(admin_file)
         if isinstance(profiles, dict):
             path = tmp / "profiles.yaml"
             path.write_text(yaml.safe_dump(profiles))
@@ -100,7 +116,14 @@ class Coordinator:
         self._cwd = tmp
         self.events = Events(self.events_endpoint)
         self.proc = self._spawn()
-        self.http = httpx.Client(base_url=self.url, timeout=120)
+        self.http = httpx.Client(base_url=self.url, timeout=120, headers=tokenfile.bearer(self.admin_token))
+
+    def engine_bus(self, **extra: Any) -> dict[str, Any]:
+        """An engine's ``bus`` section for this coordinator: endpoint, token file, and ``extra``."""
+        out: dict[str, Any] = {"endpoint": self.bus, **extra}
+        if self.token_file is not None:
+            out["token_file"] = str(self.token_file)
+        return out
 
     def _spawn(self) -> subprocess.Popen[bytes]:
         return subprocess.Popen([sys.executable, "-m", "hydrad.coordinator.daemon", "--config", str(self.config)],
