@@ -8,6 +8,7 @@ repository read the same config the same way.
 
 from __future__ import annotations
 
+import hmac
 import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,8 +33,20 @@ class RpcSettings(BaseModel):
     enabled: bool = Field(True, description="Open the merged RPC port at all.")
     ggml_rpc: bool = Field(True, description="Run llama.cpp's ggml RPC server in-process so peers can compute on this engine's devices.")
     cache_dir: Path | None = Field(None, description="Tensor cache of the ggml RPC server (weights a peer sent once are found by hash); default: <cache>/hydra/rpc-<name>.")
-    token: str | None = Field(None, description="When set, Hydra ops need HELLO with this token first.")
-    max_control_connections: int = Field(8, ge=1, le=1024, description="Hydra control connections served at once; more get BUSY.")
+    token: str | None = Field(None, min_length=1, description="Shared secret: when set, Hydra ops need HELLO with it first and HTTP "
+                              "/control/* and /slots/*/state* need 'Authorization: Bearer <token>'. Prefer token_file.")
+    token_file: Path | None = Field(None, description="File holding the token (read once at start, surrounding whitespace "
+                                    "stripped), so the secret stays out of this YAML; relative to the config file.")
+    max_control_connections: int = Field(8, ge=1, le=1024, description="Identified (authenticated) Hydra control sessions "
+                                         "served at once; more get BUSY.")
+    max_pending_connections: int = Field(16, ge=1, le=1024, description="Connections not yet identified (no complete first "
+                                         "request, or no HELLO on an engine with a token); beyond this the oldest is dropped.")
+    handshake_timeout_s: float = Field(5.0, gt=0, description="Time a new connection has to send its first complete request "
+                                       "(and, with a token, its HELLO) before it is closed.")
+    ggml_idle_timeout_s: float = Field(60.0, gt=0, description="A ggml-RPC peer that holds no buffer on this engine and sends "
+                                       "no command for this long is closed (a peer with buffers is kept: keepalive finds dead ones).")
+    ggml_io_timeout_s: float = Field(10.0, gt=0, description="A ggml-RPC peer that stalls inside a command for this long is closed.")
+    max_ggml_connections: int = Field(8, ge=1, le=256, description="ggml-RPC peer connections served at once; more are closed.")
     chunk_size: int = Field(2 << 20, ge=4096, le=64 << 20, description="STATE_DATA chunk size in bytes.")
     max_state_bytes: int = Field(8 << 30, ge=1, description="Largest KV state a STATE_PUT may declare.")
     first_byte_timeout_s: float = Field(10.0, gt=0, description="How long a new connection may wait before sending its first byte.")
@@ -44,6 +57,33 @@ class LogSettings(BaseModel):
     level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level of the daemon.")
     llama_level: Literal["debug", "info", "warning", "error"] = Field(
         "warning", description="Least level of llama.cpp's own log lines that reach our log.")
+
+    @model_validator(mode="after")
+    def _token_source(self) -> "RpcSettings":
+        if self.token is not None and self.token_file is not None:
+            raise ValueError("set rpc.token or rpc.token_file, not both")
+        return self
+
+    def read_token_file(self, base: Path | None = None) -> "RpcSettings":
+        """A copy with ``token`` read from ``token_file``; ConfigError naming the field when it cannot be used.
+
+        Read at start only: the secret then lives in a root-readable file (e.g. /etc/hydra/engine.token,
+        mode 0600) rather than in a YAML that operators copy around and paste into tickets."""
+        if self.token_file is None:
+            return self
+        path = self.token_file if self.token_file.is_absolute() or base is None else base / self.token_file
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise ConfigError(f"rpc.token_file: cannot read {path}: {reason} (create it with: "
+                              f"umask 077; openssl rand -hex 32 > {path})") from None
+        token = text.strip()
+        if not token:
+            raise ConfigError(f"rpc.token_file: {path} is empty")
+        if any(c.isspace() for c in token) or not token.isprintable():
+            raise ConfigError(f"rpc.token_file: {path} must hold one token (no inner whitespace or control characters)")
+        return self.model_copy(update={"token_file": path, "token": token})
 
 
 class BusSettings(BaseModel):
@@ -87,7 +127,8 @@ class EngineSettings(BaseModel):
     registry: Path | None = Field(None, description="Model registry file (alias → GGUF); default: models.yaml beside this config, if present.")
     control_allow_from: list[str] = Field(
         default_factory=lambda: ["127.0.0.0/8", "::1/128"],
-        description="CIDR networks allowed to call /control/* (and, later, ggml-RPC compute).")
+        description="CIDR networks allowed to call /control/*, /slots/*/state*, every Hydra op "
+                    "on the merged port and ggml-RPC compute.")
     drain_timeout_s: float = Field(30.0, gt=0, description="On SIGTERM, how long in-flight requests may run before they are ended.")
     max_queue: int = Field(64, ge=0, description="Requests that may wait for a free slot; beyond that new ones get 503.")
     logging: LogSettings = Field(default_factory=LogSettings, description="Logging.")
@@ -121,6 +162,18 @@ class EngineSettings(BaseModel):
 class ConfigError(Exception):
     """A config file that cannot be used; the message names the file and the field."""
 
+    def token_ok(self, presented: str | None) -> bool:
+        """Whether ``presented`` is the engine's token (constant time); True when no token is configured.
+
+        One check for the merged port's HELLO and HTTP's ``Authorization: Bearer``, so the two
+        doors of the same engine can never disagree about who is authenticated."""
+        expected = self.rpc.token
+        if expected is None:
+            return True
+        if not isinstance(presented, str):
+            return False
+        return hmac.compare_digest(presented.encode("utf-8", "surrogateescape"), expected.encode("utf-8"))
+
 
 @dataclass(frozen=True)
 class LoadedConfig:
@@ -138,6 +191,8 @@ class LoadedConfig:
             if isinstance(value, dict):
                 raw_sub = self.raw.get(key) or {}
                 for sub, subval in value.items():
+                    if key == "rpc" and sub == "token" and subval is not None:
+                        subval = "(set)"  # never print the secret
                     out[f"{key}.{sub}"] = {"value": subval, "source": "yaml" if sub in raw_sub else "default"}
             else:
                 out[key] = {"value": value, "source": "yaml" if key in self.raw else "default"}
@@ -160,6 +215,11 @@ def load_config(path: str | Path | None) -> LoadedConfig:
         raise ConfigError(msg) from None
     base = p.resolve().parent
     updates: dict[str, Any] = {}
+    if settings.rpc.token_file is not None:
+        try:
+            updates["rpc"] = settings.rpc.read_token_file(base)
+        except ConfigError as exc:
+            raise ConfigError(f"{p}: {exc}") from None
     if not settings.models_dir.is_absolute():
         updates["models_dir"] = (base / settings.models_dir).resolve()
     if settings.registry is None:

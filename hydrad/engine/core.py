@@ -411,7 +411,7 @@ class EngineCore:
         elif kind == "state_get":
             self._state_get(cmd[1], cmd[2])
         elif kind == "state_put":
-            self._state_put(cmd[1], cmd[2], cmd[3], cmd[4])
+            self._state_put(cmd[1], cmd[2], cmd[3], cmd[4], *cmd[5:])  # cmd[5]: trusted (security: foreign slots)
         elif kind in ("rebuild", "install", "unload"):
             self._pending_swap = (kind, cmd[1], cmd[2])
         elif kind == "drain":
@@ -443,14 +443,14 @@ class EngineCore:
         except Exception as exc:
             fut.set_exception(exc)
 
-    def _state_put(self, slot_id: int, meta: dict[str, Any], data: Any, fut: cf.Future[Any]) -> None:
+    def _state_put(self, slot_id: int, meta: dict[str, Any], data: Any, fut: cf.Future[Any], trusted: bool = False) -> None:
         try:
             gen, slot = self._idle_slot(slot_id)
             problem = gen.incompatibility(meta)
             if problem:
                 raise StateError(problem, "incompatible")
             t0 = time.monotonic()
-            gen.write_state(slot, meta["tokens"], data)
+            gen.write_state(slot, meta["tokens"], data, foreign=not trusted)  # untrusted KV: see Slot.foreign
             slot.last_used = time.monotonic()
             fut.set_result({"slot": slot_id, "n_tokens": len(slot.cache), "seconds": round(time.monotonic() - t0, 6)})
         except Exception as exc:
@@ -477,10 +477,10 @@ class EngineCore:
         self._cmds.put(("state_get", slot_id, fut))
         return await asyncio.wrap_future(fut)
 
-    async def state_put(self, slot_id: int, meta: dict[str, Any], data: Any) -> dict[str, Any]:
+    async def state_put(self, slot_id: int, meta: dict[str, Any], data: Any, trusted: bool = False) -> dict[str, Any]:
         """Restore a slot from meta + bytes; an incompatible state leaves the slot untouched."""
         fut: cf.Future[Any] = cf.Future()
-        self._cmds.put(("state_put", slot_id, meta, data, fut))
+        self._cmds.put(("state_put", slot_id, meta, data, fut, trusted))
         return await asyncio.wrap_future(fut)
 
     def _maybe_swap(self) -> None:
@@ -831,7 +831,7 @@ def carry_slots(old: Generation, new: Generation) -> dict[str, int]:
             continue
         try:
             data = old.read_state(slot)
-            new.write_state(new.slots[slot.id], list(slot.cache), data)
+            new.write_state(new.slots[slot.id], list(slot.cache), data, foreign=slot.foreign)
             new.slots[slot.id].last_used = slot.last_used
             carried += 1
         except RuntimeError as exc:

@@ -26,6 +26,10 @@ class Slot:
     cache: list[int] = field(default_factory=list)  # tokens whose KV sits in sequence `id`
     active: Any = None  # the core's _Active while a request runs here
     last_used: float = 0.0
+    # The KV came from a STATE_PUT nobody vouched for (no engine token proven): its token list is the
+    # uploader's claim, not something this engine computed, so only a request pinned to this slot
+    # (id_slot) may build on it. Cleared when the slot is emptied.
+    foreign: bool = False
 
 
 STATE_FORMAT = "hydra-kv/1"
@@ -122,31 +126,59 @@ class Generation:
             raise RuntimeError(f"llama_state_seq_get_data wrote {n} of {size} bytes")
         return buf
 
-    def write_state(self, slot: Slot, tokens: list[int], data: Any) -> None:
-        """Replace the slot's KV with ``data``. On a llama.cpp failure the slot ends up empty, never half-written."""
+    def write_state(self, slot: Slot, tokens: list[int], data: Any, foreign: bool = False) -> None:
+        """Replace the slot's KV with ``data`` and its token list with ``tokens``; ``foreign`` marks a state
+        nobody trusted vouched for (see ``Slot.foreign``).
+
+        On failure the slot keeps what it had: llama.cpp clears the sequence before it parses a state,
+        so the old KV is read out first (when the slot holds any) and written back if the new one is
+        refused. Only when even that restore fails does the slot end up empty, never half-written."""
         import numpy as np
 
         C = llama.lib()
         arr = np.frombuffer(data, dtype=np.uint8)
+        old_tokens, old_foreign = list(slot.cache), slot.foreign
+        backup = self.read_state(slot) if old_tokens else None
         self.ctx.seq_rm(slot.id, -1, -1)
         slot.cache.clear()
         n = C.llama_state_seq_set_data(self.ctx.ptr, arr.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), len(arr), slot.id)
         if n == 0:
             self.ctx.seq_rm(slot.id, -1, -1)
-            raise RuntimeError("llama.cpp refused the state data (corrupt or from another build); the slot is empty")
+            slot.foreign = False
+            if backup is None:
+                raise RuntimeError("llama.cpp refused the state data (corrupt or from another build); the slot is unchanged")
+            back = C.llama_state_seq_set_data(self.ctx.ptr, backup.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)),
+                                              len(backup), slot.id)
+            if back == 0:
+                self.ctx.seq_rm(slot.id, -1, -1)
+                raise RuntimeError("llama.cpp refused the state data (corrupt or from another build), and the slot's "
+                                   "previous KV could not be put back; the slot is empty")
+            slot.cache.extend(old_tokens)
+            slot.foreign = old_foreign
+            raise RuntimeError("llama.cpp refused the state data (corrupt or from another build); the slot is unchanged")
         slot.cache.extend(tokens)
+        slot.foreign = foreign
 
     def free_slot_exists(self) -> bool:
         return self.n_active < len(self.slots)
 
     def pick_slot(self, tokens: list[int] | None) -> Slot:
-        """The free slot sharing the longest prefix with ``tokens``; otherwise the least recently used."""
+        """The free slot sharing the longest prefix with ``tokens``; otherwise the least recently used.
+
+        Foreign slots (restored from an untrusted STATE_PUT) never count as sharing a prefix: their
+        token list may lie about their KV, and answering an honest prompt from it would hand the
+        uploader's forged cache to someone else. When a foreign slot is picked anyway (least recently
+        used), it is emptied first, so ``reuse_prefix`` finds nothing to reuse. A request pinned to
+        the slot (id_slot) does not come through here and may build on it."""
         free = [s for s in self.slots if s.active is None]
         if tokens:
-            best = max(free, key=lambda s: (common_prefix(s.cache, tokens), -s.last_used))
-            if common_prefix(best.cache, tokens) > 0:
+            best = max(free, key=lambda s: (0 if s.foreign else common_prefix(s.cache, tokens), -s.last_used))
+            if not best.foreign and common_prefix(best.cache, tokens) > 0:
                 return best
-        return min(free, key=lambda s: (len(s.cache) > 0, s.last_used))
+        slot = min(free, key=lambda s: (len(s.cache) > 0 and not s.foreign, s.last_used))
+        if slot.foreign:
+            self.reset_slot(slot)
+        return slot
 
     def reuse_prefix(self, slot: Slot, tokens: list[int]) -> int:
         """Keep the shared prefix of the slot's KV, drop the rest; returns tokens kept."""
@@ -163,6 +195,7 @@ class Generation:
     def reset_slot(self, slot: Slot) -> int:
         self.ctx.seq_rm(slot.id, -1, -1)
         slot.cache.clear()
+        slot.foreign = False
         return 0
 
     def ensure_room(self, needed: int, exclude: Slot) -> None:
@@ -191,14 +224,14 @@ class Generation:
         """T2: a new context with new parameters; the model stays. Each idle slot's KV is carried into the
         new context when the new context can hold it (same cache types, enough room, slot still exists);
         otherwise that slot starts empty and its next request prefills again."""
-        saved: list[tuple[int, list[int], Any, float]] = []
+        saved: list[tuple[int, list[int], Any, float, bool]] = []
         same_layout = (params.cache_type_k, params.cache_type_v) == (self.params.cache_type_k, self.params.cache_type_v)
         dropped = 0
         for slot in self.slots:
             if not slot.cache:
                 continue
             if same_layout and slot.id < params.n_parallel:
-                saved.append((slot.id, list(slot.cache), self.read_state(slot), slot.last_used))
+                saved.append((slot.id, list(slot.cache), self.read_state(slot), slot.last_used, slot.foreign))
             else:
                 dropped += 1
         new_ctx = llama.Context(self.model, params)
@@ -210,12 +243,12 @@ class Generation:
         self.params = params
         self.tag = GenerationTag(self.id, self.resolved.id, params.snapshot_hash())
         carried = 0
-        for sid, tokens, data, last_used in saved:
+        for sid, tokens, data, last_used, foreign in saved:
             if len(tokens) >= new_ctx.n_ctx_seq:
                 dropped += 1
                 continue
             try:
-                self.write_state(self.slots[sid], tokens, data)
+                self.write_state(self.slots[sid], tokens, data, foreign=foreign)
                 self.slots[sid].last_used = last_used
                 carried += 1
             except RuntimeError:

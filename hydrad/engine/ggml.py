@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import ctypes
 import os
+import socket
+import stat
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +55,11 @@ def _bind(name: str, lib: ctypes.CDLL) -> None:
             "ggml_backend_dev_memory": (None, [vp, ctypes.POINTER(sz), ctypes.POINTER(sz)]),
             "ggml_backend_reg_dev_count": (sz, [vp]),
             "ggml_backend_reg_dev_get": (vp, [vp, sz]),
+        }
+    elif name == "ggml-base":
+        sigs = {
+            "ggml_blck_size": (ctypes.c_int64, [ctypes.c_int]),
+            "ggml_type_size": (sz, [ctypes.c_int]),
         }
     elif name == "ggml-rpc":
         sigs = {
@@ -139,3 +146,64 @@ def add_rpc_server(endpoint: str) -> list[int]:
     if not reg:
         raise ConnectionError(f"cannot reach ggml RPC server at {endpoint}")
     return [g.ggml_backend_reg_dev_get(reg, i) for i in range(g.ggml_backend_reg_dev_count(reg))]
+
+
+def type_sizes(count: int) -> list[tuple[int, int]]:
+    """(block size, bytes per block) of ggml types 0..count-1, for checking tensor extents without ggml."""
+    b = _load("ggml-base")
+    return [(int(b.ggml_blck_size(t)), int(b.ggml_type_size(t))) for t in range(count)]
+
+
+def _own_sockets() -> list[tuple[int, socket.socket]]:
+    """Every INET stream socket of this process, as (fd, a duplicate to inspect); close the duplicates."""
+    out: list[tuple[int, socket.socket]] = []
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        try:
+            if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+                continue
+            s = socket.socket(fileno=os.dup(fd))
+        except OSError:
+            continue
+        if s.family in (socket.AF_INET, socket.AF_INET6) and s.type == socket.SOCK_STREAM:
+            out.append((fd, s))
+        else:
+            s.close()
+    return out
+
+
+def seal_server(endpoint: tuple[str, int], keep: tuple[str, int]) -> int:
+    """Close llama.cpp's RPC server to everyone but the connection ``keep`` (the relay's own).
+
+    The server only listens on TCP (its transport has no unix-socket endpoint), so any local user
+    could reach a loopback port. It serves one client at a time and never accepts again while that
+    client stays, so once the relay's connection is being served, the listening socket is shut down
+    in place (it lives in this process): the port stops accepting at once, and connections queued
+    behind ours are reset. Any other connection already accepted on that port is shut down too.
+    Returns how many foreign connections were cut."""
+    cut = 0
+    sockets = _own_sockets()
+    try:
+        for _, s in sockets:
+            try:
+                local = s.getsockname()[:2]
+            except OSError:
+                continue
+            if tuple(local) != tuple(endpoint):
+                continue
+            listening = s.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
+            if not listening:
+                try:
+                    if tuple(s.getpeername()[:2]) == tuple(keep):
+                        continue
+                except OSError:
+                    pass
+                cut += 1
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+    finally:
+        for _, s in sockets:
+            s.close()
+    return cut

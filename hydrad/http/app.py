@@ -30,6 +30,8 @@ from hydrad.settings import EngineSettings
 
 log = logging.getLogger("hydrad.http")
 
+_DISCARD_MIN = 64 << 20  # a refused state upload is drained at least this far before the answer
+
 
 def _err(e: ApiError) -> JSONResponse:
     return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
@@ -38,10 +40,21 @@ def _err(e: ApiError) -> JSONResponse:
 def build_app(settings: EngineSettings, control: EngineControl) -> Starlette:
     core = control.core
 
-    def guard_control(request: Request) -> None:
+    def guard_control(request: Request) -> bool:
+        """The one gate of /control/* and /slots/*/state*: the peer address must be inside
+        ``control_allow_from`` and, when the engine has a token, the request must carry it as
+        ``Authorization: Bearer <token>`` (the merged port asks the same of its HELLO). Returns whether
+        the caller proved the token, which is what makes a restored state trusted."""
         host = request.client.host if request.client else None
         if not settings.allows_control(host):
-            raise ApiError(403, f"/control is not allowed from {host} (control_allow_from)", "forbidden")
+            raise ApiError(403, f"{request.url.path} is not allowed from {host} (control_allow_from)", "forbidden")
+        if settings.rpc.token is None:
+            return False
+        scheme, _, presented = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not settings.token_ok(presented.strip()):
+            raise ApiError(401, f"{request.url.path} needs 'Authorization: Bearer <token>' with this engine's token",
+                           "unauthorized", headers={"WWW-Authenticate": 'Bearer realm="hydra"'})
+        return True
 
     async def health(_: Request) -> Response:
         stage = core.stage
@@ -286,16 +299,41 @@ def build_app(settings: EngineSettings, control: EngineControl) -> Starlette:
         meta, _ = await read_state(request)
         return JSONResponse(meta)
 
+    async def discard_body(stream: AsyncIterator[bytes], limit: int) -> None:
+        """Read and drop what is left of a request body (at most ``limit`` bytes). An HTTP client sends
+        the whole body before it reads the answer; closing with its bytes unread makes the kernel reset
+        the connection, and the client would see ECONNRESET instead of the 4xx that explains why."""
+        seen = 0
+        try:
+            async for piece in stream:
+                seen += len(piece)
+                if seen > limit:
+                    return  # past the bound: let the server close; a client that big gets a reset
+        except Exception:  # the client went away meanwhile: nothing left to protect
+            return
+
     async def state_put(request: Request) -> Response:
-        """Restore a slot from a state stream, parsed as it arrives (never buffered whole first)."""
-        guard_control(request)
+        """Restore a slot from a state stream, parsed as it arrives (never buffered whole first).
+
+        Every refusal that comes before the end of the body (forbidden, no token, a meta refused up
+        front, a bad stream) first drains the rest of the body, bounded, so the client reads the answer."""
+        stream = request.stream()
+        try:
+            return await receive_state(request, stream)
+        except ApiError:
+            limit = max(_DISCARD_MIN, settings.rpc.max_state_bytes + (1 << 20))
+            await discard_body(stream, limit)
+            raise
+
+    async def receive_state(request: Request, stream: AsyncIterator[bytes]) -> Response:
+        trusted = guard_control(request)
         sid = slot_id(request)
         decoder = P.FrameDecoder(P.RESPONSE_CODES)
         rx: StateReceiver | None = None
         meta: dict[str, Any] | None = None
         end: dict[str, Any] | None = None
         try:
-            async for piece in request.stream():
+            async for piece in stream:
                 for frame in decoder.feed(piece):
                     if end is not None:
                         raise P.ProtocolError("frames after STATE_END", P.Status.BAD_REQUEST)
@@ -325,7 +363,7 @@ def build_app(settings: EngineSettings, control: EngineControl) -> Starlette:
         if problem:
             raise ApiError(400, problem + "; the slot is unchanged", "state_mismatch")
         try:
-            result = await core.state_put(sid, meta, rx.buffer)
+            result = await core.state_put(sid, meta, rx.buffer, trusted=trusted)
         except StateError as exc:
             raise ApiError(state_status[exc.kind], str(exc), exc.kind) from None
         except RuntimeError as exc:

@@ -1,22 +1,27 @@
 """The merged RPC port: one TCP listener, the first byte of each connection picks the protocol.
 
-``0x0E`` (ggml-RPC HELLO) is relayed byte for byte to llama.cpp's ggml RPC server running
-in-process on a loopback port; ``0x30–0x46`` are Hydra's binary ops (docs/rpc-protocol.md);
-anything else is closed. Sockets are blocking and served by threads: the relay is on the
-per-token path of a peer's compute, where a thread doing recv/sendall beats an event-loop hop.
-Control connections are bounded (excess gets BUSY); an accepted compute connection is never
-dropped. Handlers that need the engine hop onto the event loop with run_coroutine_threadsafe.
+``0x0E`` (ggml-RPC HELLO) goes to the ggml relay (hydrad/rpc/ggml_relay.py), which checks each
+command before llama.cpp's in-process server sees it; ``0x30–0x46`` are Hydra's binary ops
+(docs/rpc-protocol.md); anything else is closed. Sockets are blocking and served by threads: the
+relay is on the per-token path of a peer's compute, where a thread doing recv/sendall beats an
+event-loop hop. Handlers that need the engine hop onto the event loop with run_coroutine_threadsafe.
+
+Every connection is gated like HTTP ``/control``: the peer address must be inside
+``control_allow_from``, and on an engine with a token a control connection must open with HELLO
+carrying it. Until a connection has identified itself (a complete first request, and the token
+where one is needed) it is *pending*: it has ``handshake_timeout_s`` to do so, and pending
+connections have their own small bound (the oldest is dropped), so idle sockets can never use up
+the places of identified sessions, which alone count against ``max_control_connections``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import socket
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from typing import Any, Callable
 
 from hydrad import __version__
@@ -24,6 +29,7 @@ from hydrad.engine.control import EngineBusy, EngineControl, ParamError, Unknown
 from hydrad.engine.core import StateError
 from hydrad.logs import log_event
 from hydrad.rpc import protocol as P
+from hydrad.rpc.ggml_relay import GgmlRelay
 from hydrad.rpc.state import StateReceiver, chunked
 from hydrad.settings import EngineSettings
 
@@ -55,11 +61,16 @@ class MergedPort:
         self.ggml_endpoint = ggml_endpoint
         self.devices = devices
         self.rpc = settings.rpc
+        self.relay = GgmlRelay(settings, ggml_endpoint) if ggml_endpoint is not None else None
         self._control_slots = threading.BoundedSemaphore(self.rpc.max_control_connections)
+        self._pending: OrderedDict[int, socket.socket] = OrderedDict()  # not yet identified, oldest first
+        self._pending_lock = threading.Lock()
+        self._ids = iter(range(1, 1 << 62))
         self._sock: socket.socket | None = None
         self._closing = False
         self.port = 0
-        self.stats = {"ggml_connections": 0, "control_connections": 0, "busy_rejections": 0, "closed_unknown": 0}
+        self.stats = {"ggml_connections": 0, "control_connections": 0, "busy_rejections": 0, "closed_unknown": 0,
+                      "forbidden": 0, "handshake_timeouts": 0, "pending_dropped": 0, "spawn_failures": 0}
 
     # ----- accept and dispatch ------------------------------------------------------------
 
@@ -72,6 +83,8 @@ class MergedPort:
         s.listen(128)
         self._sock = s
         self.port = s.getsockname()[1]
+        if self.relay is not None:
+            self.relay.start()
         threading.Thread(target=self._accept_loop, name="hydrad-rpc-accept", daemon=True).start()
         return self.port
 
@@ -83,8 +96,16 @@ class MergedPort:
             except OSError:
                 pass
             self._sock.close()
+        if self.relay is not None:
+            self.relay.close()
+
+    def _spawn(self, target: Callable[..., None], *args: Any) -> None:
+        """Start one connection's thread (the seam where a thread that cannot start shows up)."""
+        threading.Thread(target=target, args=args, name="hydrad-rpc-conn", daemon=True).start()
 
     def _accept_loop(self) -> None:
+        """Never dies while the port is open: a failed accept is retried, and a connection whose thread
+        cannot start (threads or memory exhausted) is answered BUSY and closed on its own."""
         assert self._sock is not None
         while not self._closing:
             try:
@@ -94,40 +115,84 @@ class MergedPort:
                     return
                 time.sleep(0.05)
                 continue
-            threading.Thread(target=self._dispatch, args=(conn, addr), name="hydrad-rpc-conn", daemon=True).start()
+            try:
+                self._spawn(self._dispatch, conn, addr)
+            except BaseException as exc:  # RuntimeError("can't start new thread"), MemoryError, ...
+                self.stats["spawn_failures"] += 1
+                log_event(log, logging.ERROR, "cannot start a connection thread; answered BUSY", error=repr(exc))
+                try:
+                    conn.settimeout(0.2)
+                    self._send_quietly(conn, P.error_frame(P.Status.BUSY, "busy",
+                                                           "the engine cannot take a connection now; retry later"))
+                finally:
+                    conn.close()
+                if not isinstance(exc, Exception):
+                    raise
+
+    def _pend(self, conn: socket.socket) -> int:
+        """Count a connection as pending; beyond the bound the oldest pending one is dropped."""
+        key = next(self._ids)
+        victim = None
+        with self._pending_lock:
+            self._pending[key] = conn
+            if len(self._pending) > self.rpc.max_pending_connections:
+                _, victim = self._pending.popitem(last=False)
+        if victim is not None:
+            self.stats["pending_dropped"] += 1
+            try:
+                victim.shutdown(socket.SHUT_RDWR)  # wakes its thread, which closes it
+            except OSError:
+                pass
+        return key
+
+    def _unpend(self, key: int) -> bool:
+        """Leave the pending set; False when the connection was dropped meanwhile."""
+        with self._pending_lock:
+            return self._pending.pop(key, None) is not None
 
     def _dispatch(self, conn: socket.socket, addr: Any) -> None:
         peer = addr[0] if isinstance(addr, tuple) else str(addr)
+        deadline = time.monotonic() + self.rpc.handshake_timeout_s
+        key = self._pend(conn)
+        try:
+            self._serve(conn, peer, deadline, key)
+        except Exception as exc:  # never let a connection's failure escape its thread unlogged
+            log_event(log, logging.ERROR, "connection failed", peer=peer, error=repr(exc), exc_info=True)
+        finally:
+            self._unpend(key)
+            conn.close()
+
+    def _serve(self, conn: socket.socket, peer: str, deadline: float, key: int) -> None:
         try:
             tune(conn)
-            conn.settimeout(self.rpc.first_byte_timeout_s)
+            conn.settimeout(max(0.01, min(self.rpc.first_byte_timeout_s, deadline - time.monotonic())))
             first = conn.recv(1, socket.MSG_PEEK)
-            conn.settimeout(None)
         except OSError:
-            conn.close()
+            self.stats["handshake_timeouts"] += 1
             return
         if not first:
-            conn.close()
             return
         code = first[0]
-        if code == P.GGML_RPC_HELLO:
-            self._ggml(conn, peer)
-        elif code in P.FIRST_OPS:
-            if not self._control_slots.acquire(blocking=False):
-                self.stats["busy_rejections"] += 1
-                self._send_quietly(conn, P.error_frame(P.Status.BUSY, "busy",
-                                   f"more than {self.rpc.max_control_connections} control connections; retry later"))
-                conn.close()
-                return
-            try:
-                self.stats["control_connections"] += 1
-                self._control(conn, peer)
-            finally:
-                self._control_slots.release()
-        else:
+        if code != P.GGML_RPC_HELLO and code not in P.FIRST_OPS:
             self.stats["closed_unknown"] += 1
             log_event(log, logging.WARNING, "unknown first byte; closing", peer=peer, byte=f"0x{code:02x}")
-            conn.close()
+            return
+        if not self.settings.allows_control(peer):
+            self.stats["forbidden"] += 1
+            log_event(log, logging.WARNING, "merged port refused", peer=peer, reason="not in control_allow_from",
+                      protocol="ggml-RPC" if code == P.GGML_RPC_HELLO else "hydra")
+            if code != P.GGML_RPC_HELLO:
+                self._send_quietly(conn, P.error_frame(P.Status.UNAUTHORIZED, "forbidden",
+                                                       f"the merged port is not open to {peer} (control_allow_from)"))
+            return
+        if code == P.GGML_RPC_HELLO:
+            if self.relay is None:
+                log_event(log, logging.WARNING, "ggml-RPC refused", peer=peer, reason="no ggml RPC server")
+                return
+            self.stats["ggml_connections"] += 1
+            self.relay.serve(conn, peer, deadline, lambda: self._unpend(key))
+            return
+        self._control(conn, peer, deadline, key)
 
     @staticmethod
     def _send_quietly(conn: socket.socket, data: bytes) -> None:
@@ -136,71 +201,63 @@ class MergedPort:
         except OSError:
             pass
 
-    # ----- ggml-RPC relay -------------------------------------------------------------------
-
-    def _ggml(self, conn: socket.socket, peer: str) -> None:
-        if self.ggml_endpoint is None or not self.settings.allows_control(peer):
-            log_event(log, logging.WARNING, "ggml-RPC refused", peer=peer,
-                      reason="no ggml RPC server" if self.ggml_endpoint is None else "not in control_allow_from")
-            conn.close()
-            return
-        upstream = None
-        deadline = time.monotonic() + 3.0  # the in-process server may still be binding right after boot
-        while upstream is None:
-            try:
-                upstream = socket.create_connection(self.ggml_endpoint, timeout=5)
-                upstream.settimeout(None)
-            except OSError as exc:
-                if time.monotonic() > deadline:
-                    log_event(log, logging.ERROR, "ggml RPC server unreachable", error=str(exc))
-                    conn.close()
-                    return
-                time.sleep(0.05)
-        tune(upstream)
-        self.stats["ggml_connections"] += 1
-        log_event(log, logging.INFO, "ggml-RPC connection", peer=peer)
-        t = threading.Thread(target=_pump, args=(upstream, conn), name="hydrad-rpc-relay-up", daemon=True)
-        t.start()
-        _pump(conn, upstream)
-        t.join()
-
     # ----- Hydra ops ----------------------------------------------------------------------
 
-    def _control(self, conn: socket.socket, peer: str) -> None:
+    def _control(self, conn: socket.socket, peer: str, deadline: float, key: int) -> None:
+        """A Hydra control connection: identify (first complete request; HELLO with the token when the
+        engine has one) before the deadline, take one of the session places, then serve ops."""
         io = _FrameIO(conn, P.REQUEST_CODES)
-        authed = not self.rpc.token
+        trusted = False
+        session = False
         try:
-            while True:
+            try:
+                frame = io.next(deadline=deadline)
+            except OSError:
+                self.stats["handshake_timeouts"] += 1
+                io.send_quietly(P.error_frame(P.Status.PROTOCOL_ERROR, "handshake_timeout",
+                                              f"no complete request within {self.rpc.handshake_timeout_s}s"))
+                return
+            if frame is None:
+                return
+            if self.rpc.token is not None:
+                if frame.code != P.Op.HELLO or not self._token_ok(frame):
+                    io.send(P.error_frame(P.Status.UNAUTHORIZED, "unauthorized",
+                                          "this engine needs HELLO with a valid token first"))
+                    return
+                trusted = True
+            if not self._unpend(key):
+                return  # dropped as the oldest pending connection meanwhile
+            if not self._control_slots.acquire(blocking=False):
+                self.stats["busy_rejections"] += 1
+                io.send_quietly(P.error_frame(P.Status.BUSY, "busy", f"more than {self.rpc.max_control_connections} "
+                                              "control sessions; retry later"))
+                return
+            session = True
+            self.stats["control_connections"] += 1
+            conn.settimeout(None)
+            while frame is not None:
+                if not self._op(frame, io, peer, trusted):
+                    return
                 frame = io.next()
-                if frame is None:
-                    return
-                if not authed:
-                    if frame.code != P.Op.HELLO or not self._token_ok(frame):
-                        io.send(P.error_frame(P.Status.UNAUTHORIZED, "unauthorized",
-                                              "this engine needs HELLO with a valid token first"))
-                        return
-                    authed = True
-                    if not self._op(frame, io, peer):  # the HELLO itself: version check and answer
-                        return
-                    continue
-                if not self._op(frame, io, peer):
-                    return
         except P.ProtocolError as exc:
             io.send_quietly(P.error_frame(exc.status, "protocol_error", str(exc)))
         except _Closed:
+            pass
+        except OSError:
             pass
         except Exception as exc:  # a handler bug must not kill the listener or leave the peer hanging
             log_event(log, logging.ERROR, "control op failed", peer=peer, error=repr(exc), exc_info=True)
             io.send_quietly(P.error_frame(P.Status.ERROR, "internal_error", "internal error (see the engine log)"))
         finally:
-            conn.close()
+            if session:
+                self._control_slots.release()
 
     def _token_ok(self, frame: P.Frame) -> bool:
         try:
             token = frame.json().get("token")
         except P.ProtocolError:
             return False
-        return isinstance(token, str) and hmac.compare_digest(token.encode(), (self.rpc.token or "").encode())
+        return isinstance(token, str) and self.settings.token_ok(token)
 
     def _hello(self) -> dict[str, Any]:
         return {"version": P.PROTOCOL_VERSION, "engine": self.settings.name, "server": f"hydrad {__version__}",
@@ -210,7 +267,7 @@ class MergedPort:
     def _run(self, coro: Any, timeout: float = 600) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
-    def _op(self, frame: P.Frame, io: "_FrameIO", peer: str) -> bool:
+    def _op(self, frame: P.Frame, io: "_FrameIO", peer: str, trusted: bool) -> bool:
         """Serve one request; False closes the connection."""
         op = frame.code
         req = frame.json()  # every op's payload is a JSON object; anything else is BAD_REQUEST
@@ -224,21 +281,12 @@ class MergedPort:
         elif op == P.Op.INFO:
             io.send(P.encode_json(P.Status.OK, self._run(self._info())))
         elif op == P.Op.ENGINE_CONFIGURE:
-            if not self.settings.allows_control(peer):
-                io.send(P.error_frame(P.Status.UNAUTHORIZED, "forbidden", f"configure is not allowed from {peer}"))
-                return True
             io.send(self._configure(req))
         elif op == P.Op.STATE_GET:
             self._state_get(req, io)
         elif op == P.Op.STATE_PUT:
-            if not self.settings.allows_control(peer):
-                io.send(P.error_frame(P.Status.UNAUTHORIZED, "forbidden", f"STATE_PUT is not allowed from {peer}"))
-                return True
-            return self._state_put(req, io)
+            return self._state_put(req, io, trusted)
         elif op == P.Op.SWAP_QUANT:
-            if not self.settings.allows_control(peer):
-                io.send(P.error_frame(P.Status.UNAUTHORIZED, "forbidden", f"SWAP_QUANT is not allowed from {peer}"))
-                return True
             io.send(self._swap_quant(req))
         elif op == P.Op.SET_EXPERT_MODE:
             name = P.Op(op).name
@@ -279,7 +327,9 @@ class MergedPort:
         return P.encode_json(P.Status.OK, result.public())
 
     async def _info(self) -> dict[str, Any]:
-        return info_view(self.control, self.settings, self.devices(), self.port)
+        view = info_view(self.control, self.settings, self.devices(), self.port)
+        view["rpc"]["ggml_relay"] = self.relay.public() if self.relay is not None else None
+        return view
 
     def _state_get(self, req: dict[str, Any], io: "_FrameIO") -> None:
         slot = req.get("slot")
@@ -294,7 +344,9 @@ class MergedPort:
         for piece in chunked(meta, data, self.rpc.chunk_size):
             io.send(piece)
 
-    def _state_put(self, req: dict[str, Any], io: "_FrameIO") -> bool:
+    def _state_put(self, req: dict[str, Any], io: "_FrameIO", trusted: bool) -> bool:
+        """Restore a slot. ``trusted``: the peer proved the engine's token; a state from anyone else is
+        restored as *foreign* (see Slot.foreign): only requests pinned to that slot reuse it."""
         slot, meta = req.get("slot"), req.get("meta")
         if not isinstance(slot, int) or not isinstance(meta, dict):
             io.send(P.error_frame(P.Status.BAD_REQUEST, "invalid_request", "STATE_PUT needs {\"slot\": <int>, \"meta\": {...}}"))
@@ -320,14 +372,14 @@ class MergedPort:
             io.send(P.error_frame(P.Status.BAD_REQUEST, "state_mismatch", problem + "; the slot is unchanged"))
             return True
         try:
-            result = self._run(core.state_put(slot, meta, rx.buffer))
+            result = self._run(core.state_put(slot, meta, rx.buffer, trusted=trusted))
         except StateError as exc:
             io.send(P.error_frame(_STATE_STATUS[exc.kind], exc.kind, str(exc)))
             return True
         except RuntimeError as exc:
             io.send(P.error_frame(P.Status.ERROR, "restore_failed", str(exc)))
             return True
-        io.send(P.encode_json(P.Status.OK, result))
+        io.send(P.encode_json(P.Status.OK, {**result, "trusted": trusted}))
         return True
 
 
@@ -342,31 +394,13 @@ def info_view(control: EngineControl, settings: EngineSettings, devices: list[di
                  "n_params": info.n_params, "size_bytes": info.size_bytes, "n_layer": info.n_layer,
                  "n_embd": info.n_embd, "n_head_kv": info.n_head_kv, "n_ctx_train": info.n_ctx_train,
                  "fingerprint": gen.fingerprint}
-        slots = [{"id": s.id, "busy": s.active is not None, "n_tokens": len(s.cache)} for s in gen.slots]
+        slots = [{"id": s.id, "busy": s.active is not None, "n_tokens": len(s.cache), "foreign": s.foreign}
+                 for s in gen.slots]
     return {"engine": settings.name, "version": __version__, "stage": core.stage, "progress": core.progress,
             "model": model, "generation": gen.tag.fingerprint if gen else None, "slots": slots,
             "params": control.layers.sources(), "last_error": core.last_error,
             "reload": core.current_load.public() if core.current_load else None,
             "rpc": {"port": port, "ggml_rpc_devices": devices}}
-
-
-def _pump(src: socket.socket, dst: socket.socket) -> None:
-    """Copy one direction until EOF, then half-close the other side so the peer sees it."""
-    buf = bytearray(1 << 20)
-    view = memoryview(buf)
-    try:
-        while True:
-            n = src.recv_into(buf)
-            if n == 0:
-                break
-            dst.sendall(view[:n])
-    except OSError:
-        pass
-    finally:
-        try:
-            dst.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass
 
 
 class _FrameIO:
@@ -378,8 +412,15 @@ class _FrameIO:
         self.frames: deque[P.Frame] = deque()
         self.buf = bytearray(1 << 20)
 
-    def next(self, data_into: StateReceiver | None = None) -> P.Frame | None:
+    def next(self, data_into: StateReceiver | None = None, deadline: float | None = None) -> P.Frame | None:
+        """The next frame; None at a clean end. With ``deadline`` (monotonic), a frame not complete by then
+        raises TimeoutError (a peer trickling a byte at a time cannot stretch it)."""
         while not self.frames:
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError("deadline passed")
+                self.conn.settimeout(left)
             n = self.conn.recv_into(self.buf)
             if n == 0:
                 self.decoder.eof()

@@ -17,9 +17,22 @@ import yaml
 
 from hydrad.rpc import protocol as P
 from hydrad.rpc.client import RpcClient, RpcError, migrate
-from tests.support.engine import REPO, Engine
+from tests.support.engine import REPO, Engine, free_port
 
 GEN_SCRIPT = REPO / "tests" / "support" / "ggml_rpc_generate.py"
+STOCK_SCRIPT = REPO / "tests" / "support" / "stock_ggml_rpc.py"
+
+
+def wait_listening(port: int, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
 
 
 def rpc_addr(e: Engine) -> str:
@@ -59,13 +72,11 @@ def still_serving(e: Engine) -> None:
 # ---- ggml-RPC through the merged port ------------------------------------------------------
 
 def test_ggml_rpc_through_merged_port_matches_stock_server(smollm_path: Path, start_engine: Callable[..., Engine]) -> None:
-    """A peer process puts every layer of SmolLM2 on this engine's device through the merged port; its greedy
-    tokens equal those it gets talking to llama.cpp's ggml RPC server (the same server the port relays to,
-    reached directly on its internal endpoint). Hydra ops answer on the same port meanwhile."""
+    """A peer process puts every layer of SmolLM2 on this engine's device through the merged port (the relay
+    checks every command); its greedy tokens equal those it gets from llama.cpp's stock ggml RPC server run
+    on its own. Hydra ops answer on the same port meanwhile."""
     e = start_engine()
     e.notify.wait_for("READY=1")
-    internal = re.search(r"ggml_rpc=(\S+)", e.log())
-    assert internal, e.log()
     results: dict[str, Any] = {}
     infos: list[dict[str, Any]] = []
 
@@ -82,10 +93,22 @@ def test_ggml_rpc_through_merged_port_matches_stock_server(smollm_path: Path, st
             infos.append(c.info())
         time.sleep(0.2)
     t.join()
-    gen("direct", internal.group(1))
-    assert results["merged"]["tokens"] == results["direct"]["tokens"]
+    port = free_port()
+    stock = subprocess.Popen([sys.executable, str(STOCK_SCRIPT), str(port)], cwd=str(REPO),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_listening(port)
+        gen("stock", f"127.0.0.1:{port}")
+    finally:
+        stock.kill()
+        stock.wait(10)
+    assert results["merged"]["tokens"] == results["stock"]["tokens"]
     assert len(results["merged"]["tokens"]) == 20 and "Paris" in results["merged"]["text"]
     assert infos and infos[-1]["rpc"]["ggml_rpc_devices"][0]["type"] in ("cpu", "gpu")
+    relay = infos[-1]["rpc"]["ggml_relay"]
+    assert relay["ready"] and relay["refused"] == 0 and relay["commands"] > 0
+    with RpcClient(rpc_addr(e)) as c:  # the peer's buffers went with it
+        assert c.info()["rpc"]["ggml_relay"]["peers"] == []
 
 
 # ---- bad input -----------------------------------------------------------------------------

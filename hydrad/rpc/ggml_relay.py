@@ -1,0 +1,592 @@
+"""ggml-RPC through the merged port: a relay that checks every command before llama.cpp sees it.
+
+llama.cpp's ggml RPC server trusts its client: a tensor whose data lies outside its buffer trips
+a ``GGML_ASSERT`` and aborts the whole engine, a command it refuses closes the connection, and it
+serves one client at a time, so one idle client blocks every other. It also only listens on TCP,
+where any local user could reach it past ``control_allow_from``. So the relay:
+
+* holds the server's one client connection for the life of the engine (the *upstream*) and seals
+  the server's listening socket right after (``ggml.seal_server``): nothing else can reach it;
+* answers each peer's HELLO itself and then multiplexes the peers' commands onto the upstream,
+  one command at a time, so an idle peer holds nothing and peers never wait for each other's
+  idle time, only for a command in flight;
+* parses the ggml-RPC framing (``cmd:u8 | size:u64 | payload``; answers ``size:u64 | payload``)
+  and refuses, by closing that peer alone, unknown commands, wrong sizes, devices that do not
+  exist, buffers the peer does not own, and tensors whose extent or read/write region falls
+  outside their buffer — the cheap checks that stand between a bad peer and an abort;
+* keeps each peer's buffers its own (the server sees one client, so the relay does what the
+  server does per connection: buffers are freed when their peer goes, a graph is recomputed only
+  for the peer that sent it).
+
+A peer is refused the way the stock server refuses: its connection is closed (llama.cpp on the
+other side then aborts, as it would against the stock server). What cannot be checked cheaply is
+the meaning of a compute graph (op parameters, shapes an op asserts on): ggml-RPC compute is code
+running on this engine's device, which is why only ``control_allow_from`` may connect at all.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import socket
+import struct
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from hydrad.logs import log_event
+from hydrad.settings import EngineSettings
+
+log = logging.getLogger("hydrad.rpc.ggml")
+
+# rpc_cmd of the bundled llama.cpp (ggml-rpc.cpp); protocol 7.x
+ALLOC_BUFFER, GET_ALIGNMENT, GET_MAX_SIZE, BUFFER_GET_BASE, FREE_BUFFER, BUFFER_CLEAR, SET_TENSOR, \
+    SET_TENSOR_HASH, GET_TENSOR, COPY_TENSOR, GRAPH_COMPUTE, GET_DEVICE_MEMORY, INIT_TENSOR, GET_ALLOC_SIZE, \
+    HELLO, DEVICE_COUNT, GRAPH_RECOMPUTE, MEMSET_TENSOR = range(18)
+CMD_NAMES = ["ALLOC_BUFFER", "GET_ALIGNMENT", "GET_MAX_SIZE", "BUFFER_GET_BASE", "FREE_BUFFER", "BUFFER_CLEAR",
+             "SET_TENSOR", "SET_TENSOR_HASH", "GET_TENSOR", "COPY_TENSOR", "GRAPH_COMPUTE", "GET_DEVICE_MEMORY",
+             "INIT_TENSOR", "GET_ALLOC_SIZE", "HELLO", "DEVICE_COUNT", "GRAPH_RECOMPUTE", "MEMSET_TENSOR"]
+PROTO_MAJOR = 7
+GGML_TYPE_COUNT = 43  # ggml.h of the bundled build; the RPC header pins GGML_OP_COUNT for protocol 7.0
+GGML_OP_COUNT = 101
+MAX_SRC = 10
+CAPS_SIZE = 24
+
+# rpc_tensor, packed: id, type, buffer, ne[4], nb[4], op, op_params[16], flags, src[10], view_src, view_offs,
+# data, name[64], use_count
+TENSOR = struct.Struct("<QIQ4I4II16ii10QQQQ64si")
+assert TENSOR.size == 296
+T = TENSOR.size
+HEAD = struct.Struct("<BQ")  # a command: cmd, payload size
+SIZE = struct.Struct("<Q")  # an answer's payload size
+
+# Fixed request sizes (a command with another size is refused, as the server would) and answer sizes.
+REQUEST_SIZE = {ALLOC_BUFFER: 12, GET_ALIGNMENT: 4, GET_MAX_SIZE: 4, BUFFER_GET_BASE: 8, FREE_BUFFER: 8,
+                BUFFER_CLEAR: 9, SET_TENSOR_HASH: T + 16, GET_TENSOR: T + 16, COPY_TENSOR: 2 * T,
+                GET_DEVICE_MEMORY: 4, INIT_TENSOR: T, GET_ALLOC_SIZE: 4 + T * (1 + MAX_SRC), DEVICE_COUNT: 0,
+                GRAPH_RECOMPUTE: 4, MEMSET_TENSOR: T + 17}
+ANSWER_SIZE = {ALLOC_BUFFER: 16, GET_ALIGNMENT: 8, GET_MAX_SIZE: 8, BUFFER_GET_BASE: 8, SET_TENSOR_HASH: 1,
+               COPY_TENSOR: 1, GET_DEVICE_MEMORY: 16, GET_ALLOC_SIZE: 8, DEVICE_COUNT: 4}
+SET_TENSOR_HEAD = T + 9  # rpc_tensor | cache flag u8 | offset u64 | data
+MAX_GRAPH_ITEMS = 1 << 18  # nodes or tensors in one graph: llama.cpp's graphs stay far below
+MAX_GRAPH_BYTES = 8 + 8 * MAX_GRAPH_ITEMS + 4 + T * MAX_GRAPH_ITEMS
+BUFFERED = 64 << 20  # payloads up to this size are read whole before the upstream is taken
+CHUNK = 1 << 20
+
+
+class Refused(Exception):
+    """The peer sent something the relay will not forward; the peer's connection is closed."""
+
+
+class UpstreamLost(Exception):
+    """The connection to llama.cpp's server broke; ggml-RPC is unavailable until the engine restarts."""
+
+
+def _recv_exact(sock: socket.socket, n: int, into: bytearray | None = None) -> bytearray:
+    buf = into if into is not None else bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        k = sock.recv_into(view[got:n])
+        if k == 0:
+            raise ConnectionError("connection closed")
+        got += k
+    return buf
+
+
+class _Peer:
+    _ids = itertools.count(1)
+
+    def __init__(self, conn: socket.socket, addr: str) -> None:
+        self.id = next(self._ids)
+        self.conn = conn
+        self.addr = addr
+        self.buffers: dict[int, tuple[int, int]] = {}  # remote_ptr -> (base, size), this peer's only
+        self.graphs: dict[int, bytes] = {}  # device -> this peer's last GRAPH_COMPUTE payload
+        self.graph_serial: dict[int, int] = {}
+        self.commands = 0
+
+
+class TensorCheck:
+    """The checks llama.cpp's server makes (or asserts) on an rpc_tensor, done first, against the buffers
+    of the peer that sent it. Sans-IO: bytes and a buffer table in, a reason to refuse (or None) out."""
+
+    def __init__(self, sizes: list[tuple[int, int]]) -> None:
+        self.sizes = sizes  # (block size, type size) per ggml type
+
+    def nbytes(self, typ: int, ne: tuple[int, ...], nb: tuple[int, ...]) -> int:
+        """ggml_nbytes, in exact integers."""
+        if any(n == 0 for n in ne):
+            return 0
+        blck, tsize = self.sizes[typ]
+        if blck == 1:
+            return tsize + sum((ne[i] - 1) * nb[i] for i in range(4))
+        return ne[0] * nb[0] // blck + sum((ne[i] - 1) * nb[i] for i in range(1, 4))
+
+    def tensor(self, raw: bytes | memoryview, off: int, buffers: dict[int, tuple[int, int]],
+               need_buffer: bool) -> tuple[tuple[int, int] | None, int, int]:
+        """Check one rpc_tensor at ``off``; returns (its buffer's (base, size) or None, data, nbytes)."""
+        f = TENSOR.unpack_from(raw, off)
+        typ, buf, ne, nb, op, data = f[1], f[2], f[3:7], f[7:11], f[11], f[41]
+        if typ >= GGML_TYPE_COUNT or self.sizes[typ][0] == 0:
+            raise Refused(f"tensor of unknown type {typ}")
+        if op >= GGML_OP_COUNT:
+            raise Refused(f"tensor with unknown op {op}")
+        if buf == 0:
+            if need_buffer:
+                raise Refused("tensor without a buffer")
+            if data != 0:
+                raise Refused("tensor with data but no buffer")
+            return None, 0, 0
+        region = buffers.get(buf)
+        if region is None:
+            raise Refused(f"tensor in buffer 0x{buf:x}, which this peer did not allocate")
+        base, size = region
+        n = self.nbytes(typ, ne, nb)
+        if data < base or data + n > base + size:
+            raise Refused(f"tensor extent [0x{data:x}, +{n}) is outside its buffer [0x{base:x}, +{size})")
+        return region, data, n
+
+    @staticmethod
+    def region(region: tuple[int, int], data: int, offset: int, size: int) -> None:
+        """The server's own check of a read/write region (which closes the connection when it fails)."""
+        p0, p1 = region[0], region[0] + region[1]
+        if data + offset < p0 or data + offset >= p1 or size > p1 - data - offset:
+            raise Refused(f"region offset {offset} size {size} is outside the tensor's buffer")
+
+    def graph(self, payload: bytes, n_devices: int, buffers: dict[int, tuple[int, int]]) -> int:
+        """Check a GRAPH_COMPUTE payload; returns its device."""
+        if len(payload) < 8:
+            raise Refused("graph shorter than its header")
+        device, n_nodes = struct.unpack_from("<II", payload, 0)
+        if device >= n_devices:
+            raise Refused(f"graph for device {device}; this engine serves {n_devices}")
+        if n_nodes > MAX_GRAPH_ITEMS:
+            raise Refused(f"graph of {n_nodes} nodes")
+        off = 8 + 8 * n_nodes
+        if len(payload) < off + 4:
+            raise Refused("graph shorter than its node list")
+        nodes = struct.unpack_from(f"<{n_nodes}Q", payload, 8)
+        (n_tensors,) = struct.unpack_from("<I", payload, off)
+        off += 4
+        if n_tensors > MAX_GRAPH_ITEMS or len(payload) != off + T * n_tensors:
+            raise Refused("graph size does not match its tensor count")
+        ids: dict[int, int] = {}
+        refs: list[int] = []
+        for i in range(n_tensors):
+            at = off + i * T
+            self.tensor(payload, at, buffers, need_buffer=True)
+            f = TENSOR.unpack_from(payload, at)
+            ids.setdefault(f[0], at)
+            refs.extend(x for x in f[29:40] if x)  # src[10] and view_src
+        seen: set[int] = set()
+        for node in nodes:
+            if node == 0:
+                continue
+            if node not in ids:
+                raise Refused(f"graph node {node} is not among its tensors")
+            if node in seen:
+                raise Refused(f"graph node {node} appears twice")
+            seen.add(node)
+        for ref in refs:
+            if ref not in ids:
+                raise Refused(f"graph source {ref} is not among its tensors")
+        return device
+
+
+class GgmlRelay:
+    def __init__(self, settings: EngineSettings, endpoint: tuple[str, int]) -> None:
+        self.settings = settings
+        self.rpc = settings.rpc
+        self.endpoint = endpoint
+        self.cache_dir = settings.rpc.cache_dir or Path(
+            os.environ.get("CACHE_DIRECTORY") or Path.home() / ".cache" / "hydra") / f"rpc-{settings.name}"
+        self.ready = threading.Event()
+        self.broken: str | None = None
+        self.hello_answer = b""
+        self.n_devices = 0
+        self.check: TensorCheck | None = None
+        self._up: socket.socket | None = None
+        self._lock = threading.Lock()  # one command at a time on the upstream
+        self._peers: dict[int, _Peer] = {}
+        self._peers_lock = threading.Lock()
+        self._current_graph: dict[int, tuple[int, int]] = {}  # device -> (peer id, serial) the server holds
+        self._serial = itertools.count(1)
+        self.stats = {"peers_served": 0, "refused": 0, "commands": 0, "sealed_cut": 0}
+
+    # ----- the upstream: connect, seal, lose --------------------------------------------------
+
+    def start(self) -> None:
+        threading.Thread(target=self._connect, name="hydrad-ggml-seal", daemon=True).start()
+
+    def _connect(self) -> None:
+        deadline = time.monotonic() + 10.0  # the in-process server may still be binding right after boot
+        up = None
+        while up is None:
+            try:
+                up = socket.create_connection(self.endpoint, timeout=5)
+            except OSError as exc:
+                if time.monotonic() > deadline:
+                    self._fail(f"ggml RPC server unreachable: {exc}")
+                    return
+                time.sleep(0.05)
+        try:
+            up.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            up.settimeout(5)  # the server answers HELLO at once unless it is serving someone else
+            up.sendall(HEAD.pack(HELLO, CAPS_SIZE) + bytes(CAPS_SIZE))
+            (n,) = SIZE.unpack(_recv_exact(up, 8))
+            if n != 4 + CAPS_SIZE:
+                raise OSError(f"unexpected HELLO answer of {n} bytes")
+            answer = bytes(_recv_exact(up, n))
+        except OSError as exc:
+            from hydrad.engine import ggml
+
+            # someone else got served first: cut everything on that port and keep ggml-RPC off
+            cut = ggml.seal_server(self.endpoint, ("", -1))
+            up.close()
+            self._fail(f"ggml RPC server did not answer the relay's HELLO ({exc}); {cut} other connection(s) cut")
+            return
+        from hydrad.engine import ggml
+
+        cut = ggml.seal_server(self.endpoint, up.getsockname()[:2])
+        self.stats["sealed_cut"] = cut
+        if cut:
+            log_event(log, logging.WARNING, "foreign connections to the ggml RPC server cut", count=cut)
+        if answer[0] != PROTO_MAJOR:
+            up.close()
+            self._fail(f"ggml RPC server speaks protocol {answer[0]}.{answer[1]}; this relay checks {PROTO_MAJOR}.x")
+            return
+        try:
+            up.sendall(HEAD.pack(DEVICE_COUNT, 0))
+            (n,) = SIZE.unpack(_recv_exact(up, 8))
+            (self.n_devices,) = struct.unpack("<I", _recv_exact(up, n))
+            self.check = TensorCheck(ggml.type_sizes(GGML_TYPE_COUNT))
+        except Exception as exc:
+            up.close()
+            self._fail(f"ggml RPC relay setup failed: {exc}")
+            return
+        up.settimeout(None)
+        self.hello_answer = SIZE.pack(len(answer)) + answer[:4] + bytes(CAPS_SIZE)  # TCP only, never upgraded
+        self._up = up
+        log_event(log, logging.INFO, "ggml RPC server sealed behind the merged port", devices=self.n_devices,
+                  version=f"{answer[0]}.{answer[1]}.{answer[2]}")
+        self.ready.set()
+
+    def _fail(self, reason: str) -> None:
+        self.broken = reason
+        log_event(log, logging.ERROR, "ggml-RPC unavailable", reason=reason)
+        self.ready.set()
+        with self._peers_lock:
+            peers = list(self._peers.values())
+        for p in peers:
+            try:
+                p.conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def _lost(self, exc: BaseException) -> UpstreamLost:
+        if self.broken is None:
+            self._fail(f"connection to the ggml RPC server lost ({exc}); restart the engine to serve peers again")
+        return UpstreamLost(str(exc))
+
+    def close(self) -> None:
+        if self._up is not None:
+            try:
+                self._up.close()
+            except OSError:
+                pass
+
+    # ----- one peer -----------------------------------------------------------------------------
+
+    def serve(self, conn: socket.socket, addr: str, deadline: float, identified: Callable[[], None]) -> None:
+        """Serve one peer connection (first byte already seen to be HELLO) until it ends or is refused."""
+        if not self.ready.wait(max(0.0, deadline - time.monotonic())) or self.broken is not None:
+            log_event(log, logging.WARNING, "ggml-RPC refused", peer=addr, reason=self.broken or "relay not ready")
+            return
+        with self._peers_lock:
+            if len(self._peers) >= self.rpc.max_ggml_connections:
+                log_event(log, logging.WARNING, "ggml-RPC refused", peer=addr,
+                          reason=f"more than {self.rpc.max_ggml_connections} ggml-RPC peers")
+                return
+            peer = _Peer(conn, addr)
+            self._peers[peer.id] = peer
+        try:
+            try:
+                conn.settimeout(max(0.01, deadline - time.monotonic()))
+                head = _recv_exact(conn, 9)
+                cmd, size = HEAD.unpack(head)
+                if cmd != HELLO or size != CAPS_SIZE:
+                    raise Refused("a ggml-RPC connection starts with HELLO")
+                _recv_exact(conn, CAPS_SIZE)
+                conn.settimeout(self.rpc.ggml_io_timeout_s)
+                conn.sendall(self.hello_answer)
+            except (OSError, ConnectionError) as exc:
+                log_event(log, logging.INFO, "ggml-RPC peer gone before HELLO", peer=addr, error=str(exc) or "timeout")
+                return
+            identified()
+            self.stats["peers_served"] += 1
+            log_event(log, logging.INFO, "ggml-RPC connection", peer=addr)
+            self._loop(peer)
+        except Refused as exc:
+            self.stats["refused"] += 1
+            log_event(log, logging.WARNING, "ggml-RPC peer refused; connection closed", peer=addr, reason=str(exc),
+                      commands=peer.commands)
+        except UpstreamLost:
+            pass
+        finally:
+            self._release(peer)
+
+    def _release(self, peer: _Peer) -> None:
+        """What the stock server does when its client goes: free the client's buffers."""
+        with self._peers_lock:
+            self._peers.pop(peer.id, None)
+        if not peer.buffers or self._up is None or self.broken is not None:
+            return
+        try:
+            with self._lock:
+                for ptr in list(peer.buffers):
+                    self._up.sendall(HEAD.pack(FREE_BUFFER, 8) + SIZE.pack(ptr))
+                self._current_graph.clear()  # the server drops every stored graph on a free
+        except OSError as exc:
+            raise self._lost(exc) from None
+        peer.buffers.clear()
+
+    def _loop(self, peer: _Peer) -> None:
+        conn = peer.conn
+        head = bytearray(9)
+        while True:
+            # between commands: a peer holding buffers (a head with weights here) may stay idle (keepalive
+            # finds it if it dies); one holding nothing is closed after ggml_idle_timeout_s
+            conn.settimeout(None if peer.buffers else self.rpc.ggml_idle_timeout_s)
+            try:
+                first = conn.recv(1)
+            except socket.timeout:
+                raise Refused(f"idle for {self.rpc.ggml_idle_timeout_s}s holding no buffer") from None
+            except OSError:
+                return
+            if not first:
+                return
+            conn.settimeout(self.rpc.ggml_io_timeout_s)
+            try:
+                head[0] = first[0]
+                _recv_exact(conn, 8, memoryview(head)[1:])  # type: ignore[arg-type]
+            except (OSError, ConnectionError):
+                return
+            cmd, size = HEAD.unpack(head)
+            peer.commands += 1
+            self.stats["commands"] += 1
+            self._command(peer, cmd, size)
+
+    def _read(self, peer: _Peer, n: int) -> bytes:
+        try:
+            return bytes(_recv_exact(peer.conn, n))
+        except (OSError, ConnectionError) as exc:
+            raise Refused(f"stalled or gone inside a command ({exc or 'timeout'})") from None
+
+    def _command(self, peer: _Peer, cmd: int, size: int) -> None:
+        if cmd >= len(CMD_NAMES) or cmd == HELLO:
+            raise Refused(f"unknown or misplaced ggml-RPC command {cmd}")
+        check = self.check
+        assert check is not None
+        if cmd == SET_TENSOR:
+            self._set_tensor(peer, size)
+            return
+        if cmd == GRAPH_COMPUTE:
+            if size > MAX_GRAPH_BYTES:
+                raise Refused(f"graph of {size} bytes")
+            payload = self._read(peer, size)
+            device = check.graph(payload, self.n_devices, peer.buffers)
+            peer.graphs[device] = payload
+            serial = next(self._serial)
+            peer.graph_serial[device] = serial
+            with self._lock:
+                self._send_up(HEAD.pack(GRAPH_COMPUTE, size), payload)
+                self._current_graph[device] = (peer.id, serial)
+            return
+        want = REQUEST_SIZE[cmd]
+        if size != want:
+            raise Refused(f"{CMD_NAMES[cmd]} of {size} bytes; it has {want}")
+        payload = self._read(peer, size) if size else b""
+        answer_size = ANSWER_SIZE.get(cmd)
+        if cmd in (ALLOC_BUFFER, GET_ALIGNMENT, GET_MAX_SIZE, GET_DEVICE_MEMORY, GRAPH_RECOMPUTE, GET_ALLOC_SIZE):
+            (device,) = struct.unpack_from("<I", payload, 0)
+            if device >= self.n_devices:
+                raise Refused(f"device {device}; this engine serves {self.n_devices}")
+        if cmd in (BUFFER_GET_BASE, FREE_BUFFER, BUFFER_CLEAR):
+            (ptr,) = struct.unpack_from("<Q", payload, 0)
+            if ptr not in peer.buffers:
+                raise Refused(f"{CMD_NAMES[cmd]} of buffer 0x{ptr:x}, which this peer did not allocate")
+        elif cmd == GET_ALLOC_SIZE:
+            check.tensor(payload, 4, peer.buffers, need_buffer=False)
+            for i in range(MAX_SRC):
+                at = 4 + T * (1 + i)
+                if struct.unpack_from("<Q", payload, at)[0] != 0:
+                    check.tensor(payload, at, peer.buffers, need_buffer=False)
+        elif cmd == INIT_TENSOR:
+            check.tensor(payload, 0, peer.buffers, need_buffer=False)
+        elif cmd == GET_TENSOR:
+            region, data, _ = check.tensor(payload, 0, peer.buffers, need_buffer=True)
+            offset, n = struct.unpack_from("<QQ", payload, T)
+            check.region(region, data, offset, n)  # type: ignore[arg-type]
+            answer_size = n
+        elif cmd == SET_TENSOR_HASH:
+            region, data, _ = check.tensor(payload, 0, peer.buffers, need_buffer=True)
+            offset, digest = struct.unpack_from("<QQ", payload, T)
+            try:
+                cached = (self.cache_dir / f"{digest:016x}").stat().st_size
+            except OSError:
+                self._answer(peer, b"\x00")  # not in the cache: the stock answer, without a round trip
+                return
+            check.region(region, data, offset, cached)  # type: ignore[arg-type]
+        elif cmd == COPY_TENSOR:
+            _, _, src_n = check.tensor(payload, 0, peer.buffers, need_buffer=True)
+            dst, dst_data, _ = check.tensor(payload, T, peer.buffers, need_buffer=True)
+            if dst_data + src_n > dst[0] + dst[1]:  # type: ignore[index]
+                raise Refused("COPY_TENSOR writes past the end of the destination buffer")
+        elif cmd == MEMSET_TENSOR:
+            region, data, n = check.tensor(payload, 0, peer.buffers, need_buffer=True)
+            offset, length = struct.unpack_from("<QQ", payload, T)
+            if offset > n or length > n - offset:
+                raise Refused("MEMSET_TENSOR region is outside the tensor")
+            check.region(region, data, offset, length)  # type: ignore[arg-type]
+        elif cmd == GRAPH_RECOMPUTE:
+            (device,) = struct.unpack_from("<I", payload, 0)
+            mine = peer.graphs.get(device)
+            if mine is None:
+                raise Refused("GRAPH_RECOMPUTE without a graph computed before")
+            with self._lock:
+                if self._current_graph.get(device) == (peer.id, peer.graph_serial[device]):
+                    self._send_up(HEAD.pack(GRAPH_RECOMPUTE, 4), payload)
+                else:  # the server holds someone else's graph (or none): send this peer's again
+                    self._send_up(HEAD.pack(GRAPH_COMPUTE, len(mine)), mine)
+                    self._current_graph[device] = (peer.id, peer.graph_serial[device])
+            return
+        with self._lock:
+            self._send_up(HEAD.pack(cmd, size), payload)
+            if cmd == FREE_BUFFER:
+                (ptr,) = struct.unpack_from("<Q", payload, 0)
+                del peer.buffers[ptr]
+                self._current_graph.clear()  # the server drops every stored graph on a free
+                peer.graphs.clear()
+                return
+            if answer_size is None:
+                return
+            if answer_size > BUFFERED:
+                self._stream_answer(peer, answer_size)
+                return
+            answer = self._recv_up(answer_size)
+            if cmd == ALLOC_BUFFER:
+                ptr, got = struct.unpack("<QQ", answer)
+                if ptr:
+                    self._send_up(HEAD.pack(BUFFER_GET_BASE, 8), SIZE.pack(ptr))
+                    (base,) = struct.unpack("<Q", self._recv_up(8))
+                    peer.buffers[ptr] = (base, got)
+        self._answer(peer, answer)
+
+    def _send_up(self, head: bytes, payload: bytes | memoryview = b"") -> None:
+        assert self._up is not None
+        try:
+            self._up.sendall(head)
+            if payload:
+                self._up.sendall(payload)
+        except OSError as exc:
+            raise self._lost(exc) from None
+
+    def _recv_up(self, expect: int) -> bytes:
+        assert self._up is not None
+        try:
+            (n,) = SIZE.unpack(_recv_exact(self._up, 8))
+            if n != expect:
+                raise OSError(f"answer of {n} bytes where {expect} were due")
+            return bytes(_recv_exact(self._up, n))
+        except (OSError, ConnectionError) as exc:
+            raise self._lost(exc) from None
+
+    def _answer(self, peer: _Peer, answer: bytes) -> None:
+        try:
+            peer.conn.sendall(SIZE.pack(len(answer)) + answer)
+        except OSError as exc:
+            raise Refused(f"does not read its answers ({exc or 'timeout'})") from None
+
+    def _stream_answer(self, peer: _Peer, n: int) -> None:
+        """A large GET_TENSOR answer, passed through chunk by chunk (lock held); the upstream is always
+        drained to the end, even when the peer stops reading."""
+        assert self._up is not None
+        try:
+            (got,) = SIZE.unpack(_recv_exact(self._up, 8))
+            if got != n:
+                raise OSError(f"answer of {got} bytes where {n} were due")
+        except (OSError, ConnectionError) as exc:
+            raise self._lost(exc) from None
+        peer_ok = True
+        try:
+            peer.conn.sendall(SIZE.pack(n))
+        except OSError:
+            peer_ok = False
+        buf = bytearray(CHUNK)
+        left = n
+        while left:
+            k = min(CHUNK, left)
+            try:
+                _recv_exact(self._up, k, buf)
+            except (OSError, ConnectionError) as exc:
+                raise self._lost(exc) from None
+            if peer_ok:
+                try:
+                    peer.conn.sendall(memoryview(buf)[:k])
+                except OSError:
+                    peer_ok = False
+            left -= k
+        if not peer_ok:
+            raise Refused("does not read its answers")
+
+    def _set_tensor(self, peer: _Peer, size: int) -> None:
+        check = self.check
+        assert check is not None
+        if size < SET_TENSOR_HEAD:
+            raise Refused("SET_TENSOR shorter than its header")
+        head = self._read(peer, SET_TENSOR_HEAD)
+        region, data, _ = check.tensor(head, 0, peer.buffers, need_buffer=True)
+        (offset,) = struct.unpack_from("<Q", head, T + 1)
+        n = size - SET_TENSOR_HEAD
+        check.region(region, data, offset, n)  # type: ignore[arg-type]
+        if n <= BUFFERED:
+            body = self._read(peer, n)
+            with self._lock:
+                self._send_up(HEAD.pack(SET_TENSOR, size) + head, body)
+            return
+        # a large upload streams through with the upstream held; if the peer stalls, the rest is
+        # filled with zeros (into the peer's own buffer) so the server stays in step, then the peer goes
+        with self._lock:
+            self._send_up(HEAD.pack(SET_TENSOR, size) + head)
+            buf = bytearray(CHUNK)
+            left = n
+            stalled: str | None = None
+            while left:
+                k = min(CHUNK, left)
+                if stalled is None:
+                    try:
+                        got = peer.conn.recv_into(buf, k)
+                        if got == 0:
+                            raise ConnectionError("closed")
+                    except (OSError, ConnectionError) as exc:
+                        stalled = str(exc) or "timeout"
+                        buf[:] = bytes(CHUNK)
+                        continue
+                else:
+                    got = k
+                self._send_up(b"", memoryview(buf)[:got])
+                left -= got
+        if stalled is not None:
+            raise Refused(f"stalled or gone inside SET_TENSOR ({stalled})")
+
+    def public(self) -> dict[str, Any]:
+        with self._peers_lock:
+            peers = [{"peer": p.addr, "buffers": len(p.buffers), "commands": p.commands} for p in self._peers.values()]
+        return {"ready": self.ready.is_set() and self.broken is None, "error": self.broken, "peers": peers,
+                **self.stats}
+
+
+__all__ = ["GgmlRelay", "TensorCheck", "Refused"]
