@@ -75,7 +75,7 @@ class Daemon:
         self.core.drain_timeout_s = s.drain_timeout_s
         from hydrad.http.app import build_app
 
-        server = uvicorn_server(build_app(s, self.control), s.http.host, s.http.port)
+        server = uvicorn_server(build_app(s, self.control), s.http.host, s.http.port, s.http.header_timeout_s)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop_requested.set)
         loop.add_signal_handler(signal.SIGHUP, self.hup_requested.set)
@@ -197,7 +197,7 @@ class Daemon:
                 log_event(log, logging.INFO, "config re-read", **result.public())
                 if result.load_id is not None:
                     rec = self.core.loads[result.load_id]
-                    while rec.phase not in ("done", "failed"):
+                    while not rec.terminal:  # done, failed, or aborted by a newer configure
                         await asyncio.sleep(0.1)
             except Exception as exc:
                 log_event(log, logging.ERROR, "config re-read failed; keeping the running config", error=str(exc))

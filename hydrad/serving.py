@@ -7,10 +7,13 @@ import contextlib
 from typing import Any, Coroutine, Iterator
 
 
-def uvicorn_server(app: Any, host: str, port: int) -> Any:
+def uvicorn_server(app: Any, host: str, port: int, header_timeout_s: float = 10.0) -> Any:
     """A uvicorn server without its own signal handling: the daemon owns SIGTERM/SIGINT/SIGHUP.
 
     No proxy headers: ``control_allow_from`` must see the socket's peer, not a claimed X-Forwarded-For.
+    ``header_timeout_s`` bounds how long a connection may sit without completing a request
+    (uvicorn's keep-alive timer, which also runs for a new connection that has sent nothing):
+    1,100 idle half-open connections once took an engine offline.
     """
     import uvicorn
 
@@ -20,8 +23,63 @@ def uvicorn_server(app: Any, host: str, port: int) -> Any:
             yield
 
     cfg = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="off", proxy_headers=False,
-                         timeout_graceful_shutdown=5, timeout_keep_alive=30)
+                         timeout_graceful_shutdown=5, timeout_keep_alive=header_timeout_s,
+                         http=_deadline_protocol(header_timeout_s))
     return Server(cfg)
+
+
+def _deadline_protocol(timeout_s: float) -> type:
+    """uvicorn's httptools protocol with a deadline on unfinished requests.
+
+    uvicorn times out a connection only between requests (keep-alive), not one that connects
+    and sends nothing or sends its headers a byte at a time; each such connection holds a file
+    descriptor for ever. Here a request's headers must arrive within ``timeout_s`` of its first
+    byte (or of the connection), and its body may not pause for longer than ``timeout_s``;
+    otherwise the connection is closed. A long upload that keeps flowing is never cut."""
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    class DeadlineProtocol(HttpToolsProtocol):
+        _deadline: asyncio.TimerHandle | None = None
+        _in_body = False
+
+        def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm()
+
+        def data_received(self, data: bytes) -> None:
+            if self._in_body or (self._deadline is None and (self.cycle is None or self.cycle.response_complete)):
+                self._arm()  # a new request starts, or its body is still flowing
+            super().data_received(data)
+
+        def on_headers_complete(self) -> None:
+            self._in_body = True
+            self._arm()
+            super().on_headers_complete()
+
+        def on_message_complete(self) -> None:
+            self._in_body = False
+            self._disarm()
+            super().on_message_complete()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._deadline = self.loop.call_later(timeout_s, self._expired)
+
+        def _disarm(self) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
+
+        def _expired(self) -> None:
+            self._deadline = None
+            if not self.transport.is_closing():
+                self.transport.close()
+
+    return DeadlineProtocol
 
 
 def run_loop(main: Coroutine[Any, Any, int]) -> int:
@@ -31,3 +89,40 @@ def run_loop(main: Coroutine[Any, Any, int]) -> int:
     except ImportError:
         return asyncio.run(main)
     return uvloop.run(main)
+
+
+class BodyTooLarge(Exception):
+    """A request body over the daemon's limit (answered 413 by the caller)."""
+
+    def __init__(self, limit: int, declared: int | None = None) -> None:
+        what = f"{declared} bytes" if declared is not None else "more"
+        super().__init__(f"the request body is {what}; this server accepts at most {limit} bytes")
+        self.limit = limit
+
+
+async def read_body(request: Any, limit: int) -> bytes:
+    """The body of a Starlette request, refused as soon as it is known to exceed ``limit``:
+    from ``Content-Length`` before a byte is read, else while it streams in. Without this a
+    50 MB prompt was read, parsed and tokenized in full before anything could refuse it."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise BodyTooLarge(limit, int(declared))
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge(limit)
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+async def until_disconnected(request: Any) -> None:
+    """Return when the client of a request whose body was read has gone away.
+
+    A non-streaming answer is written only at the end, so nothing else notices a client that
+    gave up; without this its request kept generating to ``max_tokens``."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return

@@ -19,7 +19,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from hydrad.engine import llama
+from hydrad.engine import faults, llama
 from hydrad.engine.generation import Generation, Slot, build_generation
 from hydrad.engine.statebuf import StateBuffers
 from hydrad.engine.loader import LoadRecord, choose_policy, estimate_bytes, mem_available
@@ -35,6 +35,15 @@ from hydrad.registry import ResolvedModel
 log = logging.getLogger("hydrad.engine")
 
 STAGES = ("starting", "idle", "loading_model", "warming", "ready", "reloading", "stopping")
+
+
+PRETOKENIZE_CHARS = 32 << 10
+"""Prompts longer than this are tokenized on a worker thread before they reach the engine
+thread: tokenizing 50 MB on the engine thread stalled every stream for about 22 s."""
+
+MAX_CHARS_PER_TOKEN = 64
+"""A prompt with more characters than this times the context cannot fit (no tokenizer of the
+supported families averages more than a few characters a token): refused before tokenizing."""
 
 
 class EngineBusy(RuntimeError):
@@ -58,6 +67,7 @@ class _Active:
     n_gen: int = 0
     next_token: int = -1
     unsent: list[int] = field(default_factory=list)  # sampled, not yet turned into text (text_overlap)
+    faulty: frozenset[str] = frozenset()  # fault-injection tests: stages at which this request fails
 
 
 class EngineCore:
@@ -87,6 +97,7 @@ class EngineCore:
         self._thread: threading.Thread | None = None
         self._load_ids = 0
         self._lock = threading.Lock()  # guards stage/current_load between loader and loop threads
+        self._faults = faults.armed()  # False outside fault-injection tests
 
     # ----- event-loop side -------------------------------------------------------------
 
@@ -108,6 +119,41 @@ class EngineCore:
         handle = RequestHandle(request)
         self._cmds.put(("submit", handle))
         return handle
+
+    async def prepare(self, request: GenRequest) -> None:
+        """Work a request needs before the engine thread sees it, done off that thread: a prompt
+        too long for the context by its length alone is refused (:class:`PromptTooLong`), and a
+        large one is tokenized on a worker thread so it cannot stall the streams being decoded."""
+        gen = self.gen
+        if gen is None:
+            return
+        chars = len(request.prompt or "") + sum(len(m.get("content") or "") for m in request.messages or ())
+        limit = gen.ctx.n_ctx_seq
+        if chars > limit * MAX_CHARS_PER_TOKEN:
+            raise PromptTooLong(f"the prompt has {chars} characters, more than this engine's context of {limit} "
+                                "tokens can hold")
+        if chars < PRETOKENIZE_CHARS:
+            return
+        try:
+            tokens = await asyncio.to_thread(self._tokenize, gen, request)
+        except llama.ModelFreed:
+            return  # a reload retired that model meanwhile: the engine thread tokenizes for the new one
+        request.tokens, request.tokens_for = tokens, gen.id
+
+    def _tokenize(self, gen: Generation, request: GenRequest) -> list[int]:
+        """A request's prompt tokens for ``gen`` (any thread: tokenizing only reads the vocabulary)."""
+        params = self.params or gen.params
+        if request.messages is not None:
+            try:
+                tokens = gen.model.chat_tokens(request.messages, params.chat_template)
+            except ValueError as exc:
+                raise _RequestError(str(exc), 400, "template_error") from None
+        else:
+            tokens = gen.model.tokenize(request.prompt or "", add_special=True, parse_special=True)
+        bos = gen.bos
+        if len(tokens) >= 2 and tokens[0] == tokens[1] == bos:
+            tokens = tokens[1:]
+        return tokens
 
     def cancel(self, handle: RequestHandle) -> None:
         if not handle.finished:
@@ -545,23 +591,22 @@ class EngineCore:
                 self._start(gen, handle)
             except _RequestError as exc:
                 self._emit(handle, Failed(str(exc), status=exc.status, code=exc.code))
+            except Exception as exc:  # the request's own failure: it alone ends, the engine goes on
+                self._request_failed(gen, handle, "admitting", exc)
         self._waiting = deferred
 
     def _start(self, gen: Generation, handle: RequestHandle) -> None:
         req = handle.request
         params = self.params or gen.params
         model = gen.model
-        if req.messages is not None:
-            try:
-                text = model.apply_chat_template(req.messages, params.chat_template)
-            except ValueError as exc:
-                raise _RequestError(str(exc), 400, "template_error") from None
-            tokens = model.tokenize(text, add_special=True, parse_special=True)
+        faulty = faults.stages_of(req) if self._faults else faults.NONE
+        self._fault("admit", faulty)
+        if req.tokens is not None and req.tokens_for == gen.id:
+            tokens = req.tokens
         else:
-            tokens = model.tokenize(req.prompt or "", add_special=True, parse_special=True)
-        bos = gen.bos
-        if len(tokens) >= 2 and tokens[0] == tokens[1] == bos:
-            tokens = tokens[1:]
+            self._fault("tokenize", faulty)
+            tokens = self._tokenize(gen, req)
+        req.tokens = None  # not needed any more; a queued copy of a long prompt is memory
         if not tokens:
             raise _RequestError("the prompt is empty", 400, "empty_prompt")
         limit = gen.ctx.n_ctx_seq
@@ -581,7 +626,7 @@ class EngineCore:
             repeat_last_n=params.repeat_last_n,
             frequency_penalty=s.frequency_penalty, presence_penalty=s.presence_penalty,
             seed=params.seed if s.seed is None else s.seed,
-            ban=tuple(model.eog_tokens()) if req.ignore_eos else ()), model.n_vocab)
+            ban=tuple(model.eog_tokens()) if req.ignore_eos else ()), model.n_vocab, limit)
         room = limit - len(tokens)
         if req.max_tokens is not None:
             max_tokens = min(req.max_tokens, room)
@@ -590,9 +635,14 @@ class EngineCore:
         else:
             max_tokens = room
         handle.generation = gen.tag
+        try:
+            stopper = StopMatcher(req.stop)
+        except ValueError as exc:
+            sampler.free()
+            raise _RequestError(str(exc), 400, "invalid_stop") from None
         slot.active = _Active(handle=handle, prompt_len=len(tokens), cached=keep, pending=tokens[keep:],
                               max_tokens=max_tokens, sampler=sampler, detok=Utf8Detokenizer(),
-                              stopper=StopMatcher(req.stop), t_start=time.monotonic())
+                              stopper=stopper, t_start=time.monotonic(), faulty=faulty)
         gen.n_active += 1
         self.stats.prompt_tokens_total += len(tokens) - keep
         self.stats.cached_tokens_total += keep
@@ -648,11 +698,16 @@ class EngineCore:
             a = slot.active
             if a is None:  # a stop string found while the device computed ended it: the row is discarded
                 continue
-            tok = a.sampler.sample(ctx, idx)
-            if a.n_gen == 0:
-                a.t_first = now
-                a.handle.t_first_token = now
-            self._on_token(gen, slot, a, tok, overlap and a.n_gen > 0)
+            try:
+                self._fault("sample", a.faulty)
+                tok = a.sampler.sample(ctx, idx)
+                if a.n_gen == 0:
+                    a.t_first = now
+                    a.handle.t_first_token = now
+                self._on_token(gen, slot, a, tok, overlap and a.n_gen > 0)
+            except Exception as exc:  # this request's failure, not the step's: the other slots go on
+                if slot.active is a:
+                    self._request_failed(gen, a.handle, "sampling", exc, slot)
 
     def _text_overlap(self, gen: Generation) -> bool:
         mode = (self.params or gen.params).text_overlap
@@ -682,9 +737,11 @@ class EngineCore:
         tokens, a.unsent = a.unsent, []
         model = gen.model
         for tok in tokens:
+            self._fault("detokenize", a.faulty)
             text = a.detok.push(model.piece(tok))
             if not text:
                 continue
+            self._fault("stop", a.faulty)
             out, stopped = a.stopper.push(text)
             if out:
                 self._emit(a.handle, Token(out))
@@ -698,12 +755,17 @@ class EngineCore:
         deferred, self._deferred = self._deferred, []
         for gen, slot, a in deferred:
             if slot.active is a and a.unsent:
-                self._text(gen, slot, a)
+                try:
+                    self._text(gen, slot, a)
+                except Exception as exc:
+                    if slot.active is a:
+                        self._request_failed(gen, a.handle, "making text", exc, slot)
 
     def _finish(self, gen: Generation, slot: Slot, reason: str, flush: bool = True) -> None:
         a = slot.active
         assert a is not None
         if flush:
+            self._fault("finish", a.faulty)
             if a.unsent and self._text(gen, slot, a):
                 return  # a stop string in the text not yet sent ended it first
             tail = a.detok.flush()
@@ -723,6 +785,29 @@ class EngineCore:
         self.stats.requests_finished_total += 1
         self._emit(a.handle, Done(reason, usage, gen.tag))
         self._release(gen, slot)
+
+    def _fault(self, stage: str, faulty: frozenset[str]) -> None:
+        if stage in faulty:
+            raise faults.InjectedFault(f"injected fault at stage {stage}")
+
+    def _request_failed(self, gen: Generation, handle: RequestHandle, stage: str, exc: Exception,
+                        slot: Slot | None = None) -> None:
+        """An exception while serving one request ends that request with a JSON error (500,
+        ``request_failed``, never retried elsewhere: the same request would fail there too) and
+        frees its slot; the engine thread and every other request go on."""
+        log_event(log, logging.ERROR, "request failed", req=handle.id, stage=stage, error=repr(exc), exc_info=True)
+        self.stats.requests_failed_total += 1
+        self._emit(handle, Failed(f"the request failed while {stage}: {type(exc).__name__}: {exc}",
+                                  status=500, code="request_failed"))
+        if slot is None:  # failed while admitting: the slot may already have taken it
+            slot = next((sl for sl in gen.slots if sl.active is not None and sl.active.handle is handle), None)
+        if slot is not None and slot.active is not None and slot.active.handle is handle:
+            try:
+                self._release(gen, slot)
+            except Exception as again:  # freeing its sampler failed too: drop the slot's bookkeeping anyway
+                log_event(log, logging.ERROR, "slot release failed", slot=slot.id, error=repr(again))
+                slot.active = None
+                gen.n_active -= 1
 
     def _release(self, gen: Generation, slot: Slot) -> None:
         a = slot.active
@@ -846,6 +931,10 @@ class StateError(Exception):
     def __init__(self, message: str, kind: str) -> None:
         super().__init__(message)
         self.kind = kind  # not_found | conflict | incompatible | failed
+
+
+class PromptTooLong(ValueError):
+    """A prompt refused by its length before tokenizing (400 ``context_length_exceeded``)."""
 
 
 class _RequestError(Exception):

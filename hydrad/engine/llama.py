@@ -1,6 +1,8 @@
 """Thin typed layer over llama-cpp-python's low-level ctypes API.
 
-Only the engine thread (and the loader thread while it builds a model) touches these objects.
+Only the engine thread (and the loader thread while it builds a model) touches these objects,
+with one exception: :meth:`Model.tokenize` may run on any thread (a large prompt is tokenized
+off the engine thread), so a model counts its tokenizing readers and ``free`` waits for them.
 The high-level ``llama_cpp.Llama`` class is not used: it owns one sequence, while the engine
 needs many slots in one context and one ``llama_decode`` per step for all of them.
 ``llama_cpp`` is imported lazily so the daemon is listening before the library is loaded.
@@ -9,8 +11,10 @@ needs many slots in one context and one ``llama_decode`` per step for all of the
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import logging
 import os
+import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +26,7 @@ if TYPE_CHECKING:
     import llama_cpp as L
 
 _lib: Any = None
+_PLACEHOLDER = re.compile("\x1a(\\d+)\x1a")
 _lib_lock = threading.Lock()
 _log = logging.getLogger("hydrad.llama")
 _LOG_LEVELS = {"debug": 1, "info": 2, "warning": 3, "error": 4}
@@ -94,6 +99,10 @@ class LoadError(RuntimeError):
     """llama.cpp refused the model or the context; the message says which and why."""
 
 
+class ModelFreed(RuntimeError):
+    """The model went away (a reload retired it) while another thread was using its vocabulary."""
+
+
 class LoadAborted(LoadError):
     """The progress callback asked llama.cpp to stop (a newer configure superseded the load)."""
 
@@ -123,6 +132,8 @@ class Model:
         self.n_vocab = C.llama_vocab_n_tokens(self.vocab)
         self._pieces: dict[int, bytes] = {}
         self._piece_buf = ctypes.create_string_buffer(256)
+        self._readers = 0  # threads inside tokenize(); free() waits for them
+        self._readers_cv = threading.Condition()
         self.info = ModelInfo(
             path=str(path),
             desc=self._desc(),
@@ -188,16 +199,59 @@ class Model:
         return buf.value.decode("utf-8", "replace") if n >= 0 else None
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        """Tokens of ``text``; safe from any thread while the model is alive (``ModelFreed`` after)."""
         C = lib()
         data = text.encode("utf-8")
-        cap = len(data) + 16
-        buf = (C.llama_token * cap)()
-        n = C.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
-        if n < 0:
-            cap = -n
+        with self._readers_cv:
+            if not self.ptr:
+                raise ModelFreed("the model was unloaded while the prompt was being tokenized")
+            self._readers += 1
+        try:
+            cap = len(data) + 16
             buf = (C.llama_token * cap)()
             n = C.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
-        return list(buf[:n])
+            if n < 0:
+                cap = -n
+                buf = (C.llama_token * cap)()
+                n = C.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
+            return list(buf[:n])
+        finally:
+            with self._readers_cv:
+                self._readers -= 1
+                self._readers_cv.notify_all()
+
+    def chat_tokens(self, messages: list[dict[str, str]], template: str | None = None) -> list[int]:
+        """Tokens of the chat prompt for ``messages``, formatted with the model's template.
+
+        The template's own markers (``<|im_start|>``, ``<start_of_turn>``, ...) are special tokens;
+        the same characters typed by a user are text. Tokenizing the whole prompt with special
+        parsing (as llama-server does) would let a user close their turn and open a system one.
+        When no message contains special-token text the whole prompt is tokenized in one call (the
+        common case, the same tokens llama-server makes). Otherwise the template is applied to
+        placeholders, its pieces are tokenized with special parsing and each message body without,
+        and the pieces are spliced in order."""
+        contents = [m["content"] for m in messages]
+        if not any(self._has_special_text(c) for c in contents):
+            return self.tokenize(self.apply_chat_template(messages, template), add_special=True, parse_special=True)
+        probe = self.apply_chat_template([{"role": "user", "content": " \x1aP\x1a "}], template)
+        trims = " \x1aP\x1a " not in probe  # some templates strip each body (gemma, llama3)
+        marked = [{**m, "content": f"\x1a{i}\x1a"} for i, m in enumerate(messages)]
+        parts = _PLACEHOLDER.split(self.apply_chat_template(marked, template))
+        tokens: list[int] = []
+        for j, part in enumerate(parts):
+            if j % 2 == 0:
+                if part or j == 0:
+                    tokens += self.tokenize(part, add_special=j == 0, parse_special=True)
+            else:
+                body = contents[int(part)]
+                tokens += self.tokenize(body.strip() if trims else body, add_special=False, parse_special=False)
+        return tokens
+
+    def _has_special_text(self, content: str) -> bool:
+        if "<" not in content and "[" not in content and "|" not in content:
+            return False  # every special-token text of the supported families has one of these
+        return (self.tokenize(content, add_special=False, parse_special=True)
+                != self.tokenize(content, add_special=False, parse_special=False))
 
     def piece(self, token: int) -> bytes:
         """Bytes of one token; cached, since decode loops ask for the same tokens again and again."""
@@ -243,9 +297,12 @@ class Model:
         return buf.raw[:n].decode("utf-8", "replace")
 
     def free(self) -> None:
-        if self.ptr:
-            lib().llama_model_free(self.ptr)
-            self.ptr = None
+        with self._readers_cv:
+            ptr, self.ptr = self.ptr, None  # new tokenize() calls now refuse
+            while self._readers:
+                self._readers_cv.wait()
+        if ptr:
+            lib().llama_model_free(ptr)
 
 
 class Context:
@@ -384,8 +441,10 @@ class Sampling:
 class Sampler:
     """A llama.cpp sampler chain: sampling runs in C, one call per token."""
 
-    def __init__(self, s: Sampling, n_vocab: int = 0) -> None:
+    def __init__(self, s: Sampling, n_vocab: int = 0, n_ctx: int = 0) -> None:
         C = lib()
+        if n_ctx > 0 and s.repeat_last_n > n_ctx:  # its history ring is allocated up front: bound it
+            s = dataclasses.replace(s, repeat_last_n=n_ctx)
         # Greedy without penalties keeps no state: an argmax over the logits row picks the same token
         # (the first of equal maxima, as llama.cpp's greedy sampler does) without building the
         # n_vocab-entry candidate array the chain sorts through: 186 µs → 15 µs a token for
@@ -412,7 +471,9 @@ class Sampler:
                 biases[i].bias = float("-inf")
             add(C.llama_sampler_init_logit_bias(n_vocab, len(s.ban), biases))
         if s.repeat_penalty != 1.0 or s.frequency_penalty or s.presence_penalty:
-            add(C.llama_sampler_init_penalties(s.repeat_last_n, s.repeat_penalty, s.frequency_penalty, s.presence_penalty))
+            # The bundled llama.cpp's signature leads with n_vocab (older releases had four arguments).
+            add(C.llama_sampler_init_penalties(n_vocab, s.repeat_last_n, s.repeat_penalty, s.frequency_penalty,
+                                               s.presence_penalty))
         if s.temperature <= 0:
             add(C.llama_sampler_init_greedy())
         else:

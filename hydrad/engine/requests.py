@@ -41,6 +41,8 @@ class GenRequest:
     sampling: SamplingOverrides = field(default_factory=SamplingOverrides)
     ignore_eos: bool = False  # generate exactly max_tokens (benchmarks); a llama-server extension
     slot: int | None = None  # pin to a slot (llama-server's id_slot), e.g. one restored from migrated KV
+    tokens: list[int] | None = None  # prompt tokens made off the engine thread (EngineCore.prepare) ...
+    tokens_for: int | None = None  # ... for this generation id; another generation tokenizes again
     id: int = field(default_factory=lambda: next(_ids))
 
 

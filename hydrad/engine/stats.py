@@ -14,6 +14,7 @@ class EngineStats:
     requests_total: int = 0
     requests_finished_total: int = 0
     requests_cancelled_total: int = 0
+    requests_failed_total: int = 0  # ended by an error of their own (the engine went on)
     prompt_tokens_total: int = 0
     cached_tokens_total: int = 0
     tokens_predicted_total: int = 0

@@ -17,10 +17,14 @@ from __future__ import annotations
 import codecs
 from collections.abc import Iterable
 
-__all__ = ["MAX_STOPS", "StopMatcher", "Utf8Detokenizer"]
+__all__ = ["MAX_STOPS", "MAX_STOP_CHARS", "StopMatcher", "Utf8Detokenizer"]
 
 MAX_STOPS = 4
 """The OpenAI API accepts at most four stop sequences per request."""
+
+MAX_STOP_CHARS = 4096
+"""Longest stop sequence accepted. OpenAI documents no bound; one is needed so a request
+cannot make the engine hold back (and scan) an unbounded amount of text."""
 
 
 class Utf8Detokenizer:
@@ -54,16 +58,27 @@ class StopMatcher:
     the text, ties going to the one that starts earlier. That is the only
     rule under which the result does not depend on how text is split into
     pushes, which is what makes streaming and non-streaming responses agree.
+
+    Each stop string runs as a Knuth-Morris-Pratt automaton whose state is the
+    length of the longest prefix of the stop that ends the text read so far:
+    memory is linear in the stop's length and each character costs amortised
+    constant time, whatever the stop looks like. (A set of every prefix, the
+    obvious way to find the held-back tail, is quadratic: a 150k-character
+    stop string would need gigabytes.)
     """
 
     def __init__(self, stops: Iterable[str]) -> None:
-        """Match ``stops``; empty strings are ignored, more than four rejected."""
+        """Match ``stops``; empty strings are ignored, more than four or a longer one than
+        :data:`MAX_STOP_CHARS` rejected."""
         unique = list(dict.fromkeys(s for s in stops if s))
         if len(unique) > MAX_STOPS:
             raise ValueError(f"at most {MAX_STOPS} stop sequences are allowed, got {len(unique)}")
+        for stop in unique:
+            if len(stop) > MAX_STOP_CHARS:
+                raise ValueError(f"a stop sequence may have at most {MAX_STOP_CHARS} characters, got {len(stop)}")
         self._stops = unique
-        self._prefixes = frozenset(s[:n] for s in unique for n in range(1, len(s)))
-        self._max_hold = max((len(s) - 1 for s in unique), default=0)
+        self._fail = [_failure(s) for s in unique]
+        self._state = [0] * len(unique)
         self._held = ""
         self._matched: str | None = None
 
@@ -89,36 +104,47 @@ class StopMatcher:
         if not self._stops:
             return text, False
         buf = self._held + text
-        hit = self._first_completed(buf)
-        if hit is not None:
-            start, stop = hit
-            self._held = ""
-            self._matched = stop
-            return buf[:start], True
-        keep = self._holdback(buf)
+        base = len(self._held)
+        states = self._state
+        for i, ch in enumerate(text):
+            done: tuple[int, str] | None = None  # (start in buf, stop) of a stop completed at this character
+            for k, stop in enumerate(self._stops):
+                q = states[k]
+                fail = self._fail[k]
+                while q and stop[q] != ch:
+                    q = fail[q - 1]
+                if stop[q] == ch:
+                    q += 1
+                if q == len(stop):
+                    start = base + i + 1 - len(stop)
+                    if done is None or start < done[0]:
+                        done = (start, stop)
+                    q = fail[q - 1]
+                states[k] = q
+            if done is not None:
+                self._held = ""
+                self._matched = done[1]
+                return buf[: done[0]], True
+        keep = min(max(states), len(buf))
         self._held = buf[len(buf) - keep :]
         return buf[: len(buf) - keep], False
 
     def flush(self) -> str:
         """End of generation: release the held text, which is no stop after all."""
         out, self._held = self._held, ""
+        self._state = [0] * len(self._stops)
         return out
 
-    def _first_completed(self, buf: str) -> tuple[int, str] | None:
-        best: tuple[int, int, str] | None = None
-        for stop in self._stops:
-            start = buf.find(stop)
-            if start < 0:
-                continue
-            # Order by end, then start: the stop that finishes first wins.
-            candidate = (start + len(stop), start, stop)
-            if best is None or candidate < best:
-                best = candidate
-        return None if best is None else (best[1], best[2])
 
-    def _holdback(self, buf: str) -> int:
-        """Length of the longest suffix of ``buf`` that starts some stop string."""
-        for n in range(min(len(buf), self._max_hold), 0, -1):
-            if buf[-n:] in self._prefixes:
-                return n
-        return 0
+def _failure(stop: str) -> list[int]:
+    """KMP failure function: ``f[i]`` is the length of the longest proper prefix of
+    ``stop[:i + 1]`` that is also its suffix."""
+    f = [0] * len(stop)
+    q = 0
+    for i in range(1, len(stop)):
+        while q and stop[i] != stop[q]:
+            q = f[q - 1]
+        if stop[i] == stop[q]:
+            q += 1
+        f[i] = q
+    return f

@@ -7,7 +7,6 @@ engine core. Every failure a client can see is OpenAI error JSON, never a traceb
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from typing import Any, AsyncIterator
@@ -17,15 +16,16 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from hydrad import __version__
+from hydrad import __version__, jsonbody
 from hydrad.engine.control import EngineBusy, EngineControl, ParamError, UnknownModel
-from hydrad.engine.core import StateError
+from hydrad.engine.core import PromptTooLong, StateError
 from hydrad.engine.requests import Done, Failed, RequestHandle, Token
 from hydrad.http import metrics, openai
 from hydrad.http.openai import ApiError
 from hydrad.logs import log_event
 from hydrad.rpc import protocol as P
 from hydrad.rpc.state import StateReceiver, chunked
+from hydrad.serving import BodyTooLarge, read_body, until_disconnected
 from hydrad.settings import EngineSettings
 
 log = logging.getLogger("hydrad.http")
@@ -112,10 +112,26 @@ def build_app(settings: EngineSettings, control: EngineControl) -> Starlette:
         # with no generation yet, the request waits in the engine's queue for the loading model
         return gen.resolved.id if gen is not None else load.model  # type: ignore[union-attr]
 
+    async def body_of(request: Request) -> bytes:
+        try:
+            return await read_body(request, settings.http.max_body_bytes)
+        except BodyTooLarge as exc:
+            raise ApiError(413, str(exc), "request_too_large") from None
+
+    async def json_object(request: Request, what: str) -> dict[str, Any]:
+        try:
+            return jsonbody.loads_object(await body_of(request), what)
+        except jsonbody.BodyError as exc:
+            raise ApiError(400, str(exc), exc.code, exc.param) from None
+
     async def generate(request: Request, kind: str) -> Response:
         t_arrival = time.monotonic()
-        req, greq = openai.parse(kind, await request.body())
+        req, greq = openai.parse(kind, await body_of(request))
         model_id = check_serving(req)
+        try:
+            await core.prepare(greq)
+        except PromptTooLong as exc:
+            raise ApiError(400, str(exc), "context_length_exceeded", "messages" if kind == "chat" else "prompt") from None
         handle = core.submit(greq)
         rid = openai.new_id(kind)
         try:
@@ -139,6 +155,7 @@ def build_app(settings: EngineSettings, control: EngineControl) -> Starlette:
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         parts: list[str] = []
         ev: Any = first
+        gone = asyncio.ensure_future(until_disconnected(request))
         try:
             while True:
                 if isinstance(ev, Token):
@@ -152,8 +169,18 @@ def build_app(settings: EngineSettings, control: EngineControl) -> Starlette:
                 elif isinstance(ev, Failed):
                     handle.finished = True
                     raise ApiError(ev.status, ev.message, ev.code)
-                ev = await handle.queue.get()
+                if handle.queue.empty():
+                    nxt = asyncio.ensure_future(handle.queue.get())
+                    await asyncio.wait((nxt, gone), return_when=asyncio.FIRST_COMPLETED)
+                    if not nxt.done():  # the client went away: stop generating for nobody
+                        nxt.cancel()
+                        log_event(log, logging.INFO, "client disconnected; request cancelled", req=handle.id)
+                        return Response(status_code=499)
+                    ev = nxt.result()
+                else:
+                    ev = handle.queue.get_nowait()
         finally:
+            gone.cancel()
             core.cancel(handle) if not handle.finished else None
 
     async def _stream(kind: str, rid: str, model_id: str, req: openai._Common, handle: RequestHandle,
@@ -199,10 +226,7 @@ def build_app(settings: EngineSettings, control: EngineControl) -> Starlette:
 
     async def configure(request: Request) -> Response:
         guard_control(request)
-        try:
-            payload = json.loads(await request.body() or b"{}")
-        except ValueError as exc:
-            raise ApiError(400, f"configure body is not valid JSON: {exc}", "invalid_json") from None
+        payload = await json_object(request, "configure body")
         try:
             result = await control.configure(payload)
         except ParamError as exc:
@@ -215,11 +239,8 @@ def build_app(settings: EngineSettings, control: EngineControl) -> Starlette:
 
     async def swap_quant(request: Request) -> Response:
         guard_control(request)
-        try:
-            body = json.loads(await request.body() or b"{}")
-        except ValueError as exc:
-            raise ApiError(400, f"body is not valid JSON: {exc}", "invalid_json") from None
-        model = body.get("model") if isinstance(body, dict) else None
+        body = await json_object(request, "swap_quant body")
+        model = body.get("model")
         if not isinstance(model, str):
             raise ApiError(400, "swap_quant needs {\"model\": <alias or GGUF path>}", "invalid_field", "model")
         try:

@@ -26,6 +26,8 @@ def render(core: EngineCore, engine_name: str) -> str:
     _line(out, "hydra_cached_prompt_tokens_total", "counter", "Prompt tokens served from a slot's cache.", s.cached_tokens_total)
     _line(out, "hydra_requests_total", "counter", "Requests admitted.", s.requests_total)
     _line(out, "hydra_requests_cancelled_total", "counter", "Requests cancelled by their client.", s.requests_cancelled_total)
+    _line(out, "hydra_requests_failed_total", "counter", "Requests ended by an error of their own (the engine went on).",
+          s.requests_failed_total)
     _line(out, "hydra_slots_busy", "gauge", "Busy slots.", slots["busy"])
     _line(out, "hydra_slots_total", "gauge", "Slots of the loaded generation.", slots["total"])
     _line(out, "hydra_model_loads_total", "counter", "Completed model loads.", s.model_loads_total)

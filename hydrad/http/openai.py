@@ -14,8 +14,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from hydrad import jsonbody
 from hydrad.engine.requests import GenRequest, SamplingOverrides
+from hydrad.engine.textstream import MAX_STOP_CHARS, MAX_STOPS
 from hydrad.params import validation_message
+
+INT32_MAX = 2**31 - 1
+MAX_MODEL_NAME = 256
 
 
 class ApiError(Exception):
@@ -38,33 +43,39 @@ class ApiError(Exception):
 
 
 class _Common(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    # NaN and infinities are valid in Python's JSON but no sampling parameter means anything with them
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
-    model: str | None = None
-    max_tokens: int | None = Field(None, ge=0)
-    n_predict: int | None = Field(None, ge=-1)
+    model: str | None = Field(None, min_length=1, max_length=MAX_MODEL_NAME, pattern=r"^[^\x00-\x1f\x7f]+$")
+    max_tokens: int | None = Field(None, ge=0, le=INT32_MAX)
+    n_predict: int | None = Field(None, ge=-1, le=INT32_MAX)
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, ge=0, le=1)
-    top_k: int | None = Field(None, ge=0)
+    top_k: int | None = Field(None, ge=0, le=INT32_MAX)
     min_p: float | None = Field(None, ge=0, le=1)
-    repeat_penalty: float | None = Field(None, ge=0)
+    repeat_penalty: float | None = Field(None, gt=0, le=100)
     frequency_penalty: float = Field(0.0, ge=-2, le=2)
     presence_penalty: float = Field(0.0, ge=-2, le=2)
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-(2**63), le=2**64 - 1)
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: dict[str, Any] | None = None
     n: int = 1
-    user: str | None = None
-    max_completion_tokens: int | None = Field(None, ge=0)
-    id_slot: int | None = Field(None, ge=-1, description="Pin the request to a slot (llama-server's id_slot); -1 = any.")
+    user: str | None = Field(None, max_length=256)
+    max_completion_tokens: int | None = Field(None, ge=0, le=INT32_MAX)
+    id_slot: int | None = Field(None, ge=-1, le=INT32_MAX,
+                                description="Pin the request to a slot (llama-server's id_slot); -1 = any.")
     ignore_eos: bool = False
 
     @field_validator("stop")
     @classmethod
     def _stop(cls, v: str | list[str] | None) -> str | list[str] | None:
-        if isinstance(v, list) and len([s for s in v if s]) > 4:
-            raise ValueError("at most 4 stop sequences")
+        stops = [v] if isinstance(v, str) else [s for s in v or [] if s]
+        if len(stops) > MAX_STOPS:
+            raise ValueError(f"at most {MAX_STOPS} stop sequences")
+        longest = max((len(s) for s in stops), default=0)
+        if longest > MAX_STOP_CHARS:
+            raise ValueError(f"a stop sequence may have at most {MAX_STOP_CHARS} characters (got {longest})")
         return v
 
     def stops(self) -> list[str]:
@@ -138,11 +149,9 @@ def _text_of(content: Any, where: str) -> str:
 
 def parse(kind: Literal["chat", "completion"], raw: bytes) -> tuple[_Common, GenRequest]:
     try:
-        data = json.loads(raw or b"null")
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ApiError(400, f"request body is not valid JSON: {exc}", "invalid_json") from None
-    except RecursionError:
-        raise ApiError(400, "request body is nested too deeply", "invalid_json") from None
+        data = jsonbody.loads(raw)
+    except jsonbody.BodyError as exc:
+        raise ApiError(400, str(exc), exc.code, exc.param) from None
     if not isinstance(data, dict):
         raise ApiError(400, "request body must be a JSON object", "invalid_json")
     try:

@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import httpx
 import yaml
@@ -114,9 +114,19 @@ class NotifyListener:
         self.sock.close()
 
 
+def address_space_limit(nbytes: int) -> list[str]:
+    """A command prefix that runs a process with at most ``nbytes`` of address space (RLIMIT_AS): an
+    allocation past it fails inside that process instead of pushing the machine into swap or the
+    OOM killer. The limit is inherited by the process's children."""
+    return ["prlimit", f"--as={int(nbytes)}", "--"]
+
+
 class Engine:
     def __init__(self, tmp: Path, defaults: dict[str, Any] | None = None, name: str = "test",
-                 extra: dict[str, Any] | None = None, env: dict[str, str] | None = None) -> None:
+                 extra: dict[str, Any] | None = None, env: dict[str, str] | None = None,
+                 wrap: Sequence[str] = ()) -> None:
+        """``wrap`` is a command prefix the daemon runs under, e.g. ``address_space_limit(8 << 30)``
+        (``prlimit --as=... --``) so that a test feeding it hostile input cannot exhaust the machine."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.config = tmp / f"{name}.yaml"
@@ -125,7 +135,8 @@ class Engine:
             "models_dir": str(models_dir()), "registry": str(REGISTRY), "drain_timeout_s": 10,
             "defaults": {"n_ctx": 4096, "n_parallel": 4, **(defaults or {})},
         }
-        cfg.update(extra or {})
+        for key, value in (extra or {}).items():  # a section (http, rpc, ...) is merged, not replaced
+            cfg[key] = {**cfg[key], **value} if isinstance(value, dict) and isinstance(cfg.get(key), dict) else value
         self.config.write_text(yaml.safe_dump(cfg))
         self.notify = NotifyListener(tmp / f"notify-{name}.sock")
         self.log_path = tmp / f"{name}.log"
@@ -136,7 +147,7 @@ class Engine:
             env["JOURNAL_STREAM"] = f"{st.st_dev}:{st.st_ino}"
         e = dict(os.environ, NOTIFY_SOCKET=str(self.notify.path), PYTHONUNBUFFERED="1", **env)
         self.started = time.monotonic()
-        self.proc = subprocess.Popen([sys.executable, "-m", "hydrad.daemon", "--config", str(self.config)],
+        self.proc = subprocess.Popen([*wrap, sys.executable, "-m", "hydrad.daemon", "--config", str(self.config)],
                                      stdout=self._log, stderr=subprocess.STDOUT, env=e, cwd=str(tmp))
         self.http = httpx.Client(base_url=self.url, timeout=60)
 

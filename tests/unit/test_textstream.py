@@ -177,3 +177,35 @@ def test_detokenizer_feeding_matcher(text: str, stops: list[str], data: st.DataO
         if not stopped:
             out += matcher.flush()
     assert (out, stopped) == first_stop_oracle(text, stops)
+
+
+def test_long_stop_costs_linear_memory_and_time() -> None:
+    """The longest allowed stop is matched without building its prefixes: a text that keeps
+    almost matching it is scanned in one pass (the old prefix set held ~8 M characters)."""
+    import time
+    import tracemalloc
+
+    from hydrad.engine.textstream import MAX_STOP_CHARS
+
+    stop = "a" * (MAX_STOP_CHARS - 1) + "b"
+    tracemalloc.start()
+    t0 = time.monotonic()
+    matcher = StopMatcher([stop])
+    out = ""
+    for _ in range(MAX_STOP_CHARS // 64):
+        piece, stopped = matcher.push("a" * 64)
+        out += piece
+        assert not stopped
+    piece, stopped = matcher.push("b")
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert stopped and out + piece == "a"  # one "a" more than the stop's run, then the stop itself
+    assert peak < 2_000_000
+    assert time.monotonic() - t0 < 2
+
+
+def test_stop_longer_than_the_bound_is_refused() -> None:
+    from hydrad.engine.textstream import MAX_STOP_CHARS
+
+    with pytest.raises(ValueError, match="at most"):
+        StopMatcher(["x" * (MAX_STOP_CHARS + 1)])
