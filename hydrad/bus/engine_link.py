@@ -316,7 +316,10 @@ class EngineLink:
             try:
                 msg = M.decode(frames)
             except M.BusDecodeError as exc:
-                self._warn("decode", "malformed bus message dropped", error=exc.reason)
+                if sum(len(f) for f in frames) > M.MAX_BODY:  # its own key: junk must not hide this one
+                    self._warn("too-large", "oversized bus message dropped", error=exc.reason)
+                else:
+                    self._warn("decode", "malformed bus message dropped", error=exc.reason)
                 continue
             try:
                 self._dispatch(msg)

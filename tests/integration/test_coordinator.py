@@ -528,6 +528,19 @@ def test_engine_link_against_a_raw_router(smollm_path: Path, start_engine: Calla
         router.send_multipart([ident[0], *M.encode(M.Configure(req="c-1", payload={"n_ctx": "lots"}))])
         bad = recv(M.ConfigureReply)
         assert not bad.ok and bad.status == 400
+        # A message over the bus limit is dropped by the engine like any malformed one; the link
+        # stays up (a ZeroMQ size limit would drop the connection and every request on it).
+        before = ident[0]
+        router.send_multipart([ident[0], M.PROTOCOL, b"GENERATE",
+                               b'{"req":"g-big","prompt":"' + b"x" * (M.MAX_BODY + 1) + b'"}'])
+        router.send_multipart([ident[0], *M.encode(M.Generate(req="g-3", prompt="Hello", max_tokens=2,
+                                                              model="smollm2-135m"))])
+        assert isinstance(recv(M.Done, pred=lambda m: m.req == "g-3"), M.Done)
+        assert ident[0] == before
+        deadline = time.monotonic() + 5
+        while "oversized bus message dropped" not in e.log() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "oversized bus message dropped" in e.log()
         assert e.proc.poll() is None and "malformed bus message dropped" in e.log()
         # From now on the "coordinator" says nothing: after 3 intervals the engine reconnects.
         answering[0] = False
