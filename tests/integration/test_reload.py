@@ -225,3 +225,28 @@ def test_failed_drain_load_restores_the_previous_model(smollm_engine: Engine, tm
     h = e.http.get("/health").json()
     assert h["status"] == "ok" and h["model"] == "smollm2-135m" and "half.gguf" in h["last_error"]
     assert e.http.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 3}).status_code == 200
+
+
+def test_sighup_load_superseded_by_a_configure_still_ends_with_ready(gemma_path: Path, smollm_path: Path,
+                                                                     start_engine: Callable[..., Engine]) -> None:
+    """A SIGHUP load that a configure aborts is over: systemd hears READY=1 again (the handler
+    used to wait for 'done' or 'failed' only, and spun for ever on 'aborted')."""
+    e = start_engine(defaults={"model": "smollm2-135m"})
+    e.wait_ready()
+    cfg = yaml.safe_load(e.config.read_text())
+    cfg["defaults"]["model"] = "gemma3-270m"
+    e.config.write_text(yaml.safe_dump(cfg))
+    n_ready = e.notify.lines().count("READY=1")
+    e.proc.send_signal(signal.SIGHUP)
+    deadline = time.monotonic() + 30
+    while e.http.get("/health").json().get("load_id") is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    r = e.configure(model="smollm2-135m")
+    assert r.status_code in (200, 202), r.text
+    deadline = time.monotonic() + 30
+    while e.notify.lines().count("READY=1") <= n_ready and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert e.notify.lines().count("READY=1") > n_ready, e.notify.lines()
+    loads = [e.http.get(f"/control/loads/{i}").json() for i in (2,)]
+    assert loads[0]["phase"] in ("aborted", "done"), loads
+    assert e.http.get("/health").json()["model"] == "smollm2-135m"

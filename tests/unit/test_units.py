@@ -203,3 +203,11 @@ def test_coordinator_unit_is_notify_hardened_and_part_of_the_target() -> None:
     assert unit["Unit"]["PartOf"] == ["hydra.target"]
     assert unit["Install"]["WantedBy"] == ["hydra.target"]
     assert parse_unit(TARGET)["Unit"]["Wants"] == ["hydra-coordinator.service"]
+
+
+@pytest.mark.parametrize("unit", [ENGINE, COORDINATOR], ids=lambda p: p.name)
+def test_units_raise_the_open_file_limit(unit: Path) -> None:
+    """Each client connection is a file: under the default soft limit of 1,024, 1,100 idle
+    connections once took an engine offline."""
+    (value,) = parse_unit(unit)["Service"]["LimitNOFILE"]
+    assert int(value) >= 65536
