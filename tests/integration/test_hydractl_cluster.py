@@ -278,6 +278,35 @@ def test_up_serves_the_profile_through_the_coordinator(pool: tuple[Up, str]) -> 
 
 
 @pytest.mark.model
+def test_the_pool_bus_admits_only_its_own_engines(pool: tuple[Up, str]) -> None:
+    """hydractl up gives each pool a random bus token: its engines joined with it, and any other
+    local process that connects to the bus is refused (no prompts, no configure for it)."""
+    import zmq
+
+    from hydrad.bus import messages as M
+
+    up, _ = pool
+    offset = int(up.args[up.args.index("--port-offset") + 1])
+    assert "bus_token=true" in (up.logs / "coordinator.log").read_text()
+    for name in DEV:
+        assert "token=true" in (up.logs / f"{name}.log").read_text()
+    ctx = zmq.Context()
+    try:
+        d = ctx.socket(zmq.DEALER)
+        d.setsockopt(zmq.LINGER, 0)
+        d.setsockopt(zmq.IDENTITY, b"intruder~1")
+        d.connect(f"tcp://127.0.0.1:{9500 + offset}")
+        d.send_multipart(M.encode(M.Register(engine="intruder", instance="x.1", version="0")))
+        assert d.poll(10_000), "no answer to an unauthenticated REGISTER"
+        refused = M.decode(d.recv_multipart())
+        assert isinstance(refused, M.Refused) and "token" in refused.reason
+        assert not d.poll(1500)
+    finally:
+        ctx.destroy(0)
+    assert set(engines(pool[1])) == set(DEV)
+
+
+@pytest.mark.model
 def test_engines_shows_both_alive(pool: tuple[Up, str]) -> None:
     _, url = pool
     r = hydractl("engines", url)
