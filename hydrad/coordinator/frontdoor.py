@@ -266,7 +266,7 @@ class FrontDoor:
         # From here on the request waits on engines: watch the client meanwhile, and cancel the
         # request on its engine the moment the client goes (a non-streaming request has no
         # send that would fail; without this it would generate to max_tokens for nobody).
-        work = asyncio.ensure_future(self._generate(request, kind, req, greq, session, model, rid))
+        work = asyncio.ensure_future(self._generate(kind, req, greq, session, model, rid))
         gone = asyncio.ensure_future(_disconnected(request))
         try:
             await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
@@ -278,13 +278,13 @@ class FrontDoor:
         if work.done():
             return work.result()
         work.cancel()
-        with contextlib.suppress(BaseException):
+        with contextlib.suppress(Exception, asyncio.CancelledError):
             await work
         log_event(log, logging.INFO, "client went away; request cancelled", req=rid)
         return Response(status_code=499)  # nobody reads it; uvicorn drops it
 
-    async def _generate(self, request: Request, kind: str, req: Any, greq: GenRequest, session: str | None,
-                        model: str | None, rid: str) -> Response:
+    async def _generate(self, kind: str, req: Any, greq: GenRequest, session: str | None, model: str | None,
+                        rid: str) -> Response:
         rr = self.route_request(greq, model, session)
         exclude: set[str] = set()
         failures: list[str] = []
