@@ -216,7 +216,18 @@ class EngineLink:
         if sock is None:
             return False
         try:
-            sock.send_multipart(M.encode(msg), flags=zmq.NOBLOCK).result()
+            frames = M.encode(msg)
+        except M.BusEncodeError as exc:
+            # A request's text or result the bus cannot carry: end that request with an error the
+            # coordinator can pass on, rather than leave it waiting for a token that never comes.
+            req = getattr(msg, "req", None)
+            self._warn("encode", "bus message cannot be encoded", kind=msg.KIND.decode(), error=exc.reason)
+            if req is not None and isinstance(msg, (M.Tokens, M.Done)):
+                self._send(M.Error(req=req, message=f"the engine's answer cannot be sent: {exc.reason}"[:8192],
+                                   status=500, code="encode_failed"))
+            return False  # the caller's message did not go: a generation stops (and is cancelled in the core)
+        try:
+            sock.send_multipart(frames, flags=zmq.NOBLOCK).result()
             return True
         except zmq.Again:
             if self._welcomed:  # before WELCOME, a REGISTER finding no connection yet is the normal case
