@@ -8,6 +8,7 @@ configuration in force.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,6 +47,7 @@ class EngineControl:
         self.layers = ParamLayers(yaml=dict(yaml_defaults), model_defaults=registry.defaults_for)
         self.resolved: ResolvedModel | None = None
         self._pending_payload: dict[str, Any] | None = None  # what the running load applies
+        self._loading_target: RuntimeParams | None = None  # the parameters the running load will serve with
         core.params = self.layers.effective()
 
     def effective(self) -> RuntimeParams:
@@ -61,24 +63,40 @@ class EngineControl:
             return None
         resolved = self.resolve(eff.model)
         rec = self.core.load(resolved, eff, on_success=lambda: self._loaded(resolved, None))
+        self._loading_target = eff
         return ConfigureResult(Tier.T3, ["model"], load_id=rec.id)
 
     async def configure(self, payload: dict[str, Any]) -> ConfigureResult:
         """Apply a payload. Raises ParamError (400), UnknownModel (404) or EngineBusy (409).
 
-        A configure that arrives while a model load runs supersedes it: the payload is merged into the
-        running load's payload, validated, the running load is aborted (the serving generation is
-        untouched), and the merged payload is applied as one change."""
+        A configure that arrives while a model load runs either joins it, when the merged result is
+        what that load will serve anyway (a coordinator asking for the model the YAML is already
+        loading), or supersedes it: the payload is merged into the running load's payload,
+        validated, the running load is aborted (the serving generation is untouched), and the
+        merged payload is applied as one change, diffed against what is actually installed, so
+        the aborted load's target is still loaded when the merged payload wants it."""
         if self.core.current_load is None:
             self._pending_payload = None
-        if self.core.current_load is not None:
+            self._loading_target = None
+        superseded = False
+        running = self.core.current_load
+        if running is not None:
             merged = {**(self._pending_payload or {}), **payload}
-            self.layers.plan(merged)  # refuse a bad payload (or unknown model) before aborting a good load
+            target = self.layers.plan(merged)  # refuse a bad payload (or unknown model) before aborting a good load
             self.resolve_if_model(merged)
-            log_event(log, logging.INFO, "configure supersedes a running load", load=self.core.current_load.id)
+            if self._loading_target is not None and target.effective == self._loading_target:
+                self.layers.commit(target)  # the same destination: let the running load get there
+                self._pending_payload = merged
+                log_event(log, logging.INFO, "configure joins the running load", load=running.id)
+                return ConfigureResult(Tier.T3, target.changed, load_id=running.id, extra={"joined": True})
+            log_event(log, logging.INFO, "configure supersedes a running load", load=running.id)
             await self.core.abort_load()
             payload = merged
+            superseded = True
         plan = self.layers.plan(payload)
+        if superseded and plan.tier < Tier.T3 and self._differs_from_installed(plan.effective):
+            # the committed layers name a model the aborted load never installed
+            plan = dataclasses.replace(plan, tier=Tier.T3, changed=sorted(set(plan.changed) | {"model"}))
         if plan.tier == Tier.NONE:
             self.layers.commit(plan)  # may drop an override equal to the value below it
             return ConfigureResult(Tier.NONE, [])
@@ -100,6 +118,14 @@ class EngineControl:
         self.layers.commit(plan)
         return ConfigureResult(Tier.T1, plan.changed)
 
+    def _differs_from_installed(self, params: RuntimeParams) -> bool:
+        """Whether serving ``params`` needs a model load from what is installed now."""
+        gen = self.core.gen
+        if gen is None:
+            return params.model is not None
+        return any(getattr(gen.params, k) != getattr(params, k)
+                   for k in RuntimeParams.model_fields if RuntimeParams.tier_of(k) == Tier.T3)
+
     def resolve_if_model(self, payload: dict[str, Any]) -> ResolvedModel | None:
         name = payload.get("model")
         return self.resolve(name) if isinstance(name, str) else None
@@ -115,6 +141,7 @@ class EngineControl:
         rec = self.core.load(resolved, plan.effective, on_success=done, policy=plan.effective.reload_policy,
                              carry_kv=carry_kv, kv_bytes_per_token=entry.kv_bytes_per_token if entry else None)
         self._pending_payload = dict(payload)
+        self._loading_target = plan.effective
         return rec
 
     async def swap_quant(self, model: str) -> ConfigureResult:
@@ -177,6 +204,7 @@ class EngineControl:
                     self._loaded(resolved, None)
 
                 rec = self.core.load(resolved, plan.effective, on_success=done, policy=plan.effective.reload_policy)
+                self._loading_target = plan.effective
                 return ConfigureResult(tier, changed, load_id=rec.id)
             if tier == Tier.T3:
                 await self.core.unload()

@@ -250,3 +250,45 @@ def test_sighup_load_superseded_by_a_configure_still_ends_with_ready(gemma_path:
     loads = [e.http.get(f"/control/loads/{i}").json() for i in (2,)]
     assert loads[0]["phase"] in ("aborted", "done"), loads
     assert e.http.get("/health").json()["model"] == "smollm2-135m"
+
+
+def _load_of(e: Engine, timeout: float = 30.0) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            load = e.http.get("/health").json().get("load_id")
+        except httpx.TransportError:  # not listening yet
+            load = None
+        if load is not None:
+            return int(load)
+        time.sleep(0.005)
+    raise AssertionError("no load started")
+
+
+def test_configure_for_the_model_being_loaded_joins_the_boot_load(gemma_path: Path,
+                                                                  start_engine: Callable[..., Engine]) -> None:
+    """A coordinator asking for the model the YAML is already loading must not abort that load
+    (the engine used to end idle with no model for good)."""
+    e = start_engine(defaults={"model": "gemma3-270m"})
+    boot = _load_of(e)
+    r = e.configure(wait=False, model="gemma3-270m")
+    assert r.status_code in (200, 202), r.text
+    body = r.json()
+    if body.get("load_id") is not None:  # the boot load was still running: joined, not restarted
+        assert body["load_id"] == boot and body.get("joined") is True, body
+    assert e.wait_ready()["model"] == "gemma3-270m"
+    assert e.http.get(f"/control/loads/{boot}").json()["phase"] == "done"
+
+
+def test_configure_superseding_the_boot_load_still_loads_the_merged_target(gemma_path: Path,
+                                                                           start_engine: Callable[..., Engine]) -> None:
+    """A configure that changes something else while the YAML's model loads aborts that load and
+    loads the merged target: the YAML's model with the new setting, not nothing."""
+    e = start_engine(defaults={"model": "gemma3-270m"})
+    boot = _load_of(e)
+    r = e.configure(wait=False, n_ctx=3072)
+    assert r.status_code in (200, 202), r.text
+    h = e.wait_ready()
+    assert h["model"] == "gemma3-270m"
+    assert e.http.get("/v1/models").json()["data"][0]["meta"]["n_ctx"] == 3072
+    assert e.http.get(f"/control/loads/{boot}").json()["phase"] in ("aborted", "done")
