@@ -530,7 +530,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--coordinator", default=DEFAULT_EVENTS, metavar="ENDPOINT",
                     help=f"the coordinator's events (PUB) endpoint (default {DEFAULT_EVENTS})")
     ap.add_argument("--admin", default=DEFAULT_ADMIN, metavar="URL",
-                    help=f"the coordinator's HTTP address, serving /admin/* (default {DEFAULT_ADMIN})")
+                    help=f"the coordinator's HTTP address, serving /admin/* (default {DEFAULT_ADMIN}); "
+                         "its admin token, when it has one, is read from the file $HYDRA_ADMIN_TOKEN_FILE names")
     ap.add_argument("--refresh", type=float, default=2.0, metavar="SECONDS",
                     help="seconds between admin API fetches (slots, queue, tok/s; default 2)")
     ap.add_argument("--curve-server-key", default=None, metavar="Z85",
