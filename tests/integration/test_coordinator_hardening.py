@@ -16,6 +16,8 @@ import json
 import os
 import signal
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -249,6 +251,14 @@ def test_admin_needs_an_allowed_address_and_the_token(tmp_path: Path) -> None:
             assert r.status_code == 401 and "not valid" in r.json()["error"]["message"]
             assert anon.get("/health").status_code in (200, 503)  # the front door is not /admin
         assert c.http.get("/admin/engines").status_code == 200  # the helper sends the token
+        # hydractl: without the token a clear error, with $HYDRA_ADMIN_TOKEN_FILE the answer.
+        env = {k: v for k, v in os.environ.items() if not k.startswith("HYDRA_ADMIN_TOKEN")}
+        cmd = [sys.executable, "-m", "hydrad.cli.hydractl", "engines", c.url]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env, cwd=str(REPO))
+        assert r.returncode != 0 and "HYDRA_ADMIN_TOKEN_FILE" in r.stderr, r.stderr
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=str(REPO),
+                           env={**env, "HYDRA_ADMIN_TOKEN_FILE": str(tmp_path / "a" / "admin.token")})
+        assert r.returncode == 3 and "0/0 engines alive" in r.stdout, (r.stdout, r.stderr)
         r = far.http.post("/admin/profile", json={"name": "dev"})
         assert r.status_code == 403 and r.json()["error"]["code"] == "forbidden"
         assert "admin_allow_from" in r.json()["error"]["message"]
