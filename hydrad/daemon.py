@@ -187,7 +187,8 @@ class Daemon:
             self.notifier.reloading()
             try:
                 fresh = load_config(self.loaded.path)
-                changed_t4 = [k for k in ("name", "http", "rpc", "bus", "models_dir", "control_allow_from", "logging")
+                changed_t4 = [k for k in ("name", "http", "rpc", "bus", "models_dir", "control_allow_from", "logging",
+                                          "device")
                               if getattr(fresh.settings, k) != getattr(self.settings, k)]
                 if changed_t4:
                     log_event(log, logging.WARNING, "start-only settings changed; restart to apply",
@@ -212,6 +213,22 @@ def _print_config(loaded: LoadedConfig) -> None:
                           "tier": f"T{int(RuntimeParams.tier_of(k))}"}
                       for k, v in params.model_dump(mode="json").items()}}
     print(yaml.safe_dump(out, sort_keys=False, default_flow_style=False), end="")
+
+
+DEVICE_ENV = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "GGML_VK_VISIBLE_DEVICES")
+
+
+def bind_devices(device: str | None, environ: Any) -> None:
+    """Make only ``device`` visible to llama.cpp's GPU backends, before any of them initialises
+    (``preload_native`` only maps the libraries; the backends enumerate devices on first use).
+    The variables are the ones the CUDA, ROCm and Vulkan runtimes read; Vulkan takes indices only.
+    An operator's own setting in the environment (a unit drop-in) wins."""
+    if device is None:
+        return
+    for name in DEVICE_ENV:
+        if name == "GGML_VK_VISIBLE_DEVICES" and not device[0].isdigit():
+            continue
+        environ.setdefault(name, device)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -241,6 +258,7 @@ def main(argv: list[str] | None = None) -> int:
             _print_config(loaded)
         return 0
     setup_logging(loaded.settings.logging.level)
+    bind_devices(loaded.settings.device, os.environ)
     # The engine thread and the event loop hand work to each other every decode step; a shorter GIL
     # switch interval keeps the loop from waiting up to 5 ms for the engine thread's Python parts.
     sys.setswitchinterval(0.0005)

@@ -59,6 +59,8 @@ def build_app(settings: EngineSettings, control: EngineControl) -> Starlette:
     async def health(_: Request) -> Response:
         stage = core.stage
         body: dict[str, Any] = {"stage": stage, "engine": settings.name, "slots": core.slots_view()}
+        if settings.device is not None:
+            body["device"] = settings.device
         gen = core.gen
         if gen is not None:
             body["model"] = gen.resolved.id

@@ -337,3 +337,10 @@ def test_metrics_exposition(smollm_engine: Engine) -> None:
                  "hydra_model_load_seconds", 'hydra_stage{engine="test",stage="ready"} 1'):
         assert name in text, name
     assert metric(smollm_engine, "llamacpp:tokens_predicted_total") >= 3
+
+
+def test_device_binding_is_reported(start_engine: Callable[..., Engine]) -> None:
+    """``device`` (start-only) is what the engine says it is bound to; no GPU here to see more."""
+    e = start_engine(extra={"device": "0"})
+    e.notify.wait_for("READY=1")
+    assert e.http.get("/health").json()["device"] == "0"
