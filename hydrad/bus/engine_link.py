@@ -46,6 +46,7 @@ from hydrad import __version__, tokenfile
 from hydrad.bus import messages as M
 from hydrad.bus.gpu import local_gpu
 from hydrad.engine.control import EngineBusy, EngineControl, ParamError, UnknownModel
+from hydrad.engine.core import PromptTooLong
 from hydrad.engine.requests import Done, Failed, Token
 from hydrad.logs import log_event
 from hydrad.settings import EngineSettings
@@ -392,7 +393,13 @@ class EngineLink:
                                    message=f"engine {self.settings.name} serves "
                                            f"{gen.resolved.id if gen else 'no model'}, not '{msg.model}'"))
                 return
-            handle = self.core.submit(msg.to_request())
+            request = msg.to_request()
+            try:
+                await self.core.prepare(request)  # a long prompt is tokenized off the engine thread
+            except PromptTooLong as exc:
+                self._send(M.Error(req=req, status=400, code="context_length_exceeded", message=str(exc)))
+                return
+            handle = self.core.submit(request)
             try:
                 while True:
                     batch = [await handle.queue.get()]
