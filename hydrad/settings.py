@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from hydrad import tokenfile
 from hydrad.params import check_partial, validation_message
 from hydrad.yamlfile import read_mapping
 
@@ -68,21 +69,15 @@ class LogSettings(BaseModel):
         """A copy with ``token`` read from ``token_file``; ConfigError naming the field when it cannot be used.
 
         Read at start only: the secret then lives in a root-readable file (e.g. /etc/hydra/engine.token,
-        mode 0600) rather than in a YAML that operators copy around and paste into tickets."""
+        mode 0600) rather than in a YAML that operators copy around and paste into tickets. Same file
+        format as the bus and admin tokens (hydrad.tokenfile)."""
         if self.token_file is None:
             return self
         path = self.token_file if self.token_file.is_absolute() or base is None else base / self.token_file
         try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-            raise ConfigError(f"rpc.token_file: cannot read {path}: {reason} (create it with: "
-                              f"umask 077; openssl rand -hex 32 > {path})") from None
-        token = text.strip()
-        if not token:
-            raise ConfigError(f"rpc.token_file: {path} is empty")
-        if any(c.isspace() for c in token) or not token.isprintable():
-            raise ConfigError(f"rpc.token_file: {path} must hold one token (no inner whitespace or control characters)")
+            token = tokenfile.read_token(path)
+        except tokenfile.TokenError as exc:
+            raise ConfigError(f"rpc.token_file: {exc}") from None
         return self.model_copy(update={"token_file": path, "token": token})
 
 

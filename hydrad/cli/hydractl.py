@@ -41,7 +41,9 @@ from hydrad.rpc.client import RpcClient, RpcError, migrate, parse_address
 DEFAULT_URL = "http://127.0.0.1:8080"
 URL_ENV = "HYDRA_ENGINE_URL"
 POLL_INTERVAL_S = 0.2
-RPC_TOKEN_ENV = "HYDRA_RPC_TOKEN"
+RPC_TOKEN_ENV = "HYDRA_RPC_TOKEN"  # the older name of TOKEN_ENV, still read
+TOKEN_ENV = "HYDRA_TOKEN"  # the engines' token (rpc.token / rpc.token_file), for HTTP and the RPC port
+TOKEN_FILE_ENV = "HYDRA_TOKEN_FILE"
 STATE_READ_SIZE = 4 << 20
 
 COORDINATOR_URL = "http://127.0.0.1:9000"
@@ -125,9 +127,11 @@ class EngineClient:
 
     what = "engine"  # named in every error, so the user knows which server is meant
 
-    def __init__(self, url: str, timeout: float) -> None:
+    def __init__(self, url: str, timeout: float, token: str | None = None) -> None:
         self.url = normalize_url(url)
         self._http = httpx.Client(base_url=self.url, timeout=timeout)
+        if token:  # an engine with rpc.token wants it on /control/* and /slots/*/state*
+            self._http.headers["Authorization"] = f"Bearer {token}"
 
     def close(self) -> None:
         self._http.close()
@@ -210,8 +214,28 @@ def format_health(health: dict[str, Any], url: str) -> str:
     return "\n".join(f"{name:<11} {value}" for name, value in rows)
 
 
+def engine_token(args: argparse.Namespace) -> str | None:
+    """The engines' token: --token, else --token-file, else $HYDRA_TOKEN / $HYDRA_RPC_TOKEN, else the file
+    $HYDRA_TOKEN_FILE names. A file keeps the secret out of the shell history and the process list."""
+    token = getattr(args, "token", None)
+    if token:
+        return token
+    path = getattr(args, "token_file", None)
+    if not path:
+        token = os.environ.get(TOKEN_ENV) or os.environ.get(RPC_TOKEN_ENV)
+        if token:
+            return token
+        path = os.environ.get(TOKEN_FILE_ENV)
+    if not path:
+        return None
+    try:
+        return tokenfile.read_token(path)
+    except tokenfile.TokenError as exc:
+        raise CliError(f"--token-file: {exc}", EXIT_REJECTED) from None
+
+
 def cmd_status(args: argparse.Namespace) -> int:
-    engine = EngineClient(args.url or args.default_url, args.timeout)
+    engine = EngineClient(args.url or args.default_url, args.timeout, engine_token(args))
     try:
         code, health = engine.health()
     finally:
@@ -294,7 +318,7 @@ def cmd_configure(args: argparse.Namespace) -> int:
     if not items:
         raise CliError("nothing to configure: give at least one key=value", EXIT_REJECTED)
     payload = parse_assignments(items)
-    engine = EngineClient(url, args.timeout)
+    engine = EngineClient(url, args.timeout, engine_token(args))
     try:
         resp = engine.request("POST", "/control/configure", payload)
         result = engine.checked(resp)
@@ -324,7 +348,7 @@ def format_config(config: dict[str, Any]) -> str:
 
 
 def cmd_config(args: argparse.Namespace) -> int:
-    engine = EngineClient(args.url or args.default_url, args.timeout)
+    engine = EngineClient(args.url or args.default_url, args.timeout, engine_token(args))
     try:
         config = engine.checked(engine.request("GET", "/control/config"))
     finally:
@@ -375,7 +399,7 @@ def rpc_errors(address: str, refused: str | None = None) -> Iterator[None]:
 
 def connect(address: str, args: argparse.Namespace) -> RpcClient:
     """A client that has said HELLO (with the token, when one is given)."""
-    return RpcClient(address, token=args.token or None, timeout=args.rpc_timeout)
+    return RpcClient(address, token=engine_token(args), timeout=args.rpc_timeout)
 
 
 def _mb(n: int) -> str:
@@ -656,7 +680,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     what = f"migration of slot {args.slot} of {src} to slot {to_slot} of {dst}"
     t0 = time.monotonic()
     with rpc_errors(f"{src} or {dst}", refused=what):
-        result = migrate(src, dst, args.slot, dst_slot=to_slot, token=args.token or None)
+        result = migrate(src, dst, args.slot, dst_slot=to_slot, token=engine_token(args))
     seconds = float(result.get("total_seconds") or time.monotonic() - t0)
     if args.json:
         print(json.dumps(result, indent=2))
@@ -966,7 +990,12 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    st = sub.add_parser("status", parents=[common], help="show the engine's stage, model and slots",
+    rpc_auth = argparse.ArgumentParser(add_help=False)
+    rpc_auth.add_argument("--token", metavar="T",
+                          help=f"the engines' token, rpc.token (default ${TOKEN_ENV}; prefer --token-file)")
+    rpc_auth.add_argument("--token-file", metavar="FILE",
+                          help=f"read the engines' token from FILE (default ${TOKEN_FILE_ENV}), e.g. /etc/hydra/engine.token")
+    st = sub.add_parser("status", parents=[common, rpc_auth], help="show the engine's stage, model and slots",
                         description="Show /health as a block. Exit 0 when serving, 3 when reachable but not "
                                     "serving (idle, loading, stopping), 1 when unreachable.")
     st.add_argument("url", nargs="?", metavar="URL", help=url_help)
@@ -974,7 +1003,7 @@ def build_parser() -> argparse.ArgumentParser:
     st.set_defaults(func=cmd_status)
 
     co = sub.add_parser(
-        "configure", parents=[common], help="change runtime parameters (key=value ...)",
+        "configure", parents=[common, rpc_auth], help="change runtime parameters (key=value ...)",
         description="POST key=value pairs to /control/configure. Values are read as YAML:\n"
                     "n_ctx=4096 is a number, tensor_split=[0.6,0.4] a list, flash_attn=on stays the string 'on';\n"
                     "key=null drops a runtime override, and model=null unloads the model.\n"
@@ -987,16 +1016,13 @@ def build_parser() -> argparse.ArgumentParser:
     co.add_argument("--no-wait", action="store_true", help="return as soon as a model load has started")
     co.set_defaults(func=cmd_configure)
 
-    cf = sub.add_parser("config", parents=[common], help="show effective parameters and where each came from",
+    cf = sub.add_parser("config", parents=[common, rpc_auth], help="show effective parameters and where each came from",
                         description="Show /control/config as a table: name, value, source "
                                     "(default, model, yaml, runtime) and tier (T1 per request .. T3 reload).")
     cf.add_argument("url", nargs="?", metavar="URL", help=url_help)
     cf.add_argument("--json", action="store_true", help="print the raw /control/config JSON")
     cf.set_defaults(func=cmd_config)
 
-    rpc_auth = argparse.ArgumentParser(add_help=False)
-    rpc_auth.add_argument("--token", default=os.environ.get(RPC_TOKEN_ENV), metavar="T",
-                          help=f"the engines' rpc.token (default ${RPC_TOKEN_ENV})")
     rpc_common = argparse.ArgumentParser(add_help=False, parents=[rpc_auth])
     rpc_common.add_argument("--timeout", dest="rpc_timeout", type=float, default=60.0, metavar="S",
                             help="seconds to wait for each answer on the RPC port (default 60)")

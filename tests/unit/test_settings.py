@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -92,10 +93,44 @@ def test_empty_file_gives_defaults(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.relative_to(ETC).as_posix())
-def test_example_configs_load(path: Path) -> None:
+def test_example_configs_load(path: Path, tmp_path: Path) -> None:
+    raw = yaml.safe_load(path.read_text())
+    if (raw.get("rpc") or {}).get("token_file"):  # the production examples name /etc/hydra/engine.token
+        assert raw["rpc"]["token_file"] == "/etc/hydra/engine.token"
+        assert "token_file" in path.read_text() and "install -m 600" in path.read_text()  # with how to make it
+        token = tmp_path / "engine.token"
+        token.write_text("an-example-token-of-the-right-length\n")
+        raw["rpc"]["token_file"] = str(token)
+        if not Path(raw["models_dir"]).is_absolute():
+            raw["models_dir"] = str((path.parent / raw["models_dir"]).resolve())
+        path = tmp_path / path.name
+        path.write_text(yaml.safe_dump(raw))
     loaded = load_config(path)
     assert loaded.settings.defaults  # each example sets runtime defaults
     assert loaded.settings.models_dir.is_absolute()
+
+
+def test_rpc_token_file(tmp_path: Path) -> None:
+    (tmp_path / "engine.token").write_text("  0123456789abcdef-token  \n")
+    cfg = write(tmp_path / "e.yaml", """\
+        rpc:
+          token_file: engine.token
+        """)
+    loaded = load_config(cfg)
+    assert loaded.settings.rpc.token == "0123456789abcdef-token"  # relative to the config, whitespace stripped
+    assert loaded.settings.token_ok("0123456789abcdef-token") and not loaded.settings.token_ok("0123456789abcdef")
+    assert "0123456789abcdef-token" not in json.dumps(loaded.sources())  # --print-config never shows it
+    assert loaded.sources()["rpc.token"]["value"] == "(set)"
+    assert EngineSettings().token_ok(None)  # no token configured: nothing to prove
+
+    missing = write(tmp_path / "m.yaml", "rpc:\n  token_file: /nonexistent/engine.token\n")
+    msg = config_error(missing)
+    assert msg.startswith(str(missing)) and "rpc.token_file" in msg and "does not exist" in msg
+    (tmp_path / "short.token").write_text("short\n")
+    msg = config_error(write(tmp_path / "s.yaml", "rpc:\n  token_file: short.token\n"))
+    assert "rpc.token_file" in msg and "16" in msg
+    msg = config_error(write(tmp_path / "b.yaml", "rpc:\n  token: abcdefghijklmnopq\n  token_file: engine.token\n"))
+    assert "rpc" in msg and "not both" in msg
 
 
 def test_dev_example_resolves_into_repo() -> None:
