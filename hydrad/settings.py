@@ -52,13 +52,6 @@ class RpcSettings(BaseModel):
     max_state_bytes: int = Field(8 << 30, ge=1, description="Largest KV state a STATE_PUT may declare.")
     first_byte_timeout_s: float = Field(10.0, gt=0, description="How long a new connection may wait before sending its first byte.")
 
-
-class LogSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level of the daemon.")
-    llama_level: Literal["debug", "info", "warning", "error"] = Field(
-        "warning", description="Least level of llama.cpp's own log lines that reach our log.")
-
     @model_validator(mode="after")
     def _token_source(self) -> "RpcSettings":
         if self.token is not None and self.token_file is not None:
@@ -79,6 +72,13 @@ class LogSettings(BaseModel):
         except tokenfile.TokenError as exc:
             raise ConfigError(f"rpc.token_file: {exc}") from None
         return self.model_copy(update={"token_file": path, "token": token})
+
+
+class LogSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level of the daemon.")
+    llama_level: Literal["debug", "info", "warning", "error"] = Field(
+        "warning", description="Least level of llama.cpp's own log lines that reach our log.")
 
 
 class BusSettings(BaseModel):
@@ -153,10 +153,6 @@ class EngineSettings(BaseModel):
             addr = addr.ipv4_mapped  # IPv4 clients of a dual-stack listener arrive as ::ffff:a.b.c.d
         return any(addr in ipaddress.ip_network(n, strict=False) for n in self.control_allow_from)
 
-
-class ConfigError(Exception):
-    """A config file that cannot be used; the message names the file and the field."""
-
     def token_ok(self, presented: str | None) -> bool:
         """Whether ``presented`` is the engine's token (constant time); True when no token is configured.
 
@@ -168,6 +164,10 @@ class ConfigError(Exception):
         if not isinstance(presented, str):
             return False
         return hmac.compare_digest(presented.encode("utf-8", "surrogateescape"), expected.encode("utf-8"))
+
+
+class ConfigError(Exception):
+    """A config file that cannot be used; the message names the file and the field."""
 
 
 @dataclass(frozen=True)
