@@ -25,6 +25,11 @@ class HttpSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
     host: str = Field("127.0.0.1", description="Address the OpenAI/control HTTP server binds.")
     port: int = Field(8080, ge=0, le=65535, description="HTTP port; 0 = pick a free one (tests).")
+    max_body_bytes: int = Field(8 << 20, ge=1024, le=1 << 30,
+                                description="Largest request body accepted; a larger one gets 413 before it is read.")
+    header_timeout_s: float = Field(10.0, gt=0, le=3600,
+                                    description="How long a connection may take to send a request's headers and body "
+                                                "(and may stay idle between requests) before it is closed.")
 
 
 class RpcSettings(BaseModel):
@@ -124,6 +129,11 @@ class EngineSettings(BaseModel):
         default_factory=lambda: ["127.0.0.0/8", "::1/128"],
         description="CIDR networks allowed to call /control/*, /slots/*/state*, every Hydra op "
                     "on the merged port and ggml-RPC compute.")
+    device: str | None = Field(
+        None, pattern=r"^([0-9]{1,3}(,[0-9]{1,3})*|GPU-[0-9a-fA-F-]{8,64})$",
+        description="GPU(s) this engine may use: an index as nvidia-smi counts them (\"0\", \"0,1\") or a GPU UUID. "
+                    "The others stay invisible to llama.cpp, so hydrad@a and hydrad@b on one host each get their own. "
+                    "None = every GPU of the host.")
     drain_timeout_s: float = Field(30.0, gt=0, description="On SIGTERM, how long in-flight requests may run before they are ended.")
     max_queue: int = Field(64, ge=0, description="Requests that may wait for a free slot; beyond that new ones get 503.")
     logging: LogSettings = Field(default_factory=LogSettings, description="Logging.")
