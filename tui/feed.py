@@ -16,6 +16,7 @@ Both are blocking and meant to run in Textual thread workers, never on the UI's 
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -98,8 +99,19 @@ def engine_base_url(http: str | None, admin_url: str) -> str | None:
 class EngineClient:
     """Blocking client of one engine's own HTTP API (``/control/config``, ``/slots``), for the detail screen."""
 
-    def __init__(self, *, timeout: float = 3.0, transport: httpx.BaseTransport | None = None) -> None:
-        self._http = httpx.Client(timeout=timeout, transport=transport)
+    def __init__(self, *, timeout: float = 3.0, transport: httpx.BaseTransport | None = None,
+                 token: str | None = None) -> None:
+        """``token``: the engines' token (their ``rpc.token_file``), which ``/control/config`` needs on an
+        engine that has one; default ``$HYDRA_TOKEN`` or the file ``$HYDRA_TOKEN_FILE`` names."""
+        if token is None:
+            token = os.environ.get("HYDRA_TOKEN") or None
+            path = os.environ.get("HYDRA_TOKEN_FILE")
+            if token is None and path:
+                try:
+                    token = tokenfile.read_token(path)
+                except tokenfile.TokenError:
+                    token = None  # the call then fails with the engine's 401, which says what is missing
+        self._http = httpx.Client(timeout=timeout, transport=transport, headers=tokenfile.bearer(token))
 
     def config(self, base_url: str) -> dict[str, Any]:
         """``GET /control/config``: every runtime parameter with its value, source layer and tier."""
