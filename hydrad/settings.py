@@ -147,6 +147,12 @@ class EngineSettings(BaseModel):
             ipaddress.ip_network(item, strict=False)
         return v
 
+    @field_validator("device", mode="before")
+    @classmethod
+    def _device_number(cls, v: Any) -> Any:
+        # YAML reads `device: 0` as a number; written the natural way, an index is still an index
+        return str(v) if isinstance(v, int) and not isinstance(v, bool) else v
+
     @field_validator("defaults")
     @classmethod
     def _defaults(cls, v: dict[str, Any]) -> dict[str, Any]:

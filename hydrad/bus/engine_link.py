@@ -44,7 +44,7 @@ import zmq.asyncio
 
 from hydrad import __version__, tokenfile
 from hydrad.bus import messages as M
-from hydrad.bus.gpu import local_gpu
+from hydrad.bus.gpu import bound_device, local_gpu
 from hydrad.engine.control import EngineBusy, EngineControl, ParamError, UnknownModel
 from hydrad.engine.core import PromptTooLong
 from hydrad.engine.requests import Done, Failed, Token
@@ -249,7 +249,8 @@ class EngineLink:
         return M.Register(engine=self.settings.name, instance=f"{self.instance}.{self._epoch}", version=__version__,
                           pid=os.getpid(), gpu=self._gpu, http=self.http, rpc=self.rpc,
                           models_on_disk=self._models_on_disk(), heartbeat_interval_s=self.interval,
-                          status=self._status(), token=self._token)
+                          status=self._status(), token=self._token,
+                          device=bound_device(self.settings.device))
 
     def _models_on_disk(self) -> list[str]:
         out = []

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
+from typing import Mapping
 
 from hydrad.bus.messages import GpuInfo
 
@@ -57,3 +59,22 @@ def local_gpu() -> GpuInfo:
             pass
     return GpuInfo(name=dev.name[:256], description=dev.description[:512], kind=dev.kind, arch=arch,
                    vram_total=max(0, dev.memory_total), vram_free=max(0, dev.memory_free))
+
+
+# The variables the CUDA, ROCm and Vulkan runtimes read (the daemon sets them from ``device``).
+DEVICE_ENV = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "GGML_VK_VISIBLE_DEVICES")
+
+
+def bound_device(setting: str | None, environ: Mapping[str, str] | None = None) -> str | None:
+    """The GPU binding in force, as the bus (REGISTER) and the merged port (INFO) report it.
+
+    The daemon sets the visibility variables from the ``device`` setting before any backend
+    starts, but an operator's own variable (a unit drop-in) wins there, so the environment is
+    what the backends really see: report it, else the setting; None when every GPU is visible.
+    """
+    env = os.environ if environ is None else environ
+    for name in DEVICE_ENV:
+        value = env.get(name)
+        if value is not None and value != "":
+            return value[:128]
+    return setting

@@ -122,6 +122,11 @@ class Register(_Msg):
     models_on_disk: list[str] = Field(default_factory=list, max_length=4096)
     heartbeat_interval_s: float = Field(1.0, gt=0, le=3600)
     status: EngineStatus = Field(default_factory=EngineStatus)
+    device: str | None = Field(None, max_length=128, description="The GPU(s) the engine is bound to (its start-only "
+                                                                 "`device` setting, or the visibility variable in its "
+                                                                 "environment): \"0\", \"0,1\", a GPU UUID; absent = "
+                                                                 "every GPU of its host. Optional, so either end may be "
+                                                                 "older (an unset field is not sent).")
     token: str | None = Field(None, max_length=256, description="The pool's shared bus token (from the engine's "
                                                                  "bus.token_file); a coordinator with a token refuses "
                                                                  "a REGISTER without the same one.")

@@ -763,14 +763,16 @@ def format_engines(data: dict[str, Any], url: str) -> str:
     lines = [f"coordinator {url}, profile {data.get('profile') or '-'}, {alive}/{len(engines)} engines alive"]
     if not engines:
         return "\n".join(lines + ["no engine has registered"])
-    rows: list[tuple[str, ...]] = [("engine", "alive", "stage", "model", "slots", "queue", "decode tok/s", "heartbeat")]
+    # "device": the GPU(s) the engine is bound to (its `device` setting), "all" when it sees every GPU
+    rows: list[tuple[str, ...]] = [("engine", "alive", "device", "stage", "model", "slots", "queue", "decode tok/s",
+                                    "heartbeat")]
     notes: list[str] = []
     for e in engines:
         total = int(e.get("slots_total") or 0)
         slots = f"{e.get('slots_busy', 0)}/{total}" if total else "-"
         age = e.get("last_seen_s")
-        rows.append((str(e.get("name")), _yes(e.get("alive")), _stage(e), _serving(e), slots,
-                     f"{e.get('queued', 0)}/{e.get('max_queue', '-')}", _tps(e.get("decode_tps")),
+        rows.append((str(e.get("name")), _yes(e.get("alive")), str(e.get("device") or "all"), _stage(e), _serving(e),
+                     slots, f"{e.get('queued', 0)}/{e.get('max_queue', '-')}", _tps(e.get("decode_tps")),
                      f"{float(age):.1f}s ago" if isinstance(age, (int, float)) else "-"))
         if not e.get("alive") and e.get("down_reason"):
             notes.append(f"{e.get('name')}: down: {e['down_reason']}")

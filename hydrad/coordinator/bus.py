@@ -151,7 +151,8 @@ class EngineRecord:
         return {"name": self.name, "alive": self.alive, "down_reason": self.down_reason,
                 "last_seen_s": round(time.monotonic() - self.last_seen, 3), "up_since": self.up_since,
                 "instance": info.instance, "version": info.version, "pid": info.pid, "http": info.http,
-                "rpc": info.rpc, "gpu": info.gpu.model_dump(), "models_on_disk": info.models_on_disk,
+                "rpc": info.rpc, "gpu": info.gpu.model_dump(), "device": info.device,
+                "models_on_disk": info.models_on_disk,
                 "heartbeat_interval_s": info.heartbeat_interval_s, **self.status.model_dump()}
 
 
@@ -455,10 +456,11 @@ class CoordinatorBus:
         rec.status = msg.status
         rec.status_at, rec.ended_since_status = time.monotonic(), 0
         rec.next_ping = time.monotonic() + rec.interval
-        log_event(log, logging.INFO, "engine up", engine=name, http=msg.http, rpc=msg.rpc, gpu=msg.gpu.description or msg.gpu.name,
+        log_event(log, logging.INFO, "engine up", engine=name, http=msg.http, rpc=msg.rpc, device=msg.device or "all",
+                  gpu=msg.gpu.description or msg.gpu.name,
                   arch=msg.gpu.arch, stage=msg.status.stage, model=msg.status.model or "-",
                   models_on_disk=",".join(msg.models_on_disk), version=msg.version)
-        self.publish("engine.up", engine=name, http=msg.http, rpc=msg.rpc, gpu=msg.gpu.model_dump(),
+        self.publish("engine.up", engine=name, http=msg.http, rpc=msg.rpc, gpu=msg.gpu.model_dump(), device=msg.device,
                      stage=msg.status.stage, model=msg.status.model, previous_stage=old_stage)
         self._notify("up", rec)
 

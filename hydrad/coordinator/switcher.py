@@ -10,13 +10,27 @@ published on the PUB socket as it arrives in heartbeats.
 The same path applies the active profile to an engine that registers (a model-less engine
 started by systemd gets its model from here) and loads a model on demand when routing
 picks an engine that has it on disk.
+
+A configure counts as done only once the engine's own status (heartbeat, sent just before
+LOADED) reports the model ``ready``, never on the configure reply alone: a reply may come
+before the model is installed (a configure that joined the engine's running load, a
+configure the engine took as "nothing to change" because its layers already name the model
+although no load ever installed it, a load superseded by a later configure). Trusting the
+reply made the front door send GENERATE to an engine that serves nothing, get 503
+``model_not_loaded`` and fail the client, again and again. So after the reply (and LOADED,
+when the reply started a load) :meth:`ProfileSwitcher._until_serving` waits, bounded by
+``load_timeout_s``, until a status says ``ready`` with the model, or a status heard after
+the reply says the engine neither serves nor loads it: then the configure failed, with a
+message saying what the engine does instead and its last error.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
+from pathlib import Path
 from typing import Any
 
 from hydrad.coordinator.bus import CoordinatorBus, EngineRecord, EngineUnreachable
@@ -56,6 +70,7 @@ class ProfileSwitcher:
         self.results: dict[str, dict[str, Any]] = {}  # engine → result of the last configure we sent it (any why)
         self._ondemand: dict[str, tuple[str, asyncio.Task[dict[str, Any]]]] = {}
         self._side: set[asyncio.Task[Any]] = set()
+        self._heard: dict[str, asyncio.Event] = {}  # engine → set (and replaced) whenever we hear of it
         bus.listeners.append(self._on_engine)
 
     # ----- payloads --------------------------------------------------------------------
@@ -135,9 +150,23 @@ class ProfileSwitcher:
         try:
             reply, loaded = await self.bus.configure(engine, payload, reply_timeout=self.settings.configure_timeout_s,
                                                      load_timeout=self.settings.load_timeout_s)
+            replied = time.monotonic()
             result.update(reply.result)
+            model = payload.get("model")
             if not reply.ok:
                 result.update(ok=False, error=reply.message, code=reply.code, status=reply.status)
+            elif loaded is not None and loaded.phase == "failed":
+                result.update(ok=False, load_phase=loaded.phase, load_seconds=loaded.seconds,
+                              error=loaded.error or "load failed")
+            elif isinstance(model, str):
+                if loaded is not None:
+                    result.update(load_phase=loaded.phase, load_seconds=loaded.seconds)
+                    replied = time.monotonic()  # an aborted load may have been superseded by one that loads ours
+                left = max(0.0, t0 + self.settings.load_timeout_s - time.monotonic())
+                why = await self._until_serving(engine, model, replied, left)
+                result["ok"] = why is None
+                if why is not None:
+                    result.update(error=why, code="not_loaded")
             elif loaded is not None:
                 result.update(ok=loaded.phase == "done", load_phase=loaded.phase, load_seconds=loaded.seconds)
                 if loaded.phase != "done":
@@ -163,6 +192,37 @@ class ProfileSwitcher:
                   error=result.get("error") or "-")
         self.bus.publish("profile.engine", **{**result, "phase": "done" if result.get("ok") else "failed"})
         return result
+
+    async def _until_serving(self, engine: str, model: str, since: float, timeout: float) -> str | None:
+        """Wait until ``engine`` reports ``model`` ready (None), or say why it will not serve it.
+
+        A status showing the model ``ready`` is trusted whenever it arrived (the engine sends
+        one just before LOADED). The opposite verdict needs a status heard after ``since`` (the
+        reply, or LOADED): an older one may predate the load the configure started. A load of
+        the model still under way (joined, or a superseding configure that loads it anyway) is
+        waited for. ``asyncio.TimeoutError`` after ``timeout`` seconds; ``EngineUnreachable``
+        is not raised: an engine lost meanwhile is a reason like any other.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            heard = self._heard.setdefault(engine, asyncio.Event())
+            rec = self.bus.engines.get(engine)
+            if rec is None or not rec.alive:
+                return f"engine {engine} went away before serving {model}" + (
+                    f" ({rec.down_reason})" if rec is not None and rec.down_reason else "")
+            st = rec.status
+            if st.stage == "ready" and _same_model(model, st.model):
+                return None
+            loading = st.loading_model is not None and _same_model(model, st.loading_model)
+            if rec.status_at >= since and not loading and st.stage in ("ready", "idle", "failed"):
+                why = (f"engine {engine} accepted the configure but does not serve {model}: it serves "
+                       f"{st.model or 'nothing'} (stage {st.stage}) and is not loading {model}")
+                return why + (f"; its last error: {st.last_error}" if st.last_error else "")
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise asyncio.TimeoutError
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(heard.wait(), remaining)
 
     # ----- switching -------------------------------------------------------------------
 
@@ -206,6 +266,9 @@ class ProfileSwitcher:
     # ----- engines coming and going ----------------------------------------------------
 
     def _on_engine(self, kind: str, rec: EngineRecord) -> None:
+        heard = self._heard.pop(rec.name, None)
+        if heard is not None:
+            heard.set()  # wakes the configures waiting for this engine's status (_until_serving)
         if kind == "status" and rec.name in self.configuring and rec.status.progress is not None:
             p = {"stage": rec.status.stage, "progress": rec.status.progress, "model": rec.status.loading_model}
             if self.progress.get(rec.name) != p:
@@ -298,3 +361,11 @@ class ProfileSwitcher:
                 "profiles": {n: p.description for n, p in self.profiles.profiles.items()},
                 "engines": targets, "progress": dict(self.progress), "last_switch": self.last_switch,
                 "plans": plans}
+
+
+def _same_model(wanted: str, reported: str | None) -> bool:
+    """Whether an engine's reported model (its registry alias, or a file's stem) is ``wanted``
+    (an alias, or a ``.gguf`` path as a profile may give it)."""
+    if reported is None:
+        return False
+    return reported == wanted or (wanted.endswith(".gguf") and reported in (Path(wanted).stem, Path(wanted).name))

@@ -25,6 +25,7 @@ from collections import OrderedDict, deque
 from typing import Any, Callable
 
 from hydrad import __version__
+from hydrad.bus.gpu import bound_device
 from hydrad.engine.control import EngineBusy, EngineControl, ParamError, UnknownModel
 from hydrad.engine.core import StateError
 from hydrad.logs import log_event
@@ -400,6 +401,7 @@ def info_view(control: EngineControl, settings: EngineSettings, devices: list[di
             "model": model, "generation": gen.tag.fingerprint if gen else None, "slots": slots,
             "params": control.layers.sources(), "last_error": core.last_error,
             "reload": core.current_load.public() if core.current_load else None,
+            "device": bound_device(settings.device),  # the GPU binding in force; None = every GPU of the host
             "rpc": {"port": port, "ggml_rpc_devices": devices}}
 
 

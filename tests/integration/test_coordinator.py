@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -18,11 +20,14 @@ from typing import Any, Callable, Iterator
 import httpx
 import openai
 import pytest
+import yaml
 import zmq
 
 from hydrad.bus import messages as M
+from hydrad.bus.gpu import bound_device
+from hydrad.rpc.client import RpcClient
 from tests.support.coordinator import Coordinator
-from tests.support.engine import REPO, Engine
+from tests.support.engine import GEMMA, REPO, SMOLLM, Engine, models_dir
 
 pytestmark = pytest.mark.model
 
@@ -551,3 +556,116 @@ def test_engine_link_against_a_raw_router(smollm_path: Path, start_engine: Calla
         assert "coordinator silent; reconnecting" in e.log()
     finally:
         ctx.destroy(0)
+
+
+# ----- an engine that loads its own YAML model at boot (as under systemd) --------------------
+
+
+def _hydractl(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "hydrad.cli.hydractl", *args], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, **(env or {})})
+
+
+@pytest.mark.parametrize("params", [{}, {"n_ctx": 1024}], ids=["same-target", "profile-params-differ"])
+def test_engine_booting_the_profile_model_ends_ready_and_serves(
+        tmp_path: Path, gemma_path: Path, start_engine: Callable[..., Engine], params: dict[str, Any]) -> None:
+    """The engine's YAML ``defaults.model`` is the model the active profile gives it: the
+    coordinator's configure on REGISTER joins (or supersedes, with other params) the boot load,
+    and the engine must end ``ready`` with the model, the profile matching. A request sent while
+    the boot load runs is answered once the load ends, not with a 503."""
+    profiles = {"profiles": {"steady": {"engines": {"boot": {"model": "gemma3-270m", "params": params}}}},
+                "default": "steady"}
+    c = Coordinator(tmp_path, profiles=profiles, heartbeat_interval_s=INTERVAL)
+    try:
+        c.wait_ready()
+        start_engine(name="boot", defaults={"model": "gemma3-270m", "n_ctx": 2048, "n_parallel": 2, "n_threads": 1},
+                     extra={"bus": c.engine_bus(heartbeat_interval_s=INTERVAL)})
+        es = c.wait_engines(lambda es: "boot" in es and es["boot"]["alive"], 60, what="boot registered")
+        stage_at_request = es["boot"]["stage"]  # loading_model here: the boot load takes a second or two
+        r = chat(c, "gemma3-270m", "Say hi.")
+        assert r.status_code == 200, (stage_at_request, r.text, c.log()[-3000:])
+        assert r.headers["x-hydra-engine"] == "boot"
+        es = c.wait_serving({"boot": "gemma3-270m"}, 60)
+        if params:
+            assert es["boot"]["n_ctx"] == 1024, es["boot"]
+        deadline = time.monotonic() + 10
+        while not (prof := c.http.get("/admin/profile").json())["engines"]["boot"]["matches"] \
+                and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert prof["engines"]["boot"]["matches"] and prof["state"] == "steady", prof
+        out = _hydractl("profile", c.url)
+        assert out.returncode == 0, out.stderr
+        row = next(line for line in out.stdout.splitlines() if line.split()[:1] == ["boot"])
+        assert row.split()[-1] == "yes", out.stdout
+        # Every later request is served too (the failure mode was: 503 model_not_loaded for good).
+        for i in range(2):
+            assert chat(c, "gemma3-270m", f"Say {i}.").status_code == 200
+        assert "model_not_loaded" not in c.log()
+    finally:
+        c.stop()
+
+
+def test_on_demand_configure_is_done_only_when_the_engine_serves_the_model(
+        tmp_path: Path, smollm_path: Path, gemma_path: Path, start_engine: Callable[..., Engine]) -> None:
+    """A configure the engine answers at once without loading anything (here: its YAML layer
+    already names the model, but the boot load of it failed) is not a loaded model. The
+    coordinator used to log it as ok and send GENERATE, which got 503 ``model_not_loaded``;
+    the client got a 503 saying nothing of the cause, on every request. It must count as a
+    failed load, with what the engine serves instead and its last error, in the client's 503,
+    the log and ``/admin/engines``."""
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / SMOLLM).symlink_to(models_dir() / SMOLLM)
+    (models / GEMMA).write_bytes(b"GGUF" + b"\0" * 4092)  # broken: the boot load fails
+    profiles = {"profiles": {"elsewhere": {"engines": {"other": {"model": "smollm2-135m"}}}}, "default": "elsewhere"}
+    c = Coordinator(tmp_path, profiles=profiles, heartbeat_interval_s=INTERVAL)
+    try:
+        c.wait_ready()
+        start_engine(name="free", defaults={"model": "gemma3-270m", "n_ctx": 2048, "n_parallel": 2, "n_threads": 1},
+                     extra={"bus": c.engine_bus(heartbeat_interval_s=INTERVAL), "models_dir": str(models)})
+        c.wait_engines(lambda es: "free" in es and es["free"]["alive"] and es["free"]["stage"] == "idle"
+                       and es["free"]["last_error"], 60, what="boot load failed")
+        (models / GEMMA).unlink()
+        (models / GEMMA).symlink_to(models_dir() / GEMMA)  # fixed, but the engine takes the configure as a no-op
+        r = chat(c, "gemma3-270m", "Say hi.")
+        assert r.status_code == 503, r.text
+        err = r.json()["error"]
+        assert "does not serve gemma3-270m" in err["message"] and "serves nothing" in err["message"], err
+        assert "last error" in err["message"] and "model_not_loaded" not in err["message"], err
+        last = c.engines()["free"]["last_configure"]
+        assert last["ok"] is False and last["why"] == "on-demand" and last["code"] == "not_loaded", last
+        assert "ok=false" in c.log() and "ok=true" not in c.log()
+    finally:
+        c.stop()
+
+
+def test_device_binding_is_reported_on_the_bus_in_hydractl_and_in_info(
+        tmp_path: Path, smollm_path: Path, start_engine: Callable[..., Engine]) -> None:
+    """A start-only ``device`` travels in REGISTER to ``/admin/engines``, the ``engine.up`` event
+    and ``hydractl engines``, and the merged port's INFO says it too; an unbound engine shows
+    none ("all")."""
+    if any(os.environ.get(v) for v in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "GGML_VK_VISIBLE_DEVICES")):
+        pytest.skip("this environment binds GPUs itself, which wins over the device setting")
+    assert bound_device("1") == "1"
+    profiles = {"profiles": {"elsewhere": {"engines": {"other": {"model": "smollm2-135m"}}}}, "default": "elsewhere"}
+    c = Coordinator(tmp_path, profiles=profiles, heartbeat_interval_s=INTERVAL)
+    try:
+        c.wait_ready()
+        bound = start_engine(name="bound", defaults={"n_ctx": 1024, "n_parallel": 1, "n_threads": 1},
+                             extra={"bus": c.engine_bus(heartbeat_interval_s=INTERVAL), "device": "1"})
+        start_engine(name="free", defaults={"n_ctx": 1024, "n_parallel": 1, "n_threads": 1},
+                     extra={"bus": c.engine_bus(heartbeat_interval_s=INTERVAL)})
+        es = c.wait_engines(lambda es: {"bound", "free"} <= set(es) and all(e["alive"] for e in es.values()), 60,
+                            what="both registered")
+        assert es["bound"]["device"] == "1" and es["free"]["device"] is None
+        ups = {ev["data"]["engine"]: ev["data"]["device"] for ev in c.events.of("engine.up")}
+        assert ups == {"bound": "1", "free": None}
+        out = _hydractl("engines", c.url)
+        assert out.returncode == 0, out.stderr
+        header, *rows = [line.split() for line in out.stdout.splitlines()[1:3 + 1]]
+        col = header.index("device")
+        assert {r[0]: r[col] for r in rows} == {"bound": "1", "free": "all"}, out.stdout
+        with RpcClient(f"127.0.0.1:{yaml.safe_load(bound.config.read_text())['rpc']['port']}") as rpc:
+            assert rpc.info()["device"] == "1"
+    finally:
+        c.stop()

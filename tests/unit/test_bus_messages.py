@@ -137,3 +137,22 @@ def test_corrupted_bodies_never_raise_anything_else(msg: M._Msg, at: int, junk: 
         M.decode([proto, k, body[:at] + junk + body[at:]])
     except M.BusDecodeError:
         pass
+
+
+def test_register_device_is_optional_both_ways() -> None:
+    """``device`` (the engine's GPU binding) is new in REGISTER: an older engine's REGISTER without
+    it decodes, and an unbound engine does not send it, so an older coordinator still admits it."""
+    old = [M.PROTOCOL, b"REGISTER", json.dumps({"engine": "a", "instance": "x.1", "version": "0"}).encode()]
+    assert M.decode(old).device is None  # type: ignore[union-attr]
+    assert b"device" not in M.encode(M.Register(engine="a", instance="x.1", version="0"))[2]
+    bound = M.decode(M.encode(M.Register(engine="a", instance="x.1", version="0", device="0,1")))
+    assert isinstance(bound, M.Register) and bound.device == "0,1"
+
+
+def test_bound_device_reports_what_the_backends_see() -> None:
+    from hydrad.bus.gpu import bound_device
+    assert bound_device(None, {}) is None
+    assert bound_device("1", {}) == "1"
+    assert bound_device("1", {"CUDA_VISIBLE_DEVICES": "1"}) == "1"
+    assert bound_device("1", {"CUDA_VISIBLE_DEVICES": "3"}) == "3"  # an operator's drop-in won
+    assert bound_device(None, {"HIP_VISIBLE_DEVICES": "0,1", "CUDA_VISIBLE_DEVICES": ""}) == "0,1"
