@@ -94,7 +94,10 @@ class EngineControl:
             payload = merged
             superseded = True
         plan = self.layers.plan(payload)
-        if superseded and plan.tier < Tier.T3 and self._differs_from_installed(plan.effective):
+        # Superseding, or naming the model again after its load failed: the committed layers already
+        # name the model, so the diff says "nothing to do", but it was never installed. Load it.
+        asks_model = superseded or "model" in payload
+        if asks_model and plan.tier < Tier.T3 and self._differs_from_installed(plan.effective):
             # the committed layers name a model the aborted load never installed
             plan = dataclasses.replace(plan, tier=Tier.T3, changed=sorted(set(plan.changed) | {"model"}))
         if plan.tier == Tier.NONE:
