@@ -1,0 +1,600 @@
+"""What every door of the OpenAI API promises for any request body, and the bodies that test it.
+
+Shared by the property tests (``tests/property/test_doors.py``) and the long-run fuzzer
+(``scripts/fuzz_doors.py``). Three parts:
+
+- **strategies**: request bodies over every field the parser reads for ``/v1/chat/completions``
+  and ``/v1/completions`` (plus the ones it refuses and unknown extras), built as *a valid body
+  with 0-2 fields replaced by hostile values*, so that most examples reach the engine and the
+  hostile ones still cover every field; raw bodies (invalid JSON, deep nesting, bad UTF-8,
+  numbers past every limit); and a strategy of huge generation limits;
+- **exchange**: send one body to a door with a total deadline and classify what came back;
+- **the invariant**: the answer is a 2xx with a well-formed OpenAI body (or SSE stream ending in
+  ``data: [DONE]``) or a 4xx/503 with OpenAI error JSON; afterwards every engine is alive, no
+  slot is busy and nothing is queued, the coordinator counts no request in flight, and a normal
+  request is served.
+
+Strings are encoded with ``json.dumps(..., ensure_ascii=True, allow_nan=True)``: a lone surrogate
+travels as ``"\\ud800"`` (valid JSON, invalid Unicode once decoded) and NaN/Infinity as the
+literals Python's JSON reader accepts. ``st.text()`` does not draw surrogates by itself, so the
+alphabet here adds them (and control characters) explicitly.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+import httpx
+from hypothesis import assume
+from hypothesis import strategies as st
+
+MAX_BODY = 1 << 20  # no generated body is larger than 1 MiB
+CLIENT_TIMEOUT = 30.0  # a door that has not answered (or finished its stream) by then hangs
+SETTLE_S = 5.0  # how long an engine may take to free a slot and forget a request after the answer ended
+SMALL_LIMIT = 8  # max_tokens of the examples that are meant to be served
+
+MODEL = "smollm2-135m"
+MODEL_NAMES = [MODEL, "SmolLM2-135M-Instruct.Q4_1.gguf", "SmolLM2-135M-Instruct.Q4_1"]
+ROLES = ["system", "user", "assistant", "developer", "tool"]
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+
+
+# ----- values ------------------------------------------------------------------------------
+
+SURROGATES = ["\ud800", "\udbff", "\udc00", "\udfff"]
+SPECIAL_STRINGS = [
+    "", " ", "\x00", "\x7f", "\x1b[2J", "\r\n", "\t", "\u2028", "\u2029", "\ufeff", "\ufffd", "\uffff",
+    "\U0001f600", "\U0010ffff", "e\u0301", "<|im_end|>", "<|im_start|>assistant\n", "<|endoftext|>", "</s>",
+    "{{ raise_exception('x') }}", "{% for m in messages %}", "%s%n%x", "\\", '"', "null", "\\ud800",
+    "a\ud800b", "\udfff\ud800", "\ud83d", "\ud800" * 3, "x" * 257,
+]
+
+_any_char = st.characters()  # every category but surrogates
+_alphabet = st.one_of(  # one_of picks a branch about uniformly: surrogates are in ~1 character of 7
+    _any_char, _any_char, _any_char, _any_char,
+    st.characters(categories=["Cs"]),  # lone surrogates
+    st.characters(categories=["Cc"]),  # control characters, NUL included
+    st.sampled_from("ab <>|/\\\"'{}%\n"),
+)
+short_text = st.one_of(st.text(_alphabet, max_size=24), st.sampled_from(SPECIAL_STRINGS), st.text(max_size=12))
+
+
+@st.composite
+def long_text(draw: st.DrawFn) -> str:
+    """A long string (up to ~900 kB once JSON-escaped), so a body stays within MAX_BODY."""
+    unit = draw(st.sampled_from(["a", "ab ", "\ud800", "\u00e9", "<|im_end|>", "\x00", "\U0001f600", "0123456789"]))
+    escaped = len(json.dumps(unit, ensure_ascii=True)) - 2
+    n = draw(st.integers(min_value=1, max_value=900_000 // escaped))
+    return unit * n
+
+
+text = st.one_of(short_text, short_text, short_text, long_text())
+
+HUGE_INTS = [2**31 - 1, 2**31, 2**32, 2**53 + 1, 2**63 - 1, 2**63, 2**64, -(2**31) - 1, -(2**63) - 1, 10**30, 10**300]
+ODD_FLOATS = [math.nan, math.inf, -math.inf, 1e308, -1e308, 5e-324, -0.0, 1e-300, 0.5, 2.0000001]
+numbers = st.one_of(
+    st.integers(-10, 10), st.floats(-3, 3), st.sampled_from(HUGE_INTS), st.sampled_from(ODD_FLOATS),
+    st.floats(allow_nan=True, allow_infinity=True), st.integers(),
+)
+scalars = st.one_of(st.none(), st.booleans(), numbers, short_text)
+any_json = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=4),
+                                                         st.dictionaries(short_text, inner, max_size=4)),
+                        max_leaves=8)
+"""Any JSON value: the wrong type for almost every field."""
+
+# A JSON value for max_tokens that the parser must refuse (never one it could coerce into a big
+# limit: a refused field is what this strategy is for, a long generation is the limits test's job).
+bad_limit = st.one_of(
+    st.integers(max_value=-1), st.sampled_from([math.nan, math.inf, -math.inf, 0.5, -0.0001, 1e-300]),
+    st.sampled_from(["", "eight", "8 tokens", "\ud800", "0x10", "[]"]),
+    st.lists(st.integers(0, 4), max_size=2), st.dictionaries(short_text, st.integers(0, 4), max_size=2),
+)
+
+
+# ----- fields ------------------------------------------------------------------------------
+
+def _part(kind: str) -> st.SearchStrategy[Any]:
+    if kind == "text":
+        return st.fixed_dictionaries({"type": st.just("text"), "text": text})
+    if kind == "image_url":
+        return st.fixed_dictionaries({"type": st.just("image_url"), "image_url": st.fixed_dictionaries(
+            {"url": st.sampled_from(["data:image/png;base64,iVBORw0KGgo=", "http://127.0.0.1:9/x.png", ""])},
+            optional={"detail": st.sampled_from(["auto", "low", "high"])})})
+    if kind == "input_audio":
+        return st.fixed_dictionaries({"type": st.just("input_audio"),
+                                      "input_audio": st.fixed_dictionaries({"data": st.just("UklGRg=="),
+                                                                            "format": st.sampled_from(["wav", "mp3"])})})
+    if kind == "file":
+        return st.fixed_dictionaries({"type": st.just("file"), "file": st.fixed_dictionaries({"file_id": short_text})})
+    if kind == "refusal":
+        return st.fixed_dictionaries({"type": st.just("refusal"), "refusal": short_text})
+    return any_json
+
+
+text_part = _part("text")
+any_part = st.one_of(text_part, text_part, _part("image_url"), _part("input_audio"), _part("file"), _part("refusal"),
+                     st.fixed_dictionaries({"type": st.just("text"), "text": any_json}),
+                     st.fixed_dictionaries({"text": text}), any_json)
+
+valid_content = st.one_of(text, text, st.none(), st.lists(text_part, max_size=3))
+any_content = st.one_of(valid_content, st.lists(any_part, min_size=1, max_size=3), any_json)
+
+tool_call = st.fixed_dictionaries({"id": short_text, "type": st.just("function"),
+                                   "function": st.fixed_dictionaries({"name": short_text, "arguments": short_text})})
+
+
+def _message(role: st.SearchStrategy[Any], content: st.SearchStrategy[Any]) -> st.SearchStrategy[dict[str, Any]]:
+    return st.fixed_dictionaries({"role": role, "content": content},
+                                 optional={"name": short_text, "tool_calls": st.lists(tool_call, max_size=2),
+                                           "tool_call_id": short_text, "refusal": st.none()})
+
+
+valid_message = _message(st.sampled_from(ROLES), valid_content)
+valid_messages = st.one_of(
+    st.lists(valid_message, min_size=1, max_size=4),
+    st.builds(lambda m: [{"role": "user", "content": m}], text),
+)
+any_messages = st.one_of(
+    st.lists(st.one_of(valid_message, _message(st.one_of(st.sampled_from(ROLES), any_json), any_content),
+                       st.fixed_dictionaries({}, optional={"role": st.sampled_from(ROLES), "content": any_content}),
+                       any_json), max_size=4),
+    any_json,
+)
+
+tool = st.fixed_dictionaries({"type": st.just("function"), "function": st.fixed_dictionaries(
+    {"name": short_text}, optional={"description": short_text,
+                                    "parameters": st.just({"type": "object", "properties": {"x": {"type": "string"}}})})})
+response_formats = st.one_of(
+    st.just({"type": "text"}), st.just({"type": "json_object"}),
+    st.just({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}),
+    st.fixed_dictionaries({"type": short_text}),
+)
+
+# Per field: values of the right type and range (hostile content allowed: surrogates, control
+# characters, huge but valid numbers), and values that must be refused or that are wrong types.
+VALID: dict[str, st.SearchStrategy[Any]] = {
+    "model": st.one_of(st.sampled_from(MODEL_NAMES), st.sampled_from(MODEL_NAMES), short_text, st.none()),
+    "max_completion_tokens": st.one_of(*[st.integers(0, SMALL_LIMIT)] * 3, st.sampled_from(HUGE_INTS[:9]), st.none()),
+    "n_predict": st.one_of(*[st.integers(-1, SMALL_LIMIT)] * 3, st.sampled_from(HUGE_INTS[:9]), st.none()),
+    "temperature": st.one_of(st.floats(0, 2), st.sampled_from([0, 2, 5e-324, 1e-300]), st.none()),
+    "top_p": st.one_of(st.floats(0, 1), st.sampled_from([0, 1, 5e-324]), st.none()),
+    "top_k": st.one_of(*[st.integers(0, 100)] * 3, st.sampled_from(HUGE_INTS[:9]), st.none()),
+    "min_p": st.one_of(st.floats(0, 1), st.none()),
+    "repeat_penalty": st.one_of(st.floats(0, 3), st.sampled_from([0, 1, 1.1, 1e308, 5e-324]), st.none()),
+    "frequency_penalty": st.one_of(st.floats(-2, 2), st.sampled_from([-2, 0, 0.5, 2])),
+    "presence_penalty": st.one_of(st.floats(-2, 2), st.sampled_from([-2, 0, 0.5, 2])),
+    "seed": st.one_of(*[st.integers(0, 2**32 - 1)] * 3, st.integers(-(2**63), 2**64), st.sampled_from(HUGE_INTS),
+                      st.just(-1), st.none()),
+    "stop": st.one_of(text, st.lists(text, max_size=5), st.none()),
+    "stream": st.booleans(),
+    "stream_options": st.one_of(st.none(), st.fixed_dictionaries({}, optional={"include_usage": st.booleans()}),
+                                st.dictionaries(short_text, any_json, max_size=2)),
+    "n": st.just(1),
+    "user": st.one_of(short_text, st.none(), text),
+    "id_slot": st.one_of(*[st.integers(-1, 3)] * 3, st.sampled_from(HUGE_INTS[:9]), st.none()),
+    "ignore_eos": st.booleans(),
+    "response_format": st.one_of(st.just({"type": "text"}), st.none()),
+    "logprobs": st.one_of(st.none(), st.just(False)),
+    "top_logprobs": st.one_of(st.none(), st.just(0)),
+    "tools": st.one_of(st.none(), st.just([])),
+    "tool_choice": st.one_of(st.none(), st.just("none")),
+    "logit_bias": st.one_of(st.none(), st.just({})),
+    "session_id": st.one_of(short_text, st.none(), st.just(""), text),
+    "cache_prompt": st.booleans(),
+}
+HOSTILE: dict[str, st.SearchStrategy[Any]] = {
+    "model": any_json,
+    "messages": any_messages,
+    "prompt": any_json,
+    "max_tokens": bad_limit,
+    "max_completion_tokens": any_json,
+    "n_predict": any_json,
+    "stop": st.one_of(st.lists(text, min_size=5, max_size=8), st.lists(any_json, min_size=1, max_size=3), any_json),
+    "n": st.one_of(st.integers(-3, 5), st.sampled_from(HUGE_INTS), any_json),
+    "response_format": st.one_of(response_formats, any_json),
+    "logprobs": st.one_of(st.just(True), any_json),
+    "top_logprobs": st.one_of(st.integers(1, 20), any_json),
+    "tools": st.one_of(st.lists(tool, min_size=1, max_size=2), any_json),
+    "tool_choice": st.one_of(st.sampled_from(["auto", "required"]),
+                             st.fixed_dictionaries({"type": st.just("function"),
+                                                    "function": st.fixed_dictionaries({"name": short_text})}), any_json),
+    "logit_bias": st.one_of(st.dictionaries(st.integers(0, 60000).map(str), numbers, min_size=1, max_size=3), any_json),
+    "stream_options": any_json,
+    "id_slot": st.one_of(st.integers(max_value=-2), st.integers(2, 64), any_json),
+}
+FIELDS = sorted(set(VALID) | set(HOSTILE) | {"max_tokens"})
+REFUSED = ["functions", "function_call", "best_of", "echo", "suffix", "parallel_tool_calls", "audio", "modalities",
+           "prediction", "reasoning_effort", "metadata", "store", "service_tier"]
+
+# X-Session-Id values an HTTP client can put on the wire (latin-1, no CR/LF/NUL), long ones included
+header_value = st.one_of(
+    st.text(st.characters(min_codepoint=0x20, max_codepoint=0xFF, exclude_characters="\x7f"), max_size=24),
+    st.integers(250, 300).map(lambda n: "s" * n), st.just(""),
+).map(lambda v: v.strip(" \t"))  # an HTTP client cannot send leading or trailing blanks
+headers = st.one_of(st.just({}), st.fixed_dictionaries({"X-Session-Id": header_value}))
+
+
+@dataclass
+class Case:
+    """One request: path, raw body bytes, extra headers, and (for the report) how the body was made."""
+
+    path: str
+    body: bytes
+    headers: dict[str, str] = field(default_factory=dict)
+    note: str = ""
+
+    def describe(self, limit: int = 600) -> str:
+        text_ = self.body.decode("utf-8", "backslashreplace")
+        if len(text_) > limit:
+            text_ = f"{text_[:limit]}... ({len(self.body)} bytes)"
+        hdr = f" headers={self.headers}" if self.headers else ""
+        return f"POST {self.path}{hdr} body={text_}{' (' + self.note + ')' if self.note else ''}"
+
+
+def encode(obj: Any) -> bytes:
+    return json.dumps(obj, ensure_ascii=True, allow_nan=True).encode("ascii")
+
+
+@st.composite
+def bodies(draw: st.DrawFn, kind: str) -> Case:
+    """A body for ``kind`` ("chat" or "completion"): valid fields (each present or not), max_tokens
+    small, then 0-2 fields replaced by hostile values (none in half the bodies), unknown fields included."""
+    base: dict[str, Any] = {"max_tokens": st.integers(0, SMALL_LIMIT)}
+    base["messages" if kind == "chat" else "prompt"] = (
+        valid_messages if kind == "chat" else st.one_of(text, st.lists(text, min_size=1, max_size=1)))
+    body: dict[str, Any] = draw(st.fixed_dictionaries(base, optional=VALID))
+    for _ in range(draw(st.sampled_from([0, 0, 1, 2]))):  # half the bodies have no hostile field
+        name = draw(st.sampled_from(FIELDS + ["prompt" if kind == "chat" else "messages", "<refused>", "<unknown>"]))
+        if name == "<refused>":
+            body[draw(st.sampled_from(REFUSED))] = draw(any_json)
+        elif name == "<unknown>":
+            body[draw(short_text)] = draw(any_json)
+        else:
+            body[name] = draw(HOSTILE.get(name, any_json))
+    if kind == "completion" and isinstance(body.get("prompt"), list) and draw(st.booleans()):
+        body["prompt"] = draw(st.lists(text, min_size=0, max_size=3))
+    raw = encode(body)
+    assume(len(raw) <= MAX_BODY)  # rare: two long strings
+    return Case(CHAT if kind == "chat" else COMPLETIONS, raw, draw(headers))
+
+
+def _nest(depth: int, inner: str = "1") -> str:
+    return "[" * depth + inner + "]" * depth
+
+
+RAW_BODIES: list[tuple[bytes, str]] = [
+    (b"", "empty"), (b"null", "null"), (b"[]", "array"), (b'"hello"', "string"), (b"1e999", "huge float literal"),
+    (b"{", "truncated"), (b"{}", "empty object"), (b"NaN", "NaN literal"), (b"\xef\xbb\xbf{}", "BOM"),
+    (b"[" * 10_000, "10,000 unclosed ["), (_nest(10_000).encode(), "10,000 nested lists"),
+    (b'{"a":' * 10_000 + b"1" + b"}" * 10_000, "10,000 nested objects"),
+    (b'{"messages":' + _nest(10_000, '{"role":"user","content":"hi"}').encode() + b"}", "deep messages"),
+    (b'{"prompt":' + _nest(5_000, '"hi"').encode() + b',"max_tokens":2}', "deep prompt"),
+    (b'{"prompt":"hi","max_tokens":1' + b"0" * 5000 + b"}", "5000-digit integer"),
+    (b'{"prompt":"hi","max_tokens":2,"seed":-' + b"9" * 4000 + b"}", "4000-digit negative seed"),
+    (b'{"prompt":"hi","max_tokens":2,"temperature":NaN}', "NaN temperature"),
+    (b'{"prompt":"hi","max_tokens":2,"top_p":Infinity}', "Infinity top_p"),
+    (b'{"prompt":"hi","max_tokens":2,"repeat_penalty":-Infinity}', "-Infinity repeat_penalty"),
+    (b'{"prompt":"\xff\xfe","max_tokens":2}', "invalid UTF-8"), (b'{"prompt":"\xed\xa0\x80","max_tokens":2}', "UTF-8 surrogate"),
+    (b'{"prompt":"\\ud800","max_tokens":2}', "escaped lone surrogate"),
+    (b'{"prompt":"hi","prompt":"\\udfff","max_tokens":2}', "duplicate key"),
+    (b'{"messages":[{"role":"user","content":"\\u0000"}],"max_tokens":2}', "NUL content"),
+    (b'{"prompt":"hi","max_tokens":2}' + b" " * 1000 + b"x", "trailing garbage"),
+    (b"\x00" * 4096, "NUL bytes"),
+    (b" " * (MAX_BODY - 40) + b'{"prompt":"hi","max_tokens":2}', "1 MiB of whitespace"),
+    (b'{"prompt":"' + b"a" * (MAX_BODY - 40) + b'","max_tokens":2}', "1 MiB prompt"),
+    (b'{"prompt":"hi","max_tokens":2,"stop":"' + b"\\ud800" * 150_000 + b'"}', "900 kB stop of surrogates"),
+    (b'{"prompt":"hi","max_tokens":2,"stop":["' + b"x" * 200_000 + b'","' + b"y" * 200_000 + b'"]}', "two 200 kB stops"),
+]
+CONTENT_TYPES = [None, "application/json", "text/plain", "application/x-www-form-urlencoded",
+                 "multipart/form-data; boundary=x", "application/json; charset=latin-1"]
+
+
+@st.composite
+def raw_bodies(draw: st.DrawFn) -> Case:
+    """Bodies that are not what the parser expects at the byte level."""
+    path = draw(st.sampled_from([CHAT, COMPLETIONS]))
+    choice = draw(st.integers(0, 3))
+    if choice == 0:
+        body, note = draw(st.binary(max_size=256)), "random bytes"
+    elif choice == 1:
+        inner = encode(draw(any_json))
+        body, note = inner, "any JSON value"
+    else:
+        body, note = draw(st.sampled_from(RAW_BODIES))
+    hdr = dict(draw(headers))
+    ctype = draw(st.sampled_from(CONTENT_TYPES))
+    hdr["Content-Type"] = ctype or ""  # "": no Content-Type header at all
+    return Case(path, body, hdr, note)
+
+
+@st.composite
+def big_limits(draw: st.DrawFn) -> Case:
+    """A short chat turn with a huge (or merely large) generation limit and EOS honoured: the
+    answer is a 400 or a bounded answer within the client timeout."""
+    name = draw(st.sampled_from(["max_tokens", "max_completion_tokens", "n_predict"]))
+    value = draw(st.one_of(st.sampled_from(HUGE_INTS + [1e308, 1e19, 4096.0, 100_000, 2048, 4096]),
+                           st.integers(1000, 2**70)))
+    body = {"messages": [{"role": "user", "content": draw(st.sampled_from(["Say OK.", "Hi", "Reply with one word."]))}],
+            name: value, "temperature": 0, "ignore_eos": False, "stream": draw(st.booleans())}
+    return Case(CHAT, encode(body), {}, f"{name}={value}")
+
+
+# ----- the exchange and the invariant ------------------------------------------------------
+
+class Violation(AssertionError):
+    """A door broke its promise. Subclasses name the promise, so a test runner can tell bugs apart."""
+
+
+class ServerError(Violation):
+    """5xx other than 503 (or a server_error event in a stream)."""
+
+
+class BadStatus(Violation):
+    """A status that is neither 2xx, 4xx nor 503."""
+
+
+class MalformedBody(Violation):
+    """A 2xx that is not a well-formed OpenAI completion, or an error that is not OpenAI error JSON."""
+
+
+class MalformedStream(Violation):
+    """An SSE stream that is not well formed or does not end in ``data: [DONE]``."""
+
+
+class Hang(Violation):
+    """No complete answer within the client timeout."""
+
+
+class Dropped(Violation):
+    """The connection was closed or refused without a complete HTTP answer."""
+
+
+class EngineDown(Violation):
+    """An engine's /livez is not 200 afterwards (or its process exited)."""
+
+
+class SlotBusy(Violation):
+    """A slot still busy or a request still queued after the answer ended."""
+
+
+class PhantomInflight(Violation):
+    """The coordinator still counts a request in flight after the answer ended."""
+
+
+class NotServedAfter(Violation):
+    """A normal request after the example was not served."""
+
+
+@dataclass
+class Outcome:
+    status: int | None
+    seconds: float
+    problems: list[Violation] = field(default_factory=list)
+    kind: str = ""  # "json", "sse", "error" (HTTP error JSON), or the exception's class
+    code: str | None = None  # an error answer's error.code
+
+
+def _strict_json(data: bytes | str) -> Any:
+    def no_constant(name: str) -> Any:
+        raise ValueError(f"non-standard JSON constant {name}")
+    return json.loads(data, parse_constant=no_constant)
+
+
+def _check_error_json(obj: Any, where: str) -> str | None:
+    if not isinstance(obj, dict) or set(obj) != {"error"} or not isinstance(obj["error"], dict):
+        return f"{where}: not OpenAI error JSON: {str(obj)[:300]}"
+    err = obj["error"]
+    missing = {"message", "type", "code", "param"} - set(err)
+    if missing:
+        return f"{where}: error JSON lacks {sorted(missing)}: {str(obj)[:300]}"
+    if not isinstance(err["message"], str) or not err["message"] or not isinstance(err["type"], str):
+        return f"{where}: error message/type are not non-empty strings: {str(obj)[:300]}"
+    if not (err["code"] is None or isinstance(err["code"], (str, int))) or not (err["param"] is None or isinstance(err["param"], str)):
+        return f"{where}: error code/param have wrong types: {str(obj)[:300]}"
+    return None
+
+
+def _check_usage(usage: Any) -> str | None:
+    if not isinstance(usage, dict):
+        return f"usage is not an object: {usage!r}"
+    for k in ("prompt_tokens", "completion_tokens", "total_tokens"):
+        if not isinstance(usage.get(k), int) or usage[k] < 0:
+            return f"usage.{k} is not a non-negative integer: {usage!r}"
+    if usage["total_tokens"] != usage["prompt_tokens"] + usage["completion_tokens"]:
+        return f"usage.total_tokens is not the sum: {usage!r}"
+    return None
+
+
+def _check_completion(obj: Any, path: str) -> str | None:
+    chat = path == CHAT
+    if not isinstance(obj, dict):
+        return f"2xx body is not an object: {str(obj)[:300]}"
+    if obj.get("object") != ("chat.completion" if chat else "text_completion"):
+        return f"2xx body has object={obj.get('object')!r}"
+    if not isinstance(obj.get("id"), str) or not isinstance(obj.get("created"), int) or not isinstance(obj.get("model"), str):
+        return f"2xx body lacks id/created/model: {str(obj)[:300]}"
+    choices = obj.get("choices")
+    if not isinstance(choices, list) or len(choices) != 1 or not isinstance(choices[0], dict):
+        return f"2xx body has choices={str(choices)[:300]}"
+    c = choices[0]
+    if c.get("index") != 0 or c.get("finish_reason") not in ("stop", "length"):
+        return f"choice has index={c.get('index')!r} finish_reason={c.get('finish_reason')!r}"
+    if chat:
+        msg = c.get("message")
+        if not isinstance(msg, dict) or msg.get("role") != "assistant" or not isinstance(msg.get("content"), str):
+            return f"choice.message is not an assistant message: {str(msg)[:300]}"
+    elif not isinstance(c.get("text"), str):
+        return f"choice.text is not a string: {str(c)[:300]}"
+    return _check_usage(obj.get("usage"))
+
+
+def _check_stream(data: bytes, path: str) -> Violation | None:
+    try:
+        text_ = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return MalformedStream(f"stream is not UTF-8: {exc}")
+    if not text_.endswith("data: [DONE]\n\n"):
+        return MalformedStream(f"stream does not end with 'data: [DONE]': ...{text_[-300:]!r}")
+    events = [e for e in text_.split("\n\n") if e.strip()]
+    want = "chat.completion.chunk" if path == CHAT else "text_completion"
+    finished = False
+    for i, ev in enumerate(events):
+        if not ev.startswith("data: "):
+            if ev.startswith(":"):  # an SSE comment (keep-alive)
+                continue
+            return MalformedStream(f"event {i} is not a data line: {ev[:200]!r}")
+        payload = ev[len("data: "):]
+        if payload == "[DONE]":
+            if i != len(events) - 1:
+                return MalformedStream(f"[DONE] is event {i} of {len(events)}")
+            continue
+        try:
+            obj = _strict_json(payload)
+        except ValueError as exc:
+            return MalformedStream(f"event {i} is not JSON ({exc}): {payload[:200]!r}")
+        if isinstance(obj, dict) and "error" in obj:
+            problem = _check_error_json(obj, f"stream event {i}")
+            if problem:
+                return MalformedStream(problem)
+            if obj["error"].get("type") == "server_error":
+                return ServerError(f"stream ended with a server error: {payload[:400]}")
+            finished = True
+            continue
+        if not isinstance(obj, dict) or obj.get("object") != want or not isinstance(obj.get("choices"), list):
+            return MalformedStream(f"event {i} is not a {want}: {payload[:300]}")
+        if obj["choices"] == []:
+            problem = _check_usage(obj.get("usage"))
+            if problem:
+                return MalformedStream(f"usage chunk: {problem}")
+            continue
+        c = obj["choices"][0]
+        if not isinstance(c, dict) or (c.get("finish_reason") not in (None, "stop", "length")):
+            return MalformedStream(f"event {i} has a bad choice: {payload[:300]}")
+        if c.get("finish_reason") is not None:
+            finished = True
+    if not finished:
+        return MalformedStream("stream ends without a finish_reason or an error event")
+    return None
+
+
+def exchange(client: httpx.Client, base_url: str, case: Case, timeout: float = CLIENT_TIMEOUT) -> Outcome:
+    """Send one case and check the answer itself (status, body or stream), within ``timeout`` in all."""
+    t0 = time.monotonic()
+    # header values as latin-1 bytes: X-Session-Id may carry any octet an HTTP client can send
+    hdr: dict[str, bytes] = {k: v.encode("latin-1") for k, v in {"Content-Type": "application/json", **case.headers}.items() if v or k != "Content-Type"}
+    try:
+        with client.stream("POST", base_url + case.path, content=case.body, headers=hdr,
+                           timeout=httpx.Timeout(timeout, connect=5.0)) as r:
+            chunks: list[bytes] = []
+            size = 0
+            for piece in r.iter_raw():
+                chunks.append(piece)
+                size += len(piece)
+                if time.monotonic() - t0 > timeout:
+                    return Outcome(r.status_code, time.monotonic() - t0,
+                                   [Hang(f"answer {r.status_code} still streaming after {timeout:g} s")], "hang")
+                if size > 64 << 20:
+                    return Outcome(r.status_code, time.monotonic() - t0,
+                                   [MalformedBody(f"answer larger than 64 MiB (status {r.status_code})")], "huge")
+            data = b"".join(chunks)
+            status, ctype = r.status_code, r.headers.get("content-type", "")
+    except httpx.LocalProtocolError:
+        raise  # the client refused to send this: a mistake of the strategy, not of the door
+    except httpx.TimeoutException as exc:
+        return Outcome(None, time.monotonic() - t0, [Hang(f"no answer within {timeout:g} s ({type(exc).__name__})")], "hang")
+    except httpx.TransportError as exc:
+        return Outcome(None, time.monotonic() - t0, [Dropped(f"{type(exc).__name__}: {exc}")], type(exc).__name__)
+    out = Outcome(status, time.monotonic() - t0)
+    if 200 <= status < 300:
+        if ctype.startswith("text/event-stream"):
+            out.kind = "sse"
+            problem = _check_stream(data, case.path)
+            if problem:
+                out.problems.append(problem)
+        else:
+            out.kind = "json"
+            try:
+                problem = _check_completion(_strict_json(data), case.path)
+            except ValueError as exc:
+                problem = f"2xx body is not JSON ({exc}): {data[:300]!r}"
+            if problem:
+                out.problems.append(MalformedBody(problem))
+        return out
+    out.kind = "error"
+    if status >= 500 and status != 503:
+        out.problems.append(ServerError(f"status {status}: {data[:500].decode('utf-8', 'replace')}"))
+        return out
+    if not (400 <= status < 500 or status == 503):
+        out.problems.append(BadStatus(f"status {status}: {data[:300]!r}"))
+        return out
+    try:
+        obj = _strict_json(data)
+        problem = _check_error_json(obj, f"status {status}")
+        if problem is None:
+            out.code = str(obj["error"]["code"])
+    except ValueError as exc:
+        problem = f"status {status} body is not JSON ({exc}): {data[:300]!r}"
+    if problem:
+        out.problems.append(MalformedBody(problem))
+    return out
+
+
+NORMAL = Case(CHAT, encode({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}), {}, "normal request")
+
+
+def _get(client: httpx.Client, url: str) -> httpx.Response | None:
+    try:
+        return client.get(url, timeout=5.0)
+    except httpx.HTTPError:
+        return None
+
+
+def settle(client: httpx.Client, engine_urls: Iterable[str], admin_url: str | None,
+           alive: Callable[[], list[str]] = lambda: [], settle_s: float = SETTLE_S) -> list[Violation]:
+    """After an answer ended: engines alive, every slot free, nothing queued, nothing in flight at
+    the coordinator (polled for ``settle_s``). ``alive`` names processes that exited."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        problems: list[Violation] = [EngineDown(m) for m in alive()]
+        for url in engine_urls:
+            r = _get(client, url + "/livez")
+            if r is None or r.status_code != 200:
+                problems.append(EngineDown(f"{url}/livez answers {r.status_code if r is not None else 'nothing'}"
+                                           f"{': ' + r.text[:200] if r is not None else ''}"))
+                continue
+            r = _get(client, url + "/slots")
+            busy = [s["id"] for s in (r.json() if r is not None and r.status_code == 200 else []) if s.get("is_processing")]
+            h = _get(client, url + "/health")
+            view = (h.json().get("slots") or {}) if h is not None else {}
+            if busy or view.get("queued") or view.get("busy"):
+                problems.append(SlotBusy(f"{url}: slots busy {busy}, /health slots {view}, {settle_s:g} s after the answer"))
+        if admin_url is not None:
+            r = _get(client, admin_url + "/admin/engines")
+            if r is None or r.status_code != 200:
+                problems.append(EngineDown(f"coordinator {admin_url}/admin/engines answers "
+                                           f"{r.status_code if r is not None else 'nothing'}"))
+            else:
+                phantom = {e["name"]: e.get("inflight") for e in r.json()["engines"] if e.get("inflight")}
+                dead = [e["name"] for e in r.json()["engines"] if not e.get("alive")]
+                if phantom:
+                    problems.append(PhantomInflight(f"coordinator counts in-flight requests {phantom} "
+                                                    f"{settle_s:g} s after the answer"))
+                if dead:
+                    problems.append(EngineDown(f"coordinator sees engines {dead} dead"))
+        if not problems or time.monotonic() > deadline or any(isinstance(p, EngineDown) for p in problems):
+            return problems
+        time.sleep(0.05)
+
+
+def follow_up(client: httpx.Client, base_url: str) -> list[Violation]:
+    """A normal request is served (200) after the example."""
+    out = exchange(client, base_url, NORMAL)
+    if out.status != 200 or out.problems:
+        return [NotServedAfter(f"a normal request then got {out.status} ({out.kind}): "
+                               + "; ".join(f"{type(p).__name__}: {p}" for p in out.problems))]
+    return []

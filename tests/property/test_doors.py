@@ -1,0 +1,147 @@
+"""Property tests of both OpenAI doors (an engine's own API and the coordinator's front door)
+over every request field, with hostile values, through real processes on the real model.
+
+The invariant (``tests/property/doors.py``): a 2xx with a well-formed OpenAI body or SSE stream
+ending in ``data: [DONE]``, or a 4xx/503 with OpenAI error JSON; never a 500, a hang or a dropped
+connection; afterwards every engine alive, no slot busy, nothing queued, nothing in flight at
+the coordinator, and a normal request served.
+
+``HYDRA_PROPERTY_EXAMPLES`` sets the examples per door (default 150, shared out between the
+tests below as 40/25/20/15 %); ``scripts/fuzz_doors.py`` is the long run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import httpx
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from tests.property import doors
+from tests.property.pool import Door
+
+EXAMPLES = int(os.environ.get("HYDRA_PROPERTY_EXAMPLES", "150"))
+# A failing example is shrunk (up to five minutes per distinct bug): more than the suite's 300 s per test.
+pytestmark = [pytest.mark.model, pytest.mark.timeout(max(900, EXAMPLES * 10))]
+settings.register_profile("hydra-doors", deadline=None, database=None, derandomize=False, print_blob=True,
+                          suppress_health_check=list(HealthCheck), max_examples=EXAMPLES)
+PROFILE = settings.get_profile("hydra-doors")
+
+
+def share(fraction: float) -> settings:
+    return settings(PROFILE, max_examples=max(1, round(EXAMPLES * fraction)))
+
+
+def kept(door: Door, case: doors.Case, out: doors.Outcome) -> None:
+    """Raise the first broken promise (its class tells hypothesis which bug it is) with all of them."""
+    if out.problems:
+        lines = "\n".join(f"  {type(p).__name__}: {p}" for p in out.problems)
+        raise type(out.problems[0])(f"{door.name} door, {case.describe()}\n -> {out.status} after {out.seconds:.1f} s\n"
+                                    f"{lines}")
+
+
+@share(0.40)
+@given(case=doors.bodies("chat"))
+def test_chat_completions_any_body(door: Door, case: doors.Case) -> None:
+    kept(door, case, door.check(case))
+
+
+@share(0.25)
+@given(case=doors.bodies("completion"))
+def test_completions_any_body(door: Door, case: doors.Case) -> None:
+    kept(door, case, door.check(case))
+
+
+@share(0.20)
+@given(case=doors.raw_bodies())
+def test_raw_bodies(door: Door, case: doors.Case) -> None:
+    kept(door, case, door.check(case))
+
+
+@share(0.15)
+@given(case=doors.big_limits())
+def test_huge_generation_limits_are_refused_or_bounded(door: Door, case: doors.Case) -> None:
+    out = door.check(case)
+    kept(door, case, out)
+
+
+@pytest.mark.parametrize("name,value", [("frequency_penalty", 0.5), ("presence_penalty", 0.5), ("repeat_penalty", 1.1)])
+@pytest.mark.parametrize("path", [doors.CHAT, doors.COMPLETIONS])
+def test_each_penalty_is_served(door: Door, path: str, name: str, value: float) -> None:
+    body = {"max_tokens": 4, name: value}
+    body.update({"messages": [{"role": "user", "content": "Hi"}]} if path == doors.CHAT else {"prompt": "Once upon a time"})
+    case = doors.Case(path, doors.encode(body), {}, f"{name}={value}")
+    out = door.check(case)
+    kept(door, case, out)
+    assert out.status == 200, f"{door.name} door: {case.describe()} -> {out.status}"
+
+
+def _cancelled(door: Door) -> int:
+    total = 0
+    for url in door.engine_urls():
+        for line in door.client.get(url + "/metrics", timeout=5).text.splitlines():
+            if line.startswith("hydra_requests_cancelled_total "):
+                total += int(float(line.split()[1]))
+    return total
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_abandoned_request_is_cancelled(door: Door, stream: bool) -> None:
+    """A client that goes away mid-generation: the engine cancels the request (it does not run to
+    its limit), frees the slot within the settle time, and the coordinator forgets it."""
+    door.heal()
+    before = _cancelled(door)
+    body = {"messages": [{"role": "user", "content": "Count from one to one thousand."}], "max_tokens": 1500,
+            "ignore_eos": True, "stream": stream}
+    case = doors.Case(doors.CHAT, doors.encode(body), {}, "abandoned after the first chunk" if stream else
+                      "abandoned after 1 s")
+    try:
+        if stream:
+            with door.client.stream("POST", door.url + case.path, content=case.body,
+                                    headers={"Content-Type": "application/json"}) as r:
+                assert r.status_code == 200
+                next(r.iter_raw())
+        else:
+            door.client.post(door.url + case.path, content=case.body, headers={"Content-Type": "application/json"},
+                             timeout=1.0)
+    except httpx.TimeoutException:
+        pass
+    left = time.monotonic()
+    # Still far from its limit (about 500 tokens: the context) when the client left? Then it must
+    # end cancelled. (On a fast machine it may have finished already: nothing to cancel.)
+    running = [sl for url in door.engine_urls() for sl in door.client.get(url + "/slots", timeout=5).json()
+               if sl.get("is_processing") and sl.get("n_decoded", 0) < 300]
+    out = doors.Outcome(None, 0.0)
+    out.problems += doors.settle(door.client, door.engine_urls(), door.admin_url, door.exited)
+    if not any(isinstance(p, doors.EngineDown) for p in out.problems):
+        if running and _cancelled(door) <= before:
+            out.problems.append(doors.SlotBusy(f"the engine did not count the abandoned request as cancelled "
+                                               f"(it ran to its limit; it was at {running[0].get('n_decoded')} "
+                                               f"tokens when the client left)"))
+        out.problems += doors.follow_up(door.client, door.url)
+    out.seconds = time.monotonic() - left
+    kept(door, case, out)
+
+
+def test_session_id_header_and_field_disagree(front_door: Door) -> None:
+    """Both forms at once: the body field wins, any value is a 200 or a 400, never worse."""
+    for header, value in [("abc", "\ud800"), ("\xff\xfe", "x" * 300), ("ok", 12), ("ok", None), ("", "")]:
+        case = doors.Case(doors.CHAT, doors.encode({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2,
+                                                    "session_id": value}), {"X-Session-Id": header})
+        kept(front_door, case, front_door.check(case))
+
+
+def test_the_strategies_reach_the_engine(door: Door) -> None:
+    """A guard on the strategies themselves: valid bodies with hostile content are served (200), so
+    the property tests exercise generation and not only the parser."""
+    body = {"messages": [{"role": "system", "content": [{"type": "text", "text": "Be brief."}]},
+                         {"role": "user", "content": "Hi \x01 \u2028 \U0001f600"}],
+            "max_tokens": 2, "stop": ["\n\n"], "stream": True, "stream_options": {"include_usage": True},
+            "temperature": 0, "user": "x", "n": 1, "logprobs": False, "tools": [], "unknown": {"a": [1]}}
+    case = doors.Case(doors.CHAT, json.dumps(body).encode(), {})
+    out = door.check(case)
+    kept(door, case, out)
+    assert out.status == 200 and out.kind == "sse"
