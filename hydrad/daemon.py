@@ -43,6 +43,7 @@ class Daemon:
         self.notifier = Notifier.from_env()
         self.stop_requested = asyncio.Event()
         self.hup_requested = asyncio.Event()
+        self._reloading = False  # between RELOADING=1 and READY=1: systemd's reload job waits on us
         self.core = EngineCore(on_status=self._on_status, max_queue=self.settings.max_queue)
         self.control: EngineControl | None = None
         self.ggml_server: ggml.RpcServerThread | None = None
@@ -58,8 +59,13 @@ class Daemon:
         return text
 
     def _on_status(self, stage: str, progress: float | None) -> None:
+        """``STATUS=`` on every stage change; ``EXTEND_TIMEOUT_USEC`` only while a systemd job waits
+        for us (a SIGHUP reload). READY=1 comes before any load, so a load is runtime work and must
+        not extend anything: systemd 252 also moves the watchdog deadline on EXTEND_TIMEOUT_USEC, and
+        extending on every load made a hang right after one go unnoticed for 30 s whatever
+        WatchdogSec said."""
         self.notifier.status(self._status_text(stage, progress))
-        if stage in ("loading_model", "warming", "reloading"):
+        if self._reloading and stage in ("loading_model", "warming", "reloading"):
             self.notifier.extend_timeout(30.0)
 
     async def run(self) -> int:
@@ -153,6 +159,7 @@ class Daemon:
     async def _drain(self) -> None:
         """Stop admitting, let in-flight requests finish within the bound, then end the engine."""
         self.notifier.stopping()
+        self.notifier.extend_timeout(self.settings.drain_timeout_s + 10)  # a drain bound beyond TimeoutStopSec
         self.core.admitting = False
         self.core._set_stage("stopping")
         deadline = time.monotonic() + self.settings.drain_timeout_s
@@ -185,6 +192,7 @@ class Daemon:
             await self.hup_requested.wait()
             self.hup_requested.clear()
             self.notifier.reloading()
+            self._reloading = True
             try:
                 fresh = load_config(self.loaded.path)
                 changed_t4 = [k for k in ("name", "http", "rpc", "bus", "models_dir", "control_allow_from", "logging",
@@ -202,6 +210,7 @@ class Daemon:
                         await asyncio.sleep(0.1)
             except Exception as exc:
                 log_event(log, logging.ERROR, "config re-read failed; keeping the running config", error=str(exc))
+            self._reloading = False
             self.notifier.ready()
             self.notifier.status(self._status_text(self.core.stage, None))
 

@@ -247,6 +247,8 @@ def test_sighup_load_superseded_by_a_configure_still_ends_with_ready(gemma_path:
     while e.notify.lines().count("READY=1") <= n_ready and time.monotonic() < deadline:
         time.sleep(0.02)
     assert e.notify.lines().count("READY=1") > n_ready, e.notify.lines()
+    after_hup = e.notify.lines()[e.notify.lines().index("RELOADING=1"):]
+    assert any(line.startswith("EXTEND_TIMEOUT_USEC=") for line in after_hup)  # the reload job waits on us
     loads = [e.http.get(f"/control/loads/{i}").json() for i in (2,)]
     assert loads[0]["phase"] in ("aborted", "done"), loads
     assert e.http.get("/health").json()["model"] == "smollm2-135m"
