@@ -251,9 +251,11 @@ def resolve(
     assert entry.model is not None  # EngineEntry's validator guarantees it
     _check_known(entry.model, models)
     # The registry's defaults for the model are not copied in: the engine applies them itself as a layer
-    # below its own YAML, so a GPU's tuned n_ctx in /etc/hydra/<name>.yaml is not overridden here.
-    payload: dict[str, Any] = {"model": entry.model, "n_gpu_layers": -1, **entry.params}
-    payload["split_mode"] = "layer"
+    # below its own YAML, so a GPU's tuned n_ctx in /etc/hydra/<name>.yaml is not overridden here. Nor
+    # is its offload (n_gpu_layers, split_mode): forcing full offload made a CPU host's engine (0 layers
+    # in its YAML) reload the model it had just loaded, and would push a GPU tuned for partial offload
+    # out of memory. Only COMBINE needs them, for the peer's device.
+    payload: dict[str, Any] = {"model": entry.model, **entry.params}
     payload["tensor_split"] = None
     payload["rpc_servers"] = None
     payload["override_tensors"] = list(entry.override_tensors) if entry.override_tensors else None
@@ -265,6 +267,8 @@ def resolve(
             raise ValueError(f"no RPC address known for peer {entry.peer!r} (known: {known}); is it registered?")
         payload["rpc_servers"] = [address]
         payload["tensor_split"] = list(entry.tensor_split) if entry.tensor_split else [0.5, 0.5]
+        payload.setdefault("n_gpu_layers", -1)
+        payload.setdefault("split_mode", "layer")
     return payload
 
 

@@ -578,8 +578,10 @@ def test_engine_booting_the_profile_model_ends_ready_and_serves(
     c = Coordinator(tmp_path, profiles=profiles, heartbeat_interval_s=INTERVAL)
     try:
         c.wait_ready()
-        start_engine(name="boot", defaults={"model": "gemma3-270m", "n_ctx": 2048, "n_parallel": 2, "n_threads": 1},
-                     extra={"bus": c.engine_bus(heartbeat_interval_s=INTERVAL)})
+        # n_gpu_layers: 0 as on a CPU host; the profile must not override the engine's offload
+        e = start_engine(name="boot", defaults={"model": "gemma3-270m", "n_ctx": 2048, "n_parallel": 2, "n_threads": 1,
+                                                "n_gpu_layers": 0},
+                         extra={"bus": c.engine_bus(heartbeat_interval_s=INTERVAL)})
         es = c.wait_engines(lambda es: "boot" in es and es["boot"]["alive"], 60, what="boot registered")
         stage_at_request = es["boot"]["stage"]  # loading_model here: the boot load takes a second or two
         r = chat(c, "gemma3-270m", "Say hi.")
@@ -601,6 +603,9 @@ def test_engine_booting_the_profile_model_ends_ready_and_serves(
         for i in range(2):
             assert chat(c, "gemma3-270m", f"Say {i}.").status_code == 200
         assert "model_not_loaded" not in c.log()
+        if not params:  # the same target: the boot load is the only load (no abort, no second load)
+            assert "supersedes" not in e.log() and "model load aborted" not in e.log(), e.log()[-3000:]
+            assert e.http.get("/control/loads/2").status_code == 404
     finally:
         c.stop()
 

@@ -219,9 +219,9 @@ def test_entries_built_in_code_are_validated_too() -> None:
 
 def test_solo_payload() -> None:
     p = resolve(EngineEntry(model="smollm2-135m", mode="SOLO"), MODELS, PEER_RPC)
-    # registry defaults stay out: the engine layers them below its own YAML
-    assert p == {"model": "smollm2-135m", "n_gpu_layers": -1,
-                 "split_mode": "layer", "tensor_split": None, "rpc_servers": None, "override_tensors": None}
+    # registry defaults stay out: the engine layers them below its own YAML; so does the engine's offload
+    # (a CPU host's n_gpu_layers: 0 must not be overridden into a reload)
+    assert p == {"model": "smollm2-135m", "tensor_split": None, "rpc_servers": None, "override_tensors": None}
 
 
 def test_solo_takes_registry_entries_and_params() -> None:
@@ -253,7 +253,7 @@ def test_combine_moe_expert_split_is_only_override_tensors() -> None:
     ot = "blk\\..*\\.ffn_.*_exps\\..*=RPC0"
     p = resolve(EngineEntry(model="moe", mode="COMBINE", peer="p100", override_tensors=(ot,)), MODELS, PEER_RPC)
     assert p["override_tensors"] == [ot]
-    assert p["split_mode"] == "layer" and p["rpc_servers"] == ["192.168.10.3:9505"]
+    assert p["split_mode"] == "layer" and p["n_gpu_layers"] == -1 and p["rpc_servers"] == ["192.168.10.3:9505"]
     assert set(p) - {"model", "n_gpu_layers", "split_mode", "tensor_split"} - PENDING_ENGINE_FIELDS == set()
 
 
