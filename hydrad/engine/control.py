@@ -184,6 +184,12 @@ class EngineControl:
         if self.core.current_load is not None:
             raise EngineBusy("a model load is under way; reload again when it has finished")
         old_yaml = self.layers.yaml
+        shadowed = sorted(k for k in set(defaults) | set(old_yaml)
+                          if k in self.layers.runtime and defaults.get(k) != old_yaml.get(k))
+        if shadowed:  # a re-read that silently changed nothing left operators guessing
+            log_event(log, logging.WARNING, "YAML change has no effect: a runtime setting (a configure, or the "
+                      "coordinator's profile) overrides it", fields=",".join(shadowed),
+                      runtime=",".join(f"{k}={self.layers.runtime[k]}" for k in shadowed))
         self.layers.yaml = dict(defaults)
         try:
             plan = self.layers.plan({})

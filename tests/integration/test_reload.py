@@ -294,3 +294,23 @@ def test_configure_superseding_the_boot_load_still_loads_the_merged_target(gemma
     assert h["model"] == "gemma3-270m"
     assert e.http.get("/v1/models").json()["data"][0]["meta"]["n_ctx"] == 3072
     assert e.http.get(f"/control/loads/{boot}").json()["phase"] in ("aborted", "done")
+
+
+def test_sighup_change_shadowed_by_a_runtime_setting_is_a_warning(smollm_path: Path,
+                                                                   start_engine: Callable[..., Engine]) -> None:
+    """Under a coordinator the profile's configure sets the model at the runtime layer, which wins
+    over the YAML: a re-read that changes the YAML's model does nothing, and says so."""
+    e = start_engine(defaults={"model": "smollm2-135m"})
+    e.wait_ready()
+    assert e.configure(n_ctx=3072).status_code == 200
+    cfg = yaml.safe_load(e.config.read_text())
+    cfg["defaults"]["n_ctx"] = 2048
+    e.config.write_text(yaml.safe_dump(cfg))
+    n_ready = e.notify.lines().count("READY=1")
+    e.proc.send_signal(signal.SIGHUP)
+    deadline = time.monotonic() + 30
+    while e.notify.lines().count("READY=1") <= n_ready and time.monotonic() < deadline:
+        time.sleep(0.02)
+    warning = [line for line in e.log().splitlines() if "YAML change has no effect" in line]
+    assert warning and "level=warning" in warning[0] and "fields=n_ctx" in warning[0], e.log()[-2000:]
+    assert e.http.get("/v1/models").json()["data"][0]["meta"]["n_ctx"] == 3072
