@@ -417,3 +417,13 @@ def test_print_config_dev_example() -> None:
     assert out["params"]["n_ctx"] == {"value": 8192, "source": "yaml", "tier": "T2"}
     assert out["params"]["model"] == {"value": "smollm2-135m", "source": "yaml", "tier": "T3"}
     assert out["params"]["temperature"]["source"] == "default"
+
+
+@pytest.mark.parametrize("path", [p for p in EXAMPLES if p.parent == ETC], ids=lambda p: p.name)
+def test_production_engine_examples_join_the_coordinator(path: Path) -> None:
+    """Every shipped engine config joins the pool: a bus endpoint and the pool's token file. (None
+    had a bus section, so engines installed from them never registered.)"""
+    raw = yaml.safe_load(path.read_text())
+    bus = raw.get("bus") or {}
+    assert bus.get("endpoint", "").startswith("tcp://"), path
+    assert bus.get("token_file") == "/etc/hydra/bus.token", path
