@@ -61,6 +61,13 @@ def test_raw_bodies(door: Door, case: doors.Case) -> None:
     kept(door, case, door.check(case))
 
 
+@pytest.mark.parametrize("body,note", doors.RAW_BODIES, ids=[n for _, n in doors.RAW_BODIES])
+def test_each_known_hostile_body(door: Door, body: bytes, note: str) -> None:
+    """Every fixed hostile body, every run (the raw strategy draws them only now and then)."""
+    case = doors.Case(doors.raw_path(body) or doors.CHAT, body, {}, note)
+    kept(door, case, door.check(case))
+
+
 @share(0.15)
 @given(case=doors.big_limits())
 def test_huge_generation_limits_are_refused_or_bounded(door: Door, case: doors.Case) -> None:
