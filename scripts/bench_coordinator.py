@@ -224,8 +224,8 @@ def routing_bench(iterations: int) -> dict[str, Any]:
     from hydrad.coordinator.affinity import prefix_of
     from hydrad.coordinator.frontdoor import _estimate_tokens
     from hydrad.coordinator.routing import EngineView, ModelSpec, RouteRequest, route
-    from hydrad.http import openai
-    from hydrad.registry import Registry
+    from hydrad.wire import openai
+    from hydrad.common.registry import Registry
 
     registry = Registry.load(REPO / "etc" / "hydra" / "models.yaml", models_dir())
     specs = {alias: ModelSpec.from_entry(alias, e) for alias, e in registry.entries.items()}

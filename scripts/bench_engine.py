@@ -318,7 +318,7 @@ class Hydrad(Server):
         if self.env_lib:
             env["LLAMA_CPP_LIB_PATH"] = self.env_lib
         python = REPO / ".venv" / "bin" / "python"
-        argv = [str(python if python.exists() else Path(sys.executable)), "-m", "hydrad.daemon", "--config", str(path)]
+        argv = [str(python if python.exists() else Path(sys.executable)), "-m", "hydrad.cli.hydrad", "--config", str(path)]
         t0 = time.perf_counter()
         self.proc = subprocess.Popen(argv, stdout=open(self.log_path, "wb"), stderr=subprocess.STDOUT,
                                      env=env, cwd=str(self.workdir), preexec_fn=_die_with_parent)

@@ -14,7 +14,7 @@ loopback, each with ``n_ctx`` 16384 and ``n_parallel`` 2. Then:
 
 2. **Migration vs re-prefill.** For sessions of about 1K, 2K and 4K tokens (the exact count is the
    ``usage.prompt_tokens`` of the prefill): A prefills the prompt into slot 0; the slot migrates to
-   B's slot 1 (``hydrad.rpc.client.migrate``, A → B directly); then B prefills the same prompt from
+   B's slot 1 (``hydrad.wire.rpcclient.migrate``, A → B directly); then B prefills the same prompt from
    scratch into slot 0 (whose cache holds an unrelated prompt: every prompt starts with its own
    random number, so at most the BOS token is reused). Re-prefill time is reported both as the
    engine's ``timings.prompt_ms`` and as the client's wall clock for the request (``max_tokens``
@@ -57,7 +57,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from hydrad.rpc.client import RpcClient, migrate  # noqa: E402
+from hydrad.wire.rpcclient import RpcClient, migrate  # noqa: E402
 
 REGISTRY = REPO / "etc" / "hydra" / "models.yaml"
 DOC = REPO / "docs" / "benchmarks.md"
@@ -104,7 +104,7 @@ class BenchEngine:
         self._log = open(self.log_path, "wb")
         env = {k: v for k, v in os.environ.items() if k != "NOTIFY_SOCKET"}
         env["PYTHONUNBUFFERED"] = "1"
-        self.proc = subprocess.Popen([sys.executable, "-m", "hydrad.daemon", "--config", str(self.config)],
+        self.proc = subprocess.Popen([sys.executable, "-m", "hydrad.cli.hydrad", "--config", str(self.config)],
                                      stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=str(REPO))
         self.http = httpx.Client(base_url=self.url, timeout=600)
 
@@ -484,7 +484,7 @@ def markdown_section(args: argparse.Namespace, argv: list[str], mach: dict[str, 
         f"### Migration vs re-prefill (sessions of about {sizes} tokens)", "",
         migration_table(runs), "",
         f"Medians of {args.migrate_runs} runs per size, each with a new prompt. *Migrate*: "
-        "`hydrad.rpc.client.migrate` from A's slot 0 to B's slot 1, wall clock (both connections, the "
+        "`hydrad.wire.rpcclient.migrate` from A's slot 0 to B's slot 1, wall clock (both connections, the "
         "snapshot, the stream and B's restore); *restore* is B's own share. *Re-prefill*: B computes the same "
         "prompt from scratch in another slot (`max_tokens` 1), as the engine's `timings.prompt_ms` and as the "
         "client's wall clock for the request. Each migrated slot was checked to serve the prompt from cache "

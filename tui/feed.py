@@ -24,8 +24,8 @@ from typing import Any, Callable
 import httpx
 import zmq
 
-from hydrad import tokenfile
-from hydrad.bus import messages as M
+from hydrad.common import tokenfile
+from hydrad.wire import messages as M
 
 
 class AdminError(Exception):

@@ -17,7 +17,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-LOADING_STAGES = frozenset({"loading_model", "warming", "reloading"})
+from hydrad.wire.stages import LOADING_STAGES
+
 ROUTE_LOG_SIZE = 200
 RECENT_EVENTS = 100  # per engine, for its detail screen
 SESSIONS_KEPT = 32  # per engine, the sessions last routed to it

@@ -34,9 +34,13 @@ import httpx
 import xxhash
 import yaml
 
-from hydrad import tokenfile
-from hydrad.rpc import protocol as P
-from hydrad.rpc.client import RpcClient, RpcError, migrate, parse_address
+from hydrad.cli.common import (
+    COORDINATOR_URL, COORDINATOR_URL_ENV, EXIT_LOAD_FAILED, EXIT_NOT_SERVING, EXIT_OK, EXIT_REJECTED,
+    EXIT_UNREACHABLE, CliError,
+)
+from hydrad.common import tokenfile
+from hydrad.wire import protocol as P
+from hydrad.wire.rpcclient import RpcClient, RpcError, migrate, parse_address
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 URL_ENV = "HYDRA_ENGINE_URL"
@@ -45,24 +49,6 @@ RPC_TOKEN_ENV = "HYDRA_RPC_TOKEN"  # the older name of TOKEN_ENV, still read
 TOKEN_ENV = "HYDRA_TOKEN"  # the engines' token (rpc.token / rpc.token_file), for HTTP and the RPC port
 TOKEN_FILE_ENV = "HYDRA_TOKEN_FILE"
 STATE_READ_SIZE = 4 << 20
-
-COORDINATOR_URL = "http://127.0.0.1:9000"
-COORDINATOR_URL_ENV = "HYDRA_COORDINATOR_URL"
-
-EXIT_OK = 0
-EXIT_UNREACHABLE = 1
-EXIT_REJECTED = 2
-EXIT_NOT_SERVING = 3
-EXIT_LOAD_FAILED = 4
-
-
-class CliError(Exception):
-    """A failure already phrased for the operator; ``main`` prints it and exits with ``code``."""
-
-    def __init__(self, message: str, code: int) -> None:
-        super().__init__(message)
-        self.code = code
-
 
 # ----- command-line values ---------------------------------------------------------------
 

@@ -55,8 +55,8 @@ from typing import IO, Any, Iterator
 import httpx
 import yaml
 
-from hydrad import tokenfile
-from hydrad.cli.hydractl import COORDINATOR_URL, COORDINATOR_URL_ENV, EXIT_OK, CliError
+from hydrad.common import tokenfile
+from hydrad.cli.common import COORDINATOR_URL, COORDINATOR_URL_ENV, EXIT_OK, CliError
 
 EXIT_START_FAILED = 1
 EXIT_BAD_CONFIG = 2
@@ -153,9 +153,9 @@ def plan(config_dir: Path, profile: str | None, offset: int, copy_dir: Path, sta
     from hydrad.coordinator.profiles import load_profiles
     from hydrad.coordinator.settings import ConfigError as CoordConfigError
     from hydrad.coordinator.settings import load_config as load_coordinator
-    from hydrad.registry import Registry
-    from hydrad.settings import ConfigError as EngineConfigError
-    from hydrad.settings import load_config as load_engine
+    from hydrad.common.registry import Registry
+    from hydrad.engine.settings import ConfigError as EngineConfigError
+    from hydrad.engine.settings import load_config as load_engine
 
     coord_path = config_dir / COORDINATOR_FILE
     if not coord_path.is_file():
@@ -476,7 +476,7 @@ class Runner:
                                           str(p.coordinator_config)],
                           logs / "coordinator.log" if logs else None)]
         for name, path in p.engine_configs.items():
-            children.append(Child(name, [sys.executable, "-m", "hydrad.daemon", "--config", str(path)],
+            children.append(Child(name, [sys.executable, "-m", "hydrad.cli.hydrad", "--config", str(path)],
                                   logs / f"{name}.log" if logs else None))
         self.say(f"configs {_shown(config_dir)}{' (moved copies in ' + _shown(copy_dir) + ')' if p.copies else ''}, "
                  f"profile {p.profile}{', port offset ' + str(args.port_offset) if args.port_offset else ''}")

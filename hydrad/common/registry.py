@@ -12,8 +12,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from hydrad.yamlfile import read_mapping
-from hydrad.params import check_partial, validation_message
+from hydrad.common.yamlfile import read_mapping
+from hydrad.common.params import check_partial, validation_message
 
 
 class ModelEntry(BaseModel):

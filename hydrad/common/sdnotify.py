@@ -25,7 +25,7 @@ from collections.abc import Mapping
 
 __all__ = ["Notifier"]
 
-log = logging.getLogger("hydrad.sdnotify")
+log = logging.getLogger("hydrad.common.sdnotify")
 
 # A stalled receiver must not freeze the watchdog thread for good; a send
 # that times out is logged like any other failure.

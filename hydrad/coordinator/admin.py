@@ -28,7 +28,7 @@ from hydrad.coordinator.affinity import Affinity
 from hydrad.coordinator.bus import CoordinatorBus
 from hydrad.coordinator.frontdoor import FrontDoor
 from hydrad.coordinator.switcher import ProfileSwitcher, SwitchBusy
-from hydrad.http.openai import ApiError
+from hydrad.wire.openai import ApiError
 
 
 def admin_routes(bus: CoordinatorBus, switcher: ProfileSwitcher, affinity: Affinity,

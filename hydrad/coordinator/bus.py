@@ -41,9 +41,9 @@ from typing import Any, Callable
 import zmq
 import zmq.asyncio
 
-from hydrad import tokenfile
-from hydrad.bus import messages as M
-from hydrad.logs import log_event
+from hydrad.common import tokenfile
+from hydrad.wire import messages as M
+from hydrad.common.logs import log_event
 
 log = logging.getLogger("hydra.coordinator.bus")
 

@@ -26,7 +26,8 @@ from pathlib import Path
 import zmq
 from starlette.applications import Starlette
 
-from hydrad import __version__, tokenfile
+from hydrad import __version__
+from hydrad.common import tokenfile
 from hydrad.coordinator.admin import admin_routes
 from hydrad.coordinator.affinity import Affinity
 from hydrad.coordinator.bus import CoordinatorBus
@@ -36,10 +37,10 @@ from hydrad.coordinator.profiles import ProfileSet, load_profiles
 from hydrad.coordinator.settings import ConfigError, CoordinatorSettings, LoadedConfig, bus_is_loopback, load_config
 from hydrad.coordinator.state import StateFile, choose_start_profile
 from hydrad.coordinator.switcher import ProfileSwitcher
-from hydrad.logs import log_event, setup_logging
-from hydrad.registry import Registry
-from hydrad.sdnotify import Notifier
-from hydrad.serving import run_loop, uvicorn_server
+from hydrad.common.logs import log_event, setup_logging
+from hydrad.common.registry import Registry
+from hydrad.common.sdnotify import Notifier
+from hydrad.common.serving import run_loop, uvicorn_server
 
 log = logging.getLogger("hydra.coordinator")
 

@@ -1,6 +1,6 @@
 """The OpenAI front door: ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``, ``/health``.
 
-A request is parsed exactly as an engine parses it (``hydrad.http.openai``), routed over a
+A request is parsed exactly as an engine parses it (``hydrad.wire.openai``), routed over a
 snapshot of the engines (``routing.route``), and sent as GENERATE over the bus; TOKENS come
 back and are re-emitted as OpenAI chunks. Failure rules, so a client never hangs and never
 sees a bare 500:
@@ -36,20 +36,21 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from hydrad.bus import messages as M
+from hydrad.wire import messages as M
 from hydrad.coordinator.affinity import Affinity, prefix_of
 from hydrad.coordinator.bus import (
     CoordinatorBus, EngineLost, EngineRecord, EngineUnreachable, RequestStream, RequestUnsendable,
 )
 from hydrad.coordinator.routing import (
-    LOADING_STAGES, SERVING_STAGES, Decision, EngineView, ModelSpec, RouteRequest, route,
+    Decision, EngineView, ModelSpec, RouteRequest, route,
 )
 from hydrad.coordinator.switcher import LoadFailed, ProfileSwitcher
-from hydrad.engine.requests import GenRequest
-from hydrad.http import openai
-from hydrad.http.openai import ApiError
-from hydrad.logs import log_event
-from hydrad.registry import Registry
+from hydrad.wire.requests import GenRequest
+from hydrad.wire.stages import INCOMING_STAGES, SERVING_STAGES
+from hydrad.wire import openai
+from hydrad.wire.openai import ApiError
+from hydrad.common.logs import log_event
+from hydrad.common.registry import Registry
 
 log = logging.getLogger("hydra.coordinator")
 
@@ -133,7 +134,7 @@ class FrontDoor:
             heard = rec.heard_load()
             busy = max(min(heard, total), min(inflight, total))
             queued = max(heard - total, inflight - total, 0)
-            model = st.model if st.model is not None or st.stage not in LOADING_STAGES else st.loading_model
+            model = st.model if st.model is not None or st.stage not in INCOMING_STAGES else st.loading_model
             sessions, prefixes = self.affinity.holds(rec.name, session, prefix)
             out.append(EngineView(
                 name=rec.name, alive=rec.alive, stage=st.stage, model=model,
@@ -238,7 +239,7 @@ class FrontDoor:
         if model is None or rec is None:
             return
         st = rec.status
-        if st.model == model or (st.stage in LOADING_STAGES and st.loading_model == model):
+        if st.model == model or (st.stage in INCOMING_STAGES and st.loading_model == model):
             return
         await self.switcher.ensure_model(engine, model)
 

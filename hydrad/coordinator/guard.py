@@ -25,9 +25,9 @@ import json
 import time
 from typing import Any, Awaitable, Callable
 
-from hydrad import tokenfile
+from hydrad.common import tokenfile
 from hydrad.coordinator.settings import address_allowed
-from hydrad.http.openai import ApiError
+from hydrad.wire.openai import ApiError
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]

@@ -20,8 +20,8 @@ from typing import Any, Literal, Mapping
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from hydrad.yamlfile import read_mapping
-from hydrad.params import RuntimeParams, validation_message
+from hydrad.common.yamlfile import read_mapping
+from hydrad.common.params import RuntimeParams, validation_message
 
 Mode = Literal["SOLO", "COMBINE", "PEER"]
 

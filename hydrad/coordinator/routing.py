@@ -24,11 +24,10 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
 
+from hydrad.wire.stages import ROUTABLE_STAGES, SERVING_STAGES
+
 GIB = 1 << 30
 
-SERVING_STAGES = frozenset({"ready", "reloading"})  # the current generation answers requests
-LOADING_STAGES = frozenset({"loading_model", "warming"})  # a model is on its way in
-ROUTABLE_STAGES = SERVING_STAGES | LOADING_STAGES | {"idle"}
 
 
 @dataclass(frozen=True)

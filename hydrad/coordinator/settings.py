@@ -15,8 +15,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from hydrad.yamlfile import read_mapping
-from hydrad.params import validation_message
+from hydrad.common.yamlfile import read_mapping
+from hydrad.common.params import validation_message
 
 
 class HttpSettings(BaseModel):

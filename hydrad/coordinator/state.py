@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from hydrad.logs import log_event
+from hydrad.common.logs import log_event
 
 log = logging.getLogger("hydra.coordinator.state")
 

@@ -36,8 +36,8 @@ from typing import Any
 from hydrad.coordinator.bus import CoordinatorBus, EngineRecord, EngineUnreachable
 from hydrad.coordinator.profiles import PENDING_ENGINE_FIELDS, ProfileSet, diff_profiles, resolve
 from hydrad.coordinator.state import StateFile
-from hydrad.logs import log_event
-from hydrad.registry import Registry
+from hydrad.common.logs import log_event
+from hydrad.common.registry import Registry
 
 log = logging.getLogger("hydra.coordinator.profile")
 

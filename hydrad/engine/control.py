@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hydrad.engine.core import EngineBusy, EngineCore
-from hydrad.logs import log_event
-from hydrad.params import ParamError, ParamLayers, RuntimeParams, Tier
-from hydrad.registry import Registry, ResolvedModel, UnknownModel
+from hydrad.common.logs import log_event
+from hydrad.common.params import ParamError, ParamLayers, RuntimeParams, Tier
+from hydrad.common.registry import Registry, ResolvedModel, UnknownModel
 
 log = logging.getLogger("hydrad.control")
 

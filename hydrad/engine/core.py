@@ -20,21 +20,22 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from hydrad.engine import faults, llama
+from hydrad.engine.gpu import GPU_KINDS, local_devices
 from hydrad.engine.generation import Generation, Slot, build_generation
 from hydrad.engine.statebuf import StateBuffers
 from hydrad.engine.loader import LoadRecord, choose_policy, estimate_bytes, mem_available
 from hydrad.engine.requests import (
-    Done, Failed, GenRequest, RequestHandle, Token, Usage,
+    Done, Failed, RequestHandle, Token, Usage,
 )
 from hydrad.engine.stats import EngineStats
 from hydrad.engine.textstream import StopMatcher, Utf8Detokenizer
-from hydrad.logs import log_event
-from hydrad.params import RuntimeParams
-from hydrad.registry import ResolvedModel
+from hydrad.common.logs import log_event
+from hydrad.common.params import RuntimeParams
+from hydrad.common.registry import ResolvedModel
+from hydrad.wire.requests import GenRequest
 
 log = logging.getLogger("hydrad.engine")
 
-STAGES = ("starting", "idle", "loading_model", "warming", "ready", "reloading", "stopping")
 
 
 PRETOKENIZE_CHARS = 32 << 10
@@ -205,9 +206,7 @@ class EngineCore:
     def _free_memory(self) -> int:
         """Free memory where the weights go: the GPU's when one serves, else the host's."""
         try:
-            from hydrad.engine import ggml
-
-            gpus = [d for d in ggml.devices() if d.kind in ("gpu", "igpu") and not d.name.upper().startswith("RPC")]
+            gpus = [d for d in local_devices() if d.kind in GPU_KINDS]
             if gpus:
                 return min(d.memory_free for d in gpus)
         except Exception:  # device enumeration is best effort; fall back to host memory

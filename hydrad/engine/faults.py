@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import re
 
-from hydrad.engine.requests import GenRequest
+from hydrad.wire.requests import GenRequest
 
 STAGES = ("admit", "tokenize", "sample", "detokenize", "stop", "finish")
 ENV = "HYDRA_FAULT_INJECT"

@@ -15,9 +15,10 @@ from typing import Any, Callable
 
 from hydrad.engine import ggml, llama
 from hydrad.engine.requests import GenerationTag
-from hydrad.engine.statebuf import StateBuffers, fresh
-from hydrad.params import RuntimeParams
-from hydrad.registry import ResolvedModel
+from hydrad.engine.statebuf import StateBuffers
+from hydrad.common.params import RuntimeParams
+from hydrad.common.registry import ResolvedModel
+from hydrad.wire.kvstream import fresh
 
 
 @dataclass

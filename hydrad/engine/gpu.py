@@ -11,9 +11,9 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
-from typing import Mapping
+from typing import Any, Mapping, MutableMapping
 
-from hydrad.bus.messages import GpuInfo
+from hydrad.wire.messages import GpuInfo
 
 log = logging.getLogger("hydrad.bus")
 
@@ -38,16 +38,24 @@ def _cuda_arch(ordinal: int) -> str | None:
         return None
 
 
+GPU_KINDS = ("gpu", "igpu")
+
+
+def local_devices() -> list[Any]:
+    """ggml's devices on this host (remote ggml-RPC devices left out); raises when no ggml library loads."""
+    from hydrad.engine import ggml
+
+    return [d for d in ggml.devices() if not d.name.upper().startswith("RPC")]
+
+
 def local_gpu() -> GpuInfo:
     """The device this engine computes on: its first GPU, else the CPU."""
     try:
-        from hydrad.engine import ggml
-
-        devices = [d for d in ggml.devices() if not d.name.upper().startswith("RPC")]
+        devices = local_devices()
     except Exception as exc:  # no ggml library: report a CPU engine rather than fail registration
         log.warning("cannot list ggml devices: %s", exc)
         return GpuInfo()
-    gpus = [d for d in devices if d.kind in ("gpu", "igpu")]
+    gpus = [d for d in devices if d.kind in GPU_KINDS]
     dev = (gpus or [d for d in devices if d.kind == "cpu"] or devices or [None])[0]
     if dev is None:
         return GpuInfo()
@@ -63,6 +71,19 @@ def local_gpu() -> GpuInfo:
 
 # The variables the CUDA, ROCm and Vulkan runtimes read (the daemon sets them from ``device``).
 DEVICE_ENV = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "GGML_VK_VISIBLE_DEVICES")
+
+
+def bind_devices(device: str | None, environ: MutableMapping[str, str]) -> None:
+    """Make only ``device`` visible to llama.cpp's GPU backends, before any of them initialises
+    (``preload_native`` only maps the libraries; the backends enumerate devices on first use).
+    The variables are the ones the CUDA, ROCm and Vulkan runtimes read; Vulkan takes indices only.
+    An operator's own setting in the environment (a unit drop-in) wins."""
+    if device is None:
+        return
+    for name in DEVICE_ENV:
+        if name == "GGML_VK_VISIBLE_DEVICES" and not device[0].isdigit():
+            continue
+        environ.setdefault(name, device)
 
 
 def bound_device(setting: str | None, environ: Mapping[str, str] | None = None) -> str | None:

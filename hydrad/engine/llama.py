@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from hydrad.params import RuntimeParams
+from hydrad.common.params import RuntimeParams
 
 if TYPE_CHECKING:
     import llama_cpp as L

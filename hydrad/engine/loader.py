@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hydrad.params import RuntimeParams
-from hydrad.registry import ResolvedModel
+from hydrad.common.params import RuntimeParams
+from hydrad.common.registry import ResolvedModel
 
 HEADROOM = 1.10  # compute buffers and fragmentation on top of weights + KV
 

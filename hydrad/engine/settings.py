@@ -16,9 +16,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from hydrad import tokenfile
-from hydrad.params import check_partial, validation_message
-from hydrad.yamlfile import read_mapping
+from hydrad.common import tokenfile
+from hydrad.common.params import check_partial, validation_message
+from hydrad.common.yamlfile import read_mapping
 
 
 class HttpSettings(BaseModel):
@@ -68,7 +68,7 @@ class RpcSettings(BaseModel):
 
         Read at start only: the secret then lives in a root-readable file (e.g. /etc/hydra/engine.token,
         mode 0600) rather than in a YAML that operators copy around and paste into tickets. Same file
-        format as the bus and admin tokens (hydrad.tokenfile)."""
+        format as the bus and admin tokens (hydrad.common.tokenfile)."""
         if self.token_file is None:
             return self
         path = self.token_file if self.token_file.is_absolute() or base is None else base / self.token_file

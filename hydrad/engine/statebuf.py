@@ -19,15 +19,10 @@ import time
 import weakref
 from typing import Any
 
+from hydrad.wire.kvstream import fresh
+
 KEEP_MAX_BYTES = 1 << 30
 IDLE_S = 60.0
-
-
-def fresh(size: int) -> Any:
-    """A new uint8 array of ``size`` bytes, not zero-filled (every byte is written before use)."""
-    import numpy as np  # after libllama: see hydrad.engine.llama.preload_native
-
-    return np.empty(size, dtype=np.uint8)
 
 
 def headroom(size: int) -> int:

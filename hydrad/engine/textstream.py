@@ -17,15 +17,9 @@ from __future__ import annotations
 import codecs
 from collections.abc import Iterable
 
-__all__ = ["MAX_STOPS", "MAX_STOP_CHARS", "StopMatcher", "Utf8Detokenizer"]
+from hydrad.wire.requests import MAX_STOP_CHARS, MAX_STOPS
 
-MAX_STOPS = 4
-"""The OpenAI API accepts at most four stop sequences per request."""
-
-MAX_STOP_CHARS = 4096
-"""Longest stop sequence accepted. OpenAI documents no bound; one is needed so a request
-cannot make the engine hold back (and scan) an unbounded amount of text."""
-
+__all__ = ["StopMatcher", "Utf8Detokenizer"]
 
 class Utf8Detokenizer:
     """Decode token piece bytes incrementally, holding back split characters.

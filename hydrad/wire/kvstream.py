@@ -13,10 +13,16 @@ from typing import Any, Callable, Iterator
 
 import xxhash
 
-from hydrad.engine.statebuf import fresh
-from hydrad.rpc import protocol as P
+from hydrad.wire import protocol as P
 
 DEFAULT_CHUNK = 2 << 20
+
+
+def fresh(size: int) -> Any:
+    """A new uint8 array of ``size`` bytes, not zero-filled (every byte is written before use)."""
+    import numpy as np  # after libllama (the engine preloads it first)
+
+    return np.empty(size, dtype=np.uint8)
 
 
 def chunked(meta: dict[str, Any], data: Any, chunk_size: int = DEFAULT_CHUNK,

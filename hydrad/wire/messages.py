@@ -18,7 +18,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from hydrad.engine.requests import GenRequest, SamplingOverrides
+from hydrad.wire.requests import GenRequest, SamplingOverrides
 
 PROTOCOL = b"hydra-bus/1"
 NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"  # an engine name is its DEALER identity and its systemd instance

@@ -14,10 +14,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from hydrad import jsonbody
-from hydrad.engine.requests import GenRequest, SamplingOverrides
-from hydrad.engine.textstream import MAX_STOP_CHARS, MAX_STOPS
-from hydrad.params import validation_message
+from hydrad.common import jsonbody
+from hydrad.wire.requests import GenRequest, SamplingOverrides
+from hydrad.wire.requests import MAX_STOP_CHARS, MAX_STOPS
+from hydrad.common.params import validation_message
 
 INT32_MAX = 2**31 - 1
 MAX_MODEL_NAME = 256

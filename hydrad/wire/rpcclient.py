@@ -12,8 +12,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-from hydrad.rpc import protocol as P
-from hydrad.rpc.state import chunked
+from hydrad.wire import protocol as P
+from hydrad.wire.kvstream import chunked
 
 
 class RpcError(Exception):

@@ -23,9 +23,9 @@ import pytest
 import yaml
 import zmq
 
-from hydrad.bus import messages as M
-from hydrad.bus.gpu import bound_device
-from hydrad.rpc.client import RpcClient
+from hydrad.wire import messages as M
+from hydrad.engine.gpu import bound_device
+from hydrad.wire.rpcclient import RpcClient
 from tests.support.coordinator import Coordinator
 from tests.support.engine import GEMMA, REPO, SMOLLM, Engine, models_dir
 

@@ -26,7 +26,7 @@ import httpx
 import pytest
 import zmq
 
-from hydrad.bus import messages as M
+from hydrad.wire import messages as M
 from hydrad.engine import faults
 from tests.support.coordinator import Coordinator
 from tests.support.engine import REPO, Engine

@@ -256,7 +256,7 @@ def test_bad_yaml_exits_non_zero_naming_file_and_field(tmp_path: Path) -> None:
 
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: x\nhttp:\n  port: eighty\n")
-    r = subprocess.run([sys.executable, "-m", "hydrad.daemon", "--config", str(bad)], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-m", "hydrad.cli.hydrad", "--config", str(bad)], capture_output=True, text=True,
                        timeout=30)
     assert r.returncode != 0 and str(bad) in r.stderr and "http.port" in r.stderr
 

@@ -206,7 +206,7 @@ def test_up_moves_every_port_in_copies_of_the_configs(tmp_path: Path) -> None:
 
     from hydrad.cli.up import plan
     from hydrad.coordinator.settings import load_config as load_coordinator
-    from hydrad.settings import load_config as load_engine
+    from hydrad.engine.settings import load_config as load_engine
 
     p = plan(REPO / "etc" / "hydra" / "dev", "swapped", 1000, tmp_path, tmp_path / "state")
     assert p.copies and p.profile == "swapped" and p.http_url == "http://127.0.0.1:10000"
@@ -283,7 +283,7 @@ def test_the_pool_bus_admits_only_its_own_engines(pool: tuple[Up, str]) -> None:
     local process that connects to the bus is refused (no prompts, no configure for it)."""
     import zmq
 
-    from hydrad.bus import messages as M
+    from hydrad.wire import messages as M
 
     up, _ = pool
     offset = int(up.args[up.args.index("--port-offset") + 1])

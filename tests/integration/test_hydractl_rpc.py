@@ -18,7 +18,7 @@ from typing import Any, Iterator
 import pytest
 import yaml
 
-from hydrad.rpc import protocol as P
+from hydrad.wire import protocol as P
 from tests.support.engine import GEMMA, REPO, SMOLLM, Engine, free_port, models_dir
 
 pytestmark = pytest.mark.model

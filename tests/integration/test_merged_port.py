@@ -15,8 +15,8 @@ from typing import Any, Callable
 import pytest
 import yaml
 
-from hydrad.rpc import protocol as P
-from hydrad.rpc.client import RpcClient, RpcError, migrate
+from hydrad.wire import protocol as P
+from hydrad.wire.rpcclient import RpcClient, RpcError, migrate
 from tests.support.engine import REPO, Engine, free_port
 
 GEN_SCRIPT = REPO / "tests" / "support" / "ggml_rpc_generate.py"

@@ -24,12 +24,12 @@ import pytest
 
 from hydrad.engine.control import EngineControl
 from hydrad.engine.core import EngineCore
-from hydrad.registry import Registry
-from hydrad.rpc import ggml_relay as G
-from hydrad.rpc import protocol as P
-from hydrad.rpc.client import RpcClient, RpcError
-from hydrad.rpc.server import MergedPort
-from hydrad.settings import EngineSettings
+from hydrad.common.registry import Registry
+from hydrad.engine.rpc import ggml_relay as G
+from hydrad.wire import protocol as P
+from hydrad.wire.rpcclient import RpcClient, RpcError
+from hydrad.engine.rpc.server import MergedPort
+from hydrad.engine.settings import EngineSettings
 from tests.support.engine import Engine
 
 SMOL = {"model": "smollm2-135m", "temperature": 0}

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from hydrad.engine import llama
-from hydrad.params import RuntimeParams
+from hydrad.common.params import RuntimeParams
 
 
 def _greedy(ban: tuple[int, ...] = ()) -> llama.Sampling:

@@ -21,7 +21,7 @@ import httpx
 import yaml
 import zmq
 
-from hydrad import tokenfile
+from hydrad.common import tokenfile
 from tests.support.engine import REGISTRY, NotifyListener, free_port
 
 

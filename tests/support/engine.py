@@ -147,7 +147,7 @@ class Engine:
             env["JOURNAL_STREAM"] = f"{st.st_dev}:{st.st_ino}"
         e = dict(os.environ, NOTIFY_SOCKET=str(self.notify.path), PYTHONUNBUFFERED="1", **env)
         self.started = time.monotonic()
-        self.proc = subprocess.Popen([*wrap, sys.executable, "-m", "hydrad.daemon", "--config", str(self.config)],
+        self.proc = subprocess.Popen([*wrap, sys.executable, "-m", "hydrad.cli.hydrad", "--config", str(self.config)],
                                      stdout=self._log, stderr=subprocess.STDOUT, env=e, cwd=str(tmp))
         self.http = httpx.Client(base_url=self.url, timeout=60)
 

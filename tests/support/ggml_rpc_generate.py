@@ -9,7 +9,7 @@ import sys
 import time
 
 from hydrad.engine import ggml, llama
-from hydrad.params import RuntimeParams
+from hydrad.common.params import RuntimeParams
 
 
 def main() -> None:

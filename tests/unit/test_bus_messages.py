@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hydrad.bus import messages as M
-from hydrad.engine.requests import GenRequest, SamplingOverrides
+from hydrad.wire import messages as M
+from hydrad.wire.requests import GenRequest, SamplingOverrides
 
 SAMPLES: list[M._Msg] = [
     M.Register(engine="dev-a", instance="abc.1", version="0.1.0", pid=42,
@@ -150,7 +150,7 @@ def test_register_device_is_optional_both_ways() -> None:
 
 
 def test_bound_device_reports_what_the_backends_see() -> None:
-    from hydrad.bus.gpu import bound_device
+    from hydrad.engine.gpu import bound_device
     assert bound_device(None, {}) is None
     assert bound_device("1", {}) == "1"
     assert bound_device("1", {"CUDA_VISIBLE_DEVICES": "1"}) == "1"

@@ -15,7 +15,7 @@ REGISTRY = REPO / "etc" / "hydra" / "models.yaml"
 
 
 def hydrad(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "hydrad.daemon", *args], cwd=REPO, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "hydrad.cli.hydrad", *args], cwd=REPO, capture_output=True,
                           text=True, timeout=60)
 
 

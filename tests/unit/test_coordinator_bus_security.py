@@ -20,8 +20,8 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from hydrad import tokenfile
-from hydrad.bus import messages as M
+from hydrad.common import tokenfile
+from hydrad.wire import messages as M
 from hydrad.coordinator.bus import CoordinatorBus, EngineLost, RequestUnsendable
 from hydrad.coordinator.settings import CoordinatorSettings
 

@@ -10,7 +10,7 @@ from typing import Any, Callable
 import zmq
 import zmq.asyncio
 
-from hydrad.bus import messages as M
+from hydrad.wire import messages as M
 from hydrad.coordinator.bus import CoordinatorBus
 from hydrad.coordinator.settings import CoordinatorSettings
 

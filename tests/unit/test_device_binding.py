@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from hydrad.daemon import DEVICE_ENV, bind_devices
-from hydrad.settings import EngineSettings
+from hydrad.engine.gpu import DEVICE_ENV, bind_devices
+from hydrad.engine.settings import EngineSettings
 
 
 def test_index_binds_every_gpu_runtime() -> None:

@@ -7,11 +7,11 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from hydrad.bus.engine_link import EngineLink
+from hydrad.engine.bus.link import EngineLink
 from hydrad.engine.control import EngineControl
 from hydrad.engine.core import EngineCore
-from hydrad.registry import Registry
-from hydrad.settings import EngineSettings
+from hydrad.common.registry import Registry
+from hydrad.engine.settings import EngineSettings
 
 
 def test_a_dead_engine_thread_is_reported_as_failed() -> None:

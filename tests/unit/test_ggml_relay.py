@@ -9,7 +9,7 @@ import struct
 
 import pytest
 
-from hydrad.rpc import ggml_relay as G
+from hydrad.engine.rpc import ggml_relay as G
 
 SIZES = [(1, 4), (1, 2), (32, 18)] + [(1, 1)] * (G.GGML_TYPE_COUNT - 3)
 BASE, SIZE, PTR = 0x7000_0000, 4096, 0xABC0

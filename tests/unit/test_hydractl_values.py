@@ -6,8 +6,8 @@ import io
 
 import pytest
 
+from hydrad.cli.common import CliError
 from hydrad.cli.hydractl import (
-    CliError,
     ProgressLine,
     describe_applied,
     normalize_url,

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hydrad import jsonbody
-from hydrad.jsonbody import BodyError
+from hydrad.common import jsonbody
+from hydrad.common.jsonbody import BodyError
 
 
 def test_lone_surrogate_is_named_by_its_path() -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from hydrad.logs import format_value, log_event, setup_logging, under_journald
+from hydrad.common.logs import format_value, log_event, setup_logging, under_journald
 
 TS = r"ts=\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z"
 

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hydrad.engine.requests import GenRequest, SamplingOverrides
-from hydrad.http.openai import (
+from hydrad.wire.requests import GenRequest, SamplingOverrides
+from hydrad.wire.openai import (
     DONE,
     ApiError,
     ChatRequest,

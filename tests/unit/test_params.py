@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from hydrad.params import (
+from hydrad.common.params import (
     T4_FIELDS,
     ConfigurePlan,
     ParamError,

@@ -20,7 +20,7 @@ from hydrad.coordinator.profiles import (
     resolve,
     resolve_profile,
 )
-from hydrad.registry import Registry
+from hydrad.common.registry import Registry
 
 REPO = Path(__file__).resolve().parents[2]
 ETC = REPO / "etc" / "hydra"
@@ -274,7 +274,7 @@ def test_unknown_model_is_an_error_but_a_gguf_path_is_not() -> None:
 
 
 def test_pending_fields_are_the_ones_the_engine_lacks() -> None:
-    from hydrad.params import RuntimeParams
+    from hydrad.common.params import RuntimeParams
 
     assert PENDING_ENGINE_FIELDS == {"rpc_servers", "override_tensors"}
     p = resolve(EngineEntry(model="smollm2-135m"), MODELS, PEER_RPC)

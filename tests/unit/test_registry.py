@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hydrad.registry import ModelEntry, Registry, ResolvedModel, UnknownModel
+from hydrad.common.registry import ModelEntry, Registry, ResolvedModel, UnknownModel
 
 REPO = Path(__file__).resolve().parents[2]
 MODELS_YAML = REPO / "etc" / "hydra" / "models.yaml"

@@ -420,7 +420,7 @@ def test_public_is_json() -> None:
 
 
 def test_modelspec_from_registry_entry() -> None:
-    from hydrad.registry import ModelEntry
+    from hydrad.common.registry import ModelEntry
 
     entry = ModelEntry(path="x.gguf", arch="llama", quant="Q4_1", size_bytes=10, kv_bytes_per_token=2)
     assert ModelSpec.from_entry("x", entry) == ModelSpec("x", 10, 2, "Q4_1", "llama")

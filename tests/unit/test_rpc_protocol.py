@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hydrad.rpc.protocol import (
+from hydrad.wire.protocol import (
     FIRST_OPS,
     GGML_RPC_HELLO,
     HEADER,

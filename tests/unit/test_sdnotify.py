@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from hydrad.sdnotify import Notifier
+from hydrad.common.sdnotify import Notifier
 
 
 @pytest.fixture
@@ -117,7 +117,7 @@ def test_disabled_without_notify_socket(monkeypatch: pytest.MonkeyPatch) -> None
 
 
 def test_unsupported_address_disables(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="hydrad.sdnotify"):
+    with caplog.at_level(logging.WARNING, logger="hydrad.common.sdnotify"):
         notifier = Notifier.from_env({"NOTIFY_SOCKET": "relative/path"})
     assert not notifier.enabled
     assert "NOTIFY_SOCKET" in caplog.text
@@ -153,11 +153,11 @@ def test_unreachable_socket_warns_once_and_never_raises(
 ) -> None:
     monkeypatch.setenv("NOTIFY_SOCKET", str(tmp_path / "missing.sock"))
     notifier = Notifier.from_env()
-    with caplog.at_level(logging.WARNING, logger="hydrad.sdnotify"):
+    with caplog.at_level(logging.WARNING, logger="hydrad.common.sdnotify"):
         notifier.ready()
         notifier.status("still here")
         notifier.watchdog()
-    warnings = [r for r in caplog.records if r.name == "hydrad.sdnotify"]
+    warnings = [r for r in caplog.records if r.name == "hydrad.common.sdnotify"]
     assert len(warnings) == 1
     assert warnings[0].levelno == logging.WARNING
     assert "missing.sock" in warnings[0].getMessage()

@@ -13,7 +13,7 @@ import yaml
 
 from pydantic import BaseModel
 
-from hydrad.settings import ConfigError, EngineSettings, LoadedConfig, load_config
+from hydrad.engine.settings import ConfigError, EngineSettings, LoadedConfig, load_config
 
 REPO = Path(__file__).resolve().parents[2]
 ETC = REPO / "etc" / "hydra"
@@ -381,7 +381,7 @@ def test_sources_of_default_config_are_all_default() -> None:
 
 
 def hydrad(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "hydrad.daemon", *args], cwd=REPO, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "hydrad.cli.hydrad", *args], cwd=REPO, capture_output=True,
                           text=True, timeout=60)
 
 

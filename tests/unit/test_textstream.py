@@ -185,7 +185,7 @@ def test_long_stop_costs_linear_memory_and_time() -> None:
     import time
     import tracemalloc
 
-    from hydrad.engine.textstream import MAX_STOP_CHARS
+    from hydrad.wire.requests import MAX_STOP_CHARS
 
     stop = "a" * (MAX_STOP_CHARS - 1) + "b"
     tracemalloc.start()
@@ -205,7 +205,7 @@ def test_long_stop_costs_linear_memory_and_time() -> None:
 
 
 def test_stop_longer_than_the_bound_is_refused() -> None:
-    from hydrad.engine.textstream import MAX_STOP_CHARS
+    from hydrad.wire.requests import MAX_STOP_CHARS
 
     with pytest.raises(ValueError, match="at most"):
         StopMatcher(["x" * (MAX_STOP_CHARS + 1)])

@@ -12,7 +12,7 @@ import httpx
 import pytest
 import zmq
 
-from hydrad.bus import messages as M
+from hydrad.wire import messages as M
 from tests.support.engine import free_port
 from tui.feed import CONNECTED, DISCONNECTED, AdminClient, AdminError, EventReader, FeedEvent
 

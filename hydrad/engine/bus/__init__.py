@@ -1,6 +1,2 @@
-"""The ZeroMQ bus between the coordinator and the engines.
-
-``messages`` holds the typed messages both ends share (and nothing that opens a socket), so
-the engine side (``engine_link``) and the coordinator side (``hydrad.coordinator.bus``) never
-import each other.
-"""
+"""The engine's side of the ZeroMQ bus (``link``); the messages it speaks live in
+``hydrad.wire.messages``, the coordinator's side in ``hydrad.coordinator.bus``."""

@@ -42,21 +42,22 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from hydrad import __version__, tokenfile
-from hydrad.bus import messages as M
-from hydrad.bus.gpu import bound_device, local_gpu
+from hydrad import __version__
+from hydrad.common import tokenfile
+from hydrad.wire import messages as M
+from hydrad.engine.gpu import bound_device, local_gpu
 from hydrad.engine.control import EngineBusy, EngineControl, ParamError, UnknownModel
 from hydrad.engine.core import PromptTooLong
 from hydrad.engine.requests import Done, Failed, Token
-from hydrad.logs import log_event
-from hydrad.settings import EngineSettings
+from hydrad.common.logs import log_event
+from hydrad.engine.settings import EngineSettings
+from hydrad.wire.stages import LOADING_STAGES
 
 log = logging.getLogger("hydrad.bus")
 
 LIVENESS = 3  # intervals of silence before the other side counts as gone
 BACKOFF_MAX_S = 10.0
 SNDHWM = 10_000  # messages queued towards the coordinator before a send fails (then the request is cancelled)
-LOADING_STAGES = ("loading_model", "warming", "reloading")
 
 
 class _Speed:

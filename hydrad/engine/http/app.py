@@ -16,17 +16,21 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from hydrad import __version__, jsonbody
+from hydrad import __version__
+from hydrad.common import jsonbody
 from hydrad.engine.control import EngineBusy, EngineControl, ParamError, UnknownModel
 from hydrad.engine.core import PromptTooLong, StateError
 from hydrad.engine.requests import Done, Failed, RequestHandle, Token
-from hydrad.http import metrics, openai
-from hydrad.http.openai import ApiError
-from hydrad.logs import log_event
-from hydrad.rpc import protocol as P
-from hydrad.rpc.state import StateReceiver, chunked
-from hydrad.serving import BodyTooLarge, read_body, until_disconnected
-from hydrad.settings import EngineSettings
+from hydrad.engine.http import metrics
+from hydrad.wire import openai
+from hydrad.wire.openai import ApiError
+from hydrad.common.logs import log_event
+from hydrad.wire import protocol as P
+from hydrad.wire.kvstream import StateReceiver, chunked
+from hydrad.common.serving import BodyTooLarge, read_body, until_disconnected
+from hydrad.engine.settings import EngineSettings
+from hydrad.wire.errors import state_http_status
+from hydrad.wire.stages import HEALTH_STATUS, LOADING_STAGES
 
 log = logging.getLogger("hydrad.http")
 
@@ -65,7 +69,7 @@ def build_app(settings: EngineSettings, control: EngineControl) -> Starlette:
         if gen is not None:
             body["model"] = gen.resolved.id
             body["generation"] = gen.tag.fingerprint
-        if core.progress is not None and stage in ("loading_model", "warming", "reloading"):
+        if core.progress is not None and stage in LOADING_STAGES:
             body["progress"] = round(core.progress, 4)
         if core.current_load is not None:
             body["load_id"] = core.current_load.id
@@ -77,7 +81,7 @@ def build_app(settings: EngineSettings, control: EngineControl) -> Starlette:
         if gen is not None and core.admitting:
             body["status"] = "ok"
             return JSONResponse(body)
-        body["status"] = {"loading_model": "loading", "warming": "loading", "stopping": "stopping"}.get(stage, stage)
+        body["status"] = HEALTH_STATUS.get(stage, stage)
         return JSONResponse(body, status_code=503, headers={"Retry-After": "1"} if stage != "idle" else {})
 
     async def livez(_: Request) -> Response:
@@ -276,8 +280,6 @@ def build_app(settings: EngineSettings, control: EngineControl) -> Starlette:
             raise ApiError(404, "no such load", "not_found") from None
         return JSONResponse(rec.public())
 
-    state_status = {"not_found": 404, "conflict": 409, "incompatible": 409, "too_large": 413, "failed": 500}
-
     def slot_id(request: Request) -> int:
         try:
             return int(request.path_params["slot"])
@@ -305,7 +307,7 @@ def build_app(settings: EngineSettings, control: EngineControl) -> Starlette:
         try:
             return await core.state_get(slot_id(request))
         except StateError as exc:
-            raise ApiError(state_status[exc.kind], str(exc), exc.kind) from None
+            raise ApiError(state_http_status(exc.kind), str(exc), exc.kind) from None
 
     async def state_get(request: Request) -> Response:
         meta, data = await read_state(request)
@@ -366,7 +368,7 @@ def build_app(settings: EngineSettings, control: EngineControl) -> Starlette:
                         meta = frame.json()
                         refused = core.check_put(sid, meta, settings.rpc.max_state_bytes)
                         if refused is not None:
-                            raise ApiError(state_status[refused.kind], str(refused), refused.kind)
+                            raise ApiError(state_http_status(refused.kind), str(refused), refused.kind)
                         rx = StateReceiver(meta["bytes"], core.state_buffers.take)
                     elif frame.code == P.Status.STATE_DATA:
                         assert rx is not None
@@ -388,7 +390,7 @@ def build_app(settings: EngineSettings, control: EngineControl) -> Starlette:
         try:
             result = await core.state_put(sid, meta, rx.buffer, trusted=trusted)
         except StateError as exc:
-            raise ApiError(state_status[exc.kind], str(exc), exc.kind) from None
+            raise ApiError(state_http_status(exc.kind), str(exc), exc.kind) from None
         except RuntimeError as exc:
             raise ApiError(500, str(exc), "restore_failed") from None
         return JSONResponse(result)

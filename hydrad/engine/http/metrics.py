@@ -3,7 +3,8 @@ where one exists so existing dashboards keep working, plus Hydra's own ``hydra_*
 
 from __future__ import annotations
 
-from hydrad.engine.core import STAGES, EngineCore
+from hydrad.engine.core import EngineCore
+from hydrad.wire.stages import STAGES
 
 
 def _line(out: list[str], name: str, kind: str, help_: str, value: float, labels: str = "") -> None:

@@ -1,1 +1,1 @@
-"""Hydra's binary operations on the merged RPC port: the wire codec (sans-IO) lives in ``protocol``."""
+"""The engine's merged RPC port: Hydra's binary operations (``server``) and the ggml-RPC relay; the codec (sans-IO) is ``hydrad.wire.protocol``."""

@@ -36,8 +36,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from hydrad.logs import log_event
-from hydrad.settings import EngineSettings
+from hydrad.common.logs import log_event
+from hydrad.engine.settings import EngineSettings
 
 log = logging.getLogger("hydrad.rpc.ggml")
 

@@ -1,6 +1,6 @@
 """The merged RPC port: one TCP listener, the first byte of each connection picks the protocol.
 
-``0x0E`` (ggml-RPC HELLO) goes to the ggml relay (hydrad/rpc/ggml_relay.py), which checks each
+``0x0E`` (ggml-RPC HELLO) goes to the ggml relay (hydrad/engine/rpc/ggml_relay.py), which checks each
 command before llama.cpp's in-process server sees it; ``0x30–0x46`` are Hydra's binary ops
 (docs/rpc-protocol.md); anything else is closed. Sockets are blocking and served by threads: the
 relay is on the per-token path of a peer's compute, where a thread doing recv/sendall beats an
@@ -25,19 +25,17 @@ from collections import OrderedDict, deque
 from typing import Any, Callable
 
 from hydrad import __version__
-from hydrad.bus.gpu import bound_device
+from hydrad.engine.gpu import bound_device
 from hydrad.engine.control import EngineBusy, EngineControl, ParamError, UnknownModel
 from hydrad.engine.core import StateError
-from hydrad.logs import log_event
-from hydrad.rpc import protocol as P
-from hydrad.rpc.ggml_relay import GgmlRelay
-from hydrad.rpc.state import StateReceiver, chunked
-from hydrad.settings import EngineSettings
+from hydrad.common.logs import log_event
+from hydrad.wire import protocol as P
+from hydrad.engine.rpc.ggml_relay import GgmlRelay
+from hydrad.wire.kvstream import StateReceiver, chunked
+from hydrad.engine.settings import EngineSettings
+from hydrad.wire.errors import STATE_STATUS
 
 log = logging.getLogger("hydrad.rpc")
-
-_STATE_STATUS = {"not_found": P.Status.NOT_FOUND, "conflict": P.Status.CONFLICT,
-                 "incompatible": P.Status.INCOMPATIBLE, "too_large": P.Status.TOO_LARGE, "failed": P.Status.ERROR}
 
 
 def tune(sock: socket.socket) -> None:
@@ -340,7 +338,7 @@ class MergedPort:
         try:
             meta, data = self._run(self.control.core.state_get(slot))
         except StateError as exc:
-            io.send(P.error_frame(_STATE_STATUS[exc.kind], exc.kind, str(exc)))
+            io.send(P.error_frame(STATE_STATUS[exc.kind], exc.kind, str(exc)))
             return
         for piece in chunked(meta, data, self.rpc.chunk_size):
             io.send(piece)
@@ -355,7 +353,7 @@ class MergedPort:
         core = self.control.core
         refused = core.check_put(slot, meta, self.rpc.max_state_bytes)
         if refused is not None:
-            io.send(P.error_frame(_STATE_STATUS[refused.kind], refused.kind, str(refused)))
+            io.send(P.error_frame(STATE_STATUS[refused.kind], refused.kind, str(refused)))
             return True
         rx = StateReceiver(meta["bytes"], self.control.core.state_buffers.take)
         io.send(P.encode_json(P.Status.CONTINUE, {"slot": slot}))
@@ -375,7 +373,7 @@ class MergedPort:
         try:
             result = self._run(core.state_put(slot, meta, rx.buffer, trusted=trusted))
         except StateError as exc:
-            io.send(P.error_frame(_STATE_STATUS[exc.kind], exc.kind, str(exc)))
+            io.send(P.error_frame(STATE_STATUS[exc.kind], exc.kind, str(exc)))
             return True
         except RuntimeError as exc:
             io.send(P.error_frame(P.Status.ERROR, "restore_failed", str(exc)))

@@ -1,0 +1,51 @@
+"""A generation request as it crosses a wire: parsed from OpenAI JSON by the engine's HTTP
+plane and by the coordinator's front door, carried in the bus's GENERATE, queued by the engine.
+
+Plain data (no engine state), so the engine and the coordinator share it without importing
+each other.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+MAX_STOPS = 4
+"""The OpenAI API accepts at most four stop sequences per request."""
+
+MAX_STOP_CHARS = 4096
+"""Longest stop sequence accepted. OpenAI documents no bound; one is needed so a request
+cannot make the engine hold back (and scan) an unbounded amount of text."""
+
+
+_ids = itertools.count(1)
+
+
+@dataclass(frozen=True)
+class SamplingOverrides:
+    """Per-request sampling fields; None means 'use the engine's T1 default'."""
+
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    repeat_penalty: float | None = None
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    seed: int | None = None
+
+
+@dataclass
+class GenRequest:
+    """One generation: either a raw prompt (completions) or chat messages."""
+
+    prompt: str | None = None
+    messages: list[dict[str, str]] | None = None
+    max_tokens: int | None = None
+    stop: list[str] = field(default_factory=list)
+    sampling: SamplingOverrides = field(default_factory=SamplingOverrides)
+    ignore_eos: bool = False  # generate exactly max_tokens (benchmarks); a llama-server extension
+    slot: int | None = None  # pin to a slot (llama-server's id_slot), e.g. one restored from migrated KV
+    tokens: list[int] | None = None  # prompt tokens made off the engine thread (EngineCore.prepare) ...
+    tokens_for: int | None = None  # ... for this generation id; another generation tokenizes again
+    id: int = field(default_factory=lambda: next(_ids))
