@@ -197,6 +197,7 @@ def run_door(door: Any, args: argparse.Namespace, report: Report, deadline: floa
     producer.start()
     clients = [httpx.Client(timeout=doors.CLIENT_TIMEOUT) for _ in range(args.concurrency)]
     finished = False
+    unchecked: list[doors.Case] = []  # cases sent since the invariant was last checked
     try:
         with ThreadPoolExecutor(args.concurrency) as pool:
             while not finished and time.monotonic() < deadline:
@@ -217,17 +218,21 @@ def run_door(door: Any, args: argparse.Namespace, report: Report, deadline: floa
                     report.count(out)
                     for p in out.problems:
                         report.violation(p, case, batch)
+                unchecked += batch
+                if not finished and report.batches % args.check_every and time.monotonic() < deadline:
+                    continue
                 after = doors.settle(door.client, door.engine_urls(), door.admin_url, door.exited)
                 if not any(isinstance(p, doors.EngineDown) for p in after):
                     after += doors.follow_up(door.client, door.url)
+                suspects, unchecked = unchecked, []
                 if after:
-                    culprits = replay(door, batch, args) if len(batch) > 1 else {0: after}
+                    culprits = replay(door, suspects, args) if len(suspects) > 1 else {0: after}
                     if not culprits:
                         for p in after:
-                            report.violation(p, None, batch)
+                            report.violation(p, None, suspects)
                     for i, problems in culprits.items():
                         for p in problems:
-                            report.violation(p, batch[i], [batch[i]])
+                            report.violation(p, suspects[i], [suspects[i]])
                 if report.cases and report.cases % 1000 < args.concurrency:
                     print(f"[{door.name}] {report.cases} cases, violations {dict(report.kinds)}", flush=True)
     finally:
@@ -238,7 +243,7 @@ def run_door(door: Any, args: argparse.Namespace, report: Report, deadline: floa
 
 
 def replay(door: Any, batch: list[doors.Case], args: argparse.Namespace) -> dict[int, list[doors.Violation]]:
-    """Send each case of a batch that broke the invariant alone, checking after each."""
+    """Send each case of the batches that broke the invariant alone, checking after each."""
     found: dict[int, list[doors.Violation]] = {}
     for i, case in enumerate(batch):
         door.heal()
@@ -257,6 +262,9 @@ def main() -> int:
     ap.add_argument("--doors", default="engine,front", help="engine, front or both (default)")
     ap.add_argument("--concurrency", type=int, default=2,
                     help="requests in flight at once (default 2: the test engines have two slots)")
+    ap.add_argument("--check-every", type=int, default=1,
+                    help="check the invariant after every N batches (default 1); a failed check replays those "
+                         "N batches' cases one at a time. Larger N makes a long run several times faster")
     ap.add_argument("--max-seconds", type=float, default=None, help="stop after this long, per door")
     ap.add_argument("--timeout", type=float, default=doors.CLIENT_TIMEOUT, help="client timeout per request (s)")
     ap.add_argument("--seed", type=int, default=int(time.time()), help="hypothesis seed (default: the time)")
