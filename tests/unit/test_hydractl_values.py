@@ -7,14 +7,8 @@ import io
 import pytest
 
 from hydrad.cli.common import CliError
-from hydrad.cli.hydractl import (
-    ProgressLine,
-    describe_applied,
-    normalize_url,
-    parse_assignments,
-    parse_value,
-    split_url,
-)
+from hydrad.cli.ctl.clients import normalize_url, split_url
+from hydrad.cli.ctl.engine import ProgressLine, describe_applied, parse_assignments, parse_value
 
 
 @pytest.mark.parametrize(("raw", "expected"), [
