@@ -32,7 +32,8 @@ from textual.worker import get_current_worker
 
 from tui.feed import (CONNECTED, DISCONNECTED, AdminClient, AdminError, EngineClient, EventReader, FeedEvent,
                       engine_base_url)
-from tui.state import PoolState, describe_event, summarize, switch_reasons
+from tui.model import PoolModel, summarize, switch_reasons
+from tui.format import describe_event
 from tui.widgets.logs import short_req
 from tui.widgets import (Banner, ConfirmSwitch, EngineDetail, EngineDetails, EngineScreen, EnginesTable, EventLog,
                          HelpScreen, LoadsPanel, ProfilePicker, ProfilesPanel, RouteLog, SwitchProgress)
@@ -190,7 +191,7 @@ class HydraConsole(App[None]):
         self.refresh_s = refresh_s
         self.curve_server_key = curve_server_key
         self.refresh_on_events = refresh_on_events
-        self.state = PoolState(clock=clock)
+        self.pool = PoolModel(clock=clock)
         self.notices: list[tuple[str, str]] = []  # (severity, text) of every notification, newest last
         self.snapshots = 0  # admin snapshots applied
         self.admin_error: str | None = None
@@ -286,7 +287,7 @@ class HydraConsole(App[None]):
 
     def fetch_engine(self, name: str) -> EngineDetails:
         """Blocking (the engine screen runs it in a thread worker): the engine's parameters and slots."""
-        row = self.state.engines.get(name)
+        row = self.pool.engines.get(name)
         url = engine_base_url(row.http if row is not None else None, self.admin_url)
         if url is None:
             why = "the coordinator lists no HTTP address for this engine"
@@ -319,7 +320,7 @@ class HydraConsole(App[None]):
             return
         self._refreshing, self._refresh_wanted = True, False
         self._last_refresh = time.monotonic()
-        self._fetch_admin(self.state.seq)
+        self._fetch_admin(self.pool.seq)
 
     def _tick(self) -> None:
         now = time.monotonic()
@@ -344,9 +345,9 @@ class HydraConsole(App[None]):
         self.admin_error = None
         changed: set[str] = set()
         if msg.engines is not None:
-            changed |= self.state.apply_engines(msg.engines, since=msg.since)
+            changed |= self.pool.apply_engines(msg.engines, since=msg.since)
         if msg.profile is not None:
-            changed |= self.state.apply_profile(msg.profile, since=msg.since)
+            changed |= self.pool.apply_profile(msg.profile, since=msg.since)
         self.snapshots += 1
         self._render(changed)
         self._update_banner()
@@ -355,20 +356,20 @@ class HydraConsole(App[None]):
         changed: set[str] = set()
         routes = self.route_log
         log = self.event_log
-        state = self.state
+        pool = self.pool
         for ev in msg.events:
-            changed |= state.apply_event(ev.topic, ev.data, ev.ts)
+            changed |= pool.apply_event(ev.topic, ev.data, ev.ts)
             engine = ev.data.get("engine")
             if ev.topic == "route":
-                r = state.routes[-1]
+                r = pool.routes[-1]
                 routes.add_route(r)
                 if isinstance(engine, str):
-                    state.note(engine, ev.ts, f"route {short_req(r.req)} [{r.step}] {r.model or '-'}: {r.reason}")
+                    pool.note(engine, ev.ts, f"route {short_req(r.req)} [{r.step}] {r.model or '-'}: {r.reason}")
             elif ev.topic != "profile.progress":  # it repeats engine.progress for engines a switch reloads
                 line = describe_event(ev.topic, ev.data)
                 log.add_event(ev.ts, ev.topic, line)
                 if isinstance(engine, str):
-                    state.note(engine, ev.ts, line)
+                    pool.note(engine, ev.ts, line)
             if ev.topic in REFRESH_TOPICS and self.refresh_on_events:
                 self._refresh_wanted = True
             view = self.switch_view
@@ -400,13 +401,13 @@ class HydraConsole(App[None]):
 
     def on_hydra_console_plan_ready(self, msg: PlanReady) -> None:
         if msg.doc is not None:
-            self.state.apply_profile(msg.doc, since=msg.since)
+            self.pool.apply_profile(msg.doc, since=msg.since)
             self._render({"profile"})
         if isinstance(self.screen, ModalScreen):
             return  # something else was opened meanwhile
         name = msg.profile
-        plan = self.state.profile.plans.get(name)
-        engines, exact = self.state.reload_estimate(name)
+        plan = self.pool.profile.plans.get(name)
+        engines, exact = self.pool.reload_estimate(name)
         note = ""
         if msg.error is not None:
             note = f"(plan as of the last refresh: {msg.error})"
@@ -419,7 +420,7 @@ class HydraConsole(App[None]):
         view = SwitchProgress(name, plan)
         self.switch_view = view
         self.push_screen(view, lambda _: self._progress_closed(view))
-        view.update_view(self.state)
+        view.update_view(self.pool)
         self._post_switch(name)
 
     def _progress_closed(self, view: SwitchProgress) -> None:
@@ -427,12 +428,12 @@ class HydraConsole(App[None]):
             self.switch_view = None
 
     def on_engines_table_engine_selected(self, msg: EnginesTable.EngineSelected) -> None:
-        self.detail.show(self.state, msg.name)
+        self.detail.show(self.pool, msg.name)
 
     def on_engines_table_engine_opened(self, msg: EnginesTable.EngineOpened) -> None:
         if isinstance(self.screen, (ModalScreen, EngineScreen)):
             return
-        self.push_screen(EngineScreen(msg.name, self.state, self.fetch_engine, every_s=max(1.0, min(self.refresh_s, 5))))
+        self.push_screen(EngineScreen(msg.name, self.pool, self.fetch_engine, every_s=max(1.0, min(self.refresh_s, 5))))
 
     # ----- actions -----------------------------------------------------------------------
 
@@ -447,7 +448,7 @@ class HydraConsole(App[None]):
 
     def action_switch_profile(self) -> None:
         """Pick a profile, confirm, then POST /admin/profile in a thread worker."""
-        info = self.state.profile
+        info = self.pool.profile
         if info.state == "switching":
             self._notice(f"A switch to {info.switching_to or info.active} is under way; wait for it to finish.",
                          "warning")
@@ -461,7 +462,7 @@ class HydraConsole(App[None]):
 
     def _profile_picked(self, name: str | None) -> None:
         if name:
-            self._fetch_plan(name, self.state.seq)  # the confirmation shows the plan as of now
+            self._fetch_plan(name, self.pool.seq)  # the confirmation shows the plan as of now
 
     # ----- rendering ---------------------------------------------------------------------
 
@@ -469,11 +470,11 @@ class HydraConsole(App[None]):
         if "engines" in changed:
             self._last_paint = time.monotonic()
             table = self.table
-            table.show(self.state)
-            self.loads.show(self.state)
-            self.detail.show(self.state, table.selected)
-            alive, dead, loading = summarize(self.state.engines.values())
-            active = self.state.profile.active or "-"
+            table.show(self.pool)
+            self.loads.show(self.pool)
+            self.detail.show(self.pool, table.selected)
+            alive, dead, loading = summarize(self.pool.engines.values())
+            active = self.pool.profile.active or "-"
             parts = [f"profile {active}", f"{alive} up"]
             if self.admin_error is not None:
                 parts.insert(0, "DISCONNECTED")
@@ -483,12 +484,12 @@ class HydraConsole(App[None]):
                 parts.append(f"{loading} loading")
             self.sub_title = " · ".join(parts)
         if "profile" in changed or "engines" in changed:
-            self.profiles_panel.show(self.state.profile, self.state)
+            self.profiles_panel.show(self.pool.profile, self.pool)
         for screen in self.screen_stack[1:]:
             if isinstance(screen, EngineScreen):
-                screen.show(self.state)
+                screen.show(self.pool)
             elif isinstance(screen, SwitchProgress):
-                screen.update_view(self.state)
+                screen.update_view(self.pool)
 
     def _update_banner(self) -> None:
         banner = self.banner
@@ -505,7 +506,7 @@ class HydraConsole(App[None]):
 
     def _switch_done(self, data: dict[str, Any]) -> None:
         secs = data.get("seconds")
-        reasons = switch_reasons(self.state.profile.last_switch)
+        reasons = switch_reasons(self.pool.profile.last_switch)
         view = self.switch_view
         if view is not None and view.profile == data.get("profile"):
             view.finished(bool(data.get("ok")), secs if isinstance(secs, (int, float)) else None, reasons)

@@ -46,7 +46,7 @@ def test_console_shows_a_real_engine(tmp_path: Path, smollm_path: Path,
                 table = app.query_one(EnginesTable)
 
                 def row(column: str) -> str:
-                    return str(table.get_cell("console-a", column)) if "console-a" in app.state.engines else ""
+                    return str(table.get_cell("console-a", column)) if "console-a" in app.pool.engines else ""
 
                 await until(lambda: row("stage") == "ready" and row("model") == "smollm2-135m", "console-a ready")
                 # slots come from the admin API, fetched again after the stage event
@@ -96,7 +96,7 @@ class Watch:
 
     def cell(self, engine: str, column: str) -> str:
         table = self.app.query_one(EnginesTable)
-        if engine not in self.app.state.engines or engine not in table._order:
+        if engine not in self.app.pool.engines or engine not in table._order:
             return ""
         return str(table.get_cell(engine, column))
 
@@ -106,7 +106,7 @@ class Watch:
             if cond():
                 return
             if time.monotonic() > deadline:
-                raise AssertionError(f"{what} not seen within {timeout}s; engines {self.app.state.engines}\n"
+                raise AssertionError(f"{what} not seen within {timeout}s; engines {self.app.pool.engines}\n"
                                      f"events {list(self.app.event_log.entries)[-40:]}\n{self.c.log()[-3000:]}")
             await self.pilot.pause(0.02)
 
@@ -228,7 +228,7 @@ def test_console_two_engines_detail_and_switch_from_keys(tmp_path: Path, smollm_
                 # the stage change of the reload (a fast one may start and end between two heartbeats)
                 log = list(app.event_log.entries)
                 assert any(f"{name} ready → reloading" in line for line in log for name in SWAPPED), "\n".join(log)
-                assert app.state.profile.active == "swapped" and "profile swapped" in app.sub_title
+                assert app.pool.profile.active == "swapped" and "profile swapped" in app.sub_title
                 assert any("Profile swapped is active" in text for _, text in app.notices)
 
         asyncio.run(main())
@@ -263,7 +263,7 @@ def test_console_survives_the_coordinator_going_away(tmp_path: Path, smollm_path
                 c.wait_ready()
                 await w.until(lambda: not app.banner.shown and app.feed_state == CONNECTED
                               and app.admin_error is None, "the console reconnecting", 30)
-                await w.until(lambda: w.serving(SWAPPED) and app.state.profile.active == "swapped",
+                await w.until(lambda: w.serving(SWAPPED) and app.pool.profile.active == "swapped",
                               "the engines back under the restarted coordinator, profile swapped", 60)
                 assert not app.sub_title.startswith("DISCONNECTED")
                 log = list(app.event_log.entries)

@@ -117,18 +117,18 @@ async def replay(app: HydraConsole, clock: ReplayClock, pilot: Any, until: float
         t = events[i]["t"]
         while marks and marks[0] < t:  # the admin answer recorded before this instant
             marks.pop(0)
-            clock.snapshot_seq = app.state.seq
+            clock.snapshot_seq = app.pool.seq
         batch = []
         while i < len(events) and events[i]["t"] == t:
             batch.append(FeedEvent(events[i]["topic"], base + t, events[i]["data"]))
             i += 1
         clock.t = t
-        seen = app.state.events_seen
+        seen = app.pool.events_seen
         app.post_message(app.PoolEvents(batch))
-        while app.state.events_seen < seen + len(batch):
+        while app.pool.events_seen < seen + len(batch):
             await pilot.pause(0.01)
     if marks:
-        clock.snapshot_seq = app.state.seq
+        clock.snapshot_seq = app.pool.seq
     clock.t = until
     before = app.snapshots
     app._fetch_admin(clock.snapshot_seq)

@@ -292,7 +292,7 @@ def test_profile_switch_flow() -> None:
         ]))
         loads = app.query_one(LoadsPanel)
         await until(pilot, lambda: "5060ti" in loads.bars and loads.bars["5060ti"].percent == 40.0)
-        assert app.state.profile.state == "switching"
+        assert app.pool.profile.state == "switching"
         await pilot.press("p")  # refused while a switch runs, with a notice, not a second modal
         await pilot.pause()
         assert not isinstance(app.screen, ProfilePicker)
@@ -305,7 +305,7 @@ def test_profile_switch_flow() -> None:
         ]))
         await until(pilot, lambda: any("Profile gemma is active in 2.6 s" in t for _, t in app.notices))
         assert loads.bars == {}
-        assert app.state.profile.active == "gemma"
+        assert app.pool.profile.active == "gemma"
 
     run(app, body)
 

@@ -103,7 +103,7 @@ def test_engine_screen_refused_by_control_allow_from_and_loading_engine() -> Non
         await pilot.press("escape")
         # an engine the coordinator gives no address for
         app.post_message(app.PoolEvents([ev("engine.up", engine="0-new", stage="idle", model=None)]))
-        await until(pilot, lambda: "0-new" in app.state.engines)
+        await until(pilot, lambda: "0-new" in app.pool.engines)
         screen = await open_engine(app, pilot, "0-new")
         assert screen.params_message == "the coordinator lists no HTTP address for this engine"
 
@@ -116,7 +116,7 @@ def test_engine_screen_of_a_dead_engine() -> None:
     async def body(pilot: Pilot[None]) -> None:
         await replay(app, clock, pilot, 5.0)
         app.post_message(app.PoolEvents([ev("engine.down", engine="3060", reason="disconnected")]))
-        await until(pilot, lambda: not app.state.engines["3060"].alive)
+        await until(pilot, lambda: not app.pool.engines["3060"].alive)
         screen = await open_engine(app, pilot, "3060")
         assert "DEAD (disconnected)" in str(screen.query_one("#summary").render())
         assert "3060 DOWN: disconnected" in str(screen.query_one("#events-text").render())
@@ -325,7 +325,7 @@ def test_no_color_conveys_state_in_text(monkeypatch: pytest.MonkeyPatch) -> None
         await replay(app, clock, pilot, MID_SWITCH)
         clock.t += 7.0  # the heartbeats are now stale
         app.post_message(app.PoolEvents([ev("engine.down", engine="p100", reason="no heartbeat for 3.2 s")]))
-        await until(pilot, lambda: not app.state.engines["p100"].alive)
+        await until(pilot, lambda: not app.pool.engines["p100"].alive)
         await pilot.pause(0.1)
         svg = app.export_screenshot()
         colours = _colours(svg)

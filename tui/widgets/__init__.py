@@ -1,4 +1,4 @@
-"""The console's widgets and screens; each renders part of a :class:`tui.state.PoolState` (the engine screen
+"""The console's widgets and screens; each renders part of a :class:`tui.model.PoolModel` (the engine screen
 fetches through a function the app gives it, in a thread worker)."""
 
 from tui.widgets.banner import Banner

@@ -5,7 +5,8 @@ from __future__ import annotations
 import time
 
 from rich.text import Text
-from tui.state import EngineRow, PoolState, fmt_age, fmt_bytes, fmt_gpu, fmt_tps
+from tui.model import EngineRow, PoolModel
+from tui.format import fmt_age, fmt_bytes, fmt_gpu, fmt_tps
 from tui.widgets.panel import TextPanel
 
 
@@ -26,18 +27,18 @@ class EngineDetail(TextPanel):
         super().__init__("Engine", id=id)
         self.engine: str | None = None
 
-    def show(self, state: PoolState, name: str | None) -> None:
+    def show(self, pool: PoolModel, name: str | None) -> None:
         self.engine = name
-        row = state.engines.get(name) if name else None
+        row = pool.engines.get(name) if name else None
         if row is None:
             self.border_title = "Engine"
             self.update(Text("no engine selected", style="dim"))
             return
         self.border_title = f"Engine {row.name}"
-        self.update(render_detail(state, row))
+        self.update(render_detail(pool, row))
 
 
-def render_detail(state: PoolState, row: EngineRow) -> Text:
+def render_detail(pool: PoolModel, row: EngineRow) -> Text:
     t = Text()
     if not row.alive:
         t.append("DEAD", style="bold red")

@@ -4,7 +4,7 @@ layer and tier each comes from, and its recent events.
 The slots and parameters come from the engine itself (``GET /slots``, ``GET /control/config`` at
 the HTTP address the admin API lists), fetched by a thread worker when the screen opens, every
 few seconds while it is shown, and on ``r``; everything else is the console's
-:class:`~tui.state.PoolState`, re-rendered by the app as it changes.
+:class:`~tui.model.PoolModel`, re-rendered by the app as it changes.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static
 
-from tui.state import EngineRow, PoolState, fmt_bytes, fmt_clock, fmt_gpu, fmt_load, fmt_tps
+from tui.model import EngineRow, PoolModel
+from tui.format import fmt_bytes, fmt_clock, fmt_gpu, fmt_load, fmt_tps
 
 SOURCE_ORDER = {"runtime": 0, "yaml": 1, "model": 2, "default": 3}
 
@@ -135,10 +136,10 @@ class EngineScreen(Screen[None]):
             super().__init__()
             self.details = details
 
-    def __init__(self, engine: str, state: PoolState, fetch: Fetcher, *, every_s: float = 2.0) -> None:
+    def __init__(self, engine: str, pool: PoolModel, fetch: Fetcher, *, every_s: float = 2.0) -> None:
         super().__init__()
         self.engine = engine
-        self.state = state
+        self.pool = pool
         self.fetch = fetch
         self.every_s = max(0.5, every_s)
         self.details: EngineDetails | None = None
@@ -183,7 +184,7 @@ class EngineScreen(Screen[None]):
         self._params.add_column("Source", key="source")
         self._params.add_column("Tier", key="tier")
         self._params.display = False
-        self.show(self.state)
+        self.show(self.pool)
         self._fetch()
         self.set_interval(self.every_s, self._fetch)
         self._params.focus()
@@ -204,7 +205,7 @@ class EngineScreen(Screen[None]):
         self.details = msg.details
         self.fetches += 1
         self._show_params(msg.details)
-        self.show(self.state)
+        self.show(self.pool)
 
     def action_refetch(self) -> None:
         self._fetch()
@@ -214,14 +215,14 @@ class EngineScreen(Screen[None]):
 
     # ----- rendering -------------------------------------------------------------------
 
-    def show(self, state: PoolState) -> None:
-        """Re-render from the pool state (the app calls this as events and snapshots arrive)."""
-        self.state = state
-        row = state.engines.get(self.engine)
+    def show(self, pool: PoolModel) -> None:
+        """Re-render from the pool model (the app calls this as events and snapshots arrive)."""
+        self.pool = pool
+        row = pool.engines.get(self.engine)
         self._summary.update(self._summary_text(row))
         self._show_slots(row)
         self._show_sessions(row)
-        lines = state.recent.get(self.engine) or ()
+        lines = pool.recent.get(self.engine) or ()
         t = Text()
         for ts, line in lines:
             t.append(fmt_clock(ts) + " ", style="dim")
@@ -241,7 +242,7 @@ class EngineScreen(Screen[None]):
         else:
             t.append("  DEAD", style="bold red")
             t.append(f" ({row.down_reason or 'down'})", style="red")
-        t.append(f"  {row.model or '(no model)'}  {self.state.mode_label(row)}")
+        t.append(f"  {row.model or '(no model)'}  {self.pool.mode_label(row)}")
         if row.n_ctx:
             t.append(f"  n_ctx {row.n_ctx}")
         t.append("\n")
@@ -250,7 +251,7 @@ class EngineScreen(Screen[None]):
         if row.in_load:
             t.append("\n")
             t.append("load ", style="bold")
-            t.append(f"{row.phase} → {row.loading_model or row.model or '?'}  {fmt_load(self.state, row)}")
+            t.append(f"{row.phase} → {row.loading_model or row.model or '?'}  {fmt_load(self.pool, row)}")
         if row.last_error:
             t.append("\n")
             t.append("error ", style="bold red")
@@ -287,7 +288,7 @@ class EngineScreen(Screen[None]):
         if row is not None:
             t.append(f"busy {row.slots_busy}/{row.slots_total}  queue {row.queued}/{row.max_queue}  "
                      f"in flight {row.inflight}  sessions {row.sessions}")
-        seen = self.state.sessions_seen.get(self.engine) or {}
+        seen = self.pool.sessions_seen.get(self.engine) or {}
         if seen:
             recent = sorted(seen, key=lambda s: seen[s], reverse=True)[:6]
             t.append("\nsessions routed here: " + ", ".join(recent))

@@ -9,7 +9,8 @@ from textual.binding import Binding, BindingType
 from textual.message import Message
 from textual.widgets import DataTable
 
-from tui.state import EngineRow, PoolState, fmt_age, fmt_gpu, fmt_tps, fmt_vram
+from tui.model import EngineRow, PoolModel
+from tui.format import fmt_age, fmt_gpu, fmt_tps, fmt_vram
 
 COLUMNS: tuple[tuple[str, str], ...] = (
     ("engine", "Engine"), ("gpu", "GPU"), ("vram", "VRAM"), ("stage", "Stage"), ("model", "Model"),
@@ -79,7 +80,7 @@ class EnginesTable(DataTable[Text]):
         self.border_title = "Engines"
         self._order: list[str] = []
         self.keys: list[str] = [k for k, _ in COLUMNS]  # the columns shown
-        self._state: PoolState | None = None
+        self._pool: PoolModel | None = None
 
     def on_mount(self) -> None:
         self._columns()
@@ -100,8 +101,8 @@ class EnginesTable(DataTable[Text]):
         self.clear(columns=True)
         self._columns()
         self._order = []
-        if self._state is not None:
-            self.show(self._state)
+        if self._pool is not None:
+            self.show(self._pool)
             if before in self._order:
                 self.move_cursor(row=self._order.index(before))
 
@@ -115,7 +116,7 @@ class EnginesTable(DataTable[Text]):
             return None
         return self._order[self.cursor_row]
 
-    def cells(self, state: PoolState, row: EngineRow) -> dict[str, Text]:
+    def cells(self, pool: PoolModel, row: EngineRow) -> dict[str, Text]:
         """The row's cells as they are shown (the tests read these)."""
         dead = not row.alive
         if dead:
@@ -130,14 +131,14 @@ class EnginesTable(DataTable[Text]):
             model = f"{row.model or ''}→{row.loading_model}"
         slots = f"{row.slots_busy}/{row.slots_total}" if row.slots_total else "-"
         queue = str(row.queued) if row.slots_total else "-"
-        age = state.heartbeat_age(row)
+        age = pool.heartbeat_age(row)
         out = {
             "engine": Text(row.name, style="bold"),
             "gpu": Text(fmt_gpu(row)),
             "vram": Text(fmt_vram(row)),
             "stage": stage,
             "model": Text(model),
-            "mode": Text(state.mode_label(row)),
+            "mode": Text(pool.mode_label(row)),
             "slots": Text(slots, style="bold" if row.slots_busy else ""),
             "queue": Text(queue, style="yellow" if row.queued else ""),
             "decode": Text(fmt_tps(row.decode_tps)),
@@ -150,10 +151,10 @@ class EnginesTable(DataTable[Text]):
                     text.stylize("dim red")
         return out
 
-    def show(self, state: PoolState) -> None:
-        """Bring the rows in line with ``state`` and keep the selection on the same engine."""
-        self._state = state
-        rows = state.sorted_engines()
+    def show(self, pool: PoolModel) -> None:
+        """Bring the rows in line with ``pool`` and keep the selection on the same engine."""
+        self._pool = pool
+        rows = pool.sorted_engines()
         names = [r.name for r in rows]
         before = self.selected
         keys = self.keys
@@ -161,7 +162,7 @@ class EnginesTable(DataTable[Text]):
             self.clear()
             self._order = names
             for r in rows:
-                cells = self.cells(state, r)
+                cells = self.cells(pool, r)
                 self.add_row(*(cells[k] for k in keys), key=r.name)
             if names:
                 self.move_cursor(row=names.index(before) if before in names else 0)
@@ -169,7 +170,7 @@ class EnginesTable(DataTable[Text]):
                 self.post_message(self.EngineSelected(self.selected))
             return
         for r in rows:
-            for key, text in self.cells(state, r).items():
+            for key, text in self.cells(pool, r).items():
                 if key in keys:
                     self.update_cell(r.name, key, text, update_width=True)
 

@@ -6,7 +6,8 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import Label, ProgressBar
 
-from tui.state import EngineRow, PoolState, fmt_load, fmt_switch
+from tui.model import EngineRow, PoolModel
+from tui.format import fmt_load, fmt_switch
 
 
 class LoadBar(Vertical):
@@ -107,14 +108,14 @@ class LoadsPanel(VerticalScroll):
         yield self.switch_line
         yield self._idle
 
-    def show(self, state: PoolState) -> None:
-        self.switch_text = fmt_switch(state)
+    def show(self, pool: PoolModel) -> None:
+        self.switch_text = fmt_switch(pool)
         self.switch_line.update(self.switch_text or "")
         self.switch_line.display = self.switch_text is not None
         want: dict[str, EngineRow] = {}
-        for row in state.sorted_engines():
+        for row in pool.sorted_engines():
             if row.loading or (row.alive and row.configuring and (row.progress is not None
-                                                                   or state.profile.state == "switching")):
+                                                                   or pool.profile.state == "switching")):
                 want[row.name] = row
         for name in list(self.bars):
             if name not in want:
@@ -128,5 +129,5 @@ class LoadsPanel(VerticalScroll):
                     self.mount(bar, before=self.bars[after[0]])  # keep the bars in name order
                 else:
                     self.mount(bar)
-            bar.set_load(row.phase, row.loading_model or row.model, row.progress, fmt_load(state, row))
+            bar.set_load(row.phase, row.loading_model or row.model, row.progress, fmt_load(pool, row))
         self._idle.display = not want and self.switch_text is None

@@ -7,7 +7,8 @@ from collections import deque
 from rich.text import Text
 from textual.widgets import RichLog
 
-from tui.state import RouteEntry, fmt_clock
+from tui.model import RouteEntry
+from tui.format import fmt_clock
 
 LOG_LINES = 500
 

@@ -12,7 +12,8 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Label, OptionList, Static
 from textual.widgets.option_list import Option
 
-from tui.state import PoolState, ProfileInfo, fmt_load, fmt_secs, fmt_switch, switch_reasons
+from tui.model import PoolModel, ProfileInfo, switch_reasons
+from tui.format import fmt_load, fmt_secs, fmt_switch
 from tui.widgets.panel import TextPanel
 
 
@@ -65,7 +66,7 @@ class ProfilesPanel(TextPanel):
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__("Profiles (p)", id=id)
 
-    def show(self, info: ProfileInfo, state: PoolState | None = None) -> None:
+    def show(self, info: ProfileInfo, pool: PoolModel | None = None) -> None:
         t = Text()
         if not info.profiles:
             t.append("(none known yet)", style="dim")
@@ -361,13 +362,13 @@ class SwitchProgress(ModalScreen[None]):
         self._outcome.display = True
         self.query_one(".hint", Label).update("esc: close")
 
-    def update_view(self, state: PoolState) -> None:
+    def update_view(self, pool: PoolModel) -> None:
         """Engine lines from the switch under way (its engines) or the plan (before it starts)."""
-        p = state.profile
+        p = pool.profile
         running = p.state == "switching" and p.switching_to == self.profile
         if running:
             self.phase = "running" if self.phase == "asking" else self.phase
-            self.overall = fmt_switch(state) or self.overall
+            self.overall = fmt_switch(pool) or self.overall
             engines = self.engines_seen = list(p.switch_engines)
             done = p.switch_done
         else:
@@ -379,14 +380,14 @@ class SwitchProgress(ModalScreen[None]):
         lines = []
         for e in engines:
             res = done.get(e)
-            row = state.engines.get(e)
+            row = pool.engines.get(e)
             if res is not None:
                 took = f" in {fmt_secs(res['seconds'])}" if isinstance(res.get("seconds"), (int, float)) else ""
                 lines.append(f"{e}  done{took}" if res.get("ok") else f"{e}  FAILED{took}: {res.get('error') or '?'}")
             elif row is None or not row.alive:
                 lines.append(f"{e}  DEAD" if row is not None else f"{e}  (unknown)")
             elif row.in_load:
-                lines.append(f"{e}  {row.phase} → {row.loading_model or row.model or '?'}  {fmt_load(state, row)}")
+                lines.append(f"{e}  {row.phase} → {row.loading_model or row.model or '?'}  {fmt_load(pool, row)}")
             else:
                 lines.append(f"{e}  {'waiting' if self.phase in ('asking', 'running') else row.stage}")
         if not engines:

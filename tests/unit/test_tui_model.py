@@ -1,15 +1,15 @@
-"""PoolState: admin snapshots and PUB events merged into what the console shows (no terminal)."""
+"""PoolModel: admin snapshots and PUB events merged into what the console shows (no terminal)."""
 
 from __future__ import annotations
 
 from tests.unit.test_tui_app import GIB, engine_doc, engines_doc, profile_doc
-from tui.state import (EngineRow, PoolState, describe_event, fmt_age, fmt_gpu, fmt_load, fmt_secs, fmt_switch, fmt_vram,
-                       switch_reasons)
+from tui.model import EngineRow, PoolModel, switch_reasons
+from tui.format import describe_event, fmt_age, fmt_gpu, fmt_load, fmt_secs, fmt_switch, fmt_vram
 
 
-def state(now: list[float] | None = None) -> PoolState:
+def state(now: list[float] | None = None) -> PoolModel:
     clock = now or [100.0]
-    s = PoolState(clock=lambda: clock[0])
+    s = PoolModel(clock=lambda: clock[0])
     s.apply_engines(engines_doc())
     s.apply_profile(profile_doc())
     return s
@@ -28,7 +28,7 @@ def test_snapshot_rows() -> None:
 def test_a_failed_configure_is_kept_for_the_detail_pane() -> None:
     from tui.widgets.detail import render_detail
 
-    s = PoolState()
+    s = PoolModel()
     s.apply_engines({"engines": [engine_doc("a", last_configure={
         "engine": "a", "ok": False, "why": "profile gemma", "model": "gemma3-270m", "error": "out of memory"})]})
     assert "profile gemma → gemma3-270m failed: out of memory" in render_detail(s, s.engines["a"]).plain
@@ -93,14 +93,14 @@ def test_profile_events() -> None:
 
 
 def test_routes_are_bounded() -> None:
-    s = PoolState(route_log_size=3)
+    s = PoolModel(route_log_size=3)
     for i in range(5):
         s.apply_event("route", {"req": f"r{i}", "engine": "a", "step": "cost", "reason": "cheapest"}, ts=1.0)
     assert [r.req for r in s.routes] == ["r2", "r3", "r4"]
 
 
 def test_mode_labels_from_the_active_profile() -> None:
-    s = PoolState()
+    s = PoolModel()
     s.apply_engines({"engines": [engine_doc("5060ti", mode="combine"), engine_doc("p100"), engine_doc("3060")]})
     s.apply_profile({"active": "combine", "profiles": {"combine": ""}, "engines": {
         "5060ti": {"entry": {"model": "gemma3-270m", "mode": "COMBINE", "peer": "p100"}},
