@@ -28,6 +28,7 @@ from hydrad.engine.gpu import bound_device
 from hydrad.wire.rpcclient import RpcClient
 from tests.support.coordinator import Coordinator
 from tests.support.engine import GEMMA, REPO, SMOLLM, Engine, models_dir
+from tests.support.wait import eventually
 
 pytestmark = pytest.mark.model
 
@@ -327,9 +328,9 @@ def test_profile_switch_keeps_serving_and_publishes_progress(cluster: Callable[.
     c.wait_serving(DEV)
     assert c.http.get("/admin/profile").json()["active"] == "dev"
     # GET /admin/profile: every profile's entries and the plan a switch to it would carry out now
-    deadline = time.monotonic() + 10
-    while (plans := c.http.get("/admin/profile").json()["plans"])["dev"]["reload"] and time.monotonic() < deadline:
-        time.sleep(0.05)  # the engines' LOADED may trail their ready heartbeat a little
+    # the engines' LOADED may trail their ready heartbeat a little
+    plans = eventually(lambda: c.http.get("/admin/profile").json()["plans"], 10, "an empty reload plan for dev",
+                       until=lambda plans: not plans["dev"]["reload"], interval=0.05)
     assert plans["dev"]["reload"] == {} and plans["dev"]["unchanged"] == ["dev-a", "dev-b"]
     assert plans["swapped"]["engines"] == {"dev-a": {"model": "gemma3-270m", "mode": "SOLO", "peer": None},
                                            "dev-b": {"model": "smollm2-135m", "mode": "SOLO", "peer": None}}
@@ -352,15 +353,13 @@ def test_profile_switch_keeps_serving_and_publishes_progress(cluster: Callable[.
 
     t = threading.Thread(target=traffic)
     t.start()
-    deadline = time.monotonic() + 60
-    while not results and time.monotonic() < deadline:  # traffic flows before the switch
-        time.sleep(0.05)
+    eventually(lambda: len(results), 60, "traffic before the switch", interval=0.05)
     t_switch = time.monotonic()
     r = c.http.post("/admin/profile", json={"name": "swapped"})
     t_done = time.monotonic()
     n = len(results)
-    while len(results) < n + 2 and time.monotonic() < deadline + 60:  # and after it
-        time.sleep(0.05)
+    eventually(lambda: len(results), 120, "two more responses after the switch", until=lambda k: k >= n + 2,
+               interval=0.05)
     stop.set()
     t.join(60)
     assert r.status_code == 200, r.text
@@ -391,9 +390,8 @@ def test_profile_switch_keeps_serving_and_publishes_progress(cluster: Callable[.
     assert c.http.post("/admin/profile", json={"nom": "dev"}).status_code == 400
     assert c.http.post("/admin/profile", json={"name": "dev", "wait": False}).status_code == 202
     assert c.http.post("/admin/profile", json={"name": "dev"}).status_code == 409
-    deadline = time.monotonic() + 60
-    while c.http.get("/admin/profile").json()["state"] != "steady" and time.monotonic() < deadline:
-        time.sleep(0.1)
+    eventually(lambda: c.http.get("/admin/profile").json()["state"], 60, "the profile state to be steady",
+               until=lambda state: state == "steady", interval=0.1)
     c.wait_serving(DEV, 10)
 
 
@@ -542,10 +540,8 @@ def test_engine_link_against_a_raw_router(smollm_path: Path, start_engine: Calla
                                                               model="smollm2-135m"))])
         assert isinstance(recv(M.Done, pred=lambda m: m.req == "g-3"), M.Done)
         assert ident[0] == before
-        deadline = time.monotonic() + 5
-        while "oversized bus message dropped" not in e.log() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert "oversized bus message dropped" in e.log()
+        eventually(lambda: "oversized bus message dropped" in e.log(), 5, "the oversized message's log line",
+                   interval=0.05, context=lambda: e.log()[-3000:])
         assert e.proc.poll() is None and "malformed bus message dropped" in e.log()
         # From now on the "coordinator" says nothing: after 3 intervals the engine reconnects.
         answering[0] = False
@@ -590,10 +586,8 @@ def test_engine_booting_the_profile_model_ends_ready_and_serves(
         es = c.wait_serving({"boot": "gemma3-270m"}, 60)
         if params:
             assert es["boot"]["n_ctx"] == 1024, es["boot"]
-        deadline = time.monotonic() + 10
-        while not (prof := c.http.get("/admin/profile").json())["engines"]["boot"]["matches"] \
-                and time.monotonic() < deadline:
-            time.sleep(0.1)
+        prof = eventually(lambda: c.http.get("/admin/profile").json(), 10, "the boot engine to match its profile",
+                          until=lambda prof: prof["engines"]["boot"]["matches"], interval=0.1)
         assert prof["engines"]["boot"]["matches"] and prof["state"] == "steady", prof
         out = _hydractl("profile", c.url)
         assert out.returncode == 0, out.stderr

@@ -5,12 +5,12 @@ the active profile kept across restarts in the state file."""
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
 from tests.support.coordinator import Coordinator
 from tests.support.engine import REPO
+from tests.support.wait import eventually
 
 DEV_PROFILES = REPO / "etc" / "hydra" / "dev" / "profiles.yaml"
 PAIR_PROFILES: dict[str, Any] = {
@@ -28,13 +28,9 @@ def _state_file(c: Coordinator) -> Path:
     return c.config.parent / "coordinator-state" / "coordinator.state.json"
 
 
-def _wait_steady(c: Coordinator, timeout: float = 10.0) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while True:
-        doc = c.http.get("/admin/profile").json()
-        if doc["state"] == "steady" or time.monotonic() > deadline:
-            return doc
-        time.sleep(0.05)
+def _wait_steady(c: Coordinator, timeout: float = 30.0) -> dict[str, Any]:
+    return eventually(lambda: c.http.get("/admin/profile").json(), timeout, "the profile state to be steady",
+                      until=lambda doc: doc["state"] == "steady", interval=0.05)
 
 
 def _restart(c: Coordinator) -> None:
@@ -131,10 +127,8 @@ def test_unwritable_state_dir_is_a_warning_not_a_failure(tmp_path: Path) -> None
         r = c.http.post("/admin/profile", json={"name": "swapped"})
         assert r.status_code == 200, r.text
         assert c.http.get("/admin/profile").json()["active"] == "swapped"
-        deadline = time.monotonic() + 5
-        while "cannot save the active profile" not in c.log() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert "cannot save the active profile" in c.log()
+        eventually(lambda: "cannot save the active profile" in c.log(), 5, "the failed save's log line",
+                   interval=0.05, context=lambda: c.log()[-3000:])
         _restart(c)
         assert c.http.get("/admin/profile").json()["active"] == "dev"  # nothing was saved
     finally:

@@ -15,6 +15,7 @@ import openai
 import pytest
 
 from tests.support.engine import Engine
+from tests.support.wait import eventually
 
 CHAT = [{"role": "user", "content": "Write a long story about a cat who learns to sail."}]
 
@@ -51,12 +52,12 @@ def test_load_reports_rising_progress_then_ready(gemma_path: Path, start_engine:
     r = e.configure(wait=False, model="gemma3-270m")
     assert r.status_code == 202 and r.json()["tier"] == "T3", r.text
     seen: list[tuple[int, dict[str, Any]]] = []
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
+    def health() -> tuple[int, dict[str, Any]]:
         h = e.http.get("/health")
         seen.append((h.status_code, h.json()))
-        if h.status_code == 200:
-            break
+        return seen[-1]
+
+    eventually(health, 60, "gemma3-270m to serve (/health 200)", until=lambda h: h[0] == 200, interval=0)
     loading = [b for code, b in seen if code == 503 and b["stage"] in ("loading_model", "warming")]
     assert loading, f"never saw a loading stage: {seen[:3]}"
     assert all(b["status"] == "loading" and "progress" in b for b in loading)

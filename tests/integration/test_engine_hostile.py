@@ -19,6 +19,7 @@ import pytest
 
 from hydrad.engine import faults
 from tests.support.engine import Engine, address_space_limit
+from tests.support.wait import eventually
 
 pytestmark = pytest.mark.model
 
@@ -47,13 +48,8 @@ def _alive_and_serving(e: Engine) -> None:
     r = e.http.post(COMPLETIONS, json={"prompt": "The capital of France is", "max_tokens": 4})
     assert r.status_code == 200, r.text
     assert r.json()["usage"]["completion_tokens"] >= 1
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        slots = e.http.get("/slots").json()
-        if not any(s["is_processing"] for s in slots):
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"a slot stayed busy: {slots}")
+    eventually(lambda: e.http.get("/slots").json(), 5, "every slot to be idle",
+               until=lambda slots: not any(s["is_processing"] for s in slots), interval=0.05)
 
 
 def _error(r: httpx.Response, status: int, code: str | None = None) -> dict[str, Any]:
@@ -246,13 +242,8 @@ def test_abandoned_non_streaming_request_stops_generating(engine: Engine) -> Non
     with pytest.raises(httpx.TimeoutException):
         httpx.post(engine.url + COMPLETIONS, json={"prompt": "Write a long essay.", "max_tokens": 1500,
                                                    "ignore_eos": True}, timeout=1.0)
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        if not any(s["is_processing"] for s in engine.http.get("/slots").json()):
-            break
-        time.sleep(0.05)
-    else:
-        raise AssertionError("the abandoned request kept its slot")
+    eventually(lambda: engine.http.get("/slots").json(), 5, "the abandoned request to free its slot",
+               until=lambda slots: not any(s["is_processing"] for s in slots), interval=0.05)
     assert _counter(engine, "hydra_requests_cancelled_total") == before + 1
     _alive_and_serving(engine)
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Callable
 
@@ -13,6 +12,7 @@ import httpx
 import pytest
 
 from tests.support.engine import REPO, Engine, free_port
+from tests.support.wait import eventually
 
 
 def hydractl(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -24,15 +24,12 @@ def hydractl(*args: str, env: dict[str, str] | None = None, timeout: float = 120
 
 def wait_listening(engine: Engine, timeout: float = 30.0) -> None:
     """A model-less engine never reports 200; wait until /health answers at all."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert engine.proc.poll() is None, engine.log()
-        try:
-            engine.http.get("/health")
-            return
-        except httpx.TransportError:
-            time.sleep(0.05)
-    raise AssertionError(f"engine not listening within {timeout}s\n{engine.log()}")
+    def health() -> httpx.Response:
+        engine.assert_running()
+        return engine.http.get("/health")
+
+    eventually(health, timeout, "the engine to listen", interval=0.05, ignore=(httpx.TransportError,),
+               context=engine.log)
 
 
 @pytest.fixture

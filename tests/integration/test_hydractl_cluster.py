@@ -27,6 +27,7 @@ import openai
 import pytest
 
 from tests.support.engine import GEMMA, REPO, SMOLLM, models_dir
+from tests.support.wait import eventually
 
 DEV = {"dev-a": "smollm2-135m", "dev-b": "gemma3-270m"}
 SWAPPED = {"dev-a": "gemma3-270m", "dev-b": "smollm2-135m"}
@@ -104,32 +105,33 @@ class Up:
 
     def wait_ready(self, timeout: float = 240.0) -> str | None:
         """The endpoint once printed; None when hydractl up exited first."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        def endpoint() -> tuple[str | None] | None:
             for line in list(self.lines):
-                m = READY.search(line)
-                if m:
-                    return m.group(2)
-            if self.proc.poll() is not None:
-                for t in self._threads:
-                    t.join(5)
-                return None
-            time.sleep(0.1)
-        raise AssertionError(f"hydractl up printed no endpoint within {timeout}s:\n{self.output()}\n{self.logs_tail()}")
+                if m := READY.search(line):
+                    return (m.group(2),)
+            return (None,) if self.proc.poll() is not None else None
+
+        (url,) = eventually(endpoint, timeout, "hydractl up to print its endpoint", interval=0.1,
+                            context=lambda: f"{self.output()}\n{self.logs_tail()}")
+        if url is None:  # hydractl up exited first
+            for t in self._threads:
+                t.join(5)
+        return url
 
     def pids(self) -> dict[str, int]:
         return {m.group(1): int(m.group(2)) for line in list(self.lines) if (m := STARTED.search(line))}
 
     def wait_line(self, pattern: str, timeout: float = 60.0) -> re.Match[str]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for line in list(self.lines):
-                if m := re.search(pattern, line):
+        def line() -> re.Match[str] | None:
+            exited = self.proc.poll() is not None  # read before the lines, so none is missed
+            for text in list(self.lines):
+                if m := re.search(pattern, text):
                     return m
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.05)
-        raise AssertionError(f"no line matching {pattern!r}:\n{self.output()}")
+            if exited:
+                raise AssertionError(f"hydractl up exited with no line matching {pattern!r}:\n{self.output()}")
+            return None
+
+        return eventually(line, timeout, f"a line matching {pattern!r}", interval=0.05, context=self.output)
 
     def kill(self) -> None:
         """Last resort at teardown: hydractl up and anything still running our configs."""
@@ -238,9 +240,8 @@ def test_up_stops_the_rest_when_a_child_dies_during_start_up(tmp_path: Path) -> 
     try:
         m = up.wait_line(r"started dev-b: pid (\d+)")
         log = tmp_path / "dev-b.log"
-        deadline = time.monotonic() + 60
-        while "listening" not in (log.read_text() if log.exists() else "") and time.monotonic() < deadline:
-            time.sleep(0.05)
+        eventually(lambda: "listening" in (log.read_text() if log.exists() else ""), 60, "dev-b to log listening",
+                   interval=0.05)
         os.kill(int(m.group(1)), signal.SIGKILL)
         assert up.proc.wait(120) == 1, up.output()
         for t in up._threads:

@@ -18,21 +18,15 @@ import yaml
 from hydrad.wire import protocol as P
 from hydrad.wire.rpcclient import RpcClient, RpcError, migrate
 from tests.support.engine import REPO, Engine, free_port
+from tests.support.wait import eventually
 
 GEN_SCRIPT = REPO / "tests" / "support" / "ggml_rpc_generate.py"
 STOCK_SCRIPT = REPO / "tests" / "support" / "stock_ggml_rpc.py"
 
 
 def wait_listening(port: int, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
+    eventually(lambda: socket.create_connection(("127.0.0.1", port), timeout=1).close() or True, timeout,
+               f"a listener on port {port}", interval=0.05, ignore=(OSError,))
 
 
 def rpc_addr(e: Engine) -> str:
@@ -298,9 +292,8 @@ def test_state_get_of_a_busy_slot_is_a_conflict(smollm_engine: Engine) -> None:
 
     t = threading.Thread(target=long_request)
     t.start()
-    deadline = time.monotonic() + 30
-    while not e.http.get("/slots").json()[0]["is_processing"] and time.monotonic() < deadline:
-        time.sleep(0.01)
+    eventually(lambda: e.http.get("/slots").json()[0], 30, "slot 0 to be processing",
+               until=lambda slot: slot["is_processing"], interval=0.01)
     with RpcClient(rpc_addr(e)) as c, pytest.raises(RpcError) as busy:
         c.state_get(0)
     assert busy.value.status == P.Status.CONFLICT

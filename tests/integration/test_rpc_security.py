@@ -31,6 +31,7 @@ from hydrad.wire.rpcclient import RpcClient, RpcError
 from hydrad.engine.rpc.server import MergedPort
 from hydrad.engine.settings import EngineSettings
 from tests.support.engine import Engine
+from tests.support.wait import eventually
 
 SMOL = {"model": "smollm2-135m", "temperature": 0}
 PROMPT_X = "A list of colours of the rainbow, in order: red, orange, yellow,"
@@ -38,13 +39,9 @@ PROMPT_Y = " ".join(f"Line {i}: the quick brown fox jumps over the lazy dog." fo
 
 
 def rpc_port(e: Engine) -> int:
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        m = re.search(r"rpc=127\.0\.0\.1:(\d+)", e.log())
-        if m:
-            return int(m.group(1))
-        time.sleep(0.05)
-    raise AssertionError(e.log())
+    m = eventually(lambda: re.search(r"rpc=127\.0\.0\.1:(\d+)", e.log()), 20, "the merged port in the log",
+                   interval=0.05, context=e.log)
+    return int(m.group(1))
 
 
 def read_all(s: socket.socket, timeout: float = 10) -> tuple[bytes, bool]:
@@ -169,10 +166,8 @@ def relay_info(port: int) -> dict[str, Any]:
 
 
 def wait_relay(port: int) -> None:
-    deadline = time.monotonic() + 20
-    while not relay_info(port)["ready"]:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    eventually(lambda: relay_info(port), 20, "the ggml relay to be ready", until=lambda info: info["ready"],
+               interval=0.05)
 
 
 def test_ggml_server_is_sealed_and_bad_commands_only_cost_the_sender(start_engine: Callable[..., Engine]) -> None:

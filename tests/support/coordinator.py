@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -23,6 +22,7 @@ import zmq
 
 from hydrad.common import tokenfile
 from tests.support.engine import REGISTRY, NotifyListener, free_port
+from tests.support.wait import eventually
 
 
 class Events:
@@ -58,14 +58,9 @@ class Events:
 
     def wait(self, prefix: str, pred: Callable[[dict[str, Any]], bool] = lambda _: True,
              timeout: float = 30.0) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for ev in self.of(prefix):
-                if pred(ev):
-                    return ev
-            time.sleep(0.02)
-        raise AssertionError(f"no {prefix!r} event matching within {timeout}s; topics seen: "
-                             f"{sorted({t for t, _ in self.items})}")
+        return eventually(lambda: next((ev for ev in self.of(prefix) if pred(ev)), None), timeout,
+                          f"a matching {prefix!r} event",
+                          context=lambda: f"topics seen: {sorted({t for t, _ in list(self.items)})}")
 
     def close(self) -> None:
         self._stop.set()
@@ -150,31 +145,26 @@ class Coordinator:
         return self.log_path.read_text(errors="replace")
 
     def wait_ready(self, timeout: float = 20.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"coordinator exited with {self.proc.returncode}:\n{self.log()}")
-            if "READY=1" in self.notify.lines():
-                return
-            time.sleep(0.02)
-        raise AssertionError(f"coordinator not ready within {timeout}s\n{self.log()}")
+        def ready() -> bool:
+            self.assert_running()
+            return "READY=1" in self.notify.lines()
+
+        eventually(ready, timeout, "the coordinator's READY=1", context=self.log)
+
+    def assert_running(self) -> None:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"coordinator exited with {self.proc.returncode}:\n{self.log()}")
 
     def engines(self) -> dict[str, dict[str, Any]]:
         return {e["name"]: e for e in self.http.get("/admin/engines").json()["engines"]}
 
     def wait_engines(self, pred: Callable[[dict[str, dict[str, Any]]], bool], timeout: float = 60.0,
                      what: str = "engines") -> dict[str, dict[str, Any]]:
-        deadline = time.monotonic() + timeout
-        last: Any = None
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"coordinator exited with {self.proc.returncode}:\n{self.log()}")
-            last = self.engines()
-            if pred(last):
-                return last
-            time.sleep(0.05)
-        raise AssertionError(f"{what} not reached within {timeout}s; last {json.dumps(last, default=str)[:3000]}\n"
-                             f"{self.log()[-5000:]}")
+        def engines() -> dict[str, dict[str, Any]]:
+            self.assert_running()
+            return self.engines()
+
+        return eventually(engines, timeout, what, until=pred, interval=0.05, context=lambda: self.log()[-5000:])
 
     def wait_serving(self, wanted: dict[str, str], timeout: float = 90.0) -> dict[str, dict[str, Any]]:
         """Until every named engine is alive, ready and serving the given model."""

@@ -20,6 +20,8 @@ from typing import Any, Sequence
 import httpx
 import yaml
 
+from tests.support.wait import eventually
+
 REPO = Path(__file__).resolve().parents[2]
 REGISTRY = REPO / "etc" / "hydra" / "models.yaml"
 SMOLLM = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -92,22 +94,23 @@ class NotifyListener:
         return [line for _, m in self.messages for line in m.splitlines()]
 
     def wait_for(self, text: str, timeout: float = 10.0) -> float:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for t, m in self.messages:
-                if text in m.splitlines():
-                    return t
-            time.sleep(0.01)
-        raise AssertionError(f"no {text!r} on NOTIFY_SOCKET within {timeout}s; got {self.lines()}")
+        """When ``text`` first arrived as a line of a notify message."""
+        t = eventually(lambda: next((t for t, m in list(self.messages) if text in m.splitlines()), None),
+                       timeout, f"{text!r} on NOTIFY_SOCKET", interval=0.01, context=lambda: f"got {self.lines()}")
+        return t
 
     def wait_prefix(self, prefix: str, timeout: float = 10.0) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for line in self.lines():
-                if line.startswith(prefix):
-                    return line
-            time.sleep(0.01)
-        raise AssertionError(f"no line starting {prefix!r} on NOTIFY_SOCKET within {timeout}s; got {self.lines()}")
+        return eventually(lambda: next((line for line in self.lines() if line.startswith(prefix)), None),
+                          timeout, f"a line starting {prefix!r} on NOTIFY_SOCKET", interval=0.01,
+                          context=lambda: f"got {self.lines()}")
+
+    def count(self, line: str) -> int:
+        return self.lines().count(line)
+
+    def wait_count(self, line: str, above: int, timeout: float = 30.0) -> int:
+        """Until more than ``above`` notify lines equal ``line`` (e.g. another READY=1)."""
+        return eventually(lambda: self.count(line), timeout, f"more than {above} {line!r} on NOTIFY_SOCKET",
+                          until=lambda n: n > above, context=lambda: f"got {self.lines()}")
 
     def close(self) -> None:
         self._stop = True
@@ -156,20 +159,18 @@ class Engine:
 
     def wait_ready(self, timeout: float = 60.0) -> dict[str, Any]:
         """Wait until /health is 200 (a model is loaded and serving)."""
-        deadline = time.monotonic() + timeout
-        last: Any = None
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"hydrad exited with {self.proc.returncode}:\n{self.log()}")
-            try:
-                r = self.http.get("/health")
-                last = r.json()
-                if r.status_code == 200:
-                    return last
-            except httpx.TransportError:
-                pass
-            time.sleep(0.05)
-        raise AssertionError(f"engine not ready within {timeout}s; last health {last}\n{self.log()}")
+        def health() -> tuple[int, Any]:
+            self.assert_running()
+            r = self.http.get("/health")
+            return r.status_code, r.json()
+
+        _, body = eventually(health, timeout, "the engine to be ready (/health 200)", until=lambda h: h[0] == 200,
+                             interval=0.05, ignore=(httpx.TransportError,), context=self.log)
+        return body
+
+    def assert_running(self) -> None:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"hydrad exited with {self.proc.returncode}:\n{self.log()}")
 
     def configure(self, wait: bool = True, **payload: Any) -> httpx.Response:
         return self.http.post("/control/configure" + ("?wait=1" if wait else ""), json=payload)

@@ -23,6 +23,8 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.support.wait import eventually
+
 ROOT = Path(__file__).resolve().parents[2]
 SANDBOX = ROOT / "scripts" / "systemd-sandbox"
 MODELS = Path(os.environ.get("HYDRA_MODELS_DIR", ROOT / "models"))
@@ -139,14 +141,7 @@ class Sandbox:
         return "\n".join(parts)
 
     def wait_for(self, what: str, check: Callable[[], Any], timeout: float = 90, interval: float = 0.3) -> Any:
-        deadline = time.monotonic() + timeout
-        while True:
-            value = check()
-            if value:
-                return value
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}\n{self.diagnostics()}")
-            time.sleep(interval)
+        return eventually(check, timeout, what, interval=interval, context=self.diagnostics)
 
     # --- the pool ---------------------------------------------------------------------------------
     def pool_serving(self) -> bool:
