@@ -32,11 +32,12 @@ from textual.worker import get_current_worker
 
 from tui.feed import (CONNECTED, DISCONNECTED, AdminClient, AdminError, EngineClient, EventReader, FeedEvent,
                       engine_base_url)
-from tui.model import PoolModel, summarize, switch_reasons
+from tui.model import PoolModel, summarize
 from tui.format import describe_event
+from tui.switching import ProfileSwitching
 from tui.widgets.logs import short_req
-from tui.widgets import (Banner, ConfirmSwitch, EngineDetail, EngineDetails, EngineScreen, EnginesTable, EventLog,
-                         HelpScreen, LoadsPanel, ProfilePicker, ProfilesPanel, RouteLog, SwitchProgress)
+from tui.widgets import (Banner, EngineDetail, EngineDetails, EngineScreen, EnginesTable, EventLog, HelpScreen,
+                         LoadsPanel, ProfilesPanel, RouteLog, SwitchProgress)
 
 NARROW_BELOW = 110  # columns: below, the Profiles pane gives its room to the others (p still lists profiles)
 
@@ -60,7 +61,7 @@ class EngineApi(Protocol):
     def slots(self, base_url: str) -> list[dict[str, Any]]: ...
 
 
-class HydraConsole(App[None]):
+class HydraConsole(ProfileSwitching, App[None]):
     """Engines, loads, profiles and routing of one coordinator's pool."""
 
     TITLE = "Hydra console"
@@ -276,15 +277,6 @@ class HydraConsole(App[None]):
         else:
             self.post_message(self.AdminSnapshot(engines, profile, since=since))
 
-    @work(thread=True, group="plan", exit_on_error=False)
-    def _fetch_plan(self, name: str, since: int) -> None:
-        try:
-            doc = self.admin.profile()
-        except Exception as exc:  # AdminError or a broken answer: confirm with the plan known so far
-            self.post_message(self.PlanReady(name, None, str(exc), since=since))
-        else:
-            self.post_message(self.PlanReady(name, doc, since=since))
-
     def fetch_engine(self, name: str) -> EngineDetails:
         """Blocking (the engine screen runs it in a thread worker): the engine's parameters and slots."""
         row = self.pool.engines.get(name)
@@ -302,17 +294,6 @@ class HydraConsole(App[None]):
         except Exception as exc:
             details.slots_error = str(exc) if isinstance(exc, AdminError) else f"{type(exc).__name__}: {exc}"
         return details
-
-    @work(thread=True, group="switch", exit_on_error=False)
-    def _post_switch(self, name: str) -> None:
-        try:
-            result = self.admin.switch(name)
-        except AdminError as exc:
-            self.post_message(self.SwitchAnswer(name, None, str(exc)))
-        except Exception as exc:
-            self.post_message(self.SwitchAnswer(name, None, f"{type(exc).__name__}: {exc}"))
-        else:
-            self.post_message(self.SwitchAnswer(name, result))
 
     def _start_refresh(self) -> None:
         if self._refreshing:
@@ -387,46 +368,6 @@ class HydraConsole(App[None]):
         self.feed_state, self.feed_detail = msg.state, msg.detail
         self._update_banner()
 
-    def on_hydra_console_switch_answer(self, msg: SwitchAnswer) -> None:
-        view = self.switch_view
-        if msg.error is not None:
-            self._notice(f"Switch to {msg.profile} refused: {msg.error}", "error")
-            if view is not None and view.profile == msg.profile and view.phase == "asking":
-                view.refused(msg.error)
-            return
-        if view is not None and view.profile == msg.profile:
-            view.accepted()
-        self._notice(f"Switching the pool to {msg.profile}…", "information")
-        self._refresh_wanted = self._refresh_wanted or self.refresh_on_events
-
-    def on_hydra_console_plan_ready(self, msg: PlanReady) -> None:
-        if msg.doc is not None:
-            self.pool.apply_profile(msg.doc, since=msg.since)
-            self._render({"profile"})
-        if isinstance(self.screen, ModalScreen):
-            return  # something else was opened meanwhile
-        name = msg.profile
-        plan = self.pool.profile.plans.get(name)
-        engines, exact = self.pool.reload_estimate(name)
-        note = ""
-        if msg.error is not None:
-            note = f"(plan as of the last refresh: {msg.error})"
-        elif not exact:
-            note = "(engines that already match it are left alone)"
-        self.push_screen(ConfirmSwitch(name, engines, exact=exact, note=note, plan=plan),
-                         lambda ok: self._confirmed(name, plan) if ok else None)
-
-    def _confirmed(self, name: str, plan: dict[str, Any] | None) -> None:
-        view = SwitchProgress(name, plan)
-        self.switch_view = view
-        self.push_screen(view, lambda _: self._progress_closed(view))
-        view.update_view(self.pool)
-        self._post_switch(name)
-
-    def _progress_closed(self, view: SwitchProgress) -> None:
-        if self.switch_view is view:
-            self.switch_view = None
-
     def on_engines_table_engine_selected(self, msg: EnginesTable.EngineSelected) -> None:
         self.detail.show(self.pool, msg.name)
 
@@ -445,24 +386,6 @@ class HydraConsole(App[None]):
         """Show every key and how to read the screen."""
         if not isinstance(self.screen, HelpScreen):
             self.push_screen(HelpScreen())
-
-    def action_switch_profile(self) -> None:
-        """Pick a profile, confirm, then POST /admin/profile in a thread worker."""
-        info = self.pool.profile
-        if info.state == "switching":
-            self._notice(f"A switch to {info.switching_to or info.active} is under way; wait for it to finish.",
-                         "warning")
-            return
-        if isinstance(self.screen, ModalScreen):
-            return
-        if not info.profiles:
-            self._notice("No profiles known yet: the admin API has not answered.", "warning")
-            return
-        self.push_screen(ProfilePicker(info.profiles, info.active, info.plans), self._profile_picked)
-
-    def _profile_picked(self, name: str | None) -> None:
-        if name:
-            self._fetch_plan(name, self.pool.seq)  # the confirmation shows the plan as of now
 
     # ----- rendering ---------------------------------------------------------------------
 
@@ -503,21 +426,6 @@ class HydraConsole(App[None]):
                                 f"admin data every {self.refresh_s:g} s.", warning=True)
         else:
             banner.clear_problem()
-
-    def _switch_done(self, data: dict[str, Any]) -> None:
-        secs = data.get("seconds")
-        reasons = switch_reasons(self.pool.profile.last_switch)
-        view = self.switch_view
-        if view is not None and view.profile == data.get("profile"):
-            view.finished(bool(data.get("ok")), secs if isinstance(secs, (int, float)) else None, reasons)
-        if data.get("ok"):
-            took = f" in {secs:.1f} s" if isinstance(secs, (int, float)) else ""
-            self._notice(f"Profile {data.get('profile')} is active{took}.", "information")
-        else:
-            failed = ", ".join(data.get("failed") or []) or "?"
-            why = "; ".join(f"{e}: {r}" for e, r in reasons.items() if r != "failed")
-            self._notice(f"Switch to {data.get('profile')} failed on: {failed}" + (f" ({why})" if why else
-                         " (see the event log)") + ".", "error")
 
     def _notice(self, text: str, severity: str) -> None:
         self.notices.append((severity, text))
