@@ -1,0 +1,74 @@
+"""``hydractl up``'s planning: which configs run, which ports they take, and the moved copies."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hydrad.cli.common import CliError
+from hydrad.cli.up_plan import EXIT_BAD_CONFIG, plan
+
+REPO = Path(__file__).resolve().parents[2]
+DEV = REPO / "etc" / "hydra" / "dev"
+
+
+def test_the_shipped_dev_pool_runs_as_is(tmp_path: Path) -> None:
+    p = plan(DEV, None, 0, tmp_path)
+    assert not p.copies and list(tmp_path.iterdir()) == []
+    assert p.profile == "dev" and p.profiles == ["dev", "swapped"]
+    assert p.targets == {"dev-a": "smollm2-135m", "dev-b": "gemma3-270m"}
+    assert p.coordinator_config == DEV / "coordinator.yaml"
+    assert p.engine_configs == {"dev-a": DEV / "dev-a.yaml", "dev-b": DEV / "dev-b.yaml"}
+    assert p.http_url == "http://127.0.0.1:9000"
+    assert p.engine_urls["dev-a"] == "http://127.0.0.1:8081"
+    what = {port.what: port.port for port in p.ports}
+    assert what["coordinator HTTP"] == 9000 and what["coordinator bus"] == 9500 and what["dev-a HTTP"] == 8081
+    assert what["dev-a RPC"] == 9504
+
+
+def test_a_port_offset_moves_every_port_into_copies(tmp_path: Path) -> None:
+    before = plan(DEV, None, 0, tmp_path / "unused")
+    p = plan(DEV, None, 100, tmp_path)
+    assert p.copies
+    assert [(q.what, q.port) for q in p.ports] == [(q.what, q.port + 100 if q.port else 0) for q in before.ports]
+    assert p.coordinator_config == tmp_path / "coordinator.yaml"
+    coord = yaml.safe_load(p.coordinator_config.read_text())
+    assert coord["http"]["port"] == 9100 and coord["bus"].endswith(":9600") and coord["events"].endswith(":9601")
+    engine = yaml.safe_load(p.engine_configs["dev-a"].read_text())
+    assert engine["http"]["port"] == 8181 and engine["bus"]["endpoint"].endswith(":9600")
+    assert Path(engine["models_dir"]).resolve() == (REPO / "models").resolve()  # still the same models
+    assert p.http_url == "http://127.0.0.1:9100"
+
+
+def test_another_profile_is_written_as_the_default_of_a_copy(tmp_path: Path) -> None:
+    p = plan(DEV, "swapped", 0, tmp_path)
+    assert p.copies and p.profile == "swapped"
+    assert p.targets == {"dev-a": "gemma3-270m", "dev-b": "smollm2-135m"}
+    assert yaml.safe_load(p.coordinator_config.read_text())["default_profile"] == "swapped"
+
+
+def test_an_unknown_profile_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(CliError) as err:
+        plan(DEV, "nope", 0, tmp_path)
+    assert err.value.code == EXIT_BAD_CONFIG and "nope" in str(err.value)
+
+
+def test_a_directory_without_a_coordinator_config_is_named(tmp_path: Path) -> None:
+    with pytest.raises(CliError) as err:
+        plan(tmp_path, None, 0, tmp_path)
+    assert err.value.code == EXIT_BAD_CONFIG and "coordinator.yaml" in str(err.value)
+
+
+def test_an_engine_named_by_the_profiles_needs_a_config(tmp_path: Path) -> None:
+    pool = tmp_path / "pool"
+    shutil.copytree(DEV, pool)
+    (pool / "dev-b.yaml").unlink()
+    coord = yaml.safe_load((pool / "coordinator.yaml").read_text())
+    coord["registry"] = str(DEV.parent / "models.yaml")
+    (pool / "coordinator.yaml").write_text(yaml.safe_dump(coord))
+    with pytest.raises(CliError) as err:
+        plan(pool, None, 0, tmp_path / "run")
+    assert err.value.code == EXIT_BAD_CONFIG and "dev-b" in str(err.value)
