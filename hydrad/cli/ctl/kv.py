@@ -160,7 +160,7 @@ def cmd_state_get(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-class StateFile:
+class KvStreamFile:
     """Frames of a saved state stream (STATE_META, STATE_DATA…, STATE_END, response codes), read lazily.
 
     ``chunks()`` checks the data against the file's own STATE_END before its last chunk is let go,
@@ -239,11 +239,11 @@ def cmd_state_put(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise CliError(f"cannot read {path}: {reason(exc)}", EXIT_REJECTED) from None
     with fh:
-        state = StateFile(fh, path)
-        meta = state.meta()
+        stream = KvStreamFile(fh, path)
+        meta = stream.meta()
         t0 = time.monotonic()
         with rpc_errors(address), connect(address, args) as client:
-            result = client.state_put(args.slot, meta, state.chunks())
+            result = client.state_put(args.slot, meta, stream.chunks())
         seconds = time.monotonic() - t0
     n_bytes = int(meta["bytes"])
     print(f"restored slot {result.get('slot', args.slot)} of {address} from {path}: {result.get('n_tokens')} tokens, "
