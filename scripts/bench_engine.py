@@ -15,6 +15,12 @@ Workloads (prompt tokens are exact, counted with the model's own tokenizer):
   c  1 stream,  2048-token prompt,  32 generated   (prefill-bound)
   d  1 stream,   512-token prompt,   1 generated   (time to first token)
 
+Before the workloads, each server is also asked for the same 4 streams (32-token prompt, 64
+generated) one after another and then all at once: the ratio of the two wall times is what
+continuous batching buys ("batching speedup"; above 1 when concurrent streams share decode
+steps). The engine's tests check only that concurrent streams all complete and overlap; the
+speed claim is measured here.
+
 Metrics, measured by this client: TTFT (request sent → first streamed token), prefill tok/s
 (prompt tokens / TTFT), decode tok/s ((generated - 1) / (last token - first token)) and, for
 (b), aggregate tok/s (all generated tokens / wall time of the batch). Tables show medians over
@@ -53,7 +59,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -95,6 +101,8 @@ WORKLOADS: dict[str, Workload] = {
     "c": Workload("c", 2048, 32, 1),
     "d": Workload("d", 512, 1, 1),
 }
+
+BATCHING = Workload("batching", 32, 64, 4)  # streams one after another, then all at once
 
 # (metric, unit, higher_is_better) per workload, in table order
 METRICS: dict[str, list[tuple[str, str, bool]]] = {
@@ -584,6 +592,21 @@ def run_workload(url: str, w: Workload, prompts: list[str], seed: int,
     return out
 
 
+def batching_speedup(url: str, prompts: list[str], seed: int) -> dict[str, Any]:
+    """The same streams one after another, then all at once; ``speedup`` is sequential ÷ concurrent
+    wall time (above 1: continuous batching shares decode steps between them)."""
+    one = Workload("batching-1", BATCHING.n_prompt, BATCHING.n_gen, 1)
+    t0 = time.perf_counter()
+    for p in prompts:
+        run_workload(url, one, [p], seed)
+    sequential = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    run_workload(url, replace(BATCHING, streams=len(prompts)), prompts, seed)
+    concurrent = time.perf_counter() - t0
+    return {"streams": len(prompts), "sequential_s": round(sequential, 4), "concurrent_s": round(concurrent, 4),
+            "speedup": round(sequential / concurrent, 3)}
+
+
 # ----- the benchmark ------------------------------------------------------------------------
 
 
@@ -723,6 +746,14 @@ def bench_model(alias: str, args: argparse.Namespace, settings: ServerSettings, 
                 run_workload(srv.url, Workload("warm", 64, 16, 1), [maker.make(64)], args.seed)
                 run_workload(srv.url, Workload("warm", 32, 4, settings.n_parallel),
                              [maker.make(32) for _ in range(settings.n_parallel)], args.seed)
+            if settings.n_parallel >= BATCHING.streams:
+                result["batching"] = {}
+                for srv in servers:
+                    b = batching_speedup(srv.url, [maker.make(BATCHING.n_prompt) for _ in range(BATCHING.streams)],
+                                         args.seed)
+                    result["batching"][srv.name] = b
+                    log(f"[{alias}] {srv.name} {b['streams']} streams: one after another {b['sequential_s']:.2f} s, "
+                        f"at once {b['concurrent_s']:.2f} s (batching speedup {b['speedup']:.2f}×)")
             for w in workloads:
                 result["runs"][w.key] = {srv.name: [] for srv in servers}
 
@@ -828,6 +859,9 @@ def startup_table(res: dict[str, Any]) -> str:
     if "llama-server" in st:
         lines.append(f"| llama-server: start → `/health` 200 (with model) | "
                      f"{st['llama-server']['start_to_healthy_ms']:.0f} ms |")
+    for name, b in (res.get("batching") or {}).items():
+        lines.append(f"| {name}: batching speedup ({b['streams']} streams one after another ÷ at once) | "
+                     f"{b['speedup']:.2f}× |")
     return "\n".join(lines)
 
 

@@ -1,7 +1,8 @@
 """The model registry (``etc/hydra/models.yaml``): alias → GGUF file and what is known about it.
 
-Engines use it to resolve a ``model`` parameter; the coordinator (later) uses the same entries
-for placement. An unknown model is an error that lists what is known, never a silent fallback.
+Engines use it to resolve a ``model`` parameter; the coordinator uses the same entries to check
+profiles against it and to route requests by model name. An unknown model is an error that lists
+what is known, never a silent fallback.
 """
 
 from __future__ import annotations

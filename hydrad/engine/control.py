@@ -1,4 +1,5 @@
-"""Configure semantics shared by every plane (HTTP today; the merged RPC port and the bus later).
+"""Configure semantics shared by every plane: HTTP (``/control/configure``), the merged RPC port
+(ENGINE_CONFIGURE) and the bus (the coordinator's ``Configure`` message).
 
 A payload is diffed against the applied snapshot and the highest changed tier decides what
 happens: T1 applies at once, T2 rebuilds the context, T3 starts a model load. The runtime

@@ -139,30 +139,26 @@ def test_errors_are_openai_json(smollm_engine: Engine) -> None:
 
 # ---- batching and cache -------------------------------------------------------------------
 
-def test_four_concurrent_streams_beat_four_sequential(smollm_engine: Engine) -> None:
+def test_four_concurrent_streams_complete_together_in_shared_steps(smollm_engine: Engine) -> None:
+    """Four streams at once all complete, overlap in time, and share decode steps. How much faster
+    that is than one after another is a speed claim: scripts/bench_engine.py measures it."""
     c = client(smollm_engine)
 
-    def one(i: int) -> int:
+    def one(i: int) -> tuple[float, float, int]:
         n = 0
+        t0 = time.monotonic()
         for ch in c.completions.create(model="smollm2-135m", prompt=f"Story number {i}: once upon a time", max_tokens=64,
                                        temperature=0, stream=True):
             n += sum(1 for choice in ch.choices if choice.text)
-        return n
+        return t0, time.monotonic(), n
 
     one(99)  # warm
-    t0 = time.monotonic()
-    for i in range(4):
-        one(i)
-    sequential = time.monotonic() - t0
     decode_before = metric(smollm_engine, "llamacpp:n_decode_total")
-    t0 = time.monotonic()
     with ThreadPoolExecutor(4) as pool:
-        counts = list(pool.map(one, range(4)))
-    concurrent = time.monotonic() - t0
+        runs = list(pool.map(one, range(4)))
     steps = metric(smollm_engine, "llamacpp:n_decode_total") - decode_before
-    assert all(n > 0 for n in counts)
-    # batched decode shares each step between 4 streams; 0.85 leaves room for a busy 2-core machine
-    assert concurrent < 0.85 * sequential, f"concurrent {concurrent:.2f}s vs sequential {sequential:.2f}s"
+    assert all(n > 0 for _, _, n in runs), runs
+    assert max(start for start, _, _ in runs) < min(end for _, end, _ in runs), runs  # all four in flight at once
     # one llama_decode per step for all streams: far fewer steps than tokens generated
     assert steps < 0.6 * 4 * 64, steps
 

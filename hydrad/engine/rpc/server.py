@@ -292,7 +292,9 @@ class MergedPort:
             io.send(P.error_frame(P.Status.NOT_SUPPORTED, "not_supported", f"{name} is not supported by this engine yet"))
         elif op == P.Op.PIPELINE_ATTACH:
             io.send(P.error_frame(P.Status.ERROR, "retired",
-                                  "PIPELINE_ATTACH is retired: use ENGINE_CONFIGURE (0x40) with rpc_servers and tensor_split"))
+                                  "PIPELINE_ATTACH is retired, and splitting a model across engines (COMBINE) is "
+                                  "not available yet; ENGINE_CONFIGURE (0x40) splits one over this engine's own "
+                                  "devices (split_mode, tensor_split)"))
         else:
             io.send(P.error_frame(P.Status.BAD_REQUEST, "unexpected_op",
                                   f"op 0x{op:02x} is only valid inside a STATE_PUT stream"))
