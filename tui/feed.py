@@ -7,6 +7,8 @@ Both are blocking and meant to run in Textual thread workers, never on the UI's 
   :class:`AdminError` whose text an operator can act on.
 - :class:`EngineClient` reads one engine's own ``GET /control/config`` and ``GET /slots`` (at the
   HTTP address the admin API lists) for the engine detail screen.
+- Both go through the HTTP clients ``hydractl`` uses too (``hydrad.wire.httpapi``); only the
+  wording of failures is the console's.
 - :class:`EventReader` owns a ZeroMQ SUB socket (and its monitor socket) on the thread that
   calls :meth:`EventReader.run`; pyzmq sockets are not thread-safe, so they never leave it.
   Events are handed on in small batches (a burst of routing decisions becomes one UI message,
@@ -26,6 +28,7 @@ import zmq
 
 from hydrad.common import tokenfile
 from hydrad.wire import messages as M
+from hydrad.wire.httpapi import AdminHttp, EngineHttp, NoAnswer, json_of
 
 
 class AdminError(Exception):
@@ -49,25 +52,24 @@ class AdminClient:
                 token = tokenfile.admin_token_from_env()
             except tokenfile.TokenError:
                 token = None  # the calls then fail with the coordinator's 401, which says what is missing
-        self._http = httpx.Client(base_url=self.base_url, timeout=timeout, transport=transport,
-                                  headers=tokenfile.bearer(token))
+        self._api = AdminHttp(self.base_url, timeout=timeout, transport=transport, token=token)
 
     def engines(self) -> dict[str, Any]:
-        return self._call("GET", "/admin/engines")
+        return self._call("GET", "/admin/engines", self._api.engines)
 
     def profile(self) -> dict[str, Any]:
-        return self._call("GET", "/admin/profile")
+        return self._call("GET", "/admin/profile", self._api.profile)
 
     def switch(self, name: str) -> dict[str, Any]:
         """Start a switch to profile ``name`` and return at once (progress comes as events)."""
-        return self._call("POST", "/admin/profile", json={"name": name, "wait": False})
+        return self._call("POST", "/admin/profile", lambda: self._api.switch(name, wait=False))
 
     def close(self) -> None:
-        self._http.close()
+        self._api.close()
 
-    def _call(self, method: str, path: str, **kw: Any) -> dict[str, Any]:
-        r, body = _exchange(self._http, method, path, no_answer=f"{self.base_url}{path}: no answer in time",
-                            unreachable=f"{self.base_url}: ", **kw)
+    def _call(self, method: str, path: str, send: Callable[[], httpx.Response]) -> dict[str, Any]:
+        r, body = _exchange(send, no_answer=f"{self.base_url}{path}: no answer in time",
+                            unreachable=f"{self.base_url}: ")
         if r.status_code >= 400:
             raise AdminError(f"{method} {path}: HTTP {r.status_code}: "
                              f"{_error_message(body) or r.text[:200] or r.reason_phrase}", r.status_code)
@@ -111,27 +113,27 @@ class EngineClient:
                     token = tokenfile.read_token(path)
                 except tokenfile.TokenError:
                     token = None  # the call then fails with the engine's 401, which says what is missing
-        self._http = httpx.Client(timeout=timeout, transport=transport, headers=tokenfile.bearer(token))
+        self._api = EngineHttp(timeout=timeout, transport=transport, token=token)
 
     def config(self, base_url: str) -> dict[str, Any]:
         """``GET /control/config``: every runtime parameter with its value, source layer and tier."""
-        body = self._get(base_url, "/control/config")
+        body = self._get(base_url, "/control/config", lambda: self._api.config(base=base_url))
         if not isinstance(body, dict):
             raise AdminError("GET /control/config: the answer is not a JSON object")
         return body
 
     def slots(self, base_url: str) -> list[dict[str, Any]]:
-        body = self._get(base_url, "/slots")
+        body = self._get(base_url, "/slots", lambda: self._api.slots(base=base_url))
         if not isinstance(body, list):
             raise AdminError("GET /slots: the answer is not a JSON list")
         return [s for s in body if isinstance(s, dict)]
 
     def close(self) -> None:
-        self._http.close()
+        self._api.close()
 
-    def _get(self, base_url: str, path: str) -> Any:
-        r, body = _exchange(self._http, "GET", base_url.rstrip("/") + path,
-                            no_answer=f"the engine at {base_url} gave no answer in time",
+    def _get(self, base_url: str, path: str, send: Callable[[], httpx.Response] | None = None) -> Any:
+        """GET ``path`` of the engine at ``base_url`` (through ``send``, one of the client's calls, when given)."""
+        r, body = _exchange(send or (lambda: self._api.send("GET", path, base=base_url)), no_answer=f"the engine at {base_url} gave no answer in time",
                             unreachable=f"cannot reach the engine at {base_url}: ")
         if r.status_code == 403:
             message = _error_message(body) or r.text[:200]
@@ -143,20 +145,14 @@ class EngineClient:
         return body
 
 
-def _exchange(http: httpx.Client, method: str, url: str, *, no_answer: str, unreachable: str,
-              **kw: Any) -> tuple[httpx.Response, Any]:
+def _exchange(send: Callable[[], httpx.Response], *, no_answer: str, unreachable: str) -> tuple[httpx.Response, Any]:
     """One request: the response and its JSON body (None when it is not JSON), or an AdminError
     saying why no answer came (``unreachable`` is followed by the transport's reason)."""
     try:
-        r = http.request(method, url, **kw)
-    except httpx.TimeoutException:
-        raise AdminError(no_answer) from None
-    except httpx.TransportError as exc:
-        raise AdminError(unreachable + _transport_reason(exc)) from None
-    try:
-        return r, r.json()
-    except ValueError:
-        return r, None
+        r = send()
+    except NoAnswer as exc:
+        raise AdminError(no_answer if exc.timeout else unreachable + _transport_reason(exc.cause)) from None
+    return r, json_of(r)
 
 
 def _error_message(body: Any) -> str | None:

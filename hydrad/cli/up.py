@@ -50,9 +50,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Iterator
 
-import httpx
-
 from hydrad.common import tokenfile
+from hydrad.wire.httpapi import AdminHttp, NoAnswer
 from hydrad.cli.common import COORDINATOR_URL, COORDINATOR_URL_ENV, EXIT_OK, CliError
 from hydrad.cli.up_plan import (
     EXIT_BAD_CONFIG, EXIT_INTERRUPTED, EXIT_START_FAILED, POLL_S, SERVICE_ENV, TAIL_LINES, Plan, hydractl_command, display_path,
@@ -294,7 +293,8 @@ class Runner:
         seen: dict[str, tuple[Any, ...]] = {}
         coordinator_up = False
         last_status = ""
-        with httpx.Client(base_url=p.http_url, timeout=5.0, headers=tokenfile.bearer(self.admin_token)) as http:
+        admin = AdminHttp(p.http_url, timeout=5.0, token=self.admin_token)
+        with contextlib.closing(admin):
             while True:
                 if self.stop_event.is_set():
                     self.say("interrupted during start-up; stopping")
@@ -307,9 +307,9 @@ class Runner:
                     raise CliError(f"the pool was not ready within {self.args.timeout:g}s ({last}); stopping it",
                                    EXIT_START_FAILED)
                 try:
-                    engines = {e["name"]: e for e in http.get("/admin/engines").json()["engines"]}
-                    profile = http.get("/admin/profile").json()
-                except (httpx.TransportError, ValueError, KeyError, TypeError):
+                    engines = {e["name"]: e for e in admin.engines().json()["engines"]}
+                    profile = admin.profile().json()
+                except (NoAnswer, ValueError, KeyError, TypeError):
                     self.stop_event.wait(POLL_S)
                     continue
                 if not coordinator_up:

@@ -14,13 +14,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import httpx
 
 from hydrad.cli.common import EXIT_REJECTED, EXIT_UNREACHABLE, CliError
 from hydrad.common import tokenfile
 from hydrad.wire import protocol as P
+from hydrad.wire.httpapi import AdminHttp, EngineHttp, HttpApi, NoAnswer
 from hydrad.wire.rpcclient import RpcClient, RpcError, parse_address
 
 DEFAULT_URL = "http://127.0.0.1:8080"
@@ -71,25 +72,24 @@ def engine_token(args: argparse.Namespace) -> str | None:
 # ----- HTTP: the engine and the coordinator ----------------------------------------------
 
 class ApiClient:
-    """One HTTP API hydractl talks to, with every failure turned into a CliError."""
+    """One HTTP API hydractl talks to (through :mod:`hydrad.wire.httpapi`), every failure a CliError."""
 
     what = "engine"  # named in every error, so the user knows which server is meant
+    api: HttpApi
 
-    def __init__(self, url: str, timeout: float, token: str | None = None) -> None:
-        self.url = normalize_url(url)
-        self._http = httpx.Client(base_url=self.url, timeout=timeout)
-        if token:  # an engine with rpc.token wants it on /control/* and /slots/*/state*
-            self._http.headers["Authorization"] = f"Bearer {token}"
+    def __init__(self, api: HttpApi, url: str) -> None:
+        self.api = api
+        self.url = url
 
     def close(self) -> None:
-        self._http.close()
+        self.api.close()
 
-    def request(self, method: str, path: str, payload: dict[str, Any] | None = None) -> httpx.Response:
+    def call(self, send: Callable[[], httpx.Response]) -> httpx.Response:
+        """``send()``'s response; no answer (or a URL httpx cannot use) becomes a CliError."""
         try:
-            return self._http.request(method, path, json=payload)
-        except httpx.TransportError as exc:
-            reason = str(exc) or type(exc).__name__
-            raise CliError(f"cannot reach the {self.what} at {self.url} ({reason})", EXIT_UNREACHABLE) from None
+            return send()
+        except NoAnswer as exc:
+            raise CliError(f"cannot reach the {self.what} at {self.url} ({exc})", EXIT_UNREACHABLE) from None
         except httpx.InvalidURL as exc:
             raise CliError(f"bad {self.what} URL {self.url!r}: {exc}", EXIT_UNREACHABLE) from None
 
@@ -123,16 +123,29 @@ class ApiClient:
 class EngineClient(ApiClient):
     """The engine's HTTP API: ``/health``, ``/control/*``."""
 
+    api: EngineHttp
+
+    def __init__(self, url: str, timeout: float, token: str | None = None) -> None:
+        url = normalize_url(url)
+        # an engine with rpc.token wants it on /control/* and /slots/*/state*
+        super().__init__(EngineHttp(url, timeout=timeout, token=token), url)
+
     def health(self) -> tuple[int, dict[str, Any]]:
-        resp = self.request("GET", "/health")
+        resp = self.call(self.api.health)
         data = self.body(resp)
         if "stage" not in data:
             raise CliError(f"{self.url}/health answered {resp.status_code} without a stage; is this a Hydra engine?",
                            EXIT_UNREACHABLE)
         return resp.status_code, data
 
+    def configure(self, payload: dict[str, Any]) -> httpx.Response:
+        return self.call(lambda: self.api.configure(payload))
+
+    def config(self) -> dict[str, Any]:
+        return self.checked(self.call(self.api.config))
+
     def load(self, load_id: int) -> dict[str, Any]:
-        resp = self.request("GET", f"/control/loads/{load_id}")
+        resp = self.call(lambda: self.api.load(load_id))
         if resp.status_code == 404:
             raise CliError(f"load {load_id} is unknown to {self.url} (did the engine restart?)", EXIT_UNREACHABLE)
         return self.checked(resp)
@@ -143,13 +156,17 @@ class CoordinatorClient(ApiClient):
 
     what = "coordinator"
 
+    api: AdminHttp
+
     def __init__(self, url: str, timeout: float) -> None:
-        super().__init__(url, timeout)
+        url = normalize_url(url)
+        api = AdminHttp(url, timeout=timeout)
         # /admin/* may need the admin token: $HYDRA_ADMIN_TOKEN, or the file $HYDRA_ADMIN_TOKEN_FILE names.
         try:
-            self._http.headers.update(tokenfile.bearer(tokenfile.admin_token_from_env()))
+            api.set_token(tokenfile.admin_token_from_env())
         except tokenfile.TokenError as exc:
             raise CliError(f"{tokenfile.ENV_ADMIN_TOKEN_FILE}: {exc}", EXIT_REJECTED) from None
+        super().__init__(api, url)
 
     def _check_error(self, resp: httpx.Response, err: Any) -> None:
         if resp.status_code == 404 and isinstance(err, dict) and err.get("code") == "not_found":
@@ -160,8 +177,18 @@ class CoordinatorClient(ApiClient):
                     if resp.status_code == 401 else "run it from an address in the coordinator's admin_allow_from")
             raise CliError(f"{self.url}: {err.get('message')}; {hint}", EXIT_UNREACHABLE)
 
-    def get(self, path: str) -> dict[str, Any]:
-        return self.checked(self.request("GET", path))
+    def engines(self) -> dict[str, Any]:
+        return self.checked(self.call(self.api.engines))
+
+    def profile(self) -> dict[str, Any]:
+        return self.checked(self.call(self.api.profile))
+
+    def switch(self, name: str) -> dict[str, Any]:
+        """Start a switch to profile ``name`` and return at once."""
+        return self.checked(self.call(lambda: self.api.switch(name, wait=False)))
+
+    def route(self, body: dict[str, Any]) -> dict[str, Any]:
+        return self.checked(self.call(lambda: self.api.route(body)))
 
 
 def _coordinator(args: argparse.Namespace) -> CoordinatorClient:

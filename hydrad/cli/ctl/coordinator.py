@@ -72,7 +72,7 @@ def format_engines(data: dict[str, Any], url: str) -> str:
 def cmd_engines(args: argparse.Namespace) -> int:
     coord = coordinator(args)
     try:
-        data = coord.get("/admin/engines")
+        data = coord.engines()
     finally:
         coord.close()
     print(json.dumps(data, indent=2) if args.json else format_engines(data, coord.url))
@@ -166,19 +166,18 @@ def cmd_profile(args: argparse.Namespace) -> int:
         raise CliError(f"expected at most one profile name, got {' '.join(rest)}", EXIT_REJECTED)
     coord = CoordinatorClient(url, args.timeout)
     try:
-        before = coord.get("/admin/profile")
+        before = coord.profile()
         if not rest:
             print(json.dumps(before, indent=2) if args.json else format_profile(before))
             return EXIT_OK
         name = rest[0]
         previous = (before.get("last_switch") or {}).get("started")
-        resp = coord.request("POST", "/admin/profile", {"name": name, "wait": False})
-        coord.checked(resp)
+        coord.switch(name)
         print(f"switching to {name} (from {before.get('active') or '-'})", flush=True)
         progress = SwitchProgress(sys.stderr)
         try:
             while True:
-                data = coord.get("/admin/profile")
+                data = coord.profile()
                 sw = data.get("last_switch") or {}
                 if data.get("state") != "switching" and sw.get("profile") == name and sw.get("started") != previous:
                     break
@@ -240,7 +239,7 @@ def cmd_route(args: argparse.Namespace) -> int:
         body["max_tokens"] = args.max_tokens
     coord = CoordinatorClient(url, args.timeout)
     try:
-        decision = coord.checked(coord.request("POST", "/admin/route", body))
+        decision = coord.route(body)
     finally:
         coord.close()
     if args.json:

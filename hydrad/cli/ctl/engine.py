@@ -166,7 +166,7 @@ def cmd_configure(args: argparse.Namespace) -> int:
     payload = parse_assignments(items)
     engine = EngineClient(url, args.timeout, engine_token(args))
     try:
-        resp = engine.request("POST", "/control/configure", payload)
+        resp = engine.configure(payload)
         result = engine.checked(resp)
         if resp.status_code == 202 and result.get("load_id") is not None:
             return _start_load(engine, result, payload, wait=not args.no_wait)
@@ -196,7 +196,7 @@ def format_config(config: dict[str, Any]) -> str:
 def cmd_config(args: argparse.Namespace) -> int:
     engine = EngineClient(args.url or args.default_url, args.timeout, engine_token(args))
     try:
-        config = engine.checked(engine.request("GET", "/control/config"))
+        config = engine.config()
     finally:
         engine.close()
     print(json.dumps(config, indent=2) if args.json else format_config(config))
