@@ -49,7 +49,7 @@ class EngineControl:
         self.resolved: ResolvedModel | None = None
         self._pending_payload: dict[str, Any] | None = None  # what the running load applies
         self._loading_target: RuntimeParams | None = None  # the parameters the running load will serve with
-        core.params = self.layers.effective()
+        core.set_defaults(self.layers.effective())
 
     def effective(self) -> RuntimeParams:
         return self.layers.effective()

@@ -21,12 +21,14 @@ from hydrad import __version__
 from hydrad.engine import ggml, llama
 from hydrad.engine.control import EngineControl
 from hydrad.engine.core import EngineCore
+from hydrad.engine.snapshot import EngineSnapshot, status_text
 from hydrad.common.logs import log_event
 from hydrad.common.params import ParamError
 from hydrad.common.registry import Registry, UnknownModel
 from hydrad.common.sdnotify import Notifier
 from hydrad.common.serving import uvicorn_server
 from hydrad.engine.settings import LoadedConfig, load_config
+from hydrad.wire.stages import LOADING_STAGES
 
 log = logging.getLogger("hydrad")
 
@@ -39,28 +41,20 @@ class Daemon:
         self.stop_requested = asyncio.Event()
         self.hup_requested = asyncio.Event()
         self._reloading = False  # between RELOADING=1 and READY=1: systemd's reload job waits on us
-        self.core = EngineCore(on_status=self._on_status, max_queue=self.settings.max_queue)
+        self.core = EngineCore(on_status=self._on_status, max_queue=self.settings.max_queue,
+                               drain_timeout_s=self.settings.drain_timeout_s, device=self.settings.device)
         self.control: EngineControl | None = None
         self.ggml_server: ggml.RpcServerThread | None = None
         self.merged: Any = None
 
-    def _status_text(self, stage: str, progress: float | None) -> str:
-        gen = self.core.gen
-        text = f"{stage}"
-        if progress is not None and stage in ("loading_model", "warming", "reloading"):
-            text += f" {progress * 100:.0f}%"
-        if gen is not None:
-            text += f" model={gen.resolved.id} slots={gen.n_active}/{len(gen.slots)}"
-        return text
-
-    def _on_status(self, stage: str, progress: float | None) -> None:
+    def _on_status(self, snap: EngineSnapshot) -> None:
         """``STATUS=`` on every stage change; ``EXTEND_TIMEOUT_USEC`` only while a systemd job waits
         for us (a SIGHUP reload). READY=1 comes before any load, so a load is runtime work and must
         not extend anything: systemd 252 also moves the watchdog deadline on EXTEND_TIMEOUT_USEC, and
         extending on every load made a hang right after one go unnoticed for 30 s whatever
         WatchdogSec said."""
-        self.notifier.status(self._status_text(stage, progress))
-        if self._reloading and stage in ("loading_model", "warming", "reloading"):
+        self.notifier.status(status_text(snap))
+        if self._reloading and snap.stage in LOADING_STAGES:
             self.notifier.extend_timeout(30.0)
 
     async def run(self) -> int:
@@ -73,7 +67,6 @@ class Daemon:
             log_event(log, logging.ERROR, "bad model registry", error=str(exc))
             return 2
         self.control = EngineControl(self.core, registry, s.defaults)
-        self.core.drain_timeout_s = s.drain_timeout_s
         from hydrad.engine.http.app import build_app
 
         server = uvicorn_server(build_app(s, self.control), s.http.host, s.http.port, s.http.header_timeout_s)
@@ -101,7 +94,7 @@ class Daemon:
         port = server.servers[0].sockets[0].getsockname()[1] if server.servers else s.http.port
         log_event(log, logging.INFO, "listening", engine=s.name, http=f"{s.http.host}:{port}", version=__version__)
         self.notifier.ready()
-        self.notifier.status(self._status_text(self.core.stage, None))
+        self.notifier.status(status_text(self.core.snapshot(), with_progress=False))
         tasks = [asyncio.create_task(self._watchdog(), name="watchdog"),
                  asyncio.create_task(self._hup_loop(), name="sighup")]
         link = None
@@ -115,7 +108,7 @@ class Daemon:
             await self.control.boot()
         except (UnknownModel, ParamError) as exc:
             log_event(log, logging.ERROR, "configured model cannot be loaded; staying model-less", error=str(exc))
-            self.core.last_error = str(exc)
+            self.core.record_error(str(exc))
         stop = asyncio.create_task(self.stop_requested.wait())
         await asyncio.wait([stop, serve], return_when=asyncio.FIRST_COMPLETED)
         await self._drain()
@@ -155,8 +148,7 @@ class Daemon:
         """Stop admitting, let in-flight requests finish within the bound, then end the engine."""
         self.notifier.stopping()
         self.notifier.extend_timeout(self.settings.drain_timeout_s + 10)  # a drain bound beyond TimeoutStopSec
-        self.core.admitting = False
-        self.core._set_stage("stopping")
+        self.core.stop_admitting()
         deadline = time.monotonic() + self.settings.drain_timeout_s
         while time.monotonic() < deadline:
             v = self.core.slots_view()
@@ -200,11 +192,9 @@ class Daemon:
                 result = await self.control.apply_yaml(fresh.settings.defaults)
                 log_event(log, logging.INFO, "config re-read", **result.public())
                 if result.load_id is not None:
-                    rec = self.core.loads[result.load_id]
-                    while not rec.terminal:  # done, failed, or aborted by a newer configure
-                        await asyncio.sleep(0.1)
+                    await self.core.loads[result.load_id].wait()  # done, failed, or aborted by a newer configure
             except Exception as exc:
                 log_event(log, logging.ERROR, "config re-read failed; keeping the running config", error=str(exc))
             self._reloading = False
             self.notifier.ready()
-            self.notifier.status(self._status_text(self.core.stage, None))
+            self.notifier.status(status_text(self.core.snapshot(), with_progress=False))

@@ -9,6 +9,7 @@ context — and reported with the decision so an operator can see why a policy w
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from dataclasses import dataclass, field
@@ -23,7 +24,7 @@ HEADROOM = 1.10  # compute buffers and fragmentation on top of weights + KV
 
 @dataclass
 class LoadRecord:
-    """One model load as reported by /control/reloads/{id}, INFO and /health."""
+    """One model load as reported by /control/loads/{id}, INFO and /health."""
 
     id: int
     model: str
@@ -37,18 +38,53 @@ class LoadRecord:
     timings: dict[str, float] = field(default_factory=dict)
     seconds: float | None = None
     carried: dict[str, int] = field(default_factory=dict)
-    abort: threading.Event = field(default_factory=threading.Event, repr=False)
-    ended: threading.Event = field(default_factory=threading.Event, repr=False)
+    abort: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
+    ended: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
+    _waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = field(
+        default_factory=list, repr=False, compare=False)
+    _wlock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     @property
     def terminal(self) -> bool:
-        return self.phase in ("done", "failed", "aborted")
+        return self.phase in TERMINAL_PHASES
+
+    def end(self) -> None:
+        """The load has ended (its phase is terminal and the engine's stage says so): wake every waiter."""
+        with self._wlock:
+            self.ended.set()
+            waiters, self._waiters = self._waiters, []
+        for loop, fut in waiters:
+            try:
+                loop.call_soon_threadsafe(_settle, fut)
+            except RuntimeError:  # that loop has closed
+                pass
+
+    async def wait(self) -> LoadRecord:
+        """Until the load has ended: done, failed, or aborted (superseded by a newer configure)."""
+        if self.ended.is_set():
+            return self
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        with self._wlock:
+            if self.ended.is_set():
+                return self
+            self._waiters.append((loop, fut))
+        await fut
+        return self
 
     def public(self) -> dict[str, Any]:
         return {"id": self.id, "model": self.model, "policy": self.policy, "carry_kv": self.carry_kv,
                 "phase": self.phase, "progress": round(self.progress, 4), "error": self.error,
                 "estimate": self.estimate, "started": self.started, "timings": self.timings,
                 "seconds": self.seconds, "carried": self.carried}
+
+
+TERMINAL_PHASES = ("done", "failed", "aborted")
+
+
+def _settle(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
 
 
 def mem_available() -> int:

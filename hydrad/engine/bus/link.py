@@ -51,7 +51,6 @@ from hydrad.engine.core import PromptTooLong
 from hydrad.engine.requests import Done, Failed, Token
 from hydrad.common.logs import log_event
 from hydrad.engine.settings import EngineSettings
-from hydrad.wire.stages import LOADING_STAGES
 
 log = logging.getLogger("hydrad.bus")
 
@@ -264,26 +263,22 @@ class EngineLink:
         return out
 
     def _status(self) -> M.EngineStatus:
-        core = self.core
-        gen = core.gen
-        view = core.slots_view()
-        rec = core.current_load
-        stage = core.stage
-        progress = core.progress if stage in LOADING_STAGES and core.progress is not None else None
-        prefill, decode = self._speed.update(core.stats, gen.tag.fingerprint if gen is not None else None)
-        load_s = core.stats.model_load_seconds
-        last_error = (core.last_error or None) and str(core.last_error)[:4096]
-        if not core.alive and stage not in ("starting", "stopping"):
+        snap = self.core.snapshot()
+        stage = snap.stage
+        progress = snap.loading_progress
+        prefill, decode = self._speed.update(snap.stats, snap.generation)
+        load_s = snap.stats.model_load_seconds
+        last_error = (snap.last_error or None) and str(snap.last_error)[:4096]
+        if not snap.alive and stage not in ("starting", "stopping"):
             # The engine thread is gone: nothing here can serve, whatever the stage says.
             stage = "failed"
             last_error = last_error or "the engine thread died"
         return M.EngineStatus(
-            stage=stage, model=gen.resolved.id if gen is not None else None,
-            generation=gen.tag.fingerprint if gen is not None else None,
+            stage=stage, model=snap.model_id, generation=snap.generation,
             progress=min(1.0, max(0.0, progress)) if progress is not None else None,
-            load_id=rec.id if rec is not None else None, loading_model=rec.model if rec is not None else None,
-            slots_busy=view["busy"], slots_total=view["total"], queued=view["queued"], max_queue=core.max_queue,
-            n_ctx=gen.ctx.n_ctx if gen is not None else 0, prefill_tps=prefill, decode_tps=decode,
+            load_id=snap.load_id, loading_model=snap.loading_model,
+            slots_busy=snap.slots_busy, slots_total=snap.slots_total, queued=snap.queued, max_queue=snap.max_queue,
+            n_ctx=snap.model.n_ctx if snap.model is not None else 0, prefill_tps=prefill, decode_tps=decode,
             load_seconds=load_s if load_s else None, vram_free=self._gpu.vram_free, last_error=last_error)
 
     async def _refresh_gpu(self, force: bool = False) -> None:
@@ -390,10 +385,10 @@ class EngineLink:
         req = msg.req
         try:
             if msg.model and not self.control.serves(msg.model):
-                gen = self.core.gen
+                serving = self.core.snapshot().model_id
                 self._send(M.Error(req=req, status=503, code="model_not_loaded",
                                    message=f"engine {self.settings.name} serves "
-                                           f"{gen.resolved.id if gen else 'no model'}, not '{msg.model}'"))
+                                           f"{serving or 'no model'}, not '{msg.model}'"))
                 return
             request = msg.to_request()
             try:
@@ -460,10 +455,9 @@ class EngineLink:
         if result.load_id is None:
             return
         rec = self.core.loads.get(result.load_id)
-        while rec is not None and rec.phase not in ("done", "failed", "aborted"):
-            await asyncio.sleep(0.05)
         if rec is None:
             return
+        await rec.wait()
         if self._welcomed:  # the status first, so the coordinator's view has the new model when it hears LOADED
             self._send(M.Heartbeat(status=self._status()))
         self._send(M.LoadDone(req=req, load_id=rec.id, phase=rec.phase, model=rec.model, seconds=rec.seconds,

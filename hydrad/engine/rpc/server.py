@@ -386,21 +386,20 @@ class MergedPort:
 
 def info_view(control: EngineControl, settings: EngineSettings, devices: list[dict[str, Any]], port: int) -> dict[str, Any]:
     core = control.core
-    gen = core.gen
+    snap = core.snapshot()
+    m = snap.model
     model = None
     slots: list[dict[str, Any]] = []
-    if gen is not None:
-        info = gen.model.info
-        model = {"id": gen.resolved.id, "path": info.path, "arch": info.arch, "desc": info.desc,
-                 "n_params": info.n_params, "size_bytes": info.size_bytes, "n_layer": info.n_layer,
-                 "n_embd": info.n_embd, "n_head_kv": info.n_head_kv, "n_ctx_train": info.n_ctx_train,
-                 "fingerprint": gen.fingerprint}
-        slots = [{"id": s.id, "busy": s.active is not None, "n_tokens": len(s.cache), "foreign": s.foreign}
-                 for s in gen.slots]
-    return {"engine": settings.name, "version": __version__, "stage": core.stage, "progress": core.progress,
-            "model": model, "generation": gen.tag.fingerprint if gen else None, "slots": slots,
-            "params": control.layers.sources(), "last_error": core.last_error,
-            "reload": core.current_load.public() if core.current_load else None,
+    if m is not None:
+        model = {"id": m.id, "path": m.path, "arch": m.arch, "desc": m.desc, "n_params": m.n_params,
+                 "size_bytes": m.size_bytes, "n_layer": m.n_layer, "n_embd": m.n_embd, "n_head_kv": m.n_head_kv,
+                 "n_ctx_train": m.n_ctx_train, "fingerprint": m.fingerprint}
+        slots = [{k: row[k] for k in ("id", "busy", "n_tokens", "foreign")} for row in core.slot_rows()]
+    rec = core.loads.get(snap.load_id) if snap.load_id is not None else None
+    return {"engine": settings.name, "version": __version__, "stage": snap.stage, "progress": snap.progress,
+            "model": model, "generation": snap.generation, "slots": slots,
+            "params": control.layers.sources(), "last_error": snap.last_error,
+            "reload": rec.public() if rec is not None else None,
             "device": bound_device(settings.device),  # the GPU binding in force; None = every GPU of the host
             "rpc": {"port": port, "ggml_rpc_devices": devices}}
 

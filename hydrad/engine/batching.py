@@ -1,0 +1,427 @@
+"""Continuous batching on the engine thread: admit queued requests into free slots, build one
+batch over every active sequence per step, sample, turn tokens into text, finish or fail one
+request without touching the others.
+
+``Batching`` is part of :class:`hydrad.engine.core.EngineCore`; everything here but
+:meth:`Batching.prepare` runs on the engine thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from hydrad.common.logs import log_event
+from hydrad.common.params import RuntimeParams
+from hydrad.engine import faults, llama
+from hydrad.engine.generation import Generation, Slot
+from hydrad.engine.requests import Done, Failed, RequestHandle, Token, Usage
+from hydrad.engine.stats import EngineStats
+from hydrad.engine.textstream import StopMatcher, Utf8Detokenizer
+from hydrad.wire.requests import GenRequest
+
+log = logging.getLogger("hydrad.engine")
+
+
+PRETOKENIZE_CHARS = 32 << 10
+"""Prompts longer than this are tokenized on a worker thread before they reach the engine
+thread: tokenizing 50 MB on the engine thread stalled every stream for about 22 s."""
+
+MAX_CHARS_PER_TOKEN = 64
+"""A prompt with more characters than this times the context cannot fit (no tokenizer of the
+supported families averages more than a few characters a token): refused before tokenizing."""
+
+class PromptTooLong(ValueError):
+    """A prompt refused by its length before tokenizing (400 ``context_length_exceeded``)."""
+
+
+class _RequestError(Exception):
+    def __init__(self, message: str, status: int, code: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+
+
+@dataclass
+class _Active:
+    """A request occupying a slot."""
+
+    handle: RequestHandle
+    prompt_len: int
+    cached: int
+    pending: list[int]
+    max_tokens: int
+    sampler: llama.Sampler
+    detok: Utf8Detokenizer
+    stopper: StopMatcher
+    t_start: float
+    t_first: float = 0.0
+    n_gen: int = 0
+    next_token: int = -1
+    unsent: list[int] = field(default_factory=list)  # sampled, not yet turned into text (text_overlap)
+    faulty: frozenset[str] = frozenset()  # fault-injection tests: stages at which this request fails
+
+
+
+class Batching:
+    gen: Generation | None
+    retiring: list[Generation]
+    params: RuntimeParams | None
+    stats: EngineStats
+    _waiting: deque[RequestHandle]
+    _deferred: list[tuple[Generation, Slot, _Active]]
+    _faults: bool
+    _pending_swap: Any  # a Swap command waiting for the slots to go idle
+    # provided by EngineCore: queue an event for a request, hand the queued events to the loop,
+    # whether a swap or a drain holds admission back, and whether a drain-policy reload runs
+    _emit: Callable[[RequestHandle, Any], None]
+    _flush: Callable[[], None]
+    _pending: Callable[[], bool]
+    _draining: Callable[[], bool]
+
+    async def prepare(self, request: GenRequest) -> None:
+        """Work a request needs before the engine thread sees it, done off that thread: a prompt
+        too long for the context by its length alone is refused (:class:`PromptTooLong`), and a
+        large one is tokenized on a worker thread so it cannot stall the streams being decoded."""
+        gen = self.gen
+        if gen is None:
+            return
+        chars = len(request.prompt or "") + sum(len(m.get("content") or "") for m in request.messages or ())
+        limit = gen.ctx.n_ctx_seq
+        if chars > limit * MAX_CHARS_PER_TOKEN:
+            raise PromptTooLong(f"the prompt has {chars} characters, more than this engine's context of {limit} "
+                                "tokens can hold")
+        if chars < PRETOKENIZE_CHARS:
+            return
+        try:
+            tokens = await asyncio.to_thread(self._tokenize, gen, request)
+        except llama.ModelFreed:
+            return  # a reload retired that model meanwhile: the engine thread tokenizes for the new one
+        request.tokens, request.tokens_for = tokens, gen.id
+
+    def _tokenize(self, gen: Generation, request: GenRequest) -> list[int]:
+        """A request's prompt tokens for ``gen`` (any thread: tokenizing only reads the vocabulary)."""
+        params = self.params or gen.params
+        if request.messages is not None:
+            try:
+                tokens = gen.model.chat_tokens(request.messages, params.chat_template)
+            except ValueError as exc:
+                raise _RequestError(str(exc), 400, "template_error") from None
+        else:
+            tokens = gen.model.tokenize(request.prompt or "", add_special=True, parse_special=True)
+        bos = gen.bos
+        if len(tokens) >= 2 and tokens[0] == tokens[1] == bos:
+            tokens = tokens[1:]
+        return tokens
+
+
+    def _expire_waiting(self) -> None:
+        """Requests queued while no generation admits them wait at most reload_queue_timeout_s."""
+        if not self._waiting or (self.gen is not None and not self._draining()):
+            return
+        limit = (self.params.reload_queue_timeout_s if self.params else 30.0)
+        now = time.monotonic()
+        keep: deque[RequestHandle] = deque()
+        for h in self._waiting:
+            if now - h.t_enqueued > limit:
+                self._emit(h, Failed(f"the engine is loading a model; waited {limit:.0f}s, retry later", status=503,
+                                     code="reloading"))
+            else:
+                keep.append(h)
+        self._waiting = keep
+
+
+    def _admit(self) -> None:
+        gen = self.gen
+        if gen is None or self._pending() or not self._waiting:
+            return
+        deferred: deque[RequestHandle] = deque()
+        while self._waiting:
+            handle = self._waiting.popleft()
+            want = handle.request.slot
+            if want is not None and not 0 <= want < len(gen.slots):
+                self._emit(handle, Failed(f"slot {want} does not exist (this engine has {len(gen.slots)})",
+                                          status=400, code="invalid_slot"))
+                continue
+            if (want is not None and gen.slots[want].active is not None) or not gen.free_slot_exists():
+                deferred.append(handle)
+                continue
+            try:
+                self._start(gen, handle)
+            except _RequestError as exc:
+                self._emit(handle, Failed(str(exc), status=exc.status, code=exc.code))
+            except Exception as exc:  # the request's own failure: it alone ends, the engine goes on
+                self._request_failed(gen, handle, "admitting", exc)
+        self._waiting = deferred
+
+    def _start(self, gen: Generation, handle: RequestHandle) -> None:
+        req = handle.request
+        params = self.params or gen.params
+        model = gen.model
+        faulty = faults.stages_of(req) if self._faults else faults.NONE
+        self._fault("admit", faulty)
+        if req.tokens is not None and req.tokens_for == gen.id:
+            tokens = req.tokens
+        else:
+            self._fault("tokenize", faulty)
+            tokens = self._tokenize(gen, req)
+        req.tokens = None  # not needed any more; a queued copy of a long prompt is memory
+        if not tokens:
+            raise _RequestError("the prompt is empty", 400, "empty_prompt")
+        limit = gen.ctx.n_ctx_seq
+        if len(tokens) >= limit:
+            raise _RequestError(f"the prompt has {len(tokens)} tokens; this engine's context holds {limit}",
+                                400, "context_length_exceeded")
+        slot = gen.slots[req.slot] if req.slot is not None else gen.pick_slot(tokens if params.cache_prompt else None)
+        keep = gen.reuse_prefix(slot, tokens) if params.cache_prompt else gen.reset_slot(slot)
+        gen.ensure_room(len(tokens) - keep, exclude=slot)
+        s = req.sampling
+        sampler = llama.Sampler(llama.Sampling(
+            temperature=params.temperature if s.temperature is None else s.temperature,
+            top_k=params.top_k if s.top_k is None else s.top_k,
+            top_p=params.top_p if s.top_p is None else s.top_p,
+            min_p=params.min_p if s.min_p is None else s.min_p,
+            repeat_penalty=params.repeat_penalty if s.repeat_penalty is None else s.repeat_penalty,
+            repeat_last_n=params.repeat_last_n,
+            frequency_penalty=s.frequency_penalty, presence_penalty=s.presence_penalty,
+            seed=params.seed if s.seed is None else s.seed,
+            ban=tuple(model.eog_tokens()) if req.ignore_eos else ()), model.n_vocab, limit)
+        room = limit - len(tokens)
+        if req.max_tokens is not None:
+            max_tokens = min(req.max_tokens, room)
+        elif params.n_predict >= 0:
+            max_tokens = min(params.n_predict, room)
+        else:
+            max_tokens = room
+        handle.generation = gen.tag
+        try:
+            stopper = StopMatcher(req.stop)
+        except ValueError as exc:
+            sampler.free()
+            raise _RequestError(str(exc), 400, "invalid_stop") from None
+        slot.active = _Active(handle=handle, prompt_len=len(tokens), cached=keep, pending=tokens[keep:],
+                              max_tokens=max_tokens, sampler=sampler, detok=Utf8Detokenizer(),
+                              stopper=stopper, t_start=time.monotonic(), faulty=faulty)
+        gen.n_active += 1
+        self.stats.prompt_tokens_total += len(tokens) - keep
+        self.stats.cached_tokens_total += keep
+        if max_tokens <= 0:
+            self._finish(gen, slot, "length")
+
+    def _step(self, gen: Generation) -> None:
+        batch, ctx = gen.batch, gen.ctx
+        batch.clear()
+        outputs: list[tuple[Slot, int]] = []
+        before: list[tuple[Slot, int]] = []
+        budget = batch.capacity
+        for slot in gen.slots:
+            a = slot.active
+            if a is not None and a.next_token >= 0:
+                before.append((slot, len(slot.cache)))
+                outputs.append((slot, batch.add(a.next_token, len(slot.cache), slot.id, True)))
+                slot.cache.append(a.next_token)
+                a.next_token = -1
+                budget -= 1
+        n_prefill = 0
+        for slot in gen.slots:
+            a = slot.active
+            if a is None or not a.pending or budget <= 0:
+                continue
+            take = a.pending[:budget]
+            before.append((slot, len(slot.cache)))
+            last = len(take) == len(a.pending)
+            idx = batch.add_run(take, len(slot.cache), slot.id, last)
+            slot.cache.extend(take)
+            del a.pending[:len(take)]
+            budget -= len(take)
+            n_prefill += len(take)
+            if last:
+                outputs.append((slot, idx))
+        if batch.n == 0:
+            self._settle_text()
+            return
+        rc = batch.decode(ctx)
+        self.stats.n_decode_total += 1
+        if rc == 1 and gen.evict_idle():  # KV pool full: free idle slots' caches and try the step again
+            rc = batch.decode(ctx)
+            self.stats.n_decode_total += 1
+        if self._deferred:  # the device computes this step meanwhile; the first sample below waits for it
+            self._settle_text()
+            self._flush()
+        if rc != 0:
+            self._decode_failed(gen, rc, before)
+            return
+        now = time.monotonic()
+        overlap = self._text_overlap(gen)
+        for slot, idx in outputs:
+            a = slot.active
+            if a is None:  # a stop string found while the device computed ended it: the row is discarded
+                continue
+            try:
+                self._fault("sample", a.faulty)
+                tok = a.sampler.sample(ctx, idx)
+                if a.n_gen == 0:
+                    a.t_first = now
+                    a.handle.t_first_token = now
+                self._on_token(gen, slot, a, tok, overlap and a.n_gen > 0)
+            except Exception as exc:  # this request's failure, not the step's: the other slots go on
+                if slot.active is a:
+                    self._request_failed(gen, a.handle, "sampling", exc, slot)
+
+    def _text_overlap(self, gen: Generation) -> bool:
+        mode = (self.params or gen.params).text_overlap
+        return mode == "on" or (mode == "auto" and gen.asynchronous)
+
+    def _on_token(self, gen: Generation, slot: Slot, a: _Active, tok: int, defer: bool) -> None:
+        """Token-level decisions now (end of generation, length); the text now, or once the next
+        step is on the device when ``defer`` (the first token never waits: it is the TTFT)."""
+        if gen.model.is_eog(tok):
+            self._finish(gen, slot, "stop")
+            return
+        a.n_gen += 1
+        self.stats.tokens_predicted_total += 1
+        a.unsent.append(tok)
+        if a.n_gen >= a.max_tokens or len(slot.cache) + 1 >= gen.ctx.n_ctx_seq:
+            self._finish(gen, slot, "length")
+            return
+        if defer:
+            a.next_token = tok
+            self._deferred.append((gen, slot, a))
+        elif not self._text(gen, slot, a):
+            a.next_token = tok
+
+    def _text(self, gen: Generation, slot: Slot, a: _Active) -> bool:
+        """Detokenize ``a``'s unsent tokens, stream the text out, watch for stop strings; True when
+        a stop string ended the request."""
+        tokens, a.unsent = a.unsent, []
+        model = gen.model
+        for tok in tokens:
+            self._fault("detokenize", a.faulty)
+            text = a.detok.push(model.piece(tok))
+            if not text:
+                continue
+            self._fault("stop", a.faulty)
+            out, stopped = a.stopper.push(text)
+            if out:
+                self._emit(a.handle, Token(out))
+            if stopped:
+                self._finish(gen, slot, "stop", flush=False)
+                return True
+        return False
+
+    def _settle_text(self) -> None:
+        """The deferred text of the last step, for requests still running (a cancelled one's is dropped)."""
+        deferred, self._deferred = self._deferred, []
+        for gen, slot, a in deferred:
+            if slot.active is a and a.unsent:
+                try:
+                    self._text(gen, slot, a)
+                except Exception as exc:
+                    if slot.active is a:
+                        self._request_failed(gen, a.handle, "making text", exc, slot)
+
+    def _finish(self, gen: Generation, slot: Slot, reason: str, flush: bool = True) -> None:
+        a = slot.active
+        assert a is not None
+        if flush:
+            self._fault("finish", a.faulty)
+            if a.unsent and self._text(gen, slot, a):
+                return  # a stop string in the text not yet sent ended it first
+            tail = a.detok.flush()
+            out, stopped = a.stopper.push(tail) if tail else ("", False)
+            out += "" if stopped else a.stopper.flush()
+            if out:
+                self._emit(a.handle, Token(out))
+            if stopped:
+                reason = "stop"
+        now = time.monotonic()
+        t_first = a.t_first or now
+        usage = Usage(prompt_tokens=a.prompt_len, completion_tokens=a.n_gen, cached_tokens=a.cached,
+                      prompt_ms=round((t_first - a.t_start) * 1000, 3), predicted_ms=round((now - t_first) * 1000, 3),
+                      queue_ms=round((a.t_start - (a.handle.t_enqueued or a.t_start)) * 1000, 3))
+        self.stats.prompt_seconds_total += t_first - a.t_start
+        self.stats.predicted_seconds_total += now - t_first
+        self.stats.requests_finished_total += 1
+        self._emit(a.handle, Done(reason, usage, gen.tag))
+        self._release(gen, slot)
+
+    def _fault(self, stage: str, faulty: frozenset[str]) -> None:
+        if stage in faulty:
+            raise faults.InjectedFault(f"injected fault at stage {stage}")
+
+    def _request_failed(self, gen: Generation, handle: RequestHandle, stage: str, exc: Exception,
+                        slot: Slot | None = None) -> None:
+        """An exception while serving one request ends that request with a JSON error (500,
+        ``request_failed``, never retried elsewhere: the same request would fail there too) and
+        frees its slot; the engine thread and every other request go on."""
+        log_event(log, logging.ERROR, "request failed", req=handle.id, stage=stage, error=repr(exc), exc_info=True)
+        self.stats.requests_failed_total += 1
+        self._emit(handle, Failed(f"the request failed while {stage}: {type(exc).__name__}: {exc}",
+                                  status=500, code="request_failed"))
+        if slot is None:  # failed while admitting: the slot may already have taken it
+            slot = next((sl for sl in gen.slots if sl.active is not None and sl.active.handle is handle), None)
+        if slot is not None and slot.active is not None and slot.active.handle is handle:
+            try:
+                self._release(gen, slot)
+            except Exception as again:  # freeing its sampler failed too: drop the slot's bookkeeping anyway
+                log_event(log, logging.ERROR, "slot release failed", slot=slot.id, error=repr(again))
+                slot.active = None
+                gen.n_active -= 1
+
+    def _release(self, gen: Generation, slot: Slot) -> None:
+        a = slot.active
+        if a is None:
+            return
+        a.sampler.free()
+        slot.active = None
+        slot.last_used = time.monotonic()
+        gen.n_active -= 1
+
+    def _decode_failed(self, gen: Generation, rc: int, before: list[tuple[Slot, int]]) -> None:
+        """Undo this step's tokens; fail the affected requests with a clear reason."""
+        for slot, n in before:
+            gen.ctx.seq_rm(slot.id, n, -1)
+            del slot.cache[n:]
+        msg = ("the context is full (all slots together exceed n_ctx)" if rc == 1
+               else f"llama_decode failed with code {rc}")
+        log_event(log, logging.ERROR, "decode failed", rc=rc, slots=len(before))
+        seen: set[int] = set()
+        for slot, _ in before:
+            if slot.id in seen or slot.active is None:
+                continue
+            seen.add(slot.id)
+            self._emit(slot.active.handle, Failed(msg, status=503 if rc == 1 else 500,
+                                                  code="context_full" if rc == 1 else "decode_error"))
+            self._release(gen, slot)
+
+    def _cancel(self, handle: RequestHandle) -> None:
+        try:
+            self._waiting.remove(handle)
+            return
+        except ValueError:
+            pass
+        for gen in ([self.gen] if self.gen else []) + self.retiring:
+            for slot in gen.slots:
+                if slot.active is not None and slot.active.handle is handle:
+                    self.stats.requests_cancelled_total += 1
+                    self._release(gen, slot)
+                    return
+
+    def _fail_all(self, message: str, engine_failed: bool, status: int = 500, code: str = "engine_error") -> None:
+        self._settle_text()  # what was generated before the failure still reaches the client
+        while self._waiting:
+            self._emit(self._waiting.popleft(), Failed(message, engine_failed, status, code))
+        for gen in ([self.gen] if self.gen else []) + self.retiring:
+            for slot in gen.slots:
+                if slot.active is not None:
+                    self._emit(slot.active.handle, Failed(message, engine_failed, status, code))
+                    self._release(gen, slot)
+        if self._pending_swap is not None:
+            self._pending_swap.fut.set_exception(RuntimeError(message))
+            self._pending_swap = None
+
+

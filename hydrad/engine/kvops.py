@@ -1,0 +1,129 @@
+"""KV-state operations of the engine: a slot's state read and restored between steps, the cheap
+checks before an upload is accepted, and the KV carried from one generation to a sibling one.
+
+``KvOps`` is part of :class:`hydrad.engine.core.EngineCore`; the ``_state_*`` methods run on the
+engine thread, the public ones on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from hydrad.common.logs import log_event
+from hydrad.engine.commands import StateGet, StatePut
+from hydrad.engine.generation import Generation, Slot
+
+log = logging.getLogger("hydrad.engine")
+
+
+class StateError(Exception):
+    """A state request that cannot be served; ``kind`` maps to a protocol status."""
+
+    def __init__(self, message: str, kind: str) -> None:
+        super().__init__(message)
+        self.kind = kind  # not_found | conflict | incompatible | failed
+
+
+class KvOps:
+    gen: Generation | None
+    _cmds: Any
+    state_buffers: Any
+
+    def _idle_slot(self, slot_id: int) -> tuple[Generation, Slot]:
+        gen = self.gen
+        if gen is None:
+            raise StateError("no model is loaded", "not_found")
+        if not 0 <= slot_id < len(gen.slots):
+            raise StateError(f"slot {slot_id} does not exist (this engine has {len(gen.slots)})", "not_found")
+        slot = gen.slots[slot_id]
+        if slot.active is not None:
+            raise StateError(f"slot {slot_id} is busy with a request; retry when it is idle", "conflict")
+        return gen, slot
+
+    def _state_get(self, cmd: StateGet) -> None:
+        fut = cmd.fut
+        try:
+            gen, slot = self._idle_slot(cmd.slot_id)
+            data = gen.read_state(slot, self.state_buffers)
+            fut.set_result((gen.state_meta(slot, len(data)), data))
+        except Exception as exc:
+            fut.set_exception(exc)
+
+    def _state_put(self, cmd: StatePut) -> None:
+        slot_id, meta, data, fut, trusted = cmd.slot_id, cmd.meta, cmd.data, cmd.fut, cmd.trusted
+        try:
+            gen, slot = self._idle_slot(slot_id)
+            problem = gen.incompatibility(meta)
+            if problem:
+                raise StateError(problem, "incompatible")
+            t0 = time.monotonic()
+            gen.write_state(slot, meta["tokens"], data, foreign=not trusted)  # untrusted KV: see Slot.foreign
+            slot.last_used = time.monotonic()
+            fut.set_result({"slot": slot_id, "n_tokens": len(slot.cache), "seconds": round(time.monotonic() - t0, 6)})
+        except Exception as exc:
+            fut.set_exception(exc)
+
+    def check_put(self, slot_id: int, meta: Any, max_bytes: int) -> StateError | None:
+        """Cheap checks before any state byte is accepted, so a doomed upload is refused up front."""
+        gen = self.gen
+        if gen is None:
+            return StateError("no model is loaded", "not_found")
+        if not 0 <= slot_id < len(gen.slots):
+            return StateError(f"slot {slot_id} does not exist (this engine has {len(gen.slots)})", "not_found")
+        problem = gen.incompatibility(meta)
+        if problem:
+            return StateError(problem, "incompatible")
+        size = meta.get("bytes")
+        if not isinstance(size, int) or not 0 < size <= max_bytes:
+            return StateError(f"meta.bytes must be 1..{max_bytes}, got {size!r}", "too_large")
+        return None
+
+    async def state_get(self, slot_id: int) -> tuple[dict[str, Any], Any]:
+        """A slot's KV state (meta, bytes), read on the engine thread between steps."""
+        cmd = StateGet(slot_id)
+        self._cmds.put(cmd)
+        return await asyncio.wrap_future(cmd.fut)
+
+    async def state_put(self, slot_id: int, meta: dict[str, Any], data: Any, trusted: bool = False) -> dict[str, Any]:
+        """Restore a slot from meta + bytes; an incompatible state leaves the slot untouched."""
+        cmd = StatePut(slot_id, meta, data, trusted)
+        self._cmds.put(cmd)
+        return await asyncio.wrap_future(cmd.fut)
+
+
+
+def sibling_problem(old: Generation, new: Generation) -> str | None:
+    """Two quants of one model share architecture and KV layout; only then can KV move between them."""
+    a, b = old.identity(), new.identity()
+    for key in ("arch", "n_layer", "n_embd", "n_head_kv", "n_vocab"):
+        if a[key] != b[key]:
+            return (f"'{new.resolved.id}' is not a sibling quant of '{old.resolved.id}': {key} {b[key]!r} != {a[key]!r}; "
+                    "the current model keeps serving")
+    if (old.params.cache_type_k, old.params.cache_type_v) != (new.params.cache_type_k, new.params.cache_type_v):
+        return "KV cache types differ between the two generations; the current model keeps serving"
+    return None
+
+
+def carry_slots(old: Generation, new: Generation) -> dict[str, int]:
+    """Move every idle slot's KV from one generation to a sibling one (same KV layout); slots that
+    cannot move start empty in the new generation and are counted as dropped."""
+    carried = dropped = 0
+    for slot in old.slots:
+        if not slot.cache or slot.active is not None:
+            continue
+        if slot.id >= len(new.slots) or len(slot.cache) >= new.ctx.n_ctx_seq:
+            dropped += 1
+            continue
+        try:
+            data = old.read_state(slot)
+            new.write_state(new.slots[slot.id], list(slot.cache), data, foreign=slot.foreign)
+            new.slots[slot.id].last_used = slot.last_used
+            carried += 1
+        except RuntimeError as exc:
+            log_event(log, logging.WARNING, "slot KV not carried", slot=slot.id, error=str(exc))
+            dropped += 1
+    return {"carried": carried, "dropped": dropped}
+
