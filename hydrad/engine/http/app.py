@@ -30,7 +30,7 @@ from hydrad.wire.kvstream import StateReceiver, chunked
 from hydrad.common.serving import BodyTooLarge, read_body, until_disconnected
 from hydrad.engine.settings import EngineSettings
 from hydrad.wire.errors import state_http_status
-from hydrad.wire.stages import HEALTH_STATUS, LOADING_STAGES
+from hydrad.wire.stages import HEALTH_STATUS
 
 log = logging.getLogger("hydrad.http")
 
@@ -61,24 +61,24 @@ def build_app(settings: EngineSettings, control: EngineControl) -> Starlette:
         return True
 
     async def health(_: Request) -> Response:
-        stage = core.stage
-        body: dict[str, Any] = {"stage": stage, "engine": settings.name, "slots": core.slots_view()}
-        if settings.device is not None:
-            body["device"] = settings.device
-        gen = core.gen
-        if gen is not None:
-            body["model"] = gen.resolved.id
-            body["generation"] = gen.tag.fingerprint
-        if core.progress is not None and stage in LOADING_STAGES:
-            body["progress"] = round(core.progress, 4)
-        if core.current_load is not None:
-            body["load_id"] = core.current_load.id
-        if core.last_error:
-            body["last_error"] = core.last_error
-        if not core.alive:
+        snap = core.snapshot()
+        stage = snap.stage
+        body: dict[str, Any] = {"stage": stage, "engine": settings.name, "slots": snap.slots}
+        if snap.device is not None:
+            body["device"] = snap.device
+        if snap.model is not None:
+            body["model"] = snap.model.id
+            body["generation"] = snap.model.generation
+        if snap.loading_progress is not None:
+            body["progress"] = round(snap.loading_progress, 4)
+        if snap.load_id is not None:
+            body["load_id"] = snap.load_id
+        if snap.last_error:
+            body["last_error"] = snap.last_error
+        if not snap.alive:
             body["status"] = "error"
             return JSONResponse(body, status_code=503)
-        if gen is not None and core.admitting:
+        if snap.model is not None and snap.admitting:
             body["status"] = "ok"
             return JSONResponse(body)
         body["status"] = HEALTH_STATUS.get(stage, stage)
@@ -95,13 +95,12 @@ def build_app(settings: EngineSettings, control: EngineControl) -> Starlette:
 
     async def models(_: Request) -> Response:
         data = []
-        gen = core.gen
-        if gen is not None:
-            info = gen.model.info
-            data.append({"id": gen.resolved.id, "object": "model", "created": int(gen.loaded_at), "owned_by": "hydra",
-                         "meta": {"path": info.path, "arch": info.arch, "desc": info.desc, "size": info.size_bytes,
-                                  "n_params": info.n_params, "n_ctx_train": info.n_ctx_train, "n_vocab": info.n_vocab,
-                                  "n_ctx": gen.ctx.n_ctx, "n_parallel": len(gen.slots)}})
+        m = core.snapshot().model
+        if m is not None:
+            data.append({"id": m.id, "object": "model", "created": int(m.loaded_at), "owned_by": "hydra",
+                         "meta": {"path": m.path, "arch": m.arch, "desc": m.desc, "size": m.size_bytes,
+                                  "n_params": m.n_params, "n_ctx_train": m.n_ctx_train, "n_vocab": m.n_vocab,
+                                  "n_ctx": m.n_ctx, "n_parallel": m.n_parallel}})
         return JSONResponse({"object": "list", "data": data})
 
     def check_serving(req: openai._Common) -> str:
@@ -263,9 +262,7 @@ def build_app(settings: EngineSettings, control: EngineControl) -> Starlette:
         if load_id is None:
             return JSONResponse(body)
         if request.query_params.get("wait") in ("1", "true", "yes"):
-            rec = core.loads[load_id]
-            while not rec.terminal:
-                await asyncio.sleep(0.05)
+            rec = await core.loads[load_id].wait()
             body["load"] = rec.public()
             if rec.phase != "done":
                 raise ApiError(422, f"model load {rec.phase}: {rec.error}", "load_failed")
@@ -287,18 +284,10 @@ def build_app(settings: EngineSettings, control: EngineControl) -> Starlette:
             raise ApiError(400, "slot id must be an integer", "invalid_slot") from None
 
     async def slots(_: Request) -> Response:
-        gen = core.gen
-        if gen is None:
-            return JSONResponse([])
-        now = time.monotonic()
         out: list[dict[str, Any]] = []
-        for sl in gen.slots:
-            a = sl.active  # read once: the engine thread may end the request meanwhile
-            item: dict[str, Any] = {"id": sl.id, "is_processing": a is not None, "n_tokens": len(sl.cache)}
-            if a is not None:  # the running request: prompt size, tokens decoded so far, its decode speed
-                item.update(n_prompt=a.prompt_len, n_decoded=a.n_gen)
-                if a.n_gen > 1 and a.t_first:
-                    item["decode_tps"] = round((a.n_gen - 1) / max(1e-6, now - a.t_first), 2)
+        for row in core.slot_rows():
+            item: dict[str, Any] = {"id": row["id"], "is_processing": row["busy"], "n_tokens": row["n_tokens"]}
+            item.update((k, row[k]) for k in ("n_prompt", "n_decoded", "decode_tps") if k in row)
             out.append(item)
         return JSONResponse(out)
 

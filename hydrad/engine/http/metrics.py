@@ -14,8 +14,9 @@ def _line(out: list[str], name: str, kind: str, help_: str, value: float, labels
 
 
 def render(core: EngineCore, engine_name: str) -> str:
-    s = core.stats
-    slots = core.slots_view()
+    snap = core.snapshot()
+    s = snap.stats
+    slots = snap.slots
     out: list[str] = []
     _line(out, "llamacpp:prompt_tokens_total", "counter", "Prompt tokens processed (not counting reused cache).", s.prompt_tokens_total)
     _line(out, "llamacpp:tokens_predicted_total", "counter", "Generated tokens.", s.tokens_predicted_total)
@@ -37,5 +38,5 @@ def render(core: EngineCore, engine_name: str) -> str:
     out.append("# HELP hydra_stage Current lifecycle stage (1 for the current one).")
     out.append("# TYPE hydra_stage gauge")
     for st in STAGES:
-        out.append(f'hydra_stage{{engine="{engine_name}",stage="{st}"}} {1 if core.stage == st else 0}')
+        out.append(f'hydra_stage{{engine="{engine_name}",stage="{st}"}} {1 if snap.stage == st else 0}')
     return "\n".join(out) + "\n"
