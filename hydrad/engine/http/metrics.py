@@ -1,42 +1,79 @@
-"""Prometheus text exposition for one engine, named like llama-server's ``llamacpp:*`` series
-where one exists so existing dashboards keep working, plus Hydra's own ``hydra_*`` series."""
+"""Prometheus exposition for one engine, named like llama-server's ``llamacpp:*`` series where one
+exists so existing dashboards keep working, plus Hydra's own ``hydra_*`` series.
+
+A custom ``prometheus_client`` collector: every scrape reads the engine's counters as they are
+(the engine thread owns them), so nothing is double-booked into client-library counters. The
+high-level ``Counter``/``Gauge`` classes are not used because the ``llamacpp:`` names carry a
+colon, which is for recording rules there; metric families accept it.
+"""
 
 from __future__ import annotations
+
+from typing import Iterator
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from hydrad.engine.core import EngineCore
 from hydrad.wire.stages import STAGES
 
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
-def _line(out: list[str], name: str, kind: str, help_: str, value: float, labels: str = "") -> None:
-    out.append(f"# HELP {name} {help_}")
-    out.append(f"# TYPE {name} {kind}")
-    out.append(f"{name}{labels} {value}")
+
+class EngineCollector(Collector):
+    """The engine's counters and gauges, read from the core at scrape time."""
+
+    def __init__(self, core: EngineCore, engine_name: str) -> None:
+        self.core = core
+        self.engine_name = engine_name
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self.core.snapshot()
+        s = snap.stats
+        slots = snap.slots
+
+        def counter(name: str, help_: str, value: float) -> CounterMetricFamily:
+            return CounterMetricFamily(name, help_, value=value)
+
+        def gauge(name: str, help_: str, value: float) -> GaugeMetricFamily:
+            return GaugeMetricFamily(name, help_, value=value)
+
+        yield counter("llamacpp:prompt_tokens_total", "Prompt tokens processed (not counting reused cache).",
+                      s.prompt_tokens_total)
+        yield counter("llamacpp:tokens_predicted_total", "Generated tokens.", s.tokens_predicted_total)
+        yield counter("llamacpp:prompt_seconds_total", "Time spent on prompts.", round(s.prompt_seconds_total, 6))
+        yield counter("llamacpp:tokens_predicted_seconds_total", "Time spent generating.",
+                      round(s.predicted_seconds_total, 6))
+        yield counter("llamacpp:n_decode_total", "llama_decode calls (one per batched step).", s.n_decode_total)
+        yield gauge("llamacpp:requests_processing", "Requests holding a slot.", slots["busy"])
+        yield gauge("llamacpp:requests_deferred", "Requests waiting for a slot.", slots["queued"])
+        yield counter("hydra_cached_prompt_tokens_total", "Prompt tokens served from a slot's cache.",
+                      s.cached_tokens_total)
+        yield counter("hydra_requests_total", "Requests admitted.", s.requests_total)
+        yield counter("hydra_requests_cancelled_total", "Requests cancelled by their client.",
+                      s.requests_cancelled_total)
+        yield counter("hydra_requests_failed_total",
+                      "Requests ended by an error of their own (the engine went on).", s.requests_failed_total)
+        yield gauge("hydra_slots_busy", "Busy slots.", slots["busy"])
+        yield gauge("hydra_slots_total", "Slots of the loaded generation.", slots["total"])
+        yield counter("hydra_model_loads_total", "Completed model loads.", s.model_loads_total)
+        yield gauge("hydra_model_load_seconds", "Duration of the last model load.", round(s.model_load_seconds, 4))
+        yield counter("hydra_context_rebuilds_total", "T2 context rebuilds.", s.context_rebuilds_total)
+        stage = GaugeMetricFamily("hydra_stage", "Current lifecycle stage (1 for the current one).",
+                                  labels=["engine", "stage"])
+        current = snap.stage
+        for st in STAGES:
+            stage.add_metric([self.engine_name, st], 1 if current == st else 0)
+        yield stage
+
+
+def registry(core: EngineCore, engine_name: str) -> CollectorRegistry:
+    """A registry of its own per engine app (never the process-global one: tests run several)."""
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(EngineCollector(core, engine_name))
+    return reg
 
 
 def render(core: EngineCore, engine_name: str) -> str:
-    snap = core.snapshot()
-    s = snap.stats
-    slots = snap.slots
-    out: list[str] = []
-    _line(out, "llamacpp:prompt_tokens_total", "counter", "Prompt tokens processed (not counting reused cache).", s.prompt_tokens_total)
-    _line(out, "llamacpp:tokens_predicted_total", "counter", "Generated tokens.", s.tokens_predicted_total)
-    _line(out, "llamacpp:prompt_seconds_total", "counter", "Time spent on prompts.", round(s.prompt_seconds_total, 6))
-    _line(out, "llamacpp:tokens_predicted_seconds_total", "counter", "Time spent generating.", round(s.predicted_seconds_total, 6))
-    _line(out, "llamacpp:n_decode_total", "counter", "llama_decode calls (one per batched step).", s.n_decode_total)
-    _line(out, "llamacpp:requests_processing", "gauge", "Requests holding a slot.", slots["busy"])
-    _line(out, "llamacpp:requests_deferred", "gauge", "Requests waiting for a slot.", slots["queued"])
-    _line(out, "hydra_cached_prompt_tokens_total", "counter", "Prompt tokens served from a slot's cache.", s.cached_tokens_total)
-    _line(out, "hydra_requests_total", "counter", "Requests admitted.", s.requests_total)
-    _line(out, "hydra_requests_cancelled_total", "counter", "Requests cancelled by their client.", s.requests_cancelled_total)
-    _line(out, "hydra_requests_failed_total", "counter", "Requests ended by an error of their own (the engine went on).",
-          s.requests_failed_total)
-    _line(out, "hydra_slots_busy", "gauge", "Busy slots.", slots["busy"])
-    _line(out, "hydra_slots_total", "gauge", "Slots of the loaded generation.", slots["total"])
-    _line(out, "hydra_model_loads_total", "counter", "Completed model loads.", s.model_loads_total)
-    _line(out, "hydra_model_load_seconds", "gauge", "Duration of the last model load.", round(s.model_load_seconds, 4))
-    _line(out, "hydra_context_rebuilds_total", "counter", "T2 context rebuilds.", s.context_rebuilds_total)
-    out.append("# HELP hydra_stage Current lifecycle stage (1 for the current one).")
-    out.append("# TYPE hydra_stage gauge")
-    for st in STAGES:
-        out.append(f'hydra_stage{{engine="{engine_name}",stage="{st}"}} {1 if snap.stage == st else 0}')
-    return "\n".join(out) + "\n"
+    return generate_latest(registry(core, engine_name)).decode()

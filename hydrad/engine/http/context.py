@@ -1,0 +1,80 @@
+"""What every engine HTTP handler needs, kept on ``app.state.ctx``: the settings, the control
+layer (and through it the core), and the checks several handlers share (the control gate, body
+reading, "is this model served here").
+
+Handlers are module-level functions that take only the request and find this through
+``ctx_of(request)``, so a test can import one and call it on an app of its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.requests import Request
+
+from hydrad.common import jsonbody
+from hydrad.common.serving import BodyTooLarge, read_body
+from hydrad.engine.control import EngineControl
+from hydrad.engine.core import EngineCore
+from hydrad.engine.settings import EngineSettings
+from hydrad.wire import openai
+from hydrad.wire.openai import ApiError
+
+
+@dataclass
+class HttpContext:
+    settings: EngineSettings
+    control: EngineControl
+
+    @property
+    def core(self) -> EngineCore:
+        return self.control.core
+
+    def guard_control(self, request: Request) -> bool:
+        """The one gate of /control/* and /slots/*/state*: the peer address must be inside
+        ``control_allow_from`` and, when the engine has a token, the request must carry it as
+        ``Authorization: Bearer <token>`` (the merged port asks the same of its HELLO). Returns whether
+        the caller proved the token, which is what makes a restored state trusted."""
+        settings = self.settings
+        host = request.client.host if request.client else None
+        if not settings.allows_control(host):
+            raise ApiError(403, f"{request.url.path} is not allowed from {host} (control_allow_from)", "forbidden")
+        if settings.rpc.token is None:
+            return False
+        scheme, _, presented = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not settings.token_ok(presented.strip()):
+            raise ApiError(401, f"{request.url.path} needs 'Authorization: Bearer <token>' with this engine's token",
+                           "unauthorized", headers={"WWW-Authenticate": 'Bearer realm="hydra"'})
+        return True
+
+    def check_serving(self, req: openai._Common) -> str:
+        core = self.core
+        if not core.admitting:
+            raise ApiError(503, "engine is shutting down", "shutting_down", headers={"Retry-After": "5"})
+        gen = core.gen
+        load = core.current_load
+        if gen is None and load is None:
+            raise ApiError(503, "no model is loaded; configure one with POST /control/configure", "no_model")
+        if not self.control.serves(req.model):
+            serving = gen.resolved.id if gen is not None else (load.model if load else None)
+            raise ApiError(404, f"model '{req.model}' is not served by this engine (it serves '{serving}')",
+                           "model_not_found", "model")
+        # with no generation yet, the request waits in the engine's queue for the loading model
+        return gen.resolved.id if gen is not None else load.model  # type: ignore[union-attr]
+
+    async def body_of(self, request: Request) -> bytes:
+        try:
+            return await read_body(request, self.settings.http.max_body_bytes)
+        except BodyTooLarge as exc:
+            raise ApiError(413, str(exc), "request_too_large") from None
+
+    async def json_object(self, request: Request, what: str) -> dict[str, Any]:
+        try:
+            return jsonbody.loads_object(await self.body_of(request), what)
+        except jsonbody.BodyError as exc:
+            raise ApiError(400, str(exc), exc.code, exc.param) from None
+
+
+def ctx_of(request: Request) -> HttpContext:
+    return request.app.state.ctx  # type: ignore[no-any-return]

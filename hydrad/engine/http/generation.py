@@ -1,0 +1,133 @@
+"""The OpenAI generation endpoints (``/v1/chat/completions``, ``/v1/completions``): parse, admit,
+then answer whole or as server-sent events, cancelling the request when its client goes away."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, AsyncIterator
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from hydrad.common.logs import log_event
+from hydrad.common.serving import until_disconnected
+from hydrad.engine.core import EngineCore, PromptTooLong
+from hydrad.engine.http.context import ctx_of
+from hydrad.engine.requests import Done, Failed, RequestHandle, Token
+from hydrad.wire import openai
+from hydrad.wire.openai import ApiError
+
+log = logging.getLogger("hydrad.http")
+
+
+async def chat(request: Request) -> Response:
+    return await generate(request, "chat")
+
+
+async def completions(request: Request) -> Response:
+    return await generate(request, "completion")
+
+
+async def generate(request: Request, kind: str) -> Response:
+    ctx = ctx_of(request)
+    core = ctx.core
+    t_arrival = time.monotonic()
+    req, greq = openai.parse(kind, await ctx.body_of(request))
+    model_id = ctx.check_serving(req)
+    try:
+        await core.prepare(greq)
+    except PromptTooLong as exc:
+        raise ApiError(400, str(exc), "context_length_exceeded", "messages" if kind == "chat" else "prompt") from None
+    handle = core.submit(greq)
+    rid = openai.new_id(kind)
+    try:
+        first = await handle.queue.get()
+    except asyncio.CancelledError:
+        core.cancel(handle)
+        raise
+    t_first_event = time.monotonic()
+    # where the time to first token went, server side: parsing and queueing, prefill, hand-over to the loop
+    lag = {"server_ttft_ms": round((t_first_event - t_arrival) * 1000, 3),
+           "first_token_handoff_ms": round((t_first_event - handle.t_first_token) * 1000, 3)
+           if handle.t_first_token else None}
+    if isinstance(first, Failed):
+        handle.finished = True
+        raise ApiError(first.status, first.message, first.code,
+                       headers={"Retry-After": "1"} if first.status == 503 else None)
+    if handle.generation is not None:  # the generation that took the request, not the one asked at arrival
+        model_id = handle.generation.model
+    if req.stream:
+        return StreamingResponse(_stream(core, kind, rid, model_id, req, handle, first, lag),
+                                 media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    parts: list[str] = []
+    ev: Any = first
+    gone = asyncio.ensure_future(until_disconnected(request))
+    try:
+        while True:
+            if isinstance(ev, Token):
+                parts.append(ev.text)
+            elif isinstance(ev, Done):
+                handle.finished = True
+                return JSONResponse(openai.full_response(
+                    kind, rid, model_id, "".join(parts), ev.finish_reason, ev.usage.openai(),
+                    ev.generation.fingerprint, {**timings(ev), **lag}),
+                    headers={"X-Hydra-Generation": ev.generation.fingerprint})
+            elif isinstance(ev, Failed):
+                handle.finished = True
+                raise ApiError(ev.status, ev.message, ev.code)
+            if handle.queue.empty():
+                nxt = asyncio.ensure_future(handle.queue.get())
+                await asyncio.wait((nxt, gone), return_when=asyncio.FIRST_COMPLETED)
+                if not nxt.done():  # the client went away: stop generating for nobody
+                    nxt.cancel()
+                    log_event(log, logging.INFO, "client disconnected; request cancelled", req=handle.id)
+                    return Response(status_code=499)
+                ev = nxt.result()
+            else:
+                ev = handle.queue.get_nowait()
+    finally:
+        gone.cancel()
+        core.cancel(handle) if not handle.finished else None
+
+
+async def _stream(core: EngineCore, kind: str, rid: str, model_id: str, req: openai._Common, handle: RequestHandle,
+                  first: Any, lag: dict[str, Any]) -> AsyncIterator[bytes]:
+    created = int(time.time())
+    fp = handle.generation.fingerprint if handle.generation else ""
+    try:
+        if kind == "chat":
+            yield openai.chunk(kind, rid, model_id, created, "", None, fp, first=True)
+        ev = first
+        while True:
+            if isinstance(ev, Token):
+                yield openai.chunk(kind, rid, model_id, created, ev.text, None, fp)
+            elif isinstance(ev, Done):
+                handle.finished = True
+                fp = ev.generation.fingerprint
+                yield openai.chunk(kind, rid, model_id, created, None, ev.finish_reason, fp,
+                                   timings={**timings(ev), **lag})
+                if req.include_usage():
+                    yield openai.usage_chunk(kind, rid, model_id, created, ev.usage.openai(), fp)
+                yield openai.DONE
+                return
+            elif isinstance(ev, Failed):
+                handle.finished = True
+                yield openai.sse(ApiError(ev.status, ev.message, ev.code).body())
+                yield openai.DONE
+                return
+            ev = await handle.queue.get()
+    finally:
+        if not handle.finished:
+            core.cancel(handle)
+
+
+def timings(ev: Done) -> dict[str, Any]:
+    """llama-server's ``timings`` object for a finished request."""
+    u = ev.usage
+    evaluated = u.prompt_tokens - u.cached_tokens
+    return {"prompt_n": evaluated, "prompt_ms": u.prompt_ms, "queue_ms": u.queue_ms, "predicted_n": u.completion_tokens,
+            "predicted_ms": u.predicted_ms, "cache_n": u.cached_tokens,
+            "predicted_per_second": round(u.completion_tokens / (u.predicted_ms / 1000), 2) if u.predicted_ms else None}
