@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -16,6 +15,7 @@ from textual.pilot import Pilot
 
 from tests.support.coordinator import Coordinator
 from tests.support.engine import REPO, Engine
+from tests.support.wait import eventually_async
 from tui.app import HydraConsole
 from tui.feed import CONNECTED, DISCONNECTED
 from tui.widgets import ConfirmSwitch, EngineScreen, EnginesTable, LoadsPanel, ProfilePicker, SwitchProgress
@@ -101,14 +101,9 @@ class Watch:
         return str(table.get_cell(engine, column))
 
     async def until(self, cond: Callable[[], bool], what: str, timeout: float = 120.0) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
-            if cond():
-                return
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{what} not seen within {timeout}s; engines {self.app.pool.engines}\n"
-                                     f"events {list(self.app.event_log.entries)[-40:]}\n{self.c.log()[-3000:]}")
-            await self.pilot.pause(0.02)
+        await eventually_async(cond, timeout, what, sleep=self.pilot.pause, context=lambda: (
+            f"engines {self.app.pool.engines}\nevents {list(self.app.event_log.entries)[-40:]}\n"
+            f"{self.c.log()[-3000:]}"))
 
     def serving(self, wanted: dict[str, str]) -> bool:
         return all(self.cell(n, "stage") == "ready" and self.cell(n, "model") == m for n, m in wanted.items())

@@ -11,6 +11,7 @@ from typing import Callable
 import httpx
 import pytest
 
+from tests.support.cli import field
 from tests.support.engine import REPO, Engine, free_port
 from tests.support.wait import eventually
 
@@ -38,15 +39,6 @@ def idle_engine(start_engine: Callable[..., Engine]) -> Engine:
     e = start_engine()
     wait_listening(e)
     return e
-
-
-def field(block: str, name: str) -> str:
-    """The value of one ``name  value`` line of a hydractl block."""
-    for line in block.splitlines():
-        key, _, value = line.partition(" ")
-        if key == name:
-            return value.strip()
-    raise AssertionError(f"no {name!r} line in:\n{block}")
 
 
 # ----- status ----------------------------------------------------------------------------

@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from hydrad.wire import protocol as P
+from tests.support.cli import field
 from tests.support.engine import GEMMA, REPO, SMOLLM, Engine, free_port, models_dir
 
 pytestmark = pytest.mark.model
@@ -58,14 +59,6 @@ def slot_tokens(engine: Engine) -> dict[int, int]:
     r = engine.http.get("/slots")
     assert r.status_code == 200, r.text
     return {s["id"]: s["n_tokens"] for s in r.json()}
-
-
-def field(block: str, name: str) -> str:
-    for line in block.splitlines():
-        key, _, value = line.partition(" ")
-        if key == name:
-            return value.strip()
-    raise AssertionError(f"no {name!r} line in:\n{block}")
 
 
 def one_line_error(r: subprocess.CompletedProcess[str]) -> str:

@@ -21,7 +21,7 @@ import yaml
 import zmq
 
 from hydrad.common import tokenfile
-from tests.support.engine import REGISTRY, NotifyListener, free_port
+from tests.support.engine import REGISTRY, NotifyListener, free_port, terminate
 from tests.support.wait import eventually
 
 
@@ -175,13 +175,7 @@ class Coordinator:
     def stop(self, timeout: float = 20.0) -> int:
         if self._log.closed:
             return self.proc.returncode
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        terminate(self.proc, timeout)
         self.http.close()
         self.events.close()
         self.notify.close()

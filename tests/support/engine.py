@@ -117,6 +117,17 @@ class NotifyListener:
         self.sock.close()
 
 
+def terminate(proc: subprocess.Popen[bytes], timeout: float) -> None:
+    """SIGTERM, as systemd stops a service; SIGKILL if it is still there after ``timeout``."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
 def address_space_limit(nbytes: int) -> list[str]:
     """A command prefix that runs a process with at most ``nbytes`` of address space (RLIMIT_AS): an
     allocation past it fails inside that process instead of pushing the machine into swap or the
@@ -176,13 +187,7 @@ class Engine:
         return self.http.post("/control/configure" + ("?wait=1" if wait else ""), json=payload)
 
     def stop(self, timeout: float = 30.0) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        terminate(self.proc, timeout)
         self.http.close()
         self.notify.close()
         self._log.close()

@@ -2,11 +2,13 @@
 
 A test that waits polls a probe until it holds, and on timeout fails with a message that names
 what it waited for and the last value the probe returned (or the last exception it was allowed to
-raise), so a red run says what was seen instead of just "timed out"."""
+raise), so a red run says what was seen instead of just "timed out". ``eventually_async`` is the
+same for a test that runs in an event loop (it awaits ``sleep`` between probes)."""
 from __future__ import annotations
 
+import asyncio
 import time
-from typing import Any, Callable, TypeVar
+from typing import Any, Awaitable, Callable, NoReturn, TypeVar
 
 T = TypeVar("T")
 
@@ -16,6 +18,39 @@ _MISSING: Any = object()
 def _show(value: Any, limit: int = 3000) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[:limit] + f"... ({len(text)} chars)"
+
+
+class _Wait:
+    """One wait: probes, remembers the last value seen, and says when it is over."""
+
+    def __init__(self, probe: Callable[[], Any], timeout: float, what: str, until: Callable[[Any], Any] | None,
+                 ignore: tuple[type[BaseException], ...], context: Callable[[], str] | None) -> None:
+        self.probe, self.timeout, self.what, self.until = probe, timeout, what, until
+        self.ignore, self.context = ignore, context
+        self.deadline = time.monotonic() + timeout
+        self.last: Any = _MISSING
+
+    def holds(self) -> bool:
+        """Probe once; False, or AssertionError when this was the last probe the deadline allows."""
+        expired = time.monotonic() >= self.deadline
+        try:
+            self.last = self.probe()
+        except self.ignore as exc:
+            self.last = exc
+        else:
+            if self.until(self.last) if self.until is not None else self.last:
+                return True
+        if expired:
+            self.fail()
+        return False
+
+    def pause(self, interval: float) -> float:
+        return max(0.0, min(interval, self.deadline - time.monotonic()))
+
+    def fail(self) -> NoReturn:
+        seen = "nothing" if self.last is _MISSING else _show(self.last)
+        extra = f"\n{self.context()}" if self.context is not None else ""
+        raise AssertionError(f"timed out after {self.timeout:g}s waiting for {self.what}; last seen: {seen}{extra}")
 
 
 def eventually(probe: Callable[[], T], timeout: float, what: str, *,
@@ -30,21 +65,20 @@ def eventually(probe: Callable[[], T], timeout: float, what: str, *,
     once, so a probe can fail fast when the process it waits on has died. On timeout it raises
     AssertionError naming ``what``, the last value seen and, if given, ``context()`` (a log tail).
     The probe is always called at least once, and once more at the deadline."""
-    deadline = time.monotonic() + timeout
-    last: Any = _MISSING
-    while True:
-        expired = time.monotonic() >= deadline
-        try:
-            value = probe()
-        except ignore as exc:
-            last = exc
-        else:
-            last = value
-            if (until(value) if until is not None else value):
-                return value
-        if expired:
-            break
-        time.sleep(max(0.0, min(interval, deadline - time.monotonic())))
-    seen = "nothing" if last is _MISSING else _show(last)
-    extra = f"\n{context()}" if context is not None else ""
-    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}; last seen: {seen}{extra}")
+    w = _Wait(probe, timeout, what, until, ignore, context)
+    while not w.holds():
+        time.sleep(w.pause(interval))
+    return w.last  # type: ignore[no-any-return]
+
+
+async def eventually_async(probe: Callable[[], T], timeout: float, what: str, *,
+                           until: Callable[[T], Any] | None = None, interval: float = 0.02,
+                           ignore: tuple[type[BaseException], ...] = (),
+                           context: Callable[[], str] | None = None,
+                           sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep) -> T:
+    """:func:`eventually` inside an event loop: awaits ``sleep`` (e.g. a Textual pilot's pause)
+    between probes, so the loop runs what the test waits for."""
+    w = _Wait(probe, timeout, what, until, ignore, context)
+    while not w.holds():
+        await sleep(w.pause(interval))
+    return w.last  # type: ignore[no-any-return]

@@ -24,16 +24,13 @@ from hydrad.common import tokenfile
 from hydrad.wire import messages as M
 from hydrad.coordinator.bus import CoordinatorBus, EngineLost, RequestUnsendable
 from hydrad.coordinator.settings import CoordinatorSettings
+from tests.support.wait import eventually_async
 
 TOKEN = "t0ken-for-the-unit-tests-0123456789"
 
 
 async def _until(cond: Callable[[], bool], what: str, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.005)
+    await eventually_async(cond, timeout, what, interval=0.005)
 
 
 class _Peer:

@@ -4,7 +4,6 @@ ROUTER on loopback) and a DEALER standing in for an engine, no model needed."""
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any, Callable
 
 import zmq
@@ -13,14 +12,11 @@ import zmq.asyncio
 from hydrad.wire import messages as M
 from hydrad.coordinator.bus import CoordinatorBus
 from hydrad.coordinator.settings import CoordinatorSettings
+from tests.support.wait import eventually_async
 
 
 async def _until(cond: Callable[[], bool], what: str, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.005)
+    await eventually_async(cond, timeout, what, interval=0.005)
 
 
 def _done(req: str) -> M.Done:

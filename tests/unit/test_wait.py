@@ -1,9 +1,10 @@
 """The tests' waiting helper: returns the first value that holds, fails naming what and the last value."""
+import asyncio
 import itertools
 
 import pytest
 
-from tests.support.wait import eventually
+from tests.support.wait import eventually, eventually_async
 
 
 def test_returns_the_first_value_that_holds() -> None:
@@ -46,3 +47,17 @@ def test_other_exceptions_end_the_wait_at_once() -> None:
 def test_context_is_appended() -> None:
     with pytest.raises(AssertionError, match="log tail here"):
         eventually(lambda: None, 0.01, "x", context=lambda: "log tail here")
+
+
+def test_the_async_form_lets_the_loop_run() -> None:
+    async def main() -> int:
+        box: list[int] = []
+        asyncio.get_running_loop().call_later(0.02, box.append, 5)
+        return await eventually_async(lambda: box[0] if box else 0, 5, "the callback", interval=0.005)
+
+    assert asyncio.run(main()) == 5
+
+
+def test_the_async_form_times_out_naming_what() -> None:
+    with pytest.raises(AssertionError, match="waiting for nothing to happen; last seen: False"):
+        asyncio.run(eventually_async(lambda: False, 0.03, "nothing to happen", interval=0.01))
