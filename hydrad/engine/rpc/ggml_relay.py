@@ -22,6 +22,8 @@ A peer is refused the way the stock server refuses: its connection is closed (ll
 other side then aborts, as it would against the stock server). What cannot be checked cheaply is
 the meaning of a compute graph (op parameters, shapes an op asserts on): ggml-RPC compute is code
 running on this engine's device, which is why only ``control_allow_from`` may connect at all.
+
+The wire format and the per-command checks are in ``ggml_codec``; this module is the relay loop.
 """
 
 from __future__ import annotations
@@ -37,63 +39,20 @@ from pathlib import Path
 from typing import Any, Callable
 
 from hydrad.common.logs import log_event
+from hydrad.engine.rpc.ggml_codec import (  # noqa: F401 (the wire format; re-exported for the tests)
+    ALLOC_BUFFER, GET_ALIGNMENT, GET_MAX_SIZE, BUFFER_GET_BASE, FREE_BUFFER, BUFFER_CLEAR, SET_TENSOR,
+    SET_TENSOR_HASH, GET_TENSOR, COPY_TENSOR, GRAPH_COMPUTE, GET_DEVICE_MEMORY, INIT_TENSOR, GET_ALLOC_SIZE,
+    HELLO, DEVICE_COUNT, GRAPH_RECOMPUTE, MEMSET_TENSOR, CMD_NAMES, PROTO_MAJOR, GGML_TYPE_COUNT,
+    GGML_OP_COUNT, MAX_SRC, CAPS_SIZE, TENSOR, T, HEAD, SIZE, REQUEST_SIZE, ANSWER_SIZE, SET_TENSOR_HEAD,
+    MAX_GRAPH_ITEMS, MAX_GRAPH_BYTES, BUFFERED, CHUNK, Refused, _recv_exact, TensorCheck,
+)
 from hydrad.engine.settings import EngineSettings
 
 log = logging.getLogger("hydrad.rpc.ggml")
 
-# rpc_cmd of the bundled llama.cpp (ggml-rpc.cpp); protocol 7.x
-ALLOC_BUFFER, GET_ALIGNMENT, GET_MAX_SIZE, BUFFER_GET_BASE, FREE_BUFFER, BUFFER_CLEAR, SET_TENSOR, \
-    SET_TENSOR_HASH, GET_TENSOR, COPY_TENSOR, GRAPH_COMPUTE, GET_DEVICE_MEMORY, INIT_TENSOR, GET_ALLOC_SIZE, \
-    HELLO, DEVICE_COUNT, GRAPH_RECOMPUTE, MEMSET_TENSOR = range(18)
-CMD_NAMES = ["ALLOC_BUFFER", "GET_ALIGNMENT", "GET_MAX_SIZE", "BUFFER_GET_BASE", "FREE_BUFFER", "BUFFER_CLEAR",
-             "SET_TENSOR", "SET_TENSOR_HASH", "GET_TENSOR", "COPY_TENSOR", "GRAPH_COMPUTE", "GET_DEVICE_MEMORY",
-             "INIT_TENSOR", "GET_ALLOC_SIZE", "HELLO", "DEVICE_COUNT", "GRAPH_RECOMPUTE", "MEMSET_TENSOR"]
-PROTO_MAJOR = 7
-GGML_TYPE_COUNT = 43  # ggml.h of the bundled build; the RPC header pins GGML_OP_COUNT for protocol 7.0
-GGML_OP_COUNT = 101
-MAX_SRC = 10
-CAPS_SIZE = 24
-
-# rpc_tensor, packed: id, type, buffer, ne[4], nb[4], op, op_params[16], flags, src[10], view_src, view_offs,
-# data, name[64], use_count
-TENSOR = struct.Struct("<QIQ4I4II16ii10QQQQ64si")
-assert TENSOR.size == 296
-T = TENSOR.size
-HEAD = struct.Struct("<BQ")  # a command: cmd, payload size
-SIZE = struct.Struct("<Q")  # an answer's payload size
-
-# Fixed request sizes (a command with another size is refused, as the server would) and answer sizes.
-REQUEST_SIZE = {ALLOC_BUFFER: 12, GET_ALIGNMENT: 4, GET_MAX_SIZE: 4, BUFFER_GET_BASE: 8, FREE_BUFFER: 8,
-                BUFFER_CLEAR: 9, SET_TENSOR_HASH: T + 16, GET_TENSOR: T + 16, COPY_TENSOR: 2 * T,
-                GET_DEVICE_MEMORY: 4, INIT_TENSOR: T, GET_ALLOC_SIZE: 4 + T * (1 + MAX_SRC), DEVICE_COUNT: 0,
-                GRAPH_RECOMPUTE: 4, MEMSET_TENSOR: T + 17}
-ANSWER_SIZE = {ALLOC_BUFFER: 16, GET_ALIGNMENT: 8, GET_MAX_SIZE: 8, BUFFER_GET_BASE: 8, SET_TENSOR_HASH: 1,
-               COPY_TENSOR: 1, GET_DEVICE_MEMORY: 16, GET_ALLOC_SIZE: 8, DEVICE_COUNT: 4}
-SET_TENSOR_HEAD = T + 9  # rpc_tensor | cache flag u8 | offset u64 | data
-MAX_GRAPH_ITEMS = 1 << 18  # nodes or tensors in one graph: llama.cpp's graphs stay far below
-MAX_GRAPH_BYTES = 8 + 8 * MAX_GRAPH_ITEMS + 4 + T * MAX_GRAPH_ITEMS
-BUFFERED = 64 << 20  # payloads up to this size are read whole before the upstream is taken
-CHUNK = 1 << 20
-
-
-class Refused(Exception):
-    """The peer sent something the relay will not forward; the peer's connection is closed."""
-
 
 class UpstreamLost(Exception):
     """The connection to llama.cpp's server broke; ggml-RPC is unavailable until the engine restarts."""
-
-
-def _recv_exact(sock: socket.socket, n: int, into: bytearray | None = None) -> bytearray:
-    buf = into if into is not None else bytearray(n)
-    view = memoryview(buf)
-    got = 0
-    while got < n:
-        k = sock.recv_into(view[got:n])
-        if k == 0:
-            raise ConnectionError("connection closed")
-        got += k
-    return buf
 
 
 class _Peer:
@@ -107,93 +66,6 @@ class _Peer:
         self.graphs: dict[int, bytes] = {}  # device -> this peer's last GRAPH_COMPUTE payload
         self.graph_serial: dict[int, int] = {}
         self.commands = 0
-
-
-class TensorCheck:
-    """The checks llama.cpp's server makes (or asserts) on an rpc_tensor, done first, against the buffers
-    of the peer that sent it. Sans-IO: bytes and a buffer table in, a reason to refuse (or None) out."""
-
-    def __init__(self, sizes: list[tuple[int, int]]) -> None:
-        self.sizes = sizes  # (block size, type size) per ggml type
-
-    def nbytes(self, typ: int, ne: tuple[int, ...], nb: tuple[int, ...]) -> int:
-        """ggml_nbytes, in exact integers."""
-        if any(n == 0 for n in ne):
-            return 0
-        blck, tsize = self.sizes[typ]
-        if blck == 1:
-            return tsize + sum((ne[i] - 1) * nb[i] for i in range(4))
-        return ne[0] * nb[0] // blck + sum((ne[i] - 1) * nb[i] for i in range(1, 4))
-
-    def tensor(self, raw: bytes | memoryview, off: int, buffers: dict[int, tuple[int, int]],
-               need_buffer: bool) -> tuple[tuple[int, int] | None, int, int]:
-        """Check one rpc_tensor at ``off``; returns (its buffer's (base, size) or None, data, nbytes)."""
-        f = TENSOR.unpack_from(raw, off)
-        typ, buf, ne, nb, op, data = f[1], f[2], f[3:7], f[7:11], f[11], f[41]
-        if typ >= GGML_TYPE_COUNT or self.sizes[typ][0] == 0:
-            raise Refused(f"tensor of unknown type {typ}")
-        if op >= GGML_OP_COUNT:
-            raise Refused(f"tensor with unknown op {op}")
-        if buf == 0:
-            if need_buffer:
-                raise Refused("tensor without a buffer")
-            if data != 0:
-                raise Refused("tensor with data but no buffer")
-            return None, 0, 0
-        region = buffers.get(buf)
-        if region is None:
-            raise Refused(f"tensor in buffer 0x{buf:x}, which this peer did not allocate")
-        base, size = region
-        n = self.nbytes(typ, ne, nb)
-        if data < base or data + n > base + size:
-            raise Refused(f"tensor extent [0x{data:x}, +{n}) is outside its buffer [0x{base:x}, +{size})")
-        return region, data, n
-
-    @staticmethod
-    def region(region: tuple[int, int], data: int, offset: int, size: int) -> None:
-        """The server's own check of a read/write region (which closes the connection when it fails)."""
-        p0, p1 = region[0], region[0] + region[1]
-        if data + offset < p0 or data + offset >= p1 or size > p1 - data - offset:
-            raise Refused(f"region offset {offset} size {size} is outside the tensor's buffer")
-
-    def graph(self, payload: bytes, n_devices: int, buffers: dict[int, tuple[int, int]]) -> int:
-        """Check a GRAPH_COMPUTE payload; returns its device."""
-        if len(payload) < 8:
-            raise Refused("graph shorter than its header")
-        device, n_nodes = struct.unpack_from("<II", payload, 0)
-        if device >= n_devices:
-            raise Refused(f"graph for device {device}; this engine serves {n_devices}")
-        if n_nodes > MAX_GRAPH_ITEMS:
-            raise Refused(f"graph of {n_nodes} nodes")
-        off = 8 + 8 * n_nodes
-        if len(payload) < off + 4:
-            raise Refused("graph shorter than its node list")
-        nodes = struct.unpack_from(f"<{n_nodes}Q", payload, 8)
-        (n_tensors,) = struct.unpack_from("<I", payload, off)
-        off += 4
-        if n_tensors > MAX_GRAPH_ITEMS or len(payload) != off + T * n_tensors:
-            raise Refused("graph size does not match its tensor count")
-        ids: dict[int, int] = {}
-        refs: list[int] = []
-        for i in range(n_tensors):
-            at = off + i * T
-            self.tensor(payload, at, buffers, need_buffer=True)
-            f = TENSOR.unpack_from(payload, at)
-            ids.setdefault(f[0], at)
-            refs.extend(x for x in f[29:40] if x)  # src[10] and view_src
-        seen: set[int] = set()
-        for node in nodes:
-            if node == 0:
-                continue
-            if node not in ids:
-                raise Refused(f"graph node {node} is not among its tensors")
-            if node in seen:
-                raise Refused(f"graph node {node} appears twice")
-            seen.add(node)
-        for ref in refs:
-            if ref not in ids:
-                raise Refused(f"graph source {ref} is not among its tensors")
-        return device
 
 
 class GgmlRelay:
