@@ -30,7 +30,7 @@ import logging
 import re
 import time
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -38,9 +38,10 @@ from starlette.routing import Route
 
 from hydrad.wire import messages as M
 from hydrad.coordinator.affinity import Affinity, prefix_of
-from hydrad.coordinator.bus import (
-    CoordinatorBus, EngineLost, EngineRecord, EngineUnreachable, RequestStream, RequestUnsendable,
-)
+from hydrad.coordinator.bus import CoordinatorBus
+from hydrad.coordinator.records import EngineLost, EngineRecord, EngineUnreachable, RequestUnsendable
+from hydrad.coordinator.metrics import CONTENT_TYPE, CoordinatorMetrics
+from hydrad.coordinator.replies import Lost, Turn, collect, disconnected, relay
 from hydrad.coordinator.routing import (
     Decision, EngineView, ModelSpec, RouteRequest, route,
 )
@@ -64,22 +65,11 @@ MAX_SESSION_ID = 256
 _SESSION_RE = re.compile(r"^[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?$")
 
 
-class _Lost(Exception):
-    """A non-streaming request's engine failed part-way; nothing reached the client yet."""
-
-
 def _estimate_tokens(gen: GenRequest) -> int:
     """The coordinator has no tokenizer: about 4 characters per token, plus a few per chat message."""
     if gen.messages is not None:
         return sum(len(m.get("content") or "") for m in gen.messages) // 4 + 4 * len(gen.messages)
     return len(gen.prompt or "") // 4 + 1
-
-
-def _timings(usage: M.UsageInfo) -> dict[str, Any]:
-    return {"prompt_n": usage.prompt_tokens - usage.cached_tokens, "prompt_ms": usage.prompt_ms,
-            "predicted_n": usage.completion_tokens, "predicted_ms": usage.predicted_ms, "cache_n": usage.cached_tokens,
-            "predicted_per_second": round(usage.completion_tokens / (usage.predicted_ms / 1000), 2)
-            if usage.predicted_ms else None}
 
 
 class FrontDoor:
@@ -96,6 +86,7 @@ class FrontDoor:
         self._stages: dict[str, tuple[bool, str]] = {}
         self._processes: dict[str, str] = {}
         self._changed = asyncio.Event()
+        self.metrics = CoordinatorMetrics(bus)
         bus.listeners.append(self._on_engine)
 
     # ----- pool view -------------------------------------------------------------------
@@ -203,6 +194,7 @@ class FrontDoor:
         return decision
 
     def _announce(self, rr: RouteRequest, decision: Decision, rid: str, attempt: int) -> None:
+        self.metrics.decisions.labels(decision.step).inc()
         scores = ",".join(f"{c.engine}={c.cost_s:.3f}" for c in decision.candidates) or "-"
         log_event(log, logging.INFO, "route", req=rid, attempt=attempt, engine=decision.engine or "-",
                   model=decision.model or "-", step=decision.step, scores=scores, session=rr.session_id or "-",
@@ -259,16 +251,30 @@ class FrontDoor:
     async def generate(self, request: Request, kind: str) -> Response:
         if not self.admitting:
             raise ApiError(503, "the coordinator is shutting down", "shutting_down", headers={"Retry-After": "5"})
-        req, greq = openai.parse(kind, await request.body())  # type: ignore[arg-type]
-        greq.slot = None  # a slot number means nothing across engines
-        session = self._session(req, request)
-        model = self._model(req.model)
+        outcome = _Outcome(time.monotonic())
+        try:
+            req, greq = openai.parse(kind, await request.body())  # type: ignore[arg-type]
+            greq.slot = None  # a slot number means nothing across engines
+            session = self._session(req, request)
+            outcome.model = self._model(req.model)
+            response = await self._watched(request, kind, req, greq, session, outcome)
+        except ApiError as exc:
+            self.metrics.request(outcome.model, outcome.engine, exc.status)
+            raise
+        except Exception:
+            self.metrics.request(outcome.model, outcome.engine, 500)
+            raise
+        self.metrics.request(outcome.model, outcome.engine, response.status_code)
+        return response
+
+    async def _watched(self, request: Request, kind: str, req: Any, greq: GenRequest, session: str | None,
+                       outcome: "_Outcome") -> Response:
         rid = openai.new_id(kind)
         # From here on the request waits on engines: watch the client meanwhile, and cancel the
         # request on its engine the moment the client goes (a non-streaming request has no
         # send that would fail; without this it would generate to max_tokens for nobody).
-        work = asyncio.ensure_future(self._generate(kind, req, greq, session, model, rid))
-        gone = asyncio.ensure_future(_disconnected(request))
+        work = asyncio.ensure_future(self._generate(kind, req, greq, session, outcome, rid))
+        gone = asyncio.ensure_future(disconnected(request))
         try:
             await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
         except BaseException:
@@ -284,9 +290,9 @@ class FrontDoor:
         log_event(log, logging.INFO, "client went away; request cancelled", req=rid)
         return Response(status_code=499)  # nobody reads it; uvicorn drops it
 
-    async def _generate(self, kind: str, req: Any, greq: GenRequest, session: str | None, model: str | None,
+    async def _generate(self, kind: str, req: Any, greq: GenRequest, session: str | None, outcome: "_Outcome",
                         rid: str) -> Response:
-        rr = self.route_request(greq, model, session)
+        rr = self.route_request(greq, outcome.model, session)
         exclude: set[str] = set()
         failures: list[str] = []
         for attempt in (1, 2):
@@ -301,6 +307,7 @@ class FrontDoor:
             try:
                 await self._ensure(engine, served)
                 stream = self.bus.generate(engine, msg)
+                t_sent = time.monotonic()
             except RequestUnsendable as exc:  # the request's fault: the same on every engine
                 if exc.too_large:
                     raise ApiError(413, f"the request is too large to send to an engine ({exc})",
@@ -324,19 +331,25 @@ class FrontDoor:
                           else "request failed again", req=rid, engine=engine, error=retry)
                 continue
             assert first is not None
+            outcome.engine = engine
+            labels = (engine, served or "")
+            self.metrics.queue.labels(*labels).observe(t_sent - outcome.t0)
+            self.metrics.ttft.labels(*labels).observe(time.monotonic() - outcome.t0)
             if isinstance(first, M.Error):  # the request's own fault: the same answer anywhere
                 raise ApiError(first.status, first.message, first.code)
             headers = {"X-Hydra-Engine": engine, "X-Hydra-Route": decision.step}
             if session:
                 headers["X-Session-Id"] = session
-            turn = _Turn(kind=kind, rid=rid, model=served or "", engine=engine, session=session,
+            turn = Turn(kind=kind, rid=rid, model=served or "", engine=engine, session=session,
                          messages=greq.messages, include_usage=req.include_usage())
             if req.stream:
                 headers.update({"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-                return StreamingResponse(self._stream(turn, stream, first), media_type="text/event-stream", headers=headers)
+                events = relay(self.bus, self.settings.token_timeout_s, turn, stream, first,
+                               lambda: self._fingerprint(engine), self._record)
+                return StreamingResponse(events, media_type="text/event-stream", headers=headers)
             try:
-                return await self._collect(turn, stream, first, headers)
-            except _Lost as exc:  # engine_failed part-way: the engine's fault, and nothing was sent
+                return await collect(self.bus, self.settings.token_timeout_s, turn, stream, first, headers, self._record)
+            except Lost as exc:  # engine_failed part-way: the engine's fault, and nothing was sent
                 failures.append(str(exc))
                 exclude.add(engine)
                 log_event(log, logging.WARNING, "request failed part-way; retrying elsewhere" if attempt == 1
@@ -386,84 +399,7 @@ class FrontDoor:
         rec = self.bus.engines.get(engine)
         return (rec.status.generation or "") if rec else ""
 
-    async def _collect(self, turn: "_Turn", stream: RequestStream, first: Any, headers: dict[str, str]) -> Response:
-        texts: list[str] = []
-        ev = first
-        try:
-            while True:
-                if isinstance(ev, M.Tokens):
-                    texts.extend(ev.texts)
-                elif isinstance(ev, M.Done):
-                    text = "".join(texts)
-                    self._record(turn, text)
-                    body = openai.full_response(turn.kind, turn.rid, turn.model, text, ev.finish_reason, ev.usage.openai(),
-                                                ev.fingerprint, _timings(ev.usage))
-                    return JSONResponse(body, headers={**headers, "X-Hydra-Generation": ev.fingerprint})
-                elif isinstance(ev, EngineLost):
-                    # Lost after it started generating: the request itself may be what killed it,
-                    # so it is not tried on a second engine.
-                    raise ApiError(502, f"engine {turn.engine} failed during the request ({ev.reason})",
-                                   "engine_failed")
-                elif isinstance(ev, M.Error):
-                    if ev.engine_failed:
-                        raise _Lost(f"engine {turn.engine} failed during the request: {ev.message}")
-                    raise ApiError(ev.status, ev.message, ev.code)
-                ev = await stream.next(self.settings.token_timeout_s)
-                if ev is None:
-                    raise ApiError(504, f"engine {turn.engine} sent nothing for {self.settings.token_timeout_s:g} s",
-                                   "timeout")
-        finally:
-            if not stream.finished:
-                self.bus.cancel(stream)
-
-    async def _stream(self, turn: "_Turn", stream: RequestStream, first: Any) -> AsyncIterator[bytes]:
-        created = int(time.time())
-        fp = self._fingerprint(turn.engine)
-        k, rid, model = turn.kind, turn.rid, turn.model
-        texts: list[str] = []
-        try:
-            if k == "chat":
-                yield openai.chunk(k, rid, model, created, "", None, fp, first=True)
-            ev = first
-            while True:
-                if isinstance(ev, M.Tokens):
-                    text = "".join(ev.texts)
-                    texts.append(text)
-                    yield openai.chunk(k, rid, model, created, text, None, fp)
-                elif isinstance(ev, M.Done):
-                    fp = ev.fingerprint or fp
-                    yield openai.chunk(k, rid, model, created, None, ev.finish_reason, fp)
-                    if turn.include_usage:
-                        yield openai.usage_chunk(k, rid, model, created, ev.usage.openai(), fp)
-                    yield openai.DONE
-                    self._record(turn, "".join(texts))
-                    return
-                elif isinstance(ev, M.Error):
-                    yield openai.sse(ApiError(ev.status, ev.message, ev.code).body())
-                    yield openai.DONE
-                    return
-                elif isinstance(ev, EngineLost):
-                    log_event(log, logging.WARNING, "engine failed mid-stream", req=rid, engine=turn.engine, error=ev.reason)
-                    yield openai.sse(ApiError(502, f"engine {turn.engine} failed mid-stream: {ev.reason}",
-                                              "engine_failed").body())
-                    yield openai.DONE
-                    return
-                ev = await stream.next(self.settings.token_timeout_s)
-                if ev is None:
-                    log_event(log, logging.WARNING, "engine went silent mid-stream", req=rid, engine=turn.engine)
-                    yield openai.sse(ApiError(504, f"engine {turn.engine} sent nothing for "
-                                                   f"{self.settings.token_timeout_s:g} s", "timeout").body())
-                    yield openai.DONE
-                    return
-        except Exception as exc:  # headers are out: a bug here must still end the stream properly
-            log_event(log, logging.ERROR, "stream failed", req=rid, error=repr(exc), exc_info=True)
-            yield openai.sse(ApiError(500, "internal error (see the coordinator log)", "internal_error").body())
-            yield openai.DONE
-        finally:
-            if not stream.finished:
-                self.bus.cancel(stream)
-
-    def _record(self, turn: "_Turn", reply: str) -> None:
+    def _record(self, turn: Turn, reply: str) -> None:
         self.affinity.record(turn.engine, turn.session, turn.messages, reply)
 
     async def models(self, _: Request) -> Response:
@@ -486,6 +422,9 @@ class FrontDoor:
                 "inflight": self.bus.inflight_total()}
         return JSONResponse(body, status_code=200 if body["status"] == "ok" else 503)
 
+    async def prom(self, _: Request) -> Response:
+        return Response(self.metrics.render(), media_type=CONTENT_TYPE)
+
     async def chat(self, request: Request) -> Response:
         return await self.generate(request, "chat")
 
@@ -494,21 +433,12 @@ class FrontDoor:
 
     def routes(self) -> list[Route]:
         return [
-            Route("/health", self.health), Route("/v1/models", self.models), Route("/models", self.models),
+            Route("/health", self.health), Route("/metrics", self.prom), Route("/v1/models", self.models), Route("/models", self.models),
             Route("/v1/chat/completions", self.chat, methods=["POST"]),
             Route("/chat/completions", self.chat, methods=["POST"]),
             Route("/v1/completions", self.completions, methods=["POST"]),
             Route("/completions", self.completions, methods=["POST"]),
         ]
-
-
-async def _disconnected(request: Request) -> None:
-    """Returns when the client has gone away (its body was read already, so the next message of
-    the ASGI ``receive`` channel is ``http.disconnect``)."""
-    while True:
-        message = await request.receive()
-        if message.get("type") == "http.disconnect":
-            return
 
 
 def _generate_message(req: str, greq: GenRequest, model: str | None) -> M.Generate:
@@ -520,15 +450,15 @@ def _generate_message(req: str, greq: GenRequest, model: str | None) -> M.Genera
                        "invalid_request") from None
 
 
-class _Turn:
-    """What a finished turn needs for its response and for affinity."""
+class _Outcome:
+    """What the metrics need to know of a request once it is answered."""
 
-    __slots__ = ("kind", "rid", "model", "engine", "session", "messages", "include_usage")
+    __slots__ = ("t0", "model", "engine")
 
-    def __init__(self, *, kind: str, rid: str, model: str, engine: str, session: str | None,
-                 messages: list[dict[str, str]] | None, include_usage: bool) -> None:
-        self.kind, self.rid, self.model, self.engine = kind, rid, model, engine
-        self.session, self.messages, self.include_usage = session, messages, include_usage
+    def __init__(self, t0: float) -> None:
+        self.t0 = t0
+        self.model: str | None = None
+        self.engine: str | None = None
 
 
 def exception_handlers() -> dict[Any, Any]:

@@ -33,7 +33,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hydrad.coordinator.bus import CoordinatorBus, EngineRecord, EngineUnreachable
+from hydrad.coordinator.bus import CoordinatorBus
+from hydrad.coordinator.records import EngineRecord, EngineUnreachable
 from hydrad.coordinator.profiles import PENDING_ENGINE_FIELDS, ProfileSet, diff_profiles, resolve
 from hydrad.coordinator.state import StateFile
 from hydrad.common.logs import log_event

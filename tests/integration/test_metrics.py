@@ -1,0 +1,85 @@
+"""``/metrics`` of both daemons, read as Prometheus reads it (``prometheus_client.parser``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.support.coordinator import Coordinator
+from tests.support.engine import REPO, Engine
+
+pytestmark = pytest.mark.model
+
+DEV_PROFILES = REPO / "etc" / "hydra" / "dev" / "profiles.yaml"
+DEV = {"dev-a": "smollm2-135m", "dev-b": "gemma3-270m"}
+
+
+def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """(sample name, sorted labels) → value, for every sample of an exposition."""
+    out: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def families(text: str) -> dict[str, str]:
+    return {f.name: f.type for f in text_string_to_metric_families(text)}
+
+
+def test_engine_metrics_parse_with_llama_server_names(smollm_engine: Engine) -> None:
+    r = smollm_engine.http.post("/v1/completions", json={"model": "smollm2-135m", "prompt": "Hi", "max_tokens": 3})
+    assert r.status_code == 200
+    resp = smollm_engine.http.get("/metrics")
+    assert resp.headers["content-type"].startswith("text/plain; version=0.0.4")
+    got = samples(resp.text)
+    assert families(resp.text)["llamacpp:prompt_tokens"] == "counter"
+    assert got[("llamacpp:tokens_predicted_total", ())] >= 3
+    assert got[("llamacpp:n_decode_total", ())] >= 1
+    assert got[("hydra_requests_total", ())] >= 1
+    assert ("llamacpp:requests_processing", ()) in got and ("llamacpp:requests_deferred", ()) in got
+    assert got[("hydra_stage", (("engine", "test"), ("stage", "ready")))] == 1
+    assert got[("hydra_stage", (("engine", "test"), ("stage", "idle")))] == 0
+
+
+def test_coordinator_metrics(tmp_path: Path, smollm_path: Path, gemma_path: Path,
+                             start_engine: Callable[..., Engine]) -> None:
+    c = Coordinator(tmp_path, profiles=DEV_PROFILES, heartbeat_interval_s=0.5)
+    try:
+        c.wait_ready()
+        for name in DEV:
+            start_engine(name=name, defaults={"n_ctx": 2048, "n_parallel": 2, "n_threads": 1},
+                         extra={"bus": c.engine_bus(heartbeat_interval_s=0.5)})
+        c.wait_serving(DEV)
+        body: dict[str, Any] = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "temperature": 0}
+        assert c.http.post("/v1/chat/completions", json={**body, "model": "smollm2-135m"}).status_code == 200
+        assert c.http.post("/v1/chat/completions", json={**body, "model": "gemma3-270m", "stream": True}).status_code == 200
+        assert c.http.post("/v1/chat/completions", json={**body, "model": "no-such-model"}).status_code == 404
+
+        resp = c.http.get("/metrics")
+        assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/plain; version=0.0.4")
+        got = samples(resp.text)
+        kinds = families(resp.text)
+        assert kinds["hydra_coordinator_requests"] == "counter"
+        assert kinds["hydra_coordinator_ttft_seconds"] == kinds["hydra_coordinator_queue_seconds"] == "histogram"
+        req = "hydra_coordinator_requests_total"
+        assert got[(req, (("engine", "dev-a"), ("model", "smollm2-135m"), ("status", "200")))] == 1
+        assert got[(req, (("engine", "dev-b"), ("model", "gemma3-270m"), ("status", "200")))] == 1
+        assert got[(req, (("engine", ""), ("model", ""), ("status", "404")))] == 1
+        for hist in ("hydra_coordinator_ttft_seconds", "hydra_coordinator_queue_seconds"):
+            for engine, model in (("dev-a", "smollm2-135m"), ("dev-b", "gemma3-270m")):
+                labels = (("engine", engine), ("model", model))
+                assert got[(hist + "_count", labels)] == 1
+                assert got[(hist + "_sum", labels)] > 0
+        ttft = got[("hydra_coordinator_ttft_seconds_sum", (("engine", "dev-a"), ("model", "smollm2-135m")))]
+        queue = got[("hydra_coordinator_queue_seconds_sum", (("engine", "dev-a"), ("model", "smollm2-135m")))]
+        assert queue <= ttft
+        assert got[("hydra_coordinator_route_decisions_total", (("step", "cost"),))] >= 2
+        assert got[("hydra_coordinator_engines_alive", ())] == 2
+        assert got[("hydra_coordinator_engines_registered", ())] == 2
+        assert not any(name.endswith("_created") for name, _ in got)
+    finally:
+        c.stop()
