@@ -210,12 +210,12 @@ def format_route(d: dict[str, Any]) -> str:
     candidates = d.get("candidates") or []
     lines.append(f"candidates ({len(candidates)}, cheapest first):")
     if candidates:
-        table: list[tuple[str, ...]] = [("engine", "cost s", "wait s", "load s", "prefill s", "warm")]
+        cost_rows: list[tuple[str, ...]] = [("engine", "cost s", "wait s", "load s", "prefill s", "warm")]
         for c in candidates:
-            table.append((str(c.get("engine")), *(f"{float(c.get(k) or 0.0):.4f}"
+            cost_rows.append((str(c.get("engine")), *(f"{float(c.get(k) or 0.0):.4f}"
                                                   for k in ("cost_s", "wait_s", "load_s", "prefill_s")),
                           yes(c.get("warm"))))
-        lines += ["  " + line for line in table(table)]
+        lines += ["  " + line for line in table(cost_rows)]
     rejected = d.get("rejected") or {}
     lines.append(f"rejected ({len(rejected)}):")
     width = max((len(n) for n in rejected), default=0)
