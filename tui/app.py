@@ -176,13 +176,15 @@ class HydraConsole(ProfileSwitching, App[None]):
     def __init__(self, *, admin_url: str = DEFAULT_ADMIN, events: str | None = DEFAULT_EVENTS,
                  admin: Admin | None = None, refresh_s: float = 2.0, curve_server_key: str | None = None,
                  clock: Callable[[], float] = time.monotonic, refresh_on_events: bool = True,
-                 engine_api: EngineApi | None = None) -> None:
+                 engine_api: EngineApi | None = None, toast_s: float = 4.0) -> None:
         """``events=None`` runs without a SUB reader (unit tests post :class:`PoolEvents` themselves);
         ``clock`` drives heartbeat ages (a fixed one makes snapshots reproducible);
         ``refresh_on_events`` fetches the admin API soon after events that change its figures
         (a route changes slots, an engine coming up brings its GPU and slots) and after a switch
         is accepted; ``engine_api`` reads an engine's own ``/control/config`` and ``/slots`` for
-        its screen (a fake in unit tests)."""
+        its screen (a fake in unit tests); ``toast_s`` is how long a notification stays (an error's
+        twice as long; snapshot tests pin it long, so a slow machine cannot let one expire before
+        the screenshot)."""
         super().__init__()
         self.admin_url = admin_url
         self.events_endpoint = events
@@ -192,6 +194,7 @@ class HydraConsole(ProfileSwitching, App[None]):
         self.refresh_s = refresh_s
         self.curve_server_key = curve_server_key
         self.refresh_on_events = refresh_on_events
+        self.toast_s = toast_s
         self.pool = PoolModel(clock=clock)
         self.notices: list[tuple[str, str]] = []  # (severity, text) of every notification, newest last
         self.snapshots = 0  # admin snapshots applied
@@ -429,7 +432,8 @@ class HydraConsole(ProfileSwitching, App[None]):
 
     def _notice(self, text: str, severity: str) -> None:
         self.notices.append((severity, text))
-        self.notify(text, severity=severity, timeout=8 if severity == "error" else 4)  # type: ignore[arg-type]
+        self.notify(text, severity=severity,  # type: ignore[arg-type]
+                    timeout=self.toast_s * (2 if severity == "error" else 1))
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:

@@ -96,7 +96,7 @@ def make_app(stream: dict[str, Any] | None = None, **kw: Any) -> tuple[HydraCons
     stream = stream if stream is not None else load_stream()
     clock = ReplayClock()
     opts: dict[str, Any] = {"refresh_s": 600, "refresh_on_events": False, "admin_url": "http://10.0.0.5:9000",
-                            **kw}
+                            "toast_s": 3600, **kw}  # a toast must not expire before a snapshot on a slow machine
     app = HydraConsole(admin=ReplayAdmin(stream, clock), engine_api=ReplayEngineApi(stream), events=None,
                        clock=clock, **opts)
     return app, clock
