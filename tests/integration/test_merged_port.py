@@ -292,8 +292,9 @@ def test_state_get_of_a_busy_slot_is_a_conflict(smollm_engine: Engine) -> None:
 
     t = threading.Thread(target=long_request)
     t.start()
-    eventually(lambda: e.http.get("/slots").json()[0], 30, "slot 0 to be processing",
-               until=lambda slot: slot["is_processing"], interval=0.01)
+    deadline = time.monotonic() + 30
+    while not e.http.get("/slots").json()[0]["is_processing"] and time.monotonic() < deadline:
+        time.sleep(0.01)
     with RpcClient(rpc_addr(e)) as c, pytest.raises(RpcError) as busy:
         c.state_get(0)
     assert busy.value.status == P.Status.CONFLICT
