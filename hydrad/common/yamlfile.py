@@ -5,9 +5,14 @@ naming the file."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
+from pydantic import BaseModel, ValidationError
+
+from hydrad.common.params import validation_message
+
+M = TypeVar("M", bound=BaseModel)
 
 
 def read_mapping(path: str | Path, shape: str = "a mapping of settings") -> dict[str, Any]:
@@ -31,3 +36,13 @@ def read_mapping(path: str | Path, shape: str = "a mapping of settings") -> dict
     if odd:
         raise ValueError(f"{p}: names must be strings, got {', '.join(odd)} (quote keys like 'on' or 'yes')")
     return raw
+
+
+def read_settings(path: str | Path, model: type[M]) -> tuple[M, dict[str, Any]]:
+    """A daemon's settings file validated as ``model``, and its raw mapping; ValueError naming the
+    file and every bad field (both daemons load their configs through this)."""
+    raw = read_mapping(path)
+    try:
+        return model(**raw), raw
+    except ValidationError as exc:
+        raise ValueError(validation_message(exc, str(path))[0]) from None

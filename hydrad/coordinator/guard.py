@@ -26,7 +26,7 @@ import time
 from typing import Any, Awaitable, Callable
 
 from hydrad.common import tokenfile
-from hydrad.coordinator.settings import address_allowed
+from hydrad.common.netaccess import address_allowed
 from hydrad.wire.openai import ApiError
 
 Scope = dict[str, Any]

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from hydrad.common.yamlfile import read_mapping
-from hydrad.common.params import validation_message
+from hydrad.common.netaccess import address_allowed
+from hydrad.common.yamlfile import read_settings
 
 
 class HttpSettings(BaseModel):
@@ -86,18 +86,6 @@ class CoordinatorSettings(BaseModel):
         return address_allowed(host, self.admin_allow_from)
 
 
-def address_allowed(host: str | None, networks: list[str]) -> bool:
-    if host is None:
-        return False
-    try:
-        addr = ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
-        addr = addr.ipv4_mapped  # IPv4 clients of a dual-stack listener arrive as ::ffff:a.b.c.d
-    return any(addr in ipaddress.ip_network(n, strict=False) for n in networks)
-
-
 def bus_is_loopback(endpoint: str) -> bool:
     """Whether a ROUTER endpoint is reachable from this host only (tcp on a loopback address, ipc, inproc)."""
     scheme, _, rest = endpoint.partition("://")
@@ -127,13 +115,9 @@ def load_config(path: str | Path | None) -> LoadedConfig:
         return LoadedConfig(CoordinatorSettings(), None)
     p = Path(path)
     try:
-        raw = read_mapping(p)
+        settings, _ = read_settings(p, CoordinatorSettings)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    try:
-        settings = CoordinatorSettings(**raw)
-    except ValidationError as exc:
-        raise ConfigError(validation_message(exc, str(p))[0]) from None
     base = p.resolve().parent
     updates: dict[str, Any] = {}
     for key in ("registry", "profiles"):

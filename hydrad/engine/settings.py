@@ -14,11 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from hydrad.common import tokenfile
-from hydrad.common.params import check_partial, validation_message
-from hydrad.common.yamlfile import read_mapping
+from hydrad.common.netaccess import address_allowed
+from hydrad.common.params import check_partial
+from hydrad.common.yamlfile import read_settings
 
 
 class HttpSettings(BaseModel):
@@ -159,15 +160,7 @@ class EngineSettings(BaseModel):
         return check_partial(v)
 
     def allows_control(self, host: str | None) -> bool:
-        if host is None:
-            return False
-        try:
-            addr = ipaddress.ip_address(host)
-        except ValueError:
-            return False
-        if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
-            addr = addr.ipv4_mapped  # IPv4 clients of a dual-stack listener arrive as ::ffff:a.b.c.d
-        return any(addr in ipaddress.ip_network(n, strict=False) for n in self.control_allow_from)
+        return address_allowed(host, self.control_allow_from)
 
     def token_ok(self, presented: str | None) -> bool:
         """Whether ``presented`` is the engine's token (constant time); True when no token is configured.
@@ -216,14 +209,9 @@ def load_config(path: str | Path | None) -> LoadedConfig:
         return LoadedConfig(EngineSettings(), None, {})
     p = Path(path)
     try:
-        raw = read_mapping(p)
+        settings, raw = read_settings(p, EngineSettings)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    try:
-        settings = EngineSettings(**raw)
-    except ValidationError as exc:
-        msg, _ = validation_message(exc, str(p))
-        raise ConfigError(msg) from None
     base = p.resolve().parent
     updates: dict[str, Any] = {}
     if settings.rpc.token_file is not None:

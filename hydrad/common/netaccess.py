@@ -1,0 +1,21 @@
+"""Who may call a control surface: one address check for every allow-list of both daemons
+(``control_allow_from`` on engines, ``admin_allow_from`` on the coordinator)."""
+
+from __future__ import annotations
+
+import ipaddress
+
+
+def address_allowed(host: str | None, networks: list[str]) -> bool:
+    """Whether a peer address lies in one of ``networks`` (CIDR). IPv4 clients of a dual-stack
+    listener arrive as ``::ffff:a.b.c.d`` and count as the IPv4 address; anything unparsable
+    (or no address at all, e.g. a Unix socket) is refused."""
+    if host is None:
+        return False
+    try:
+        addr = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        addr = addr.ipv4_mapped
+    return any(addr in ipaddress.ip_network(n, strict=False) for n in networks)
