@@ -48,6 +48,17 @@ def llama_wheel() -> Path | None:
     return wheels[0] if wheels else None
 
 
+def inside(path: Path) -> str:
+    """Where a bound host directory appears inside the sandbox: at its own path, except below
+    /tmp or /var/tmp, which the sandbox's systemd-tmpfiles empties (scripts/systemd-sandbox's
+    inside_path: below /srv/sandbox-binds)."""
+    p = str(path.resolve())
+    for tmp in ("/tmp", "/var/tmp"):
+        if p == tmp or p.startswith(tmp + "/"):
+            return "/srv/sandbox-binds" + p
+    return p
+
+
 def why_not() -> str | None:
     """What this machine lacks for the system tests (None: nothing)."""
     if not SANDBOX.exists():
@@ -221,11 +232,11 @@ def install(sb: Sandbox) -> None:
                            capture_output=True, check=True).stdout.decode().split("\0")
     listing = "\n".join(f for f in files if f and (ROOT / f).is_file())
     sb.write("/root/hydra-files", listing + "\n")
-    sb.sh(f"mkdir -p /usr/src/hydra && cd {shlex.quote(str(ROOT))} && "
+    sb.sh(f"mkdir -p /usr/src/hydra && cd {shlex.quote(inside(ROOT))} && "
           "tar -c --files-from=/root/hydra-files | tar -x -C /usr/src/hydra")
     sb.run("bash", "-euo", "pipefail", "-c",
            "python3 -m venv /opt/hydra\n"
-           f"/opt/hydra/bin/pip install -q {shlex.quote(str(wheel))}\n"
+           f"/opt/hydra/bin/pip install -q {shlex.quote(inside(wheel))}\n"
            "/opt/hydra/bin/pip install -q /usr/src/hydra\n",
            host_net=True, timeout=600)
     sb.sh("for b in hydrad hydra-coordinator hydractl hydra-console; do"
@@ -237,7 +248,7 @@ def install(sb: Sandbox) -> None:
           "install -d -m 750 -o hydra -g hydra /var/lib/hydra /var/lib/hydra/models")
     # 3. The model files, owned by hydra.
     for name in MODEL_FILES:
-        sb.run("install", "-m", "640", "-o", "hydra", "-g", "hydra", str(MODELS / name), f"/var/lib/hydra/models/{name}")
+        sb.run("install", "-m", "640", "-o", "hydra", "-g", "hydra", inside(MODELS / name), f"/var/lib/hydra/models/{name}")
     # 4. Configs: the registry and coordinator as shipped; profiles and engines adapted.
     sb.sh("cd /usr/src/hydra && cp etc/hydra/models.yaml etc/hydra/coordinator.yaml /etc/hydra/")
     sb.write("/etc/hydra/profiles.yaml", profiles_config())
