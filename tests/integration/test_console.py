@@ -53,10 +53,12 @@ def test_console_shows_a_real_engine(tmp_path: Path, smollm_path: Path,
                 await until(lambda: row("slots") == "0/2", "console-a slots", 10)
                 assert row("mode") == "SOLO"
                 assert app.admin_error is None and not app.banner.shown
+                # the stage-change event may trail the admin snapshot that made the row say ready
+                await until(lambda: any("console-a" in line and "ready" in line for line in app.event_log.entries),
+                            "console-a's ready event in the log", 10)
+                await until(lambda: not app.query_one(LoadsPanel).bars, "the load's bar gone", 10)  # the load is over
                 log = list(app.event_log.entries)
                 assert any("console-a up:" in line for line in log), log  # seen on the PUB socket
-                assert any("console-a" in line and "ready" in line for line in log), log
-                assert not app.query_one(LoadsPanel).bars  # the load is over
 
                 # a request through the front door: its routing decision shows up in the routing log
                 async with httpx.AsyncClient(base_url=c.url, timeout=60) as http:
