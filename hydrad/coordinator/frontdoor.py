@@ -62,7 +62,7 @@ RETRY_CODES = frozenset({"no_model", "reloading", "queue_full", "shutting_down",
 MAX_SESSION_ID = 256
 # A session id travels back in the X-Session-Id header and into logs and events: printable ASCII
 # only (no control characters, nothing a header cannot carry), no leading or trailing space.
-_SESSION_RE = re.compile(r"^[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?$")
+_SESSION_RE = re.compile(r"[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?")  # fullmatch: "$" would let a trailing newline through
 
 
 def _estimate_tokens(gen: GenRequest) -> int:
@@ -390,7 +390,7 @@ class FrontDoor:
             value = request.headers.get("x-session-id")
         if value is None or value == "":
             return None
-        if not isinstance(value, str) or len(value) > MAX_SESSION_ID or not _SESSION_RE.match(value):
+        if not isinstance(value, str) or len(value) > MAX_SESSION_ID or not _SESSION_RE.fullmatch(value):
             raise ApiError(400, f"session_id must be a string of 1 to {MAX_SESSION_ID} printable ASCII characters "
                            "(no control characters, no leading or trailing space)", "invalid_field", "session_id")
         return value

@@ -305,7 +305,7 @@ def test_bad_session_ids_are_a_400(tmp_path: Path) -> None:
     try:
         c.wait_ready()
         body = {"model": "smollm2-135m", "messages": [{"role": "user", "content": "hi"}]}
-        for sid in ("line\nbreak", "café", "\u4f1a\u8bdd", " padded", "x" * 257, "tab\there"):
+        for sid in ("line\nbreak", "trailing newline\n", "café", "\u4f1a\u8bdd", " padded", "x" * 257, "tab\there"):
             r = c.http.post("/v1/chat/completions", json={**body, "session_id": sid})
             assert r.status_code == 400, (sid, r.text)
             assert r.json()["error"]["param"] == "session_id"
