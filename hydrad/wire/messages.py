@@ -78,16 +78,9 @@ class EngineStatus(BaseModel):
     last_error: str | None = Field(None, max_length=4096)
 
 
-class Sampling(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    temperature: float | None = None
-    top_k: int | None = None
-    top_p: float | None = None
-    min_p: float | None = None
-    repeat_penalty: float | None = None
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
-    seed: int | None = None
+# A GENERATE's sampling fields are the request's own dataclass (pydantic validates a dataclass
+# field by its annotations), so the bus and the engine never keep two copies of the field list.
+Sampling = SamplingOverrides
 
 
 class UsageInfo(BaseModel):
@@ -243,16 +236,13 @@ class Generate(_Msg):
 
     @classmethod
     def from_request(cls, req: str, gen: GenRequest, model: str | None) -> Generate:
-        s = gen.sampling
         return cls(req=req, model=model, prompt=gen.prompt, messages=gen.messages, max_tokens=gen.max_tokens,
                    stop=list(gen.stop), ignore_eos=gen.ignore_eos, slot=gen.slot,
-                   sampling=Sampling(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, min_p=s.min_p,
-                                     repeat_penalty=s.repeat_penalty, frequency_penalty=s.frequency_penalty,
-                                     presence_penalty=s.presence_penalty, seed=s.seed))
+                   sampling=gen.sampling)
 
     def to_request(self) -> GenRequest:
         return GenRequest(prompt=self.prompt, messages=self.messages, max_tokens=self.max_tokens, stop=list(self.stop),
-                          sampling=SamplingOverrides(**self.sampling.model_dump()), ignore_eos=self.ignore_eos,
+                          sampling=self.sampling, ignore_eos=self.ignore_eos,
                           slot=self.slot)
 
 

@@ -285,3 +285,16 @@ def _counter(e: Engine, name: str) -> float:
             return float(line.rsplit(" ", 1)[1])
     raise AssertionError(f"{name} not in /metrics")
 
+
+
+def test_long_prompt_that_fails_off_the_engine_thread_is_that_requests_error(engine: Engine) -> None:
+    """A long chat prompt is tokenized on a worker thread; a failure there (here: a chat template
+    llama.cpp does not know) is answered like the same failure on the engine thread, a 400, not
+    an internal error."""
+    assert engine.configure(chat_template="no-such-template").status_code == 200
+    try:
+        r = engine.http.post(CHAT, json={"messages": [{"role": "user", "content": "word " * 8000}], "max_tokens": 1})
+        _error(r, 400, "template_error")
+    finally:
+        assert engine.configure(chat_template=None).status_code == 200
+    _alive_and_serving(engine)
