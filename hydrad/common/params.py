@@ -13,10 +13,11 @@ from __future__ import annotations
 import enum
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator
 
 
 class Tier(enum.IntEnum):
@@ -51,6 +52,15 @@ class RuntimeParams(BaseModel):
     split_mode: Literal["none", "layer", "row"] = _f("layer", Tier.T3, "How to split the model across devices.")
     tensor_split: list[float] | None = _f(None, Tier.T3, "Fraction of the model per device, e.g. [0.6, 0.4].")
     main_gpu: int = _f(0, Tier.T3, "Device for the whole model (split_mode=none) or for intermediate results.", ge=0)
+    rpc_servers: list[Annotated[str, StringConstraints(max_length=300)]] | None = _f(
+        None, Tier.T3, "COMBINE: peers whose devices join this engine's, as host:port of each peer's merged RPC "
+        "port (the coordinator resolves engine names). Device order: own GPUs, then each peer's devices; "
+        "tensor_split gives one share per device, and on a host without a GPU the first share is this CPU's.",
+        max_length=8)
+    override_tensors: list[Annotated[str, StringConstraints(max_length=1000)]] | None = _f(
+        None, Tier.T3, "Tensor placement overrides in llama.cpp's -ot syntax, REGEX=BUFFER_TYPE (CPU, CUDA0, "
+        "RPC0[host:port], or RPC / RPC<i> for a peer's device), e.g. '\\.ffn_(up|down|gate)_exps=RPC'.",
+        max_length=64)
     use_mmap: bool = _f(True, Tier.T3, "Map the GGUF instead of reading it into memory.")
 
     # --- T2: the context
@@ -92,6 +102,35 @@ class RuntimeParams(BaseModel):
         "auto", Tier.T1, "Turn a step's tokens into text (detokenize, stop strings, stream out) while the device "
         "computes the next step; a stop string then costs one discarded token of compute. auto = on when layers run "
         "on a GPU, where llama_decode returns before the device is done; on a CPU it would only delay each token.")
+
+    @field_validator("rpc_servers")
+    @classmethod
+    def _endpoints(cls, v: list[str] | None) -> list[str] | None:
+        for e in v or []:
+            host, sep, port = e.rpartition(":")
+            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536 or any(c.isspace() for c in e):
+                raise ValueError(f"{e!r} is not host:port")
+        return v or None
+
+    @field_validator("override_tensors")
+    @classmethod
+    def _overrides(cls, v: list[str] | None) -> list[str] | None:
+        for item in v or []:
+            pattern, sep, target = item.rpartition("=")
+            if not sep or not pattern or not target:
+                raise ValueError(f"{item!r} is not REGEX=BUFFER_TYPE")
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"{item!r}: bad regular expression ({exc})") from None
+        return v or None
+
+    @field_validator("tensor_split")
+    @classmethod
+    def _split(cls, v: list[float] | None) -> list[float] | None:
+        if v is not None and (len(v) > 128 or any(not (x >= 0 and x < float("inf")) for x in v) or not sum(v) > 0):
+            raise ValueError("at most 128 finite, non-negative shares, not all zero")
+        return v
 
     @classmethod
     def tier_of(cls, name: str) -> Tier:

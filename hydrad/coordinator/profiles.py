@@ -4,11 +4,9 @@ A profile maps engine names to an entry ``{model, mode, peer, ...}``; switching 
 means sending each affected engine one ENGINE_CONFIGURE payload. :func:`resolve` is the one
 place that turns an entry into that payload, so SOLO, COMBINE and PEER differ only in stock
 runtime parameters (``rpc_servers``, ``tensor_split``, ``override_tensors``) and never in
-special engine modes. An MoE expert split is a COMBINE entry with ``override_tensors``.
-
-``rpc_servers`` and ``override_tensors`` are not yet engine runtime parameters. They are put in
-the payload anyway, because they belong there; until the engine accepts them a caller strips
-:data:`PENDING_ENGINE_FIELDS` before sending.
+special engine modes. An MoE expert split is a COMBINE entry with ``override_tensors`` (its
+layers stay on the head unless ``tensor_split`` says otherwise; the expert tensors go where the
+overrides send them).
 """
 
 from __future__ import annotations
@@ -25,11 +23,8 @@ from hydrad.common.params import RuntimeParams, validation_message
 
 Mode = Literal["SOLO", "COMBINE", "PEER"]
 
-# Payload fields the engine does not know yet; strip them before an ENGINE_CONFIGURE until it does.
-PENDING_ENGINE_FIELDS: frozenset[str] = frozenset({"rpc_servers", "override_tensors"})
-
 # Set by the mode through resolve(); a profile's `params` may not set them.
-MODE_FIELDS: frozenset[str] = frozenset({"model", "split_mode", "tensor_split"}) | PENDING_ENGINE_FIELDS
+MODE_FIELDS: frozenset[str] = frozenset({"model", "split_mode", "tensor_split", "rpc_servers", "override_tensors"})
 
 ENGINE_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
@@ -266,7 +261,10 @@ def resolve(
             known = ", ".join(sorted(peer_rpc)) or "none"
             raise ValueError(f"no RPC address known for peer {entry.peer!r} (known: {known}); is it registered?")
         payload["rpc_servers"] = [address]
-        payload["tensor_split"] = list(entry.tensor_split) if entry.tensor_split else [0.5, 0.5]
+        if entry.tensor_split:
+            payload["tensor_split"] = list(entry.tensor_split)
+        else:  # a dense split halves the layers; an expert split keeps them on the head
+            payload["tensor_split"] = [1.0, 0.0] if entry.override_tensors else [0.5, 0.5]
         payload.setdefault("n_gpu_layers", -1)
         payload.setdefault("split_mode", "layer")
     return payload

@@ -35,7 +35,7 @@ from typing import Any
 
 from hydrad.coordinator.bus import CoordinatorBus
 from hydrad.coordinator.records import EngineRecord, EngineUnreachable
-from hydrad.coordinator.profiles import PENDING_ENGINE_FIELDS, ProfileSet, diff_profiles, resolve
+from hydrad.coordinator.profiles import ProfileSet, diff_profiles, resolve
 from hydrad.coordinator.state import StateFile
 from hydrad.common.logs import log_event
 from hydrad.common.registry import Registry
@@ -91,7 +91,7 @@ class ProfileSwitcher:
             except ValueError as exc:
                 errors[engine] = str(exc)
                 continue
-            payloads[engine] = {k: v for k, v in payload.items() if k not in PENDING_ENGINE_FIELDS}
+            payloads[engine] = payload
         return payloads, errors
 
     def current(self) -> dict[str, dict[str, Any]]:

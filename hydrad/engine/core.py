@@ -36,6 +36,7 @@ from hydrad.engine.kvops import KvOps, StateError, carry_slots, sibling_problem
 from hydrad.engine.loader import LoadRecord
 from hydrad.engine.loading import EngineBusy, Loading
 from hydrad.engine.requests import Failed, RequestHandle
+from hydrad.engine.pairing import Pairing
 from hydrad.engine.snapshot import EngineSnapshot, ModelSummary, slot_rows
 from hydrad.engine.statebuf import StateBuffers
 from hydrad.engine.stats import EngineStats
@@ -51,6 +52,7 @@ class EngineCore(Loading, Batching, KvOps):
     def __init__(self, on_status: Callable[[EngineSnapshot], None] | None = None, max_queue: int = 64,
                  drain_timeout_s: float = 30.0, device: str | None = None) -> None:
         self.stats = EngineStats()
+        self.pairing = Pairing()  # the COMBINE role (head, peer), read by every view
         self.stage = "starting"
         self.progress: float | None = None
         self.params: RuntimeParams | None = None  # T1 defaults in force

@@ -135,7 +135,8 @@ class Daemon:
                 probe.bind(("127.0.0.1", 0))
                 internal = probe.getsockname()[1]
             cache = s.rpc.cache_dir or Path(os.environ.get("CACHE_DIRECTORY") or Path.home() / ".cache" / "hydra") / f"rpc-{s.name}"
-            self.ggml_server = ggml.RpcServerThread("127.0.0.1", internal, cache, os.cpu_count() or 1)
+            self.ggml_server = ggml.RpcServerThread("127.0.0.1", internal, cache,
+                                                    s.rpc.ggml_threads or os.cpu_count() or 1)
             self.ggml_server.start()
             endpoint = ("127.0.0.1", internal)
         gs = self.ggml_server

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from hydrad.engine import ggml, llama
+from hydrad.engine import ggml, gguf_meta, llama
+from hydrad.engine.placement import Placement, PlacementError, plan
 from hydrad.engine.requests import GenerationTag
 from hydrad.engine.statebuf import StateBuffers
 from hydrad.common.params import RuntimeParams
@@ -77,6 +78,7 @@ class Generation:
         # llama_decode only queues work on a GPU (reading the logits waits for it); on a CPU it computes
         self.asynchronous = params.n_gpu_layers != 0 and any(d.kind in ("gpu", "igpu") for d in ggml.devices())
         self.fingerprint = ""
+        self.placement: Placement | None = None  # devices, peers and overrides, when not llama.cpp's defaults
 
     # ----- KV state of a slot (engine thread only) ---------------------------------------
 
@@ -276,13 +278,23 @@ def build_generation(resolved: ResolvedModel, params: RuntimeParams, progress: C
                      gen_id: int, on_warming: Callable[[], None]) -> Generation:
     """Load model + context on the calling (loader) thread; nothing here is shared yet."""
     t0 = time.monotonic()
-    model = llama.Model.load(resolved.path, params, progress)
+    try:
+        placement = plan(resolved.path, params)
+    except (PlacementError, gguf_meta.GgufError) as exc:
+        raise llama.LoadError(str(exc)) from None
+    if placement is None:
+        model = llama.Model.load(resolved.path, params, progress)
+    else:
+        placed = params.model_copy(update={"n_gpu_layers": placement.n_gpu_layers,
+                                           "tensor_split": placement.tensor_split})
+        model = llama.Model.load(resolved.path, placed, progress, placement.devices, placement.overrides)
     try:
         ctx = llama.Context(model, params)
     except Exception:
         model.free()
         raise
     gen = Generation(gen_id, resolved, params, model, ctx, 0.0)
+    gen.placement = placement
     gen.fingerprint = file_fingerprint(resolved.path)
     try:
         on_warming()

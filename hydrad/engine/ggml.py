@@ -55,11 +55,13 @@ def _bind(name: str, lib: ctypes.CDLL) -> None:
             "ggml_backend_dev_memory": (None, [vp, ctypes.POINTER(sz), ctypes.POINTER(sz)]),
             "ggml_backend_reg_dev_count": (sz, [vp]),
             "ggml_backend_reg_dev_get": (vp, [vp, sz]),
+            "ggml_backend_dev_buffer_type": (vp, [vp]),
         }
     elif name == "ggml-base":
         sigs = {
             "ggml_blck_size": (ctypes.c_int64, [ctypes.c_int]),
             "ggml_type_size": (sz, [ctypes.c_int]),
+            "ggml_backend_buft_name": (cp, [vp]),
         }
     elif name == "ggml-rpc":
         sigs = {
@@ -146,6 +148,15 @@ def add_rpc_server(endpoint: str) -> list[int]:
     if not reg:
         raise ConnectionError(f"cannot reach ggml RPC server at {endpoint}")
     return [g.ggml_backend_reg_dev_get(reg, i) for i in range(g.ggml_backend_reg_dev_count(reg))]
+
+
+def buffer_type(dev: int) -> tuple[int, str]:
+    """A device's default buffer type and its name (the names ``override_tensors`` speaks of:
+    ``CPU``, ``CUDA0``, ``RPC0[host:port]``)."""
+    buft = _load("ggml").ggml_backend_dev_buffer_type(dev)
+    if not buft:
+        raise ValueError("device has no buffer type")
+    return int(buft), (_load("ggml-base").ggml_backend_buft_name(buft) or b"").decode()
 
 
 def type_sizes(count: int) -> list[tuple[int, int]]:

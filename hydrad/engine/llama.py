@@ -95,6 +95,12 @@ _ROPE = {"model": -1, "none": 0, "linear": 1, "yarn": 2, "longrope": 3}
 _FLASH = {"auto": -1, "off": 0, "on": 1}
 
 
+class _BuftOverride(ctypes.Structure):
+    """llama.cpp's ``llama_model_tensor_buft_override``: a tensor-name regex and a buffer type."""
+
+    _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
+
+
 class LoadError(RuntimeError):
     """llama.cpp refused the model or the context; the message says which and why."""
 
@@ -155,7 +161,11 @@ class Model:
             _log.warning("model %s has no chat template; using built-in '%s'", path.name, fallback)
 
     @classmethod
-    def load(cls, path: Path, params: RuntimeParams, progress: Callable[[float], bool] | None = None) -> "Model":
+    def load(cls, path: Path, params: RuntimeParams, progress: Callable[[float], bool] | None = None,
+             devices: list[int] | None = None, overrides: list[tuple[str, int]] | None = None) -> "Model":
+        """Load ``path``. ``devices`` (ggml device handles, peers' included) and ``overrides``
+        ((tensor-name regex, buffer type) pairs) replace llama.cpp's own choice of where tensors go;
+        :func:`hydrad.engine.placement.plan` makes them."""
         C = lib()
         mp = C.llama_model_default_params()
         mp.n_gpu_layers = 999 if params.n_gpu_layers < 0 else params.n_gpu_layers
@@ -163,8 +173,18 @@ class Model:
         mp.main_gpu = params.main_gpu
         mp.use_mmap = params.use_mmap
         keep: list[Any] = []
-        if params.tensor_split:
-            arr = (ctypes.c_float * 128)(*params.tensor_split)
+        split = params.tensor_split
+        if devices:
+            devs = (ctypes.c_void_p * (len(devices) + 1))(*devices, None)
+            keep.append(devs)
+            mp.devices = ctypes.cast(devs, ctypes.c_void_p)
+        if overrides:
+            ov = (_BuftOverride * (len(overrides) + 1))(
+                *[_BuftOverride(pat.encode(), buft) for pat, buft in overrides], _BuftOverride(None, None))
+            keep.append(ov)
+            mp.tensor_buft_overrides = ctypes.cast(ov, ctypes.c_void_p)
+        if split:
+            arr = (ctypes.c_float * 128)(*split)
             keep.append(arr)
             mp.tensor_split = ctypes.cast(arr, ctypes.POINTER(ctypes.c_float))
         aborted = threading.Event()

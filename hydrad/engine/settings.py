@@ -39,6 +39,8 @@ class RpcSettings(BaseModel):
     port: int = Field(9503, ge=0, le=65535, description="Merged RPC port (ggml-RPC and Hydra binary ops); 0 = pick a free one.")
     enabled: bool = Field(True, description="Open the merged RPC port at all.")
     ggml_rpc: bool = Field(True, description="Run llama.cpp's ggml RPC server in-process so peers can compute on this engine's devices.")
+    ggml_threads: int = Field(0, ge=0, le=1024, description="CPU threads the ggml RPC server computes a peer's graphs "
+                              "with when it lends a CPU device; 0 = every core (as llama.cpp's rpc-server).")
     cache_dir: Path | None = Field(None, description="Tensor cache of the ggml RPC server (weights a peer sent once are found by hash); default: <cache>/hydra/rpc-<name>.")
     token: str | None = Field(None, min_length=1, description="Shared secret: when set, Hydra ops need HELLO with it first and HTTP "
                               "/control/* and /slots/*/state* need 'Authorization: Bearer <token>'. Prefer token_file.")

@@ -43,6 +43,7 @@ class ModelSummary:
     loaded_at: float
     n_ctx: int
     n_parallel: int
+    placement: dict[str, Any] | None = None  # devices, peers and overrides, when not llama.cpp's defaults
 
     @classmethod
     def of(cls, gen: Generation) -> ModelSummary:
@@ -51,7 +52,8 @@ class ModelSummary:
                    size_bytes=info.size_bytes, n_layer=info.n_layer, n_embd=info.n_embd, n_head_kv=info.n_head_kv,
                    n_ctx_train=info.n_ctx_train, n_vocab=info.n_vocab, fingerprint=gen.fingerprint,
                    generation=gen.tag.fingerprint, loaded_at=gen.loaded_at, n_ctx=gen.ctx.n_ctx,
-                   n_parallel=len(gen.slots))
+                   n_parallel=len(gen.slots),
+                   placement=gen.placement.public() if gen.placement is not None else None)
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,9 @@ broken message and log it as such; a change of wire shape bumps it.
 from __future__ import annotations
 
 import json
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from hydrad.wire.requests import GenRequest, SamplingOverrides
 
@@ -62,7 +62,12 @@ class EngineStatus(BaseModel):
     stage: str = Field("starting", max_length=32)
     model: str | None = Field(None, max_length=512, description="Alias (or file stem) of the model being served.")
     generation: str | None = Field(None, max_length=128, description="Fingerprint of the serving generation.")
-    mode: str = Field("solo", max_length=16, description="solo | combine.")
+    mode: str = Field("solo", max_length=16, description="solo | combine (as the engine itself reports it).")
+    role: str = Field("solo", max_length=16, description="solo | head | peer | head+peer.")
+    peers: list[Annotated[str, StringConstraints(max_length=300)]] = Field(
+        default_factory=list, max_length=8, description="A head's peers: their merged RPC ports (host:port).")
+    serving: list[Annotated[str, StringConstraints(max_length=300)]] = Field(
+        default_factory=list, max_length=8, description="A peer's heads: the addresses holding buffers on its devices.")
     progress: float | None = Field(None, ge=0, le=1, description="Load progress while loading or reloading.")
     load_id: int | None = Field(None, ge=0)
     loading_model: str | None = Field(None, max_length=512, description="The model a load under way will serve.")

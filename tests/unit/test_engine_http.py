@@ -11,11 +11,12 @@ from starlette.testclient import TestClient
 
 from hydrad.engine.http.app import health, models, slots
 from hydrad.engine.http.context import HttpContext
+from hydrad.engine.pairing import Pairing
 from hydrad.engine.snapshot import EngineSnapshot
 
 
 def client(snap: EngineSnapshot, rows: list[dict] | None = None) -> TestClient:
-    core = SimpleNamespace(snapshot=lambda: snap, slot_rows=lambda: rows or [])
+    core = SimpleNamespace(snapshot=lambda: snap, slot_rows=lambda: rows or [], pairing=Pairing())
     app = Starlette(routes=[Route("/health", health), Route("/v1/models", models), Route("/slots", slots)])
     app.state.ctx = HttpContext(SimpleNamespace(name="solo"), SimpleNamespace(core=core))  # type: ignore[arg-type]
     return TestClient(app)
@@ -25,7 +26,7 @@ def test_health_of_an_idle_engine_is_503_without_retry_after() -> None:
     r = client(EngineSnapshot(stage="idle", alive=True, slots_total=0)).get("/health")
     assert r.status_code == 503 and "retry-after" not in r.headers
     assert r.json() == {"stage": "idle", "engine": "solo", "slots": {"busy": 0, "total": 0, "queued": 0},
-                        "status": "idle"}
+                        "mode": "solo", "role": "solo", "status": "idle"}
 
 
 def test_dead_engine_thread_is_an_error() -> None:

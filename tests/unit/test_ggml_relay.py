@@ -70,3 +70,14 @@ def test_graphs_must_be_closed_and_without_repeats() -> None:
             check.graph(payload, 1, BUFFERS)
     with pytest.raises(G.Refused, match="nodes"):
         check.graph(struct.pack("<II", 0, G.MAX_GRAPH_ITEMS + 1), 1, BUFFERS)
+
+
+def test_a_graph_may_name_tensors_held_by_no_buffer_here_but_not_stray_data() -> None:
+    """As the stock server: buffer 0 with data 0 (an expert split's graphs have such tensors) passes;
+    a data pointer without a buffer of this peer's is refused."""
+    check = G.TensorCheck(SIZES)
+    ok = graph([2], [tensor(tid=1, buffer=0, data=0), tensor(tid=2, data=BASE + 64, src=(1,))])
+    assert check.graph(ok, 1, BUFFERS) == 0
+    stray = graph([2], [tensor(tid=1, buffer=0, data=BASE), tensor(tid=2, data=BASE + 64, src=(1,))])
+    with pytest.raises(G.Refused, match="data but no buffer"):
+        check.graph(stray, 1, BUFFERS)

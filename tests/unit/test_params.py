@@ -21,7 +21,8 @@ from hydrad.common.params import (
 
 FIELDS = list(RuntimeParams.model_fields)
 
-T3_KEY = ["model", "n_gpu_layers", "split_mode", "tensor_split", "main_gpu", "use_mmap"]
+T3_KEY = ["model", "n_gpu_layers", "split_mode", "tensor_split", "main_gpu", "use_mmap", "rpc_servers",
+          "override_tensors"]
 T2_KEY = ["n_ctx", "n_batch", "n_ubatch", "n_parallel", "kv_unified", "cache_type_k", "cache_type_v", "flash_attn",
           "n_threads", "n_threads_batch", "rope_scaling", "rope_freq_base", "rope_freq_scale", "yarn_ext_factor",
           "yarn_attn_factor", "yarn_beta_fast", "yarn_beta_slow", "yarn_orig_ctx"]
@@ -452,3 +453,30 @@ def test_t1_change_then_null_restores(payload: dict[str, Any]) -> None:
     back = L.plan({k: None for k in payload})
     assert back.effective == start
     assert back.runtime == {}
+
+
+@pytest.mark.parametrize("payload, field, text", [
+    ({"rpc_servers": ["peer"]}, "rpc_servers", "not host:port"),
+    ({"rpc_servers": ["10.0.0.2:0"]}, "rpc_servers", "not host:port"),
+    ({"rpc_servers": ["10.0.0.2:70000"]}, "rpc_servers", "not host:port"),
+    ({"rpc_servers": ["a b:1"]}, "rpc_servers", "not host:port"),
+    ({"rpc_servers": [f"h{i}:1" for i in range(9)]}, "rpc_servers", "at most 8"),
+    ({"override_tensors": ["exps"]}, "override_tensors", "REGEX=BUFFER_TYPE"),
+    ({"override_tensors": ["(exps=CPU"]}, "override_tensors", "bad regular expression"),
+    ({"override_tensors": ["exps="]}, "override_tensors", "REGEX=BUFFER_TYPE"),
+    ({"tensor_split": [float("nan"), 1.0]}, "tensor_split", "finite"),
+    ({"tensor_split": [0.0, 0.0]}, "tensor_split", "not all zero"),
+    ({"tensor_split": [-1.0, 2.0]}, "tensor_split", "non-negative"),
+])
+def test_combine_fields_refuse_what_llama_cpp_could_not_use(payload: dict, field: str, text: str) -> None:
+    with pytest.raises(ValidationError) as exc:
+        RuntimeParams(**payload)
+    err = exc.value.errors()[0]
+    assert err["loc"][0] == field and text in str(exc.value)
+
+
+def test_combine_fields_accept_what_the_docs_show() -> None:
+    p = RuntimeParams(rpc_servers=["127.0.0.1:9503", "[::1]:9503"], tensor_split=[0.6, 0.4],
+                      override_tensors=[r"\.ffn_(up|down|gate)_exps=RPC", "blk\\.0\\.=CPU"])
+    assert p.rpc_servers == ["127.0.0.1:9503", "[::1]:9503"] and len(p.override_tensors or []) == 2
+    assert RuntimeParams(rpc_servers=[], override_tensors=[]).rpc_servers is None  # empty = none

@@ -11,7 +11,6 @@ import yaml
 from pydantic import ValidationError
 
 from hydrad.coordinator.profiles import (
-    PENDING_ENGINE_FIELDS,
     EngineEntry,
     Profile,
     ProfileSet,
@@ -254,7 +253,8 @@ def test_combine_moe_expert_split_is_only_override_tensors() -> None:
     p = resolve(EngineEntry(model="moe", mode="COMBINE", peer="p100", override_tensors=(ot,)), MODELS, PEER_RPC)
     assert p["override_tensors"] == [ot]
     assert p["split_mode"] == "layer" and p["n_gpu_layers"] == -1 and p["rpc_servers"] == ["192.168.10.3:9505"]
-    assert set(p) - {"model", "n_gpu_layers", "split_mode", "tensor_split"} - PENDING_ENGINE_FIELDS == set()
+    assert p["tensor_split"] == [1.0, 0.0]  # the layers stay on the head; the overrides move the experts
+    assert set(p) == {"model", "n_gpu_layers", "split_mode", "tensor_split", "rpc_servers", "override_tensors"}
 
 
 def test_combine_without_peer_address_names_the_peer() -> None:
@@ -273,13 +273,13 @@ def test_unknown_model_is_an_error_but_a_gguf_path_is_not() -> None:
     assert p["model"] == "/srv/models/x.gguf" and "n_ctx" not in p
 
 
-def test_pending_fields_are_the_ones_the_engine_lacks() -> None:
+def test_every_resolved_payload_is_a_valid_engine_payload() -> None:
+    """What the switcher sends (COMBINE's peer fields included) is what the engine accepts."""
     from hydrad.common.params import RuntimeParams
 
-    assert PENDING_ENGINE_FIELDS == {"rpc_servers", "override_tensors"}
-    p = resolve(EngineEntry(model="smollm2-135m"), MODELS, PEER_RPC)
-    stripped = {k: v for k, v in p.items() if k not in PENDING_ENGINE_FIELDS}
-    RuntimeParams(**stripped)  # what is left is a valid engine payload today
+    for entry in (EngineEntry(model="smollm2-135m"), EngineEntry(model="big-model", mode="COMBINE", peer="p100"),
+                  EngineEntry(model="moe", mode="COMBINE", peer="p100", override_tensors=("exps=RPC0",))):
+        RuntimeParams(**resolve(entry, MODELS, PEER_RPC))
 
 
 # --------------------------------------------------------------------------- diff

@@ -273,8 +273,10 @@ class EngineLink:
             # The engine thread is gone: nothing here can serve, whatever the stage says.
             stage = "failed"
             last_error = last_error or "the engine thread died"
+        pair = self.core.pairing.view(snap)
         return M.EngineStatus(
-            stage=stage, model=snap.model_id, generation=snap.generation,
+            stage=stage, model=snap.model_id, generation=snap.generation, mode=pair["mode"], role=pair["role"],
+            peers=pair["peers"][:8], serving=[b["peer"] for b in pair["serving"]][:8],
             progress=min(1.0, max(0.0, progress)) if progress is not None else None,
             load_id=snap.load_id, loading_model=snap.loading_model,
             slots_busy=snap.slots_busy, slots_total=snap.slots_total, queued=snap.queued, max_queue=snap.max_queue,

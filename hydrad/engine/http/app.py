@@ -54,6 +54,12 @@ async def health(request: Request) -> Response:
         body["load_id"] = snap.load_id
     if snap.last_error:
         body["last_error"] = snap.last_error
+    pair = ctx.core.pairing.view(snap)
+    body["mode"], body["role"] = pair["mode"], pair["role"]
+    if pair["peers"]:
+        body["peers"] = pair["peers"]
+    if pair["serving"]:
+        body["serving"] = pair["serving"]
     if not snap.alive:
         body["status"] = "error"
         return JSONResponse(body, status_code=503)

@@ -86,7 +86,10 @@ class GgmlRelay:
         self._peers_lock = threading.Lock()
         self._current_graph: dict[int, tuple[int, int]] = {}  # device -> (peer id, serial) the server holds
         self._serial = itertools.count(1)
-        self.stats = {"peers_served": 0, "refused": 0, "commands": 0, "sealed_cut": 0}
+        # weight_bytes: tensor data the peers uploaded (SET_TENSOR); cache_hits/misses: tensors offered by
+        # hash (SET_TENSOR_HASH) that the tensor cache held or lacked, i.e. uploads saved or still due
+        self.stats = {"peers_served": 0, "refused": 0, "commands": 0, "sealed_cut": 0, "weight_bytes": 0,
+                      "cache_hits": 0, "cache_hit_bytes": 0, "cache_misses": 0}
 
     # ----- the upstream: connect, seal, lose --------------------------------------------------
 
@@ -309,9 +312,12 @@ class GgmlRelay:
             try:
                 cached = (self.cache_dir / f"{digest:016x}").stat().st_size
             except OSError:
+                self.stats["cache_misses"] += 1
                 self._answer(peer, b"\x00")  # not in the cache: the stock answer, without a round trip
                 return
             check.region(region, data, offset, cached)  # type: ignore[arg-type]
+            self.stats["cache_hits"] += 1
+            self.stats["cache_hit_bytes"] += cached
         elif cmd == COPY_TENSOR:
             _, _, src_n = check.tensor(payload, 0, peer.buffers, need_buffer=True)
             dst, dst_data, _ = check.tensor(payload, T, peer.buffers, need_buffer=True)
@@ -424,6 +430,7 @@ class GgmlRelay:
         (offset,) = struct.unpack_from("<Q", head, T + 1)
         n = size - SET_TENSOR_HEAD
         check.region(region, data, offset, n)  # type: ignore[arg-type]
+        self.stats["weight_bytes"] += n
         if n <= BUFFERED:
             body = self._read(peer, n)
             with self._lock:

@@ -84,6 +84,7 @@ class MergedPort:
         self.port = s.getsockname()[1]
         if self.relay is not None:
             self.relay.start()
+            self.control.core.pairing.lend_through(self.relay.public)
         threading.Thread(target=self._accept_loop, name="hydrad-rpc-accept", daemon=True).start()
         return self.port
 
@@ -292,9 +293,9 @@ class MergedPort:
             io.send(P.error_frame(P.Status.NOT_SUPPORTED, "not_supported", f"{name} is not supported by this engine yet"))
         elif op == P.Op.PIPELINE_ATTACH:
             io.send(P.error_frame(P.Status.ERROR, "retired",
-                                  "PIPELINE_ATTACH is retired, and splitting a model across engines (COMBINE) is "
-                                  "not available yet; ENGINE_CONFIGURE (0x40) splits one over this engine's own "
-                                  "devices (split_mode, tensor_split)"))
+                                  "PIPELINE_ATTACH is retired; to split a model across engines (COMBINE), send "
+                                  "ENGINE_CONFIGURE (0x40) to the head with rpc_servers (the peers' merged ports) "
+                                  "and tensor_split or override_tensors"))
         else:
             io.send(P.error_frame(P.Status.BAD_REQUEST, "unexpected_op",
                                   f"op 0x{op:02x} is only valid inside a STATE_PUT stream"))
@@ -401,6 +402,7 @@ def info_view(control: EngineControl, settings: EngineSettings, devices: list[di
             "params": control.layers.sources(), "last_error": snap.last_error,
             "reload": rec.public() if rec is not None else None,
             "device": bound_device(settings.device),  # the GPU binding in force; None = every GPU of the host
+            "combine": core.pairing.view(snap),
             "rpc": {"port": port, "ggml_rpc_devices": devices}}
 
 

@@ -1,0 +1,183 @@
+"""COMBINE on loopback with CPU devices: a head engine lends a peer engine's device over the
+peer's merged port (layer split, expert split), against llama.cpp's stock ggml RPC server as the
+yardstick; the roles both engines report; the tensor cache on a second load; and a peer that is
+not there or not ggml-RPC, which fails the load and nothing else.
+
+(No GPU here: both devices are CPUs. The placement code is the same; which device is which is
+what the GPU host's benchmark exercises, docs/benchmarks.md.)"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+import yaml
+
+from hydrad.wire.rpcclient import RpcClient
+from tests.support.engine import REPO, Engine, free_port, terminate
+from tests.support.wait import eventually
+
+pytestmark = pytest.mark.model
+
+PROMPT = "The capital of France is"
+N_TOKENS = 16
+HEAD = {"n_threads": 1, "n_ctx": 512, "n_parallel": 1, "temperature": 0}
+
+
+def rpc_port(engine: Engine) -> int:
+    return int(yaml.safe_load(engine.config.read_text())["rpc"]["port"])
+
+
+def info(engine: Engine) -> dict[str, Any]:
+    with RpcClient(("127.0.0.1", rpc_port(engine))) as c:
+        return c.info()
+
+
+def relay_stats(engine: Engine) -> dict[str, Any]:
+    return info(engine)["rpc"]["ggml_relay"]
+
+
+def greedy(engine: Engine, prompt: str = PROMPT, n: int = N_TOKENS) -> list[str]:
+    """The tokens of a greedy completion, one piece each (streamed, so token boundaries show)."""
+    pieces: list[str] = []
+    with engine.http.stream("POST", "/v1/completions", json={"prompt": prompt, "max_tokens": n, "temperature": 0,
+                                                             "stream": True, "ignore_eos": True}) as r:
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                body = json.loads(line[6:])
+                pieces.extend(c["text"] for c in body["choices"] if c.get("text"))
+    return pieces
+
+
+def load(engine: Engine, **payload: Any) -> dict[str, Any]:
+    r = engine.configure(**payload)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    if payload.get("model", "") is not None:  # an unload has no load record
+        assert body["load"]["phase"] == "done", body
+    return body
+
+
+@pytest.fixture
+def peer(smollm_path: Path, start_engine: Callable[..., Engine], tmp_path: Path) -> Engine:
+    """An engine without a model, lending its CPU over its merged port (one compute thread)."""
+    e = start_engine(name="peer", defaults={"n_threads": 1},
+                     extra={"rpc": {"ggml_threads": 1, "cache_dir": str(tmp_path / "tensor-cache")}})
+    eventually(lambda: relay_stats(e), 60, "the peer's ggml-RPC relay", until=lambda s: s["ready"],
+               ignore=(OSError,), context=e.log)
+    return e
+
+
+@pytest.fixture
+def stock() -> Iterator[str]:
+    """llama.cpp's own ggml RPC server in a process of its own, one thread: the yardstick."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "support" / "stock_ggml_rpc.py"), str(port)],
+                            cwd=str(REPO), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    def up() -> bool:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+
+    eventually(up, 30, "the stock ggml RPC server", ignore=(OSError,))
+    yield f"127.0.0.1:{port}"
+    terminate(proc, 10)
+
+
+@pytest.fixture
+def head(start_engine: Callable[..., Engine]) -> Engine:
+    e = start_engine(name="head", defaults=HEAD)
+    e.notify.wait_for("READY=1", 60)
+    return e
+
+
+def test_layer_split_through_the_merged_port_matches_the_stock_server(head: Engine, peer: Engine, stock: str) -> None:
+    endpoint = f"127.0.0.1:{rpc_port(peer)}"
+    load(head, model="smollm2-135m", rpc_servers=[endpoint], tensor_split=[0.5, 0.5])
+    combined = greedy(head)
+
+    # both engines say what they are, from their own state
+    h = head.http.get("/health").json()
+    assert h["mode"] == "combine" and h["role"] == "head" and h["peers"] == [endpoint]
+    p = peer.http.get("/health").json()
+    assert p["mode"] == "combine" and p["role"] == "peer" and "model" not in p  # the peer holds no model
+    assert len(p["serving"]) == 1 and p["serving"][0]["buffers"] > 0
+    placement = info(head)["combine"]["placement"]
+    assert placement["cpu_share"] == 0.5 and placement["n_gpu_layers"] == 16  # 15 of 30 layers + output
+    assert placement["devices"] == [f"RPC0[{endpoint}]"]
+
+    # the same head, the same split, llama.cpp's stock server as the peer
+    load(head, rpc_servers=[stock])
+    assert greedy(head) == combined
+    assert peer.http.get("/health").json()["role"] == "solo"  # the head let go of the peer's buffers
+
+    load(head, rpc_servers=None, tensor_split=None)  # back to SOLO: a T3 reload
+    solo = greedy(head)
+    assert head.http.get("/health").json()["role"] == "solo"
+    agree = next((i for i, (a, b) in enumerate(zip(solo, combined)) if a != b), len(combined))
+    print(f"SOLO and COMBINE agree on the first {agree} of {len(combined)} greedy tokens")
+    assert agree >= 1
+
+
+def test_a_second_load_finds_large_tensors_in_the_peers_cache(head: Engine, peer: Engine) -> None:
+    endpoint = f"127.0.0.1:{rpc_port(peer)}"
+    before = relay_stats(peer)
+    load(head, model="smollm2-135m", rpc_servers=[endpoint], tensor_split=[0.5, 0.5])
+    first = relay_stats(peer)
+    load(head, model=None)
+    load(head, model="smollm2-135m")
+    second = relay_stats(peer)
+    first_bytes = first["weight_bytes"] - before["weight_bytes"]
+    second_bytes = second["weight_bytes"] - first["weight_bytes"]
+    hits = second["cache_hits"] - first["cache_hits"]
+    print(f"weights sent to the peer: first load {first_bytes} B, second {second_bytes} B "
+          f"({second['cache_hit_bytes'] - first['cache_hit_bytes']} B found by hash)")
+    # llama.cpp offers by hash only tensors over 10 MiB: here the output matrix (the tied embedding)
+    assert first["cache_misses"] - before["cache_misses"] >= 1 and hits >= 1
+    assert second_bytes <= first_bytes - (second["cache_hit_bytes"] - first["cache_hit_bytes"])
+
+
+def test_expert_split_of_a_tiny_moe_matches_the_stock_server(head: Engine, peer: Engine, stock: str,
+                                                              tmp_path: Path) -> None:
+    moe = tmp_path / "tiny-moe.gguf"
+    subprocess.run([sys.executable, str(REPO / "scripts" / "make_tiny_moe.py"), str(moe)], check=True, cwd=str(REPO),
+                   capture_output=True, timeout=120)
+    endpoint = f"127.0.0.1:{rpc_port(peer)}"
+    experts = [r"\.ffn_(up|down|gate)_exps=RPC"]
+    load(head, model=str(moe), rpc_servers=[endpoint], tensor_split=[1.0, 0.0], override_tensors=experts)
+    placement = info(head)["combine"]["placement"]
+    assert placement["n_gpu_layers"] == 0 and placement["override_tensors"] == experts  # layers home, experts away
+    assert relay_stats(peer)["peers"][0]["buffers"] >= 1
+    combined = greedy(head, n=8)
+    load(head, rpc_servers=[stock])
+    assert greedy(head, n=8) == combined
+    load(head, rpc_servers=None, override_tensors=None, tensor_split=None)
+    assert greedy(head, n=8) == combined  # the same CPU kernels compute the experts either way
+
+
+@pytest.mark.parametrize("target, reason", [
+    ("closed", "unreachable"),
+    ("http", "not a ggml-RPC server"),
+])
+def test_a_peer_that_is_not_there_fails_the_load_alone(head: Engine, target: str, reason: str) -> None:
+    endpoint = f"127.0.0.1:{free_port()}" if target == "closed" else f"127.0.0.1:{head.port}"
+    r = head.configure(model="smollm2-135m", rpc_servers=[endpoint])
+    err = r.json()["error"]
+    assert r.status_code == 500 and err["code"] == "load_failed", r.text
+    assert f"rpc_servers: peer {endpoint}" in err["message"] and reason in err["message"], r.text
+    head.assert_running()
+    assert head.http.get("/livez").status_code == 200
+    load(head, model="smollm2-135m", rpc_servers=None)
+    assert len(greedy(head, n=4)) == 4
+
+
+def test_an_unknown_buffer_type_names_the_known_ones(head: Engine) -> None:
+    r = head.configure(model="smollm2-135m", override_tensors=["ffn_up=NOPE0"])
+    err = r.json()["error"]["message"]
+    assert "override_tensors: unknown buffer type 'NOPE0'" in err and "known: CPU" in err, r.text
+    head.assert_running()
