@@ -94,6 +94,15 @@ class Drain:
 
 
 @dataclass(frozen=True)
+class Abandon:
+    """A COMBINE peer of generation ``gen_id`` is gone: fail its requests and set it aside without a
+    free (freeing would talk to the dead peer, and llama.cpp aborts when it cannot)."""
+
+    gen_id: int
+    reason: str
+
+
+@dataclass(frozen=True)
 class Resume:
     """Wakes the loop so queued requests are re-examined (after a failed or aborted load)."""
 
@@ -106,4 +115,5 @@ class Stop:
 Swap = Union[Rebuild, Install, Unload]
 """The commands that replace or free the generation; one at a time is pending."""
 
-Command = Union[Submit, Cancel, SetDefaults, StateGet, StatePut, Rebuild, Install, Unload, Drain, Resume, Stop]
+Command = Union[Submit, Cancel, SetDefaults, StateGet, StatePut, Rebuild, Install, Unload, Drain, Abandon, Resume,
+                Stop]

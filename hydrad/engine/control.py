@@ -9,6 +9,7 @@ configuration in force.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 from dataclasses import dataclass, field
@@ -50,6 +51,27 @@ class EngineControl:
         self._pending_payload: dict[str, Any] | None = None  # what the running load applies
         self._loading_target: RuntimeParams | None = None  # the parameters the running load will serve with
         core.set_defaults(self.layers.effective())
+        core.on_peer_lost = self._peer_lost
+
+    # The payload that turns a COMBINE head back into SOLO: what a lost peer leaves as the fallback.
+    SOLO = {"rpc_servers": None, "override_tensors": None, "tensor_split": None}
+
+    def _peer_lost(self, reason: str) -> None:
+        """On a peer watch thread: reload SOLO on the event loop. If the model does not fit alone, the
+        load fails and the engine reports itself without a model (never ready while half-configured)."""
+        self.core.on_loop(self._fall_back_solo(reason))
+
+    async def _fall_back_solo(self, reason: str) -> None:
+        log_event(log, logging.WARNING, "COMBINE peer lost; reloading SOLO", reason=reason)
+        for _ in range(100):  # a load under way (rare: the peer died while this engine loaded) ends first
+            try:
+                await self.configure(dict(self.SOLO))
+                break
+            except EngineBusy:
+                await asyncio.sleep(0.1)
+            except Exception as exc:  # refused (e.g. no model configured): say so, keep running
+                self.core.record_error(f"{reason}; SOLO reload refused: {exc}")
+                return
 
     def effective(self) -> RuntimeParams:
         return self.layers.effective()

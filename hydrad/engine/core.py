@@ -22,14 +22,15 @@ import queue
 import threading
 import time
 from collections import deque
-from typing import Any, Callable
+from typing import Any, Callable, Coroutine
 
 from hydrad.common.logs import log_event
 from hydrad.common.params import RuntimeParams
 from hydrad.engine import faults
 from hydrad.engine.batching import MAX_CHARS_PER_TOKEN, PRETOKENIZE_CHARS, Batching, PromptTooLong, _Active
 from hydrad.engine.commands import (
-    Cancel, Command, Drain, Install, Rebuild, Resume, SetDefaults, StateGet, StatePut, Stop, Submit, Swap, Unload,
+    Abandon, Cancel, Command, Drain, Install, Rebuild, Resume, SetDefaults, StateGet, StatePut, Stop, Submit, Swap,
+    Unload,
 )
 from hydrad.engine.generation import Generation, Slot
 from hydrad.engine.kvops import KvOps, StateError, carry_slots, sibling_problem
@@ -37,6 +38,7 @@ from hydrad.engine.loader import LoadRecord
 from hydrad.engine.loading import EngineBusy, Loading
 from hydrad.engine.requests import Failed, RequestHandle
 from hydrad.engine.pairing import Pairing
+from hydrad.engine.peer_watch import PeerWatch
 from hydrad.engine.snapshot import EngineSnapshot, ModelSummary, slot_rows
 from hydrad.engine.statebuf import StateBuffers
 from hydrad.engine.stats import EngineStats
@@ -82,6 +84,8 @@ class EngineCore(Loading, Batching, KvOps):
         self._snap_lock = threading.Lock()  # one snapshot builder at a time
         self._snap = EngineSnapshot(max_queue=max_queue, device=device, stats=self.stats)
         self._faults = faults.armed()  # False outside fault-injection tests
+        self.abandoned: list[Generation] = []  # set aside when a COMBINE peer died; never freed (see Abandon)
+        self.on_peer_lost: Callable[[str], None] | None = None  # the control layer's fallback (a SOLO reload)
 
     # ----- event-loop side -------------------------------------------------------------
 
@@ -91,6 +95,14 @@ class EngineCore(Loading, Batching, KvOps):
         self._running = True
         self._thread.start()
         self._set_stage("idle")
+
+    def on_loop(self, coro: Coroutine[Any, Any, Any]) -> None:
+        """Run ``coro`` on the event loop, from any thread (closed and dropped when the loop is gone)."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            coro.close()
+            return
+        asyncio.run_coroutine_threadsafe(coro, loop)
 
     @property
     def alive(self) -> bool:
@@ -324,6 +336,8 @@ class EngineCore(Loading, Batching, KvOps):
                 self._pending_swap = cmd
             case Drain():
                 self._drain = (time.monotonic() + self.drain_timeout_s, cmd)
+            case Abandon(gen_id=gen_id, reason=reason):
+                self._abandon(gen_id, reason)
             case Resume():
                 pass  # wakes the loop so queued requests are re-examined
             case Stop():
@@ -355,6 +369,7 @@ class EngineCore(Loading, Batching, KvOps):
                         raise RuntimeError(problem)
                 old, self.gen = self.gen, new
                 self.params = new.params
+                self._watch_peers(new)
                 if old is not None:
                     if rec.carry_kv:
                         rec.carried = carry_slots(old, new)
@@ -377,6 +392,46 @@ class EngineCore(Loading, Batching, KvOps):
             cmd.fut.set_result(result)
         except Exception as exc:
             cmd.fut.set_exception(exc)
+
+    def _watch_peers(self, gen: Generation) -> None:
+        """A generation that computes on peers gets a watch of them (see peer_watch)."""
+        peers = gen.placement.peers if gen.placement is not None else []
+        if not peers:
+            return
+
+        def lost(endpoint: str, reason: str) -> None:  # on a watch thread
+            message = f"COMBINE peer {endpoint} lost: {reason}"
+            self._cmds.put(Abandon(gen.id, message))
+            if self.on_peer_lost is not None:
+                self.on_peer_lost(message)
+
+        gen.watch = PeerWatch([p.endpoint for p in peers], lost)
+        gen.watch.start()
+
+    def _abandon(self, gen_id: int, reason: str) -> None:
+        for gen in ([self.gen] if self.gen else []) + self.retiring:
+            if gen.id != gen_id:
+                continue
+            self._settle_text()
+            for slot in gen.slots:
+                if slot.active is not None:
+                    self._emit(slot.active.handle, Failed(reason, status=503, code="peer_lost"))
+                    self._release(gen, slot)
+            gen.abandoned = True
+            if gen is self.gen:
+                self.gen = None
+                self.state_buffers.clear()
+            else:
+                self.retiring.remove(gen)
+            self.abandoned.append(gen)
+            self.stats.peer_losses_total += 1
+            self.last_error = reason
+            log_event(log, logging.ERROR, "generation set aside: its COMBINE peer is gone", generation=gen.id,
+                      model=gen.resolved.id, reason=reason)
+            if self.gen is None and self.current_load is None:
+                self._set_stage("idle")
+            self._publish()
+            return
 
     def _shutdown_gen(self) -> None:
         self.state_buffers.clear()

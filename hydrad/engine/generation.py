@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from hydrad.engine import ggml, gguf_meta, llama
+from hydrad.engine.peer_watch import PeerWatch
 from hydrad.engine.placement import Placement, PlacementError, plan
 from hydrad.engine.requests import GenerationTag
 from hydrad.engine.statebuf import StateBuffers
@@ -79,6 +80,8 @@ class Generation:
         self.asynchronous = params.n_gpu_layers != 0 and any(d.kind in ("gpu", "igpu") for d in ggml.devices())
         self.fingerprint = ""
         self.placement: Placement | None = None  # devices, peers and overrides, when not llama.cpp's defaults
+        self.watch: PeerWatch | None = None  # the watch of the placement's peers, while installed
+        self.abandoned = False  # a peer died: never free (freeing talks to it, and llama.cpp aborts)
 
     # ----- KV state of a slot (engine thread only) ---------------------------------------
 
@@ -266,6 +269,10 @@ class Generation:
         self.ctx.clear()
 
     def free(self) -> None:
+        if self.watch is not None:
+            self.watch.stop()
+        if self.abandoned:
+            return
         for s in self.slots:
             if s.active is not None and getattr(s.active, "sampler", None) is not None:
                 s.active.sampler.free()

@@ -24,6 +24,7 @@ class EngineStats:
     model_loads_total: int = 0
     model_load_seconds: float = 0.0
     context_rebuilds_total: int = 0
+    peer_losses_total: int = 0  # generations set aside because a COMBINE peer died
 
     def as_dict(self) -> dict[str, float]:
         return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -168,7 +168,7 @@ def test_a_peer_that_is_not_there_fails_the_load_alone(head: Engine, target: str
     endpoint = f"127.0.0.1:{free_port()}" if target == "closed" else f"127.0.0.1:{head.port}"
     r = head.configure(model="smollm2-135m", rpc_servers=[endpoint])
     err = r.json()["error"]
-    assert r.status_code == 500 and err["code"] == "load_failed", r.text
+    assert r.status_code == 422 and err["code"] == "load_failed", r.text
     assert f"rpc_servers: peer {endpoint}" in err["message"] and reason in err["message"], r.text
     head.assert_running()
     assert head.http.get("/livez").status_code == 200
@@ -181,3 +181,26 @@ def test_an_unknown_buffer_type_names_the_known_ones(head: Engine) -> None:
     err = r.json()["error"]["message"]
     assert "override_tensors: unknown buffer type 'NOPE0'" in err and "known: CPU" in err, r.text
     head.assert_running()
+
+
+def test_a_peer_that_dies_between_requests_leaves_a_solo_engine(head: Engine, peer: Engine) -> None:
+    """The head's watch sees the peer go, sets the split generation aside without touching the peer
+    (llama.cpp would abort), and reloads SOLO: the next request is served, not garbage, not an abort."""
+    endpoint = f"127.0.0.1:{rpc_port(peer)}"
+    load(head, model="smollm2-135m", rpc_servers=[endpoint], tensor_split=[0.5, 0.5])
+    combined = greedy(head)
+    peer.proc.kill()
+    peer.proc.wait(10)
+
+    def solo() -> dict[str, Any]:
+        head.assert_running()
+        return head.http.get("/health").json()
+
+    h = eventually(solo, 60, "the head back in SOLO", until=lambda h: h["status"] == "ok" and h["role"] == "solo",
+                   context=head.log)
+    assert "peers" not in h
+    assert greedy(head) == combined  # the same CPU kernels: SOLO answers as the pair did
+    assert "COMBINE peer lost" in head.log() and "reloading SOLO" in head.log()
+    assert "hydra_peer_losses_total 1.0" in head.http.get("/metrics").text.splitlines()
+    params = info(head)["params"]
+    assert not any(layer.get("rpc_servers") for layer in params.values() if isinstance(layer, dict))
