@@ -94,6 +94,14 @@ class Drain:
 
 
 @dataclass(frozen=True)
+class SwitchStandby:
+    """An expert-mode switch between two resident generations: the standby serves, the serving one
+    stands by. Refused (``SlotsBusy``) while a request is decoding."""
+
+    fut: cf.Future[Any] = field(default_factory=cf.Future)
+
+
+@dataclass(frozen=True)
 class Abandon:
     """A COMBINE peer of generation ``gen_id`` is gone: fail its requests and set it aside without a
     free (freeing would talk to the dead peer, and llama.cpp aborts when it cannot)."""
@@ -115,5 +123,5 @@ class Stop:
 Swap = Union[Rebuild, Install, Unload]
 """The commands that replace or free the generation; one at a time is pending."""
 
-Command = Union[Submit, Cancel, SetDefaults, StateGet, StatePut, Rebuild, Install, Unload, Drain, Abandon, Resume,
-                Stop]
+Command = Union[Submit, Cancel, SetDefaults, StateGet, StatePut, Rebuild, Install, Unload, Drain, Abandon,
+                SwitchStandby, Resume, Stop]

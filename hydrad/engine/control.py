@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +22,14 @@ from hydrad.common.params import ParamError, ParamLayers, RuntimeParams, Tier
 from hydrad.common.registry import Registry, ResolvedModel, UnknownModel
 
 log = logging.getLogger("hydrad.control")
+
+# Where COMBINE sends an MoE model's expert tensors unless told otherwise: the peer's first device
+# (llama.cpp's -ot syntax; the regex is llama.cpp's own for expert FFN tensors).
+EXPERTS_TO_PEER = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps=RPC"
+
+
+class NoModel(RuntimeError):
+    """An operation that needs a loaded model, on an engine without one."""
 
 
 @dataclass
@@ -156,7 +165,58 @@ class EngineControl:
         name = payload.get("model")
         return self.resolve(name) if isinstance(name, str) else None
 
-    def _start_load(self, plan: Any, payload: dict[str, Any], carry_kv: bool = False) -> Any:
+    async def set_expert_mode(self, mode: Any, peer: Any = None, override_tensors: Any = None) -> dict[str, Any]:
+        """Switch the loaded MoE model between SOLO (every tensor here) and COMBINE (its expert tensors on
+        a peer). The first switch to a placement is a model load that keeps the generation it replaces
+        resident as the *standby* (when both fit in memory: the overlap policy); every later switch
+        between the two only exchanges them, in milliseconds. Refused (``SlotsBusy``) while a request
+        decodes, never queued; raises ParamError for a bad request and ``NoModel`` without a model."""
+        t0 = time.monotonic()
+        gen = self.core.gen
+        if gen is None:
+            raise NoModel("no model is loaded; configure one first")
+        if mode not in ("solo", "combine"):
+            raise ParamError(f"mode must be 'solo' or 'combine', not {mode!r}", ["mode"])
+        if not gen.n_expert:
+            raise ParamError(f"{gen.resolved.id} is not a Mixture-of-Experts model (no expert tensors to move); "
+                             "split a dense model with configure (rpc_servers, tensor_split)", ["mode"], code="not_moe")
+        if mode == "solo":
+            payload: dict[str, Any] = dict(self.SOLO)
+        else:
+            known = [g.params for g in (gen, self.core.standby) if g is not None and g.params.rpc_servers]
+            if peer is None and not known:
+                raise ParamError("combine needs a peer (host:port of its merged RPC port)", ["peer"])
+            if peer is not None and not isinstance(peer, str):
+                raise ParamError("peer must be a string, host:port", ["peer"])
+            servers = [peer] if peer is not None else list(known[0].rpc_servers or [])
+            ot = override_tensors if override_tensors is not None else (
+                known[0].override_tensors if known and known[0].override_tensors else [EXPERTS_TO_PEER])
+            payload = {"rpc_servers": servers, "override_tensors": ot, "tensor_split": [1.0, 0.0]}
+        plan = self.layers.plan(payload)
+        if not self._differs_from_installed(plan.effective):
+            self.layers.commit(plan)
+            return {"mode": mode, "switched": False, "resident": True, "seconds": round(time.monotonic() - t0, 6)}
+        standby = self.core.standby
+        if standby is not None and not self._differs(standby.params, plan.effective) and self.core.current_load is None:
+            await self.core.switch_standby()
+            self.layers.commit(plan)
+            seconds = time.monotonic() - t0
+            log_event(log, logging.INFO, "expert mode switched", mode=mode, seconds=round(seconds, 6))
+            return {"mode": mode, "switched": True, "resident": True, "seconds": round(seconds, 6)}
+        if self.core.current_load is not None:
+            raise EngineBusy("a model load is under way; switch when it has finished")
+        rec = self._start_load(plan, payload, keep_standby=True)
+        return {"mode": mode, "switched": True, "resident": False, "load_id": rec.id, "policy": rec.policy,
+                "estimate": rec.estimate}
+
+    @staticmethod
+    def _differs(a: RuntimeParams, b: RuntimeParams) -> bool:
+        """Whether two parameter sets need different model loads (or contexts) to serve."""
+        return any(getattr(a, k) != getattr(b, k) for k in RuntimeParams.model_fields
+                   if RuntimeParams.tier_of(k) >= Tier.T2)
+
+    def _start_load(self, plan: Any, payload: dict[str, Any], carry_kv: bool = False,
+                    keep_standby: bool = False) -> Any:
         resolved = self.resolve(plan.effective.model)
         entry = resolved.entry
 
@@ -165,7 +225,8 @@ class EngineControl:
             self._pending_payload = None
 
         rec = self.core.load(resolved, plan.effective, on_success=done, policy=plan.effective.reload_policy,
-                             carry_kv=carry_kv, kv_bytes_per_token=entry.kv_bytes_per_token if entry else None)
+                             carry_kv=carry_kv, kv_bytes_per_token=entry.kv_bytes_per_token if entry else None,
+                             keep_standby=keep_standby)
         self._pending_payload = dict(payload)
         self._loading_target = plan.effective
         return rec

@@ -30,7 +30,7 @@ from hydrad.engine import faults
 from hydrad.engine.batching import MAX_CHARS_PER_TOKEN, PRETOKENIZE_CHARS, Batching, PromptTooLong, _Active
 from hydrad.engine.commands import (
     Abandon, Cancel, Command, Drain, Install, Rebuild, Resume, SetDefaults, StateGet, StatePut, Stop, Submit, Swap,
-    Unload,
+    SwitchStandby, Unload,
 )
 from hydrad.engine.generation import Generation, Slot
 from hydrad.engine.kvops import KvOps, StateError, carry_slots, sibling_problem
@@ -50,6 +50,10 @@ __all__ = ["EngineCore", "EngineBusy", "PromptTooLong", "StateError", "EngineSna
            "MAX_CHARS_PER_TOKEN", "PRETOKENIZE_CHARS", "sibling_problem", "carry_slots"]
 
 
+class SlotsBusy(RuntimeError):
+    """An expert-mode switch asked for while requests decode (it is refused, not queued)."""
+
+
 class EngineCore(Loading, Batching, KvOps):
     def __init__(self, on_status: Callable[[EngineSnapshot], None] | None = None, max_queue: int = 64,
                  drain_timeout_s: float = 30.0, device: str | None = None) -> None:
@@ -60,6 +64,7 @@ class EngineCore(Loading, Batching, KvOps):
         self.params: RuntimeParams | None = None  # T1 defaults in force
         self.gen: Generation | None = None  # serves new requests
         self.retiring: list[Generation] = []  # older generations finishing their in-flight requests (overlap)
+        self.standby: Generation | None = None  # the other expert placement, resident for a fast mode switch
         self.loads: dict[int, LoadRecord] = {}
         self.current_load: LoadRecord | None = None
         self.last_error: str | None = None
@@ -197,8 +202,16 @@ class EngineCore(Loading, Batching, KvOps):
                 load_id=rec.id if rec is not None else None, loading_model=rec.model if rec is not None else None,
                 last_error=self.last_error, slots_busy=busy, slots_total=total, queued=queued,
                 max_queue=self.max_queue, params=self.params or (gen.params if gen is not None else None),
-                device=self.device, stats=self.stats)
+                device=self.device, stats=self.stats,
+                standby=self._standby_view())
         return snap
+
+    def _standby_view(self) -> dict[str, Any] | None:
+        sb = self.standby
+        if sb is None:
+            return None
+        return {"generation": sb.tag.fingerprint, "mode": "combine" if sb.placement and sb.placement.peers else "solo",
+                "placement": sb.placement.public() if sb.placement is not None else None}
 
     def snapshot(self) -> EngineSnapshot:
         """The engine as the views show it; the busy/queued counts are read live."""
@@ -338,6 +351,8 @@ class EngineCore(Loading, Batching, KvOps):
                 self._drain = (time.monotonic() + self.drain_timeout_s, cmd)
             case Abandon(gen_id=gen_id, reason=reason):
                 self._abandon(gen_id, reason)
+            case SwitchStandby(fut=fut):
+                self._switch_standby(fut)
             case Resume():
                 pass  # wakes the loop so queued requests are re-examined
             case Stop():
@@ -370,17 +385,25 @@ class EngineCore(Loading, Batching, KvOps):
                 old, self.gen = self.gen, new
                 self.params = new.params
                 self._watch_peers(new)
+                if self.standby is not None:  # a standby of the placement this one replaces, or stale
+                    self.standby.free()
+                    self.standby = None
                 if old is not None:
                     if rec.carry_kv:
                         rec.carried = carry_slots(old, new)
                     if old.n_active:
                         self.retiring.append(old)
+                    elif rec.keep_standby:
+                        self.standby = old
                     else:
                         old.free()
                 self._publish()
             elif isinstance(cmd, Rebuild):
                 t0 = time.monotonic()
                 assert self.gen is not None
+                if self.standby is not None:  # its context no longer matches the parameters in force
+                    self.standby.free()
+                    self.standby = None
                 carried = self.gen.rebuild_context(cmd.params)
                 self.params = cmd.params
                 result = {"seconds": time.monotonic() - t0, **carried}
@@ -409,6 +432,15 @@ class EngineCore(Loading, Batching, KvOps):
         gen.watch.start()
 
     def _abandon(self, gen_id: int, reason: str) -> None:
+        if self.standby is not None and self.standby.id == gen_id:
+            self.standby.abandoned = True
+            self.abandoned.append(self.standby)
+            self.standby = None
+            self.stats.peer_losses_total += 1
+            log_event(log, logging.WARNING, "standby generation set aside: its COMBINE peer is gone", generation=gen_id,
+                      reason=reason)
+            self._publish()
+            return
         for gen in ([self.gen] if self.gen else []) + self.retiring:
             if gen.id != gen_id:
                 continue
@@ -418,8 +450,10 @@ class EngineCore(Loading, Batching, KvOps):
                     self._emit(slot.active.handle, Failed(reason, status=503, code="peer_lost"))
                     self._release(gen, slot)
             gen.abandoned = True
-            if gen is self.gen:
-                self.gen = None
+            if gen is self.gen:  # the resident other placement (SOLO, say) takes over at once, if there is one
+                self.gen, self.standby = self.standby, None
+                if self.gen is not None:
+                    self.params = self.gen.params
                 self.state_buffers.clear()
             else:
                 self.retiring.remove(gen)
@@ -433,10 +467,33 @@ class EngineCore(Loading, Batching, KvOps):
             self._publish()
             return
 
+    def _switch_standby(self, fut: Any) -> None:
+        """Engine thread: exchange the serving generation and the standby (both stay resident)."""
+        gen, standby = self.gen, self.standby
+        if gen is None or standby is None:
+            fut.set_exception(RuntimeError("no resident generation of the other placement"))
+            return
+        if gen.n_active or self.retiring:
+            fut.set_exception(SlotsBusy(f"{gen.n_active + sum(g.n_active for g in self.retiring)} request(s) "
+                                        "decoding; switch between requests"))
+            return
+        self.gen, self.standby = standby, gen
+        self.params = standby.params
+        self.state_buffers.clear()
+        self._publish()
+        fut.set_result(standby.params)
+
+    async def switch_standby(self) -> RuntimeParams:
+        """Make the standby serve (see SwitchStandby); returns the parameters it serves with."""
+        cmd = SwitchStandby()
+        self._cmds.put(cmd)
+        return await asyncio.wrap_future(cmd.fut)
+
     def _shutdown_gen(self) -> None:
         self.state_buffers.clear()
         gen, self.gen = self.gen, None
-        for g in ([gen] if gen else []) + self.retiring:
+        standby, self.standby = self.standby, None
+        for g in ([gen] if gen else []) + ([standby] if standby else []) + self.retiring:
             g.free()
         self.retiring.clear()
         if self._drain is not None:

@@ -83,6 +83,12 @@ class Generation:
         self.watch: PeerWatch | None = None  # the watch of the placement's peers, while installed
         self.abandoned = False  # a peer died: never free (freeing talks to it, and llama.cpp aborts)
 
+    @property
+    def n_expert(self) -> int:
+        """Experts per MoE layer (0 for a dense model), from the GGUF's ``<arch>.expert_count``."""
+        value = self.model.meta(f"{self.model.info.arch}.expert_count")
+        return int(value) if value and value.isdigit() else 0
+
     # ----- KV state of a slot (engine thread only) ---------------------------------------
 
     def identity(self) -> dict[str, Any]:

@@ -30,6 +30,7 @@ class LoadRecord:
     model: str
     policy: str = "overlap"
     carry_kv: bool = False
+    keep_standby: bool = False  # an expert-mode switch: the replaced generation stays resident as the standby
     phase: str = "queued"  # queued → draining → loading → warming → installing → done | failed | aborted
     progress: float = 0.0
     error: str | None = None

@@ -46,7 +46,8 @@ class Loading:
     record_error: Callable[[str | None], None]
 
     def load(self, resolved: ResolvedModel, params: RuntimeParams, on_success: Callable[[], None] | None = None,
-             policy: str = "auto", carry_kv: bool = False, kv_bytes_per_token: int | None = None) -> LoadRecord:
+             policy: str = "auto", carry_kv: bool = False, kv_bytes_per_token: int | None = None,
+             keep_standby: bool = False) -> LoadRecord:
         """T3: load a model on a loader thread. ``overlap`` keeps the current generation serving until
         the new one takes over; ``drain`` frees it first; ``carry_kv`` moves every slot's KV across."""
         with self._lock:
@@ -54,7 +55,7 @@ class Loading:
                 raise EngineBusy(f"load {self.current_load.id if self.current_load else '?'} is under way; "
                                  "wait for it to finish")
             self._load_ids += 1
-            rec = LoadRecord(self._load_ids, resolved.id, carry_kv=carry_kv)
+            rec = LoadRecord(self._load_ids, resolved.id, carry_kv=carry_kv, keep_standby=keep_standby)
             try:
                 need = estimate_bytes(resolved, params, kv_bytes_per_token)
             except OSError as exc:

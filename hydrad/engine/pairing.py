@@ -38,4 +38,4 @@ class Pairing:
         role = "+".join(r for r, on in (("head", lenders), ("peer", borrowers)) if on) or "solo"
         return {"mode": "combine" if role != "solo" else "solo", "role": role,
                 "peers": lenders, "serving": [{"peer": b["peer"], "buffers": b["buffers"]} for b in borrowers],
-                "placement": placement}
+                "placement": placement, "standby": snap.standby}

@@ -72,6 +72,7 @@ class EngineSnapshot:
     max_queue: int = 64
     params: RuntimeParams | None = None  # the defaults in force (T1 layer included)
     device: str | None = None  # the GPU binding from the settings
+    standby: dict[str, Any] | None = None  # the other expert placement, resident for a fast mode switch
     stats: EngineStats = field(default_factory=EngineStats, compare=False)  # live counters
 
     @property

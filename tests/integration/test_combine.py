@@ -204,3 +204,81 @@ def test_a_peer_that_dies_between_requests_leaves_a_solo_engine(head: Engine, pe
     assert "hydra_peer_losses_total 1.0" in head.http.get("/metrics").text.splitlines()
     params = info(head)["params"]
     assert not any(layer.get("rpc_servers") for layer in params.values() if isinstance(layer, dict))
+
+
+@pytest.fixture
+def tiny_moe(tmp_path: Path) -> Path:
+    moe = tmp_path / "tiny-moe.gguf"
+    subprocess.run([sys.executable, str(REPO / "scripts" / "make_tiny_moe.py"), str(moe)], check=True, cwd=str(REPO),
+                   capture_output=True, timeout=120)
+    return moe
+
+
+def set_mode(engine: Engine, **body: Any) -> Any:
+    return engine.http.post("/control/set_expert_mode?wait=1", json=body)
+
+
+def test_expert_mode_switches_between_resident_placements(head: Engine, peer: Engine, tiny_moe: Path) -> None:
+    """The first switch to COMBINE loads the expert split and keeps SOLO resident; every later switch
+    only exchanges the two, well under 100 ms, and each mode answers as before the round trip."""
+    endpoint = f"127.0.0.1:{rpc_port(peer)}"
+    load(head, model=str(tiny_moe))
+    solo = greedy(head, n=8)
+
+    r = set_mode(head, mode="combine", peer=endpoint)
+    assert r.status_code == 200 and r.json()["resident"] is False and r.json()["load"]["phase"] == "done", r.text
+    pair = info(head)["combine"]
+    assert pair["role"] == "head" and pair["standby"]["mode"] == "solo"
+    assert pair["placement"]["override_tensors"][0].endswith("exps=RPC") and pair["placement"]["n_gpu_layers"] == 0
+    combined = greedy(head, n=8)
+
+    seconds = []
+    for mode, want in (("solo", solo), ("combine", combined), ("solo", solo), ("combine", combined)):
+        r = set_mode(head, mode=mode)
+        body = r.json()
+        assert r.status_code == 200 and body["switched"] and body["resident"], r.text
+        seconds.append(body["seconds"])
+        assert head.http.get("/health").json()["role"] == ("head" if mode == "combine" else "solo")
+        assert greedy(head, n=8) == want
+    print(f"expert-mode switches, engine-side seconds: {seconds}")
+    assert max(seconds) < 0.1
+    assert set_mode(head, mode="combine").json()["switched"] is False  # already there
+
+    # the merged port's SET_EXPERT_MODE (0x44) does the same
+    with RpcClient(("127.0.0.1", rpc_port(head))) as c:
+        from hydrad.wire import protocol as P
+
+        assert c.call(P.Op.SET_EXPERT_MODE, {"mode": "solo"})["resident"] is True
+        with pytest.raises(Exception) as bad:
+            c.call(P.Op.SET_EXPERT_MODE, {"mode": "both"})
+        assert "mode must be 'solo' or 'combine'" in str(bad.value)
+
+
+def test_expert_mode_is_refused_while_decoding_and_for_dense_models(head: Engine, peer: Engine,
+                                                                    tiny_moe: Path) -> None:
+    endpoint = f"127.0.0.1:{rpc_port(peer)}"
+    load(head, model="smollm2-135m")
+    r = set_mode(head, mode="combine", peer=endpoint)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "not_moe", r.text
+    load(head, model=str(tiny_moe))
+    assert set_mode(head, mode="combine", peer=endpoint).status_code == 200
+    for bad, code in (({"mode": "sideways"}, "invalid_param"), ({"mode": "combine", "peer": 7}, "invalid_param"),
+                      ({"mode": "solo", "extra": 1}, "unsupported_field")):
+        r = set_mode(head, **bad)
+        assert r.status_code == 400 and r.json()["error"]["code"] == code, r.text
+    import threading
+
+    r = head.configure(n_ctx=2048)  # room for a long answer (T2: the standby goes with the old context)
+    assert r.status_code == 200 and r.json()["tier"] == "T2", r.text
+    assert set_mode(head, mode="solo").json()["resident"] is False  # so this is a load again
+    assert set_mode(head, mode="combine").json()["resident"] is True
+    done: list[int] = []
+    t = threading.Thread(target=lambda: done.append(len(greedy(head, n=1500))))
+    t.start()
+    eventually(lambda: head.http.get("/slots").json(), 30, "a slot decoding",
+               until=lambda rows: any(s.get("is_processing") for s in rows), interval=0.01)
+    r = set_mode(head, mode="solo")
+    assert r.status_code == 409 and r.json()["error"]["code"] == "slots_busy" and r.headers["retry-after"] == "1"
+    t.join(300)
+    assert done == [1500]
+    assert set_mode(head, mode="solo").json()["resident"] is True

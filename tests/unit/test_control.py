@@ -34,7 +34,7 @@ class FakeCore:
         self.params = params
 
     def load(self, resolved: Any, params: RuntimeParams, on_success: Callable[[], None], policy: str | None = None,
-             carry_kv: bool = False, kv_bytes_per_token: int | None = None) -> Any:
+             carry_kv: bool = False, kv_bytes_per_token: int | None = None, keep_standby: bool = False) -> Any:
         rec = SimpleNamespace(id=len(self.loads) + 1, model=resolved.id, params=params, on_success=on_success,
                               policy=policy or "overlap", estimate={})
         self.loads.append(rec)

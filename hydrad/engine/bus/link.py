@@ -46,7 +46,8 @@ from hydrad import __version__
 from hydrad.common import tokenfile
 from hydrad.wire import messages as M
 from hydrad.engine.gpu import bound_device, local_gpu
-from hydrad.engine.control import EngineBusy, EngineControl, ParamError, UnknownModel
+from hydrad.engine.control import EngineControl
+from hydrad.engine.refusals import refusal
 from hydrad.engine.core import PromptTooLong
 from hydrad.engine.requests import Done, Failed, Token
 from hydrad.common.logs import log_event
@@ -443,13 +444,10 @@ class EngineLink:
 
         try:
             result = await self.control.configure(dict(msg.payload))
-        except ParamError as exc:
-            return refuse(400, exc.code, exc)
-        except UnknownModel as exc:
-            return refuse(404, "model_not_found", exc)
-        except EngineBusy as exc:
-            return refuse(409, "busy", exc)
         except Exception as exc:
+            r = refusal(exc)
+            if r is not None:
+                return refuse(r.http, r.code, exc)
             log_event(log, logging.ERROR, "bus configure failed", req=req, error=repr(exc), exc_info=True)
             return refuse(500, "configure_failed", exc)
         body = result.public()

@@ -22,7 +22,8 @@ from starlette.routing import Route
 
 from hydrad import __version__
 from hydrad.common.logs import log_event
-from hydrad.engine.control import EngineBusy, EngineControl, ParamError, UnknownModel
+from hydrad.engine.control import EngineControl
+from hydrad.engine.refusals import refusal
 from hydrad.engine.http import metrics
 from hydrad.engine.http.context import HttpContext, ctx_of
 from hydrad.engine.http.generation import chat, completions
@@ -113,12 +114,8 @@ async def configure(request: Request) -> Response:
     payload = await ctx.json_object(request, "configure body")
     try:
         result = await ctx.control.configure(payload)
-    except ParamError as exc:
-        raise ApiError(400, str(exc), exc.code, exc.fields[0] if exc.fields else None) from None
-    except UnknownModel as exc:
-        raise ApiError(404, str(exc), "model_not_found", "model") from None
-    except EngineBusy as exc:
-        raise ApiError(409, str(exc), "busy", headers={"Retry-After": "1"}) from None
+    except Exception as exc:
+        raise _refused(exc) from None
     return await finish_load(ctx, request, result.public(), result.load_id)
 
 
@@ -131,13 +128,32 @@ async def swap_quant(request: Request) -> Response:
         raise ApiError(400, "swap_quant needs {\"model\": <alias or GGUF path>}", "invalid_field", "model")
     try:
         result = await ctx.control.swap_quant(model)
-    except ParamError as exc:
-        raise ApiError(400, str(exc), exc.code, "model") from None
-    except UnknownModel as exc:
-        raise ApiError(404, str(exc), "model_not_found", "model") from None
-    except EngineBusy as exc:
-        raise ApiError(409, str(exc), "busy", headers={"Retry-After": "1"}) from None
+    except Exception as exc:
+        raise _refused(exc, field="model") from None
     return await finish_load(ctx, request, result.public(), result.load_id)
+
+
+async def set_expert_mode(request: Request) -> Response:
+    ctx = ctx_of(request)
+    ctx.guard_control(request)
+    body = await ctx.json_object(request, "set_expert_mode body")
+    unknown = sorted(set(body) - {"mode", "peer", "override_tensors"})
+    if unknown:
+        raise ApiError(400, f"unknown field(s): {', '.join(unknown)} (mode, peer, override_tensors)",
+                       "unsupported_field", unknown[0])
+    try:
+        result = await ctx.control.set_expert_mode(body.get("mode"), body.get("peer"), body.get("override_tensors"))
+    except Exception as exc:
+        raise _refused(exc) from None
+    return await finish_load(ctx, request, result, result.get("load_id"))
+
+
+def _refused(exc: Exception, field: str | None = None) -> Exception:
+    """The ApiError for a refused control operation; anything else is re-raised as the bug it is."""
+    r = refusal(exc)
+    if r is None:
+        return exc
+    return ApiError(r.http, r.message, r.code, field or r.field, headers=r.headers)
 
 
 async def finish_load(ctx: HttpContext, request: Request, body: dict[str, Any], load_id: int | None) -> Response:
@@ -197,6 +213,7 @@ ROUTES = [
     Route("/control/config", get_config), Route("/control/configure", configure, methods=["POST"]),
     Route("/control/loads/{load_id}", load_status),
     Route("/control/swap_quant", swap_quant, methods=["POST"]),
+    Route("/control/set_expert_mode", set_expert_mode, methods=["POST"]),
     Route("/slots", slots), Route("/slots/{slot}/state", state_get),
     Route("/slots/{slot}/state", state_put, methods=["PUT"]), Route("/slots/{slot}/state/meta", state_meta),
 ]

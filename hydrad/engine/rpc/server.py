@@ -26,7 +26,8 @@ from typing import Any, Callable
 
 from hydrad import __version__
 from hydrad.engine.gpu import bound_device
-from hydrad.engine.control import EngineBusy, EngineControl, ParamError, UnknownModel
+from hydrad.engine.control import EngineControl
+from hydrad.engine.refusals import refusal
 from hydrad.engine.core import StateError
 from hydrad.common.logs import log_event
 from hydrad.wire import protocol as P
@@ -289,8 +290,7 @@ class MergedPort:
         elif op == P.Op.SWAP_QUANT:
             io.send(self._swap_quant(req))
         elif op == P.Op.SET_EXPERT_MODE:
-            name = P.Op(op).name
-            io.send(P.error_frame(P.Status.NOT_SUPPORTED, "not_supported", f"{name} is not supported by this engine yet"))
+            io.send(self._set_expert_mode(req))
         elif op == P.Op.PIPELINE_ATTACH:
             io.send(P.error_frame(P.Status.ERROR, "retired",
                                   "PIPELINE_ATTACH is retired; to split a model across engines (COMBINE), send "
@@ -302,31 +302,33 @@ class MergedPort:
             return False
         return True
 
-    def _configure(self, payload: dict[str, Any]) -> bytes:
+    def _control_op(self, op: Callable[[], Any]) -> bytes:
+        """Run a control coroutine; a refusal answers with its status (refusals.py), anything else raises."""
         try:
-            result = self._run(self.control.configure(payload))
-        except ParamError as exc:
-            return P.error_frame(P.Status.BAD_REQUEST, exc.code, str(exc))
-        except UnknownModel as exc:
-            return P.error_frame(P.Status.NOT_FOUND, "model_not_found", str(exc))
-        except EngineBusy as exc:
-            return P.error_frame(P.Status.CONFLICT, "busy", str(exc))
-        return P.encode_json(P.Status.OK, result.public())
+            result = self._run(op())
+        except Exception as exc:
+            r = refusal(exc)
+            if r is None:
+                raise
+            return P.error_frame(r.status, r.code, r.message)
+        return P.encode_json(P.Status.OK, result if isinstance(result, dict) else result.public())
+
+    def _configure(self, payload: dict[str, Any]) -> bytes:
+        return self._control_op(lambda: self.control.configure(payload))
 
     def _swap_quant(self, req: dict[str, Any]) -> bytes:
         model = req.get("model")
         if not isinstance(model, str):
             return P.error_frame(P.Status.BAD_REQUEST, "invalid_field", "SWAP_QUANT needs {\"model\": <alias or GGUF path>}")
-        try:
-            result = self._run(self.control.swap_quant(model))
-        except ParamError as exc:
-            return P.error_frame(P.Status.INCOMPATIBLE if exc.code == "not_sibling" else P.Status.BAD_REQUEST,
-                                 exc.code, str(exc))
-        except UnknownModel as exc:
-            return P.error_frame(P.Status.NOT_FOUND, "model_not_found", str(exc))
-        except EngineBusy as exc:
-            return P.error_frame(P.Status.CONFLICT, "busy", str(exc))
-        return P.encode_json(P.Status.OK, result.public())
+        return self._control_op(lambda: self.control.swap_quant(model))
+
+    def _set_expert_mode(self, req: dict[str, Any]) -> bytes:
+        unknown = sorted(set(req) - {"mode", "peer", "override_tensors"})
+        if unknown:
+            return P.error_frame(P.Status.BAD_REQUEST, "unsupported_field",
+                                 f"unknown field(s): {', '.join(unknown)} (mode, peer, override_tensors)")
+        return self._control_op(lambda: self.control.set_expert_mode(req.get("mode"), req.get("peer"),
+                                                                  req.get("override_tensors")))
 
     async def _info(self) -> dict[str, Any]:
         view = info_view(self.control, self.settings, self.devices(), self.port)
