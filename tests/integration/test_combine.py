@@ -17,6 +17,8 @@ from typing import Any, Callable, Iterator
 
 import pytest
 import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from hydrad.wire.rpcclient import RpcClient
 from tests.support.engine import REPO, Engine, free_port, terminate
@@ -282,3 +284,35 @@ def test_expert_mode_is_refused_while_decoding_and_for_dense_models(head: Engine
     t.join(300)
     assert done == [1500]
     assert set_mode(head, mode="solo").json()["resident"] is True
+
+
+_JSON = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=False)
+                     | st.text(max_size=40), lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=8), c,
+                                                                                               max_size=3),
+                     max_leaves=8)
+_ENDPOINTS = st.one_of(st.sampled_from(["127.0.0.1:1", "[::1]:2", "localhost:65535", "h:0", ":9", "a b:1", "x" * 301]),
+                       st.text(max_size=30))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(body=st.fixed_dictionaries({}, optional={
+    "mode": st.one_of(st.sampled_from(["solo", "combine", "SOLO", ""]), _JSON),
+    "peer": st.one_of(_ENDPOINTS, _JSON),
+    "override_tensors": st.one_of(st.lists(st.sampled_from(["exps=RPC", "(=CPU", "x=", "=CPU", "a=NOPE"]), max_size=3),
+                                  _JSON),
+    "rpc_servers": st.one_of(st.lists(_ENDPOINTS, max_size=9), _JSON),
+    "tensor_split": st.one_of(st.lists(st.floats(), max_size=4), _JSON),
+}), door=st.sampled_from(["set_expert_mode", "configure"]))
+def test_hostile_combine_fields_get_a_clear_answer(head: Engine, body: dict[str, Any], door: str) -> None:
+    """Any value of the COMBINE fields, at either control door: a JSON answer, 2xx or 4xx, never a 5xx,
+    and the engine alive after (a peer that cannot be reached fails the load, nothing else)."""
+    if door == "configure":
+        body = {k: v for k, v in body.items() if k not in ("mode", "peer")}
+        r = head.http.post("/control/configure?wait=1", json={"model": "smollm2-135m", **body})
+    else:
+        r = head.http.post("/control/set_expert_mode?wait=1", json=body)
+    assert r.status_code < 500, r.text
+    if r.status_code >= 400:
+        assert r.json()["error"]["code"], r.text
+    head.assert_running()
+    assert head.http.get("/livez").status_code == 200
