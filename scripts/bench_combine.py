@@ -21,13 +21,14 @@ and the head's ``n_threads`` are all ``--threads``.
    ``timings`` are recorded in the JSON too, but on a head with an RPC peer they split prefill
    and decode at the wrong moment: see :func:`complete`). Medians, Hydra ÷ stock (goal ≥ 0.95)
    and both ÷ SOLO; the greedy pieces of the Hydra-peer and stock-peer runs are compared run by
-   run.
+   run. The peer relay's command counter over each Hydra-peer request gives ggml-RPC commands
+   per token, and with the pairs' decode times the relay hop's cost per command.
 2. Bytes on the wire. Before the runs: the first load of the model onto the (fresh) peer and,
    after ``{"model": null}``, a second load of the same; the peer's relay counters
    (``weight_bytes`` uploaded with SET_TENSOR, ``cache_hits``/``cache_hit_bytes`` of tensors
    offered by hash that its tensor cache held, ``cache_misses``) before/after each, and the load
    seconds of each (the load record of ``/control/configure?wait=1``).
-3. Expert split (``--moe``, default on; about a minute): a tiny MoE made by
+3. Expert split (``--moe``, default on; about half a minute): a tiny MoE made by
    scripts/make_tiny_moe.py, the experts (``\\.ffn_(up|down|gate)_exps=RPC``) on the peer,
    everything else on the head (``tensor_split: [1.0, 0.0]``); the same alternation, but
    ``--moe-repeat`` measured requests per load (the model is so small that one request takes a
