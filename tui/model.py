@@ -24,9 +24,9 @@ ROUTE_LOG_SIZE = 200
 RECENT_EVENTS = 100  # per engine, for its detail screen
 SESSIONS_KEPT = 32  # per engine, the sessions last routed to it
 # what GET /admin/engines sets on a row; the EVENT_FIELDS among them are also set by events
-SNAPSHOT_FIELDS = ("alive", "down_reason", "stage", "model", "loading_model", "generation", "mode", "progress",
-                   "slots_busy", "slots_total", "queued", "max_queue", "n_ctx", "prefill_tps", "decode_tps",
-                   "load_seconds", "vram_free", "last_error", "inflight", "sessions", "configuring", "http", "rpc",
+SNAPSHOT_FIELDS = ("alive", "down_reason", "stage", "model", "loading_model", "generation", "mode", "role", "peers",
+                   "serving", "pair_peers", "pair_heads", "progress", "slots_busy", "slots_total", "queued",
+                   "max_queue", "n_ctx", "prefill_tps", "decode_tps", "load_seconds", "vram_free", "last_error", "inflight", "sessions", "configuring", "http", "rpc",
                    "version", "pid", "up_since")
 EVENT_FIELDS = frozenset({"alive", "down_reason", "stage", "model", "loading_model", "progress", "configuring"})
 
@@ -43,7 +43,12 @@ class EngineRow:
     model: str | None = None
     loading_model: str | None = None
     generation: str | None = None
-    mode: str = "solo"
+    mode: str = "solo"  # what the engine reports: solo | combine
+    role: str = "solo"  # solo | head | peer | head+peer, as the engine reports it
+    peers: list[str] = field(default_factory=list)  # a head's peers' RPC endpoints
+    serving: list[str] = field(default_factory=list)  # a peer's heads' client addresses
+    pair_peers: list[str] | None = None  # a head's peers by engine name (the coordinator's; None: not given)
+    pair_heads: list[str] | None = None  # a peer's heads by engine name
     progress: float | None = None
     slots_busy: int = 0
     slots_total: int = 0
@@ -216,6 +221,13 @@ class PoolModel:
             if isinstance(age, (int, float)):
                 row.last_seen = now - float(age)
             row.mode = str(row.mode or "solo")
+            row.role = str(row.role or "solo")
+            for key in ("peers", "serving"):
+                value = getattr(row, key)
+                setattr(row, key, [str(v) for v in value] if isinstance(value, list) else [])
+            for key in ("pair_peers", "pair_heads"):
+                value = getattr(row, key)
+                setattr(row, key, [str(v) for v in value] if isinstance(value, list) else None)
             self._track_load(row, now)
             self.engines[name] = row
         for name in list(self.engines):
@@ -412,16 +424,36 @@ class PoolModel:
         return None if row.last_seen is None else max(0.0, self.clock() - row.last_seen)
 
     def mode_label(self, row: EngineRow) -> str:
-        """SOLO, COMBINE+peer or PEER→head, from the engine's status and the active profile's entry."""
-        entry = self.profile.entries.get(row.name) or {}
-        mode = str(entry.get("mode") or row.mode or "solo").upper()
-        if mode == "PEER":
-            heads = [n for n, e in self.profile.entries.items() if e.get("peer") == row.name]
-            return "PEER→" + heads[0] if heads else "PEER"
-        if row.mode.upper() == "COMBINE" or mode == "COMBINE":
+        """What the engine reports it is, with its pair: ``SOLO``, ``COMBINE head→p100``, ``COMBINE
+        peer←5060ti``; while a running profile switch still has to make it something else, the
+        target after an arrow (``SOLO → COMBINE``). Never the profile's intent alone."""
+        now = reported_mode(row)
+        target = self.switch_target(row)
+        return f"{now} → {target}" if target else now
+
+    def switch_target(self, row: EngineRow) -> str | None:
+        """The mode (SOLO, COMBINE, PEER) the running switch gives the engine, when the engine does
+        not report it yet and the switch has not finished with it; else None."""
+        p = self.profile
+        if p.state != "switching" or row.name not in p.switch_engines or row.name in p.switch_done:
+            return None
+        plan = p.plans.get(p.switching_to or "") or {}
+        entries = plan.get("engines") if isinstance(plan.get("engines"), dict) else None
+        if entries is None and p.switching_to == p.active:
+            entries = p.entries
+        entry = (entries or {}).get(row.name)
+        if not isinstance(entry, dict):
+            return None
+        mode = str(entry.get("mode") or "SOLO").upper()
+        roles = row.role.split("+")
+        if mode == "COMBINE":
             peer = entry.get("peer")
-            return f"COMBINE+{peer}" if peer else "COMBINE"
-        return "SOLO"
+            named = row.pair_peers if row.pair_peers is not None else row.peers
+            done = "head" in roles and (not peer or peer in named)
+            return None if done else (f"COMBINE+{peer}" if peer else "COMBINE")
+        if mode == "PEER":
+            return None if "peer" in roles else "PEER"
+        return None if row.role == "solo" else "SOLO"
 
     def load_elapsed(self, row: EngineRow) -> float | None:
         return None if row.load_started is None else max(0.0, self.clock() - row.load_started)
@@ -458,6 +490,22 @@ class PoolModel:
             return [r.name for r in live if r.name in self.profile.entries
                     and self.profile.entries[r.name].get("model") != r.model], True
         return [r.name for r in live], False
+
+
+def reported_mode(row: EngineRow) -> str:
+    """``SOLO``, or ``COMBINE`` with the role the engine reports and its pair, by engine name where
+    the coordinator knows it (else the addresses the engine reports): ``COMBINE head→p100``,
+    ``COMBINE peer←5060ti``, ``COMBINE head→a peer←b``."""
+    roles = row.role.split("+")
+    parts = []
+    if "head" in roles:
+        peers = row.pair_peers if row.pair_peers is not None else row.peers
+        parts.append("head→" + (",".join(peers) or "?"))
+    if "peer" in roles:
+        heads = row.pair_heads if row.pair_heads is not None else row.serving
+        parts.append("peer←" + (",".join(heads) or "?"))
+    mode = row.mode.upper()
+    return f"{mode} {' '.join(parts)}" if parts else mode
 
 
 def fraction(v: Any) -> float | None:

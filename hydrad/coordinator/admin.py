@@ -1,5 +1,9 @@
 """The coordinator's admin API: the engine registry, profile switching and routing explained.
 
+``GET /admin/engines`` lists every engine's registration and latest status, with the COMBINE
+role it reports (``mode``, ``role``, ``peers``, ``serving``) and its ``pair`` by engine name
+(``records.pairs``: ``pair_peers`` for a head, ``pair_heads`` for a peer, ``pair`` both).
+
 ``POST /admin/profile {"name": ...}`` waits for the switch by default and answers with its
 total time and every engine's result (``"wait": false`` answers 202 at once; progress is on
 the PUB socket and in ``GET /admin/profile``). The switch runs as its own task, so a client
@@ -27,6 +31,7 @@ from starlette.routing import Route
 from hydrad.coordinator.affinity import Affinity
 from hydrad.coordinator.bus import CoordinatorBus
 from hydrad.coordinator.frontdoor import FrontDoor
+from hydrad.coordinator.records import pairs
 from hydrad.coordinator.switcher import ProfileSwitcher, SwitchBusy
 from hydrad.wire.openai import ApiError
 
@@ -35,9 +40,11 @@ def admin_routes(bus: CoordinatorBus, switcher: ProfileSwitcher, affinity: Affin
                  front: FrontDoor | None = None) -> list[Route]:
     async def engines(_: Request) -> Response:
         sessions = affinity.counts()
+        paired = pairs(bus.engines)
         out = []
         for name, rec in sorted(bus.engines.items()):
             item = rec.public()
+            item.update(paired[name].public())  # mode/role/peers/serving are the engine's own; pair by name
             item["inflight"] = bus.inflight(name)
             item["sessions"] = sessions.get(name, 0)
             item["configuring"] = switcher.configuring.get(name)

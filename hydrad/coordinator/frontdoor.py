@@ -39,7 +39,7 @@ from starlette.routing import Route
 from hydrad.wire import messages as M
 from hydrad.coordinator.affinity import Affinity, prefix_of
 from hydrad.coordinator.bus import CoordinatorBus
-from hydrad.coordinator.records import EngineLost, EngineRecord, EngineUnreachable, RequestUnsendable
+from hydrad.coordinator.records import EngineLost, EngineRecord, EngineUnreachable, RequestUnsendable, pairs
 from hydrad.coordinator.metrics import CONTENT_TYPE, CoordinatorMetrics
 from hydrad.coordinator.replies import Lost, Turn, collect, disconnected, relay
 from hydrad.coordinator.routing import (
@@ -117,9 +117,11 @@ class FrontDoor:
         """
         covered = model is not None and any(
             r.alive and model in (r.status.model, r.status.loading_model) for r in self.bus.engines.values())
+        paired = pairs(self.bus.engines)
         out = []
         for rec in self.bus.engines.values():
             st, gpu = rec.status, rec.info.gpu
+            vram_total, vram_free = self._pair_vram(rec, paired[rec.name].peers)
             inflight = self.bus.inflight(rec.name)
             total = st.slots_total
             heard = rec.heard_load()
@@ -131,10 +133,30 @@ class FrontDoor:
                 name=rec.name, alive=rec.alive, stage=st.stage, model=model,
                 models_on_disk=self._loadable(rec, covered),
                 slots_busy=busy, slots_total=total, queued=queued, max_queue=st.max_queue,
-                vram_total=gpu.vram_total, vram_free=st.vram_free if st.vram_free is not None else gpu.vram_free,
+                vram_total=vram_total, vram_free=vram_free,
                 gpu_arch=gpu.arch, prefill_tps=st.prefill_tps, decode_tps=st.decode_tps, load_seconds=st.load_seconds,
-                sessions=sessions, cached_prefixes=prefixes))
+                sessions=sessions, cached_prefixes=prefixes, role=st.role))
         return out
+
+    def _pair_vram(self, rec: EngineRecord, peers: tuple[str, ...]) -> tuple[int, int]:
+        """(VRAM total, free) routing sees for the engine: its own device's, and for a COMBINE head
+        its live peers' added, since a load on the head spreads over them too. A device of unknown
+        size (0: a CPU, or a peer that is no registered engine) anywhere in the pair makes the
+        total unknown, which routing takes as fitting."""
+        def own(r: EngineRecord) -> tuple[int, int]:
+            st, gpu = r.status, r.info.gpu
+            return gpu.vram_total, st.vram_free if st.vram_free is not None else gpu.vram_free
+
+        total, free = own(rec)
+        for name in peers:
+            peer = self.bus.engines.get(name)
+            if peer is not None and (not peer.alive or name == rec.name):
+                continue
+            t, f = own(peer) if peer is not None else (0, 0)
+            if total <= 0 or t <= 0:
+                return 0, 0
+            total, free = total + t, free + f
+        return total, free
 
     def _loadable(self, rec: EngineRecord, covered: bool) -> frozenset[str]:
         """The models routing may load on demand on this engine.

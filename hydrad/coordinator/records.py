@@ -1,6 +1,7 @@
 """What the coordinator's bus knows of engines and requests: an engine's record (REGISTER, the
-latest heartbeat, liveness), the stream of one GENERATE's events, and the failures the front
-door tells apart (unreachable engine, a request that cannot be sent, an engine lost mid-request).
+latest heartbeat, liveness), the COMBINE pairs those records describe (:func:`pairs`), the stream
+of one GENERATE's events, and the failures the front door tells apart (unreachable engine, a
+request that cannot be sent, an engine lost mid-request).
 
 Owned by ``bus.CoordinatorBus`` (its reader task is the only writer); read by the front door,
 the switcher and the admin API.
@@ -13,7 +14,7 @@ import re
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 from hydrad.wire import messages as M
 
@@ -123,3 +124,84 @@ class EngineRecord:
                 "rpc": info.rpc, "gpu": info.gpu.model_dump(), "device": info.device,
                 "models_on_disk": info.models_on_disk,
                 "heartbeat_interval_s": info.heartbeat_interval_s, **self.status.model_dump()}
+
+
+# ----- COMBINE pairs ---------------------------------------------------------------------
+
+_LOOPBACK = frozenset({"localhost", "ip6-localhost", "::1", "127.0.0.1"})
+_WILDCARD = frozenset({"", "0.0.0.0", "::", "*"})
+
+
+def _endpoint(addr: str) -> tuple[str, str]:
+    """``host:port`` as (host, port) for comparing: lower case, no IPv6 brackets, every loopback
+    name as 127.0.0.1."""
+    host, sep, port = addr.strip().rpartition(":")
+    if not sep:
+        return addr.strip().lower(), ""
+    host = host.strip("[]").lower()
+    return ("127.0.0.1" if host in _LOOPBACK else host), port
+
+
+@dataclass(frozen=True)
+class Pair:
+    """Whom an engine is paired with in COMBINE, each by engine name where the coordinator knows
+    the address (an engine's merged RPC port from its REGISTER), else as the address itself."""
+
+    peers: tuple[str, ...] = ()  # a head's peers: its reported ``peers`` endpoints, named
+    heads: tuple[str, ...] = ()  # a peer's heads: the live engines whose ``peers`` name this one's RPC port
+
+    @property
+    def names(self) -> list[str]:
+        """Everything on the other end: the peers, then the heads (each once)."""
+        return list(dict.fromkeys(self.peers + self.heads))
+
+    def public(self) -> dict[str, Any]:
+        return {"pair": self.names, "pair_peers": list(self.peers), "pair_heads": list(self.heads)}
+
+
+def pairs(engines: Mapping[str, EngineRecord]) -> dict[str, Pair]:
+    """Every engine's :class:`Pair`, from what the engines report of themselves.
+
+    A head reports its peers as the endpoints it was given (``rpc_servers``); a peer reports the
+    client addresses of the heads holding buffers on it (``serving``), which name no engine. So a
+    head's endpoint is matched to the engine that registered that RPC address (a live one before
+    a dead one; a registered wildcard host such as 0.0.0.0 matches any host on its port when that
+    port is registered once), and a peer's heads are the live engines whose peers resolve to it;
+    a peer no registered head claims shows its ``serving`` addresses instead. An endpoint no
+    engine registered stays ``host:port``.
+    """
+    exact: dict[tuple[str, str], str] = {}
+    wildcard: dict[str, dict[str, bool]] = {}  # port → engine → alive
+    # dead records first, so a live engine's claim to an address wins over a dead one's
+    for rec in sorted(engines.values(), key=lambda r: (r.alive, r.name)):
+        if not rec.info.rpc:
+            continue
+        host, port = _endpoint(rec.info.rpc)
+        if host in _WILDCARD:
+            wildcard.setdefault(port, {})[rec.name] = rec.alive
+        else:
+            exact[(host, port)] = rec.name
+
+    def name_of(endpoint: str) -> str:
+        host, port = _endpoint(endpoint)
+        found = exact.get((host, port))
+        if found is None and port in wildcard:
+            alive = [n for n, up in wildcard[port].items() if up]
+            some = alive if alive else list(wildcard[port])
+            found = some[0] if len(some) == 1 else None
+        return found or endpoint
+
+    peers = {name: tuple(dict.fromkeys(name_of(ep) for ep in rec.status.peers)) for name, rec in engines.items()}
+    heads: dict[str, list[str]] = {}
+    for name in sorted(engines):
+        if engines[name].alive:
+            for peer in peers[name]:
+                if peer != name and peer in engines:
+                    heads.setdefault(peer, []).append(name)
+    out: dict[str, Pair] = {}
+    for name, rec in engines.items():
+        mine = tuple(heads.get(name, ()))
+        if not mine and rec.status.serving:
+            mine = tuple(dict.fromkeys(rec.status.serving))
+        out[name] = Pair(peers=peers[name], heads=mine)
+    return out

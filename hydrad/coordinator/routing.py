@@ -8,8 +8,8 @@ The steps, in the order they decide (``docs/routing.md`` has the formulas):
 
 1. :func:`affinity` — an engine that already holds the session's (or prefix's) KV wins
    outright, unless its wait is much longer than the whole cost of going elsewhere.
-2. :func:`filter_candidates` — alive, routable stage, not excluded, serves or can load the
-   model, and has a free slot or queue room.
+2. :func:`filter_candidates` — alive, routable stage, not excluded, not a model-less COMBINE
+   peer, serves or can load the model, and has a free slot or queue room.
 3. :func:`feasible` — an engine that would have to load the model must fit weights + KV in
    its VRAM and support the quant on its GPU architecture.
 4. :func:`cost` — expected wait + load time + uncached prefill; the cheapest wins.
@@ -51,6 +51,12 @@ class EngineView:
     load_seconds: float | None = None  # measured load time of `model` if known
     sessions: frozenset[str] = frozenset()  # session ids whose KV this engine holds
     cached_prefixes: frozenset[str] = frozenset()  # prefix hashes it holds (optional)
+    role: str = "solo"  # COMBINE role the engine reports: solo | head | peer | head+peer
+
+    @property
+    def lends_only(self) -> bool:
+        """A COMBINE peer with no model of its own: its devices compute a head's layers."""
+        return "peer" in self.role.split("+") and self.model is None
 
 
 @dataclass(frozen=True)
@@ -191,6 +197,8 @@ def _filter_reason(req: RouteRequest, e: EngineView, exclude: frozenset[str], al
         return "excluded by the caller"
     if not e.alive:
         return "not alive (heartbeats missed)"
+    if e.lends_only:
+        return "a COMBINE peer: it lends its devices to a head and serves no model of its own"
     if e.stage not in ROUTABLE_STAGES:
         return f"stage {e.stage}"
     if req.model is None:

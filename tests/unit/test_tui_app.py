@@ -150,6 +150,36 @@ def test_initial_snapshot_fills_the_table() -> None:
     run(app, body)
 
 
+def test_mode_column_shows_the_pair_the_engines_report() -> None:
+    """A COMBINE pair as the coordinator lists it: each row's Mode is the engine's own role and its
+    pair by name, on the table and the engine's detail pane; not the profile's entries."""
+    admin = FakeAdmin()
+    admin.engines_answer = {"profile": "pair", "engines": [
+        engine_doc("5060ti", model="gemma3-270m", mode="combine", role="head", peers=["127.0.0.1:9504"],
+                   pair=["p100"], pair_peers=["p100"], pair_heads=[]),
+        engine_doc("p100", model=None, stage="idle", mode="combine", role="peer", rpc="127.0.0.1:9504",
+                   serving=["127.0.0.1:40112"], pair=["5060ti"], pair_peers=[], pair_heads=["5060ti"])]}
+    app = make_app(admin)
+
+    async def body(pilot: Pilot[None]) -> None:
+        await until(pilot, lambda: app.snapshots >= 1)
+        assert cell(app, "5060ti", "mode") == "COMBINE head→p100"
+        assert cell(app, "p100", "mode") == "COMBINE peer←5060ti"  # the profile (dense) says SOLO for both
+        detail = app.query_one(EngineDetail)
+        await until(pilot, lambda: "mode  COMBINE head→p100" in str(detail.render()))
+
+    run(app, body)
+
+
+def test_detail_pane_has_no_mode_line_for_a_solo_engine() -> None:
+    from tui.model import PoolModel
+    from tui.widgets.detail import render_detail
+
+    s = PoolModel()
+    s.apply_engines(engines_doc())
+    assert "\nmode  " not in render_detail(s, s.engines["5060ti"]).plain
+
+
 def test_events_update_rows_and_add_engines() -> None:
     app = make_app()
 

@@ -99,16 +99,61 @@ def test_routes_are_bounded() -> None:
     assert [r.req for r in s.routes] == ["r2", "r3", "r4"]
 
 
-def test_mode_labels_from_the_active_profile() -> None:
+COMBINE_PROFILE = {"model": "gemma3-270m", "mode": "COMBINE", "peer": "p100"}
+
+
+def test_mode_labels_are_what_the_engines_report_not_the_profile() -> None:
     s = PoolModel()
-    s.apply_engines({"engines": [engine_doc("5060ti", mode="combine"), engine_doc("p100"), engine_doc("3060")]})
+    s.apply_engines({"engines": [
+        engine_doc("5060ti", mode="combine", role="head", peers=["10.0.0.2:50052"], pair_peers=["p100"],
+                   pair_heads=[], pair=["p100"]),
+        engine_doc("p100", model=None, mode="combine", role="peer", serving=["10.0.0.1:41234"], pair_peers=[],
+                   pair_heads=["5060ti"], pair=["5060ti"]),
+        engine_doc("3060"),
+        engine_doc("both", mode="combine", role="head+peer", pair_peers=["p100"], pair_heads=["5060ti"])]})
+    # the active profile says otherwise for 3060; the engines' own reports win
     s.apply_profile({"active": "combine", "profiles": {"combine": ""}, "engines": {
-        "5060ti": {"entry": {"model": "gemma3-270m", "mode": "COMBINE", "peer": "p100"}},
-        "p100": {"entry": {"mode": "PEER"}},
-        "3060": {"entry": {"model": "smollm2-135m"}}}})
-    assert s.mode_label(s.engines["5060ti"]) == "COMBINE+p100"
-    assert s.mode_label(s.engines["p100"]) == "PEER→5060ti"
+        "5060ti": {"entry": COMBINE_PROFILE}, "p100": {"entry": {"mode": "PEER"}},
+        "3060": {"entry": {"model": "smollm2-135m", "mode": "COMBINE", "peer": "p100"}}}})
+    assert s.mode_label(s.engines["5060ti"]) == "COMBINE head→p100"
+    assert s.mode_label(s.engines["p100"]) == "COMBINE peer←5060ti"
     assert s.mode_label(s.engines["3060"]) == "SOLO"
+    assert s.mode_label(s.engines["both"]) == "COMBINE head→p100 peer←5060ti"
+
+
+def test_mode_label_without_names_shows_the_engines_addresses() -> None:
+    """A coordinator that names no pair: the endpoints the engines report."""
+    s = PoolModel()
+    s.apply_engines({"engines": [
+        engine_doc("5060ti", mode="combine", role="head", peers=["10.0.0.2:50052"]),
+        engine_doc("p100", model=None, mode="combine", role="peer", serving=["10.0.0.1:41234"])]})
+    assert s.mode_label(s.engines["5060ti"]) == "COMBINE head→10.0.0.2:50052"
+    assert s.mode_label(s.engines["p100"]) == "COMBINE peer←10.0.0.1:41234"
+
+
+def test_mode_label_shows_the_switch_target_until_the_engine_reports_it() -> None:
+    s = PoolModel()
+    s.apply_engines({"engines": [engine_doc("5060ti"), engine_doc("p100", model=None), engine_doc("3060")]})
+    s.apply_profile({"active": "dense", "profiles": {"dense": "", "combine": ""}, "engines": {},
+                     "plans": {"combine": {"engines": {"5060ti": COMBINE_PROFILE,
+                                                       "p100": {"model": None, "mode": "PEER", "peer": None},
+                                                       "3060": {"model": "gemma3-270m", "mode": "SOLO"}}}}})
+    s.apply_event("profile.start", {"profile": "combine", "previous": "dense", "engines": ["5060ti", "p100", "3060"]})
+    assert s.mode_label(s.engines["5060ti"]) == "SOLO → COMBINE+p100"
+    assert s.mode_label(s.engines["p100"]) == "SOLO → PEER"
+    assert s.mode_label(s.engines["3060"]) == "SOLO"  # SOLO to SOLO: nothing to announce
+    # the peer's configure is done (a PEER loads nothing); it lends nothing until the head loads
+    s.apply_event("profile.engine", {"engine": "p100", "phase": "done"})
+    assert s.mode_label(s.engines["p100"]) == "SOLO"
+    # the head's heartbeat reports the pair before its configure is done: the report is the value
+    s.apply_engines({"engines": [
+        engine_doc("5060ti", mode="combine", role="head", pair_peers=["p100"], pair_heads=[]),
+        engine_doc("p100", model=None, mode="combine", role="peer", pair_peers=[], pair_heads=["5060ti"]),
+        engine_doc("3060")]})
+    assert s.mode_label(s.engines["5060ti"]) == "COMBINE head→p100"
+    assert s.mode_label(s.engines["p100"]) == "COMBINE peer←5060ti"
+    s.apply_event("profile.done", {"profile": "combine", "ok": True})
+    assert s.mode_label(s.engines["5060ti"]) == "COMBINE head→p100"
 
 
 def test_reload_estimate() -> None:

@@ -59,6 +59,9 @@ def render_detail(pool: PoolModel, row: EngineRow) -> Text:
     if row.generation:
         t.append(f"  gen {row.generation[:14]}", style="dim")
     t.append("\n")
+    if row.role != "solo" or pool.switch_target(row):  # SOLO is the Mode column's default: no line for it
+        t.append("mode  ", style="bold")
+        t.append(pool.mode_label(row) + "\n")
     if row.loading_model and row.loading_model != row.model:
         t.append("load  ", style="bold yellow")
         pct = "" if row.progress is None else f" {row.progress * 100:.0f}%"

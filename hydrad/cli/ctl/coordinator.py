@@ -37,6 +37,31 @@ def _serving(e: dict[str, Any]) -> str:
     return model or "-"
 
 
+def _mode(e: dict[str, Any]) -> str:
+    """The COMBINE role the engine reports, with its pair by name: ``SOLO``, ``COMBINE head→p100``,
+    ``COMBINE peer←5060ti``, ``COMBINE head→a peer←b``. From a coordinator that names no pair,
+    the engine's own addresses (a head's peers' RPC ports, a peer's heads' client addresses)."""
+    roles = str(e.get("role") or "solo").split("+")
+    parts = []
+    if "head" in roles:
+        peers = e["pair_peers"] if isinstance(e.get("pair_peers"), list) else e.get("peers") or []
+        parts.append("head→" + (",".join(str(p) for p in peers) or "?"))
+    if "peer" in roles:
+        heads = e["pair_heads"] if isinstance(e.get("pair_heads"), list) else e.get("serving") or []
+        parts.append("peer←" + (",".join(str(h) for h in heads) or "?"))
+    mode = str(e.get("mode") or "solo").upper()
+    return f"{mode} {' '.join(parts)}" if parts else mode
+
+
+def _plain(text: str, encoding: str | None) -> str:
+    """``text`` with ASCII arrows when the terminal's encoding cannot show →/←."""
+    try:
+        "→←".encode(encoding or "utf-8")
+    except (LookupError, UnicodeEncodeError):
+        return text.replace("→", "->").replace("←", "<-")
+    return text
+
+
 # ----- engines ---------------------------------------------------------------------------
 
 def format_engines(data: dict[str, Any], url: str) -> str:
@@ -46,15 +71,16 @@ def format_engines(data: dict[str, Any], url: str) -> str:
     if not engines:
         return "\n".join(lines + ["no engine has registered"])
     # "device": the GPU(s) the engine is bound to (its `device` setting), "all" when it sees every GPU
-    rows: list[tuple[str, ...]] = [("engine", "alive", "device", "stage", "model", "slots", "queue", "decode tok/s",
-                                    "heartbeat")]
+    # "mode": the COMBINE role each engine reports itself (not the profile's intent), its pair by name
+    rows: list[tuple[str, ...]] = [("engine", "alive", "device", "stage", "model", "mode", "slots", "queue",
+                                    "decode tok/s", "heartbeat")]
     notes: list[str] = []
     for e in engines:
         total = int(e.get("slots_total") or 0)
         slots = f"{e.get('slots_busy', 0)}/{total}" if total else "-"
         age = e.get("last_seen_s")
         rows.append((str(e.get("name")), yes(e.get("alive")), str(e.get("device") or "all"), _stage(e), _serving(e),
-                     slots, f"{e.get('queued', 0)}/{e.get('max_queue', '-')}", _tps(e.get("decode_tps")),
+                     _mode(e), slots, f"{e.get('queued', 0)}/{e.get('max_queue', '-')}", _tps(e.get("decode_tps")),
                      f"{float(age):.1f}s ago" if isinstance(age, (int, float)) else "-"))
         if not e.get("alive") and e.get("down_reason"):
             notes.append(f"{e.get('name')}: down: {e['down_reason']}")
@@ -75,7 +101,7 @@ def cmd_engines(args: argparse.Namespace) -> int:
         data = coord.engines()
     finally:
         coord.close()
-    print(json.dumps(data, indent=2) if args.json else format_engines(data, coord.url))
+    print(json.dumps(data, indent=2) if args.json else _plain(format_engines(data, coord.url), sys.stdout.encoding))
     return EXIT_OK if any(e.get("alive") for e in data.get("engines") or []) else EXIT_NOT_SERVING
 
 
@@ -258,8 +284,10 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser, rpc_auth: argparse.Ar
     coord_help = f"coordinator URL (default ${COORDINATOR_URL_ENV} or {COORDINATOR_URL})"
     en = sub.add_parser("engines", parents=[common], help="the coordinator's engines as a table",
                         description="Show GET /admin/engines of the coordinator: every engine with alive, stage, "
-                                    "model, slots busy/total, queue, measured decode tok/s and the age of its last "
-                                    "heartbeat. Exit 0 when some engine is alive, 3 when none is.")
+                                    "model, mode (SOLO, or COMBINE with the role it reports and its pair: 'COMBINE "
+                                    "head->p100', 'COMBINE peer<-5060ti'), slots busy/total, queue, measured decode "
+                                    "tok/s and the age of its last heartbeat. Exit 0 when some engine is alive, 3 "
+                                    "when none is.")
     en.add_argument("url", nargs="?", metavar="URL", help=coord_help)
     en.add_argument("--json", action="store_true", help="print the raw /admin/engines JSON")
     en.set_defaults(func=cmd_engines)
