@@ -247,3 +247,69 @@ def test_coordinator_kill_9_engines_keep_serving_and_re_register(sandbox: Sandbo
     assert all(after[n].get("up_since") != up_since.get(n) for n in ENGINES), (up_since, after)
     for spec in ENGINES.values():
         assert _answer(*sb.chat(COORDINATOR, model=spec["model"]))
+
+
+def test_combine_peer_killed_mid_compute_head_comes_back(sandbox: Sandbox) -> None:
+    """COMBINE under systemd: engine b (SmolLM2) splits its layers with engine a's CPU over a's merged
+    port. a is killed while b decodes through it. llama.cpp's ggml-RPC client aborts b inside the
+    compute (upstream behaviour) or b's peer watch fails the request first; either way the client
+    never gets a wrong token, and Restart= plus the coordinator bring b back serving, SOLO."""
+    sb = sandbox
+    sb.ensure_pool()
+    auth = "Authorization: Bearer $(cat /etc/hydra/engine.token)"
+    body = {"messages": [{"role": "user", "content": "Count from one to one hundred in words."}],
+            "max_tokens": 600, "temperature": 0, "ignore_eos": True}
+    status, text = sb.http("POST", f"{B_URL}/v1/chat/completions", body, timeout=300)
+    reference = json.loads(_answer(status, text) and text)["choices"][0]["message"]["content"]
+
+    def configure(payload: dict) -> dict:
+        out = sb.run("sh", "-c", f"curl -sS -X POST -H \"{auth}\" -H 'Content-Type: application/json' "
+                     f"--data-binary @- '{B_URL}/control/configure?wait=1'", input=json.dumps(payload), timeout=120)
+        return json.loads(out.stdout)
+
+    peer = f"127.0.0.1:{ENGINES['a']['rpc']}"
+    done = configure({"rpc_servers": [peer], "tensor_split": [0.5, 0.5]})
+    assert done.get("load", {}).get("phase") == "done", done
+    health = json.loads(sb.http("GET", f"{B_URL}/health")[1])
+    assert health["role"] == "head" and health["peers"] == [peer], health
+    before = sb.show("hydrad@b", "MainPID", "NRestarts")
+
+    streamed: list[str] = []
+
+    def stream() -> None:
+        out = sb.run("curl", "-sN", "--max-time", "300", "-H", "Content-Type: application/json", "--data-binary", "@-",
+                     f"{B_URL}/v1/chat/completions", input=json.dumps({**body, "stream": True}), check=False,
+                     timeout=330)
+        for line in out.stdout.splitlines():
+            if line.startswith("data: {"):
+                event = json.loads(line[6:])
+                streamed.extend(c.get("delta", {}).get("content") or "" for c in event.get("choices", []))
+            elif line.startswith("data: ") or line.startswith("event: "):
+                streamed.append(f"<{line}>")
+
+    t = threading.Thread(target=stream)
+    t.start()
+    sb.wait_for("b decoding through its peer", lambda: len(streamed) >= 0 and any(
+        s.get("is_processing") for s in json.loads(sb.http("GET", f"{B_URL}/slots")[1])), timeout=60, interval=0.05)
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    sb.systemctl("kill", "--signal=SIGKILL", "hydrad@a")
+    t.join(330)
+    text = "".join(s for s in streamed if not s.startswith("<"))
+    assert reference.startswith(text), (text[:200], reference[:200])  # a prefix of the right answer, never garbage
+    assert len(text) < len(reference), "the stream ran to the end although its peer was killed"
+
+    def serving_again() -> bool:
+        status, out = sb.chat(B_URL, max_tokens=4, timeout=10)
+        return status == 200
+    sb.wait_for("b serving again", serving_again, timeout=120, interval=0.5)
+    back_after = time.monotonic() - t0
+    after = sb.show("hydrad@b", "MainPID", "NRestarts")
+    restarted = int(after["NRestarts"]) > int(before["NRestarts"])
+    health = json.loads(sb.http("GET", f"{B_URL}/health")[1])
+    assert health["role"] == "solo", health
+    print(f"peer killed mid-compute: b {'aborted and was restarted' if restarted else 'fell back to SOLO'}; "
+          f"serving again {back_after:.1f}s after the kill")
+    sb.ensure_pool()
+    sb.wait_for("the profile applied again", sb.profile_applied, timeout=60)
+    assert _answer(*sb.chat(COORDINATOR, model=ENGINES["b"]["model"]))
