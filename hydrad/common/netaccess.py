@@ -19,3 +19,12 @@ def address_allowed(host: str | None, networks: list[str]) -> bool:
     if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
         addr = addr.ipv4_mapped
     return any(addr in ipaddress.ip_network(n, strict=False) for n in networks)
+
+
+def split_endpoint(endpoint: str) -> tuple[str, int]:
+    """``host:port`` (``[v6]:port`` too) → (host, port); ValueError says what is wrong."""
+    host, sep, port = endpoint.rpartition(":")
+    if (not sep or not host or not port.isdigit() or not 0 < int(port) < 65536
+            or any(c.isspace() for c in endpoint)):
+        raise ValueError(f"{endpoint!r} is not host:port")
+    return host.strip("[]"), int(port)

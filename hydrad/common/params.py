@@ -19,6 +19,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator
 
+from hydrad.common.netaccess import split_endpoint
+
 
 class Tier(enum.IntEnum):
     """What applying a change costs, from free to a restart."""
@@ -107,22 +109,14 @@ class RuntimeParams(BaseModel):
     @classmethod
     def _endpoints(cls, v: list[str] | None) -> list[str] | None:
         for e in v or []:
-            host, sep, port = e.rpartition(":")
-            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536 or any(c.isspace() for c in e):
-                raise ValueError(f"{e!r} is not host:port")
+            split_endpoint(e)
         return v or None
 
     @field_validator("override_tensors")
     @classmethod
     def _overrides(cls, v: list[str] | None) -> list[str] | None:
         for item in v or []:
-            pattern, sep, target = item.rpartition("=")
-            if not sep or not pattern or not target:
-                raise ValueError(f"{item!r} is not REGEX=BUFFER_TYPE")
-            try:
-                re.compile(pattern)
-            except re.error as exc:
-                raise ValueError(f"{item!r}: bad regular expression ({exc})") from None
+            check_tensor_override(item)
         return v or None
 
     @field_validator("tensor_split")
@@ -142,6 +136,19 @@ class RuntimeParams(BaseModel):
         """Short hash of the fields at or above a tier: names the generation that serves requests."""
         data = {k: v for k, v in self.model_dump().items() if self.tier_of(k) >= tier_at_least}
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def check_tensor_override(item: str) -> tuple[str, str]:
+    """One ``override_tensors`` entry in llama.cpp's -ot syntax → (regex, buffer type); ValueError
+    names what is wrong. Used by the engine's parameters and the coordinator's profiles alike."""
+    pattern, sep, target = item.rpartition("=")
+    if not sep or not pattern or not target:
+        raise ValueError(f"{item!r} is not REGEX=BUFFER_TYPE")
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        raise ValueError(f"{item!r}: bad regular expression ({exc})") from None
+    return pattern, target
 
 
 # Start-only settings: a runtime payload that names one is refused with the name.

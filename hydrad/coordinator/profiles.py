@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_core import PydanticCustomError
 
 from hydrad.common.yamlfile import read_mapping
-from hydrad.common.params import RuntimeParams, validation_message
+from hydrad.common.params import RuntimeParams, check_tensor_override, validation_message
 
 Mode = Literal["SOLO", "COMBINE", "PEER"]
 
@@ -77,13 +77,7 @@ class EngineEntry(BaseModel):
     @classmethod
     def _overrides(cls, v: tuple[str, ...] | None) -> tuple[str, ...] | None:
         for item in v or ():
-            pattern, sep, target = item.rpartition("=")
-            if not sep or not pattern or not target:
-                raise ValueError(f"{item!r} is not 'regex=BUFFER'")
-            try:
-                re.compile(pattern)
-            except re.error as exc:
-                raise ValueError(f"{item!r}: bad regex: {exc}") from None
+            check_tensor_override(item)
         return v
 
     @field_validator("params")

@@ -23,8 +23,8 @@ import threading
 from typing import Callable
 
 from hydrad.common.logs import log_event
+from hydrad.common.netaccess import split_endpoint
 from hydrad.engine.rpc.ggml_codec import CAPS_SIZE, DEVICE_COUNT, HEAD, HELLO, SIZE, _recv_exact
-from hydrad.engine.rpc.peer_probe import split_endpoint
 
 log = logging.getLogger("hydrad.peers")
 

@@ -18,6 +18,7 @@ import socket
 import struct
 from dataclasses import dataclass
 
+from hydrad.common.netaccess import split_endpoint
 from hydrad.engine.rpc.ggml_codec import (
     CAPS_SIZE, DEVICE_COUNT, GET_DEVICE_MEMORY, HEAD, HELLO, PROTO_MAJOR, SIZE, _recv_exact,
 )
@@ -44,14 +45,6 @@ class PeerInfo:
         return {"endpoint": self.endpoint, "version": self.version,
                 "devices": [{"index": d.index, "memory_free": d.memory_free, "memory_total": d.memory_total}
                             for d in self.devices]}
-
-
-def split_endpoint(endpoint: str) -> tuple[str, int]:
-    """``host:port`` (``[v6]:port`` too) → (host, port); ValueError names what is wrong."""
-    host, sep, port = endpoint.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"{endpoint!r} is not host:port")
-    return host.strip("[]"), int(port)
 
 
 def _answer(sock: socket.socket, want: int) -> bytes:
