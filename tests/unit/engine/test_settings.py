@@ -15,7 +15,7 @@ from pydantic import BaseModel
 
 from hydrad.engine.settings import ConfigError, EngineSettings, LoadedConfig, load_config
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 ETC = REPO / "etc" / "hydra"
 EXAMPLES = [ETC / "5060ti.yaml", ETC / "3060.yaml", ETC / "p100.yaml", ETC / "dev" / "engine.yaml"]
 

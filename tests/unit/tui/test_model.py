@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.unit.test_tui_app import GIB, engine_doc, engines_doc, profile_doc
+from tests.unit.tui.test_app import GIB, engine_doc, engines_doc, profile_doc
 from tui.model import EngineRow, PoolModel, switch_reasons
 from tui.format import describe_event, fmt_age, fmt_gpu, fmt_load, fmt_secs, fmt_switch, fmt_vram
 

@@ -9,7 +9,7 @@ import pytest
 
 from hydrad.common.registry import ModelEntry, Registry, ResolvedModel, UnknownModel
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 MODELS_YAML = REPO / "etc" / "hydra" / "models.yaml"
 SMOLLM_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GEMMA_FILE = "gemma-3-270m-q4_k_m.gguf"

@@ -16,7 +16,7 @@ from hydrad.common.params import RuntimeParams, Tier
 from hydrad.common.registry import Registry
 from hydrad.engine.control import EngineControl
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 MODELS_YAML = REPO / "etc" / "hydra" / "models.yaml"
 
 

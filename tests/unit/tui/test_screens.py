@@ -13,8 +13,8 @@ import pytest
 from textual.pilot import Pilot
 
 from tests.support.console_replay import make_app, replay, started
-from tests.unit.test_tui_app import FakeAdmin, cell, ev, until
-from tests.unit.test_tui_app import make_app as make_fake_app
+from tests.unit.tui.test_app import FakeAdmin, cell, ev, until
+from tests.unit.tui.test_app import make_app as make_fake_app
 from tui.app import HydraConsole
 from tui.widgets import (ConfirmSwitch, EngineScreen, EnginesTable, HelpScreen, LoadsPanel, ProfilePicker,
                          ProfilesPanel, SwitchProgress)

@@ -11,7 +11,7 @@ import yaml
 from hydrad.cli.common import CliError
 from hydrad.cli.up_plan import EXIT_BAD_CONFIG, plan
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 DEV = REPO / "etc" / "hydra" / "dev"
 
 

@@ -21,7 +21,7 @@ from hydrad.coordinator.profiles import (
 )
 from hydrad.common.registry import Registry
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 ETC = REPO / "etc" / "hydra"
 
 MODELS: dict[str, Any] = {

@@ -1,6 +1,6 @@
 """SVG snapshot of the console with a known pool (the admin HTTP client is the unit tests' fake).
 
-Update after an intended change of the layout with ``pytest tests/unit/test_tui_snapshot.py
+Update after an intended change of the layout with ``pytest tests/unit/tui/test_snapshot.py
 --snapshot-update`` and look at the new SVG under ``__snapshots__/`` before committing it.
 """
 
@@ -11,8 +11,8 @@ from typing import Any, Iterator
 
 import pytest
 
-from tests.unit.test_tui_app import FakeAdmin, engine_doc, ev, make_app, until
-from tests.unit.test_tui_app import until as until_
+from tests.unit.tui.test_app import FakeAdmin, engine_doc, ev, make_app, until
+from tests.unit.tui.test_app import until as until_
 
 pytest.importorskip("pytest_textual_snapshot",
                     reason="pytest-textual-snapshot is not installed (pip install -e '.[test]')")
