@@ -313,10 +313,10 @@ def test_engines_shows_both_alive(pool: tuple[Up, str]) -> None:
     r = hydractl("engines", url)
     assert r.returncode == 0, r.stderr
     rows = {line.split()[0]: line.split() for line in r.stdout.splitlines()[2:] if line.strip()}
-    assert r.stdout.splitlines()[1].split()[:5] == ["engine", "alive", "device", "stage", "model"]
+    assert r.stdout.splitlines()[1].split()[:6] == ["engine", "alive", "device", "stage", "model", "mode"]
     for name, model in DEV.items():
-        assert rows[name][1:5] == ["yes", "all", "ready", model], r.stdout  # dev engines are bound to no GPU
-        assert rows[name][5].endswith("/4")  # slots busy/total
+        assert rows[name][1:6] == ["yes", "all", "ready", model, "SOLO"], r.stdout  # dev engines are bound to no GPU
+        assert rows[name][6].endswith("/4")  # slots busy/total
     assert "2/2 engines alive" in r.stdout
     data = json.loads(hydractl("engines", url, "--json").stdout)
     assert {e["name"]: e["alive"] for e in data["engines"]} == {"dev-a": True, "dev-b": True}
