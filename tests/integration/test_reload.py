@@ -93,7 +93,8 @@ def test_drain_serves_queued_requests_after_the_load(smollm_path: Path, gemma_pa
     assert r.json()["policy"] == "drain", r.text
     queued = httpx.post(e.url + "/v1/completions", timeout=120, json={"prompt": "Hello", "max_tokens": 4})
     t.join(120)
-    assert out["inflight"].status_code == 200 and out["inflight"].json()["usage"]["completion_tokens"] == 120
+    assert out["inflight"].status_code == 200, out["inflight"].text
+    assert out["inflight"].json()["usage"]["completion_tokens"] == 120
     assert out["inflight"].json()["model"] == "smollm2-135m"
     assert queued.status_code == 200 and queued.json()["model"] == "gemma3-270m"
     rec = wait_load(e, r.json()["load_id"])
