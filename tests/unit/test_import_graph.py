@@ -5,6 +5,7 @@ function-level ones included), and no import cycle between modules.
     hydrad.wire          imports only hydrad.common
     hydrad.engine        never imports the coordinator (nor cli, nor tui)
     hydrad.coordinator   never imports the engine (nor cli, nor tui)
+    hydrad.store         the KV store: imports only hydrad.common (usable alone)
     hydrad.cli           the command line: may import anything in hydrad; nothing imports it
     tui                  imports only hydrad.wire and hydrad.common (it talks to the admin API)
 """
@@ -25,11 +26,12 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     "hydrad.wire": ("hydrad.engine", "hydrad.coordinator", "hydrad.cli", "tui"),
     "hydrad.engine": ("hydrad.coordinator", "hydrad.cli", "tui"),
     "hydrad.coordinator": ("hydrad.engine", "hydrad.cli", "tui"),
+    "hydrad.store": ("hydrad.wire", "hydrad.engine", "hydrad.coordinator", "hydrad.cli", "tui"),
     "hydrad.cli": ("tui",),
     "tui": ("hydrad.engine", "hydrad.coordinator", "hydrad.cli"),
 }
 # every module of hydrad lives in one of these packages (the top level holds only __init__)
-PACKAGES = ("hydrad.common", "hydrad.wire", "hydrad.engine", "hydrad.coordinator", "hydrad.cli")
+PACKAGES = ("hydrad.common", "hydrad.wire", "hydrad.engine", "hydrad.coordinator", "hydrad.cli", "hydrad.store")
 
 
 def _module_name(path: Path) -> str:
