@@ -21,6 +21,13 @@ def address_allowed(host: str | None, networks: list[str]) -> bool:
     return any(addr in ipaddress.ip_network(n, strict=False) for n in networks)
 
 
+def check_networks(networks: list[str]) -> list[str]:
+    """An allow-list as a settings validator takes it: every entry a CIDR (ValueError otherwise)."""
+    for item in networks:
+        ipaddress.ip_network(item, strict=False)
+    return networks
+
+
 def split_endpoint(endpoint: str) -> tuple[str, int]:
     """``host:port`` (``[v6]:port`` too) → (host, port); ValueError says what is wrong."""
     host, sep, port = endpoint.rpartition(":")

@@ -15,8 +15,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from hydrad.common.netaccess import address_allowed
-from hydrad.common.yamlfile import read_settings
+from hydrad.common.netaccess import address_allowed, check_networks
+from hydrad.common.yamlfile import ConfigError, beside, read_settings
 
 
 class HttpSettings(BaseModel):
@@ -77,9 +77,7 @@ class CoordinatorSettings(BaseModel):
     @field_validator("admin_allow_from")
     @classmethod
     def _cidrs(cls, v: list[str]) -> list[str]:
-        for item in v:
-            ipaddress.ip_network(item, strict=False)
-        return v
+        return check_networks(v)
 
     def allows_admin(self, host: str | None) -> bool:
         """Whether a client at ``host`` may call /admin/* (IPv4-mapped IPv6 counts as IPv4)."""
@@ -100,10 +98,6 @@ def bus_is_loopback(endpoint: str) -> bool:
         return False  # "*", an interface name or a host name: assume reachable from the network
 
 
-class ConfigError(Exception):
-    """A config file that cannot be used; the message names the file and the field."""
-
-
 @dataclass(frozen=True)
 class LoadedConfig:
     settings: CoordinatorSettings
@@ -114,23 +108,9 @@ def load_config(path: str | Path | None) -> LoadedConfig:
     if path is None:
         return LoadedConfig(CoordinatorSettings(), None)
     p = Path(path)
-    try:
-        settings, _ = read_settings(p, CoordinatorSettings)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
+    settings, _ = read_settings(p, CoordinatorSettings)  # ConfigError naming the file and field
     base = p.resolve().parent
-    updates: dict[str, Any] = {}
-    for key in ("registry", "profiles"):
-        value: Path | None = getattr(settings, key)
-        if value is None:
-            candidate = base / f"{'models' if key == 'registry' else 'profiles'}.yaml"
-            updates[key] = candidate if candidate.exists() else None
-        elif not value.is_absolute():
-            updates[key] = (base / value).resolve()
-    for key in ("state_dir", "bus_token_file", "admin_token_file"):
-        value = getattr(settings, key)
-        if value is not None and not value.is_absolute():
-            updates[key] = (base / value).resolve()
-    if updates:
-        settings = settings.model_copy(update=updates)
-    return LoadedConfig(settings, p)
+    defaults = {"registry": "models.yaml", "profiles": "profiles.yaml"}
+    updates = {key: beside(base, getattr(settings, key), defaults.get(key))
+               for key in ("registry", "profiles", "state_dir", "bus_token_file", "admin_token_file")}
+    return LoadedConfig(settings.model_copy(update=updates), p)

@@ -9,7 +9,6 @@ repository read the same config the same way.
 from __future__ import annotations
 
 import hmac
-import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -17,9 +16,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from hydrad.common import tokenfile
-from hydrad.common.netaccess import address_allowed
+from hydrad.common.netaccess import address_allowed, check_networks
 from hydrad.common.params import check_partial
-from hydrad.common.yamlfile import read_settings
+from hydrad.common.yamlfile import ConfigError, beside, read_settings
 
 
 class HttpSettings(BaseModel):
@@ -146,9 +145,7 @@ class EngineSettings(BaseModel):
     @field_validator("control_allow_from")
     @classmethod
     def _cidrs(cls, v: list[str]) -> list[str]:
-        for item in v:
-            ipaddress.ip_network(item, strict=False)
-        return v
+        return check_networks(v)
 
     @field_validator("device", mode="before")
     @classmethod
@@ -175,10 +172,6 @@ class EngineSettings(BaseModel):
         if not isinstance(presented, str):
             return False
         return hmac.compare_digest(presented.encode("utf-8", "surrogateescape"), expected.encode("utf-8"))
-
-
-class ConfigError(Exception):
-    """A config file that cannot be used; the message names the file and the field."""
 
 
 @dataclass(frozen=True)
@@ -210,10 +203,7 @@ def load_config(path: str | Path | None) -> LoadedConfig:
     if path is None:
         return LoadedConfig(EngineSettings(), None, {})
     p = Path(path)
-    try:
-        settings, raw = read_settings(p, EngineSettings)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
+    settings, raw = read_settings(p, EngineSettings)  # ConfigError naming the file and field
     base = p.resolve().parent
     updates: dict[str, Any] = {}
     if settings.rpc.token_file is not None:
@@ -221,13 +211,6 @@ def load_config(path: str | Path | None) -> LoadedConfig:
             updates["rpc"] = settings.rpc.read_token_file(base)
         except ConfigError as exc:
             raise ConfigError(f"{p}: {exc}") from None
-    if not settings.models_dir.is_absolute():
-        updates["models_dir"] = (base / settings.models_dir).resolve()
-    if settings.registry is None:
-        candidate = base / "models.yaml"
-        updates["registry"] = candidate if candidate.exists() else None
-    elif not settings.registry.is_absolute():
-        updates["registry"] = (base / settings.registry).resolve()
-    if updates:
-        settings = settings.model_copy(update=updates)
-    return LoadedConfig(settings, p, raw)
+    updates["models_dir"] = beside(base, settings.models_dir)
+    updates["registry"] = beside(base, settings.registry, "models.yaml")
+    return LoadedConfig(settings.model_copy(update=updates), p, raw)
