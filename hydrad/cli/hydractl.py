@@ -28,7 +28,7 @@ import os
 import sys
 
 from hydrad.cli.common import COORDINATOR_URL, COORDINATOR_URL_ENV, CliError
-from hydrad.cli.ctl import coordinator, engine, kv
+from hydrad.cli.ctl import coordinator, engine, kv, store
 from hydrad.cli.ctl.clients import DEFAULT_URL, TOKEN_ENV, TOKEN_FILE_ENV, URL_ENV
 
 
@@ -57,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_parsers(sub, common, rpc_auth)
     kv.add_parsers(sub, common, rpc_auth)
     coordinator.add_parsers(sub, common, rpc_auth)
+    store.add_parsers(sub)
 
     up = sub.add_parser("up", help="run a local pool: the coordinator and its engines as subprocesses",
                         description="Start hydra-coordinator and the engines its profiles name (<config-dir>/<engine>.yaml)\n"
