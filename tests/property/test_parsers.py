@@ -1,0 +1,95 @@
+"""Bounded runs of scripts/fuzz_parsers.py per parser, and regression inputs for what it found.
+
+Each target must return a value or raise only its documented error on mutated and random inputs;
+the long runs (``--long``, a million inputs per target) are recorded in docs/reliability.md."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+_PATH = Path(__file__).resolve().parents[2] / "scripts" / "fuzz_parsers.py"
+_spec = importlib.util.spec_from_file_location("fuzz_parsers", _PATH)
+assert _spec is not None and _spec.loader is not None
+fz = importlib.util.module_from_spec(_spec)
+sys.modules["fuzz_parsers"] = fz
+_spec.loader.exec_module(fz)
+
+# Inputs whose violation is a known, not yet fixed bug: the bounded runs leave them out (they are
+# pinned by the xfail tests below) so every other contract stays enforced.
+KNOWN = {
+    "frame": "lone UTF-16 surrogate accepted by Frame.json()",
+    "bus": "non-finite float accepted by messages.decode()",
+}
+
+
+def _known(target: str, violation: str) -> bool:
+    if target == "frame":
+        return "surrogates not allowed" in violation
+    if target == "bus":
+        return "through encode/decode" in violation or "survive encode/decode" in violation
+    return False
+
+
+@pytest.mark.parametrize("target", list(fz.TARGETS))
+def test_bounded_fuzz_run_has_no_violations(target: str) -> None:
+    rep = fz.fuzz(fz.TARGETS[target], 3000, seed=20261201, bound_s=0.5, max_violations=1000, log=lambda s: None)
+    assert rep.inputs == 3000
+    bad = [v for v in rep.violations if not _known(target, v["violation"])]
+    assert not bad, bad[:3]
+
+
+@pytest.mark.parametrize("target", list(fz.TARGETS))
+def test_seed_inputs_are_accepted_or_refused_cleanly(target: str) -> None:
+    t = fz.TARGETS[target]
+    for data in t.seeds:
+        out, bad, _ = fz.run_one(t, data, 1.0)
+        assert bad is None or _known(target, bad), (data[:64], bad)
+
+
+def test_a_stream_split_anywhere_decodes_the_same() -> None:
+    data = b"".join(fz.frame_seeds()[:7])
+    for cut in range(len(data) + 1):
+        assert fz._decode_stream(data, fz.P.REQUEST_CODES, [data[:cut], data[cut:]]) == \
+            fz._decode_stream(data, fz.P.REQUEST_CODES, [data])
+
+
+def test_oversized_declared_lengths_are_refused_from_the_header() -> None:
+    for code in (fz.P.Op.INFO, fz.P.Op.STATE_DATA):
+        head = fz.P.HEADER.pack(code, fz.P.limit_for(code) + 1)
+        assert fz._decode_stream(head, fz.P.REQUEST_CODES, [head])[1] == "ProtocolError:TOO_LARGE"
+        head = fz.P.HEADER.pack(code, 2**64 - 1)
+        assert fz._decode_stream(head, fz.P.REQUEST_CODES, [head])[1] == "ProtocolError:TOO_LARGE"
+
+
+# ---- regressions for the bugs the fuzzer found (minimal inputs) ------------------------------------------------
+
+SURROGATE_FRAME = fz.P.encode(fz.P.Status.OK, b'{"a":"\\ud800"}')
+
+
+@pytest.mark.xfail(strict=True, reason="bug: Frame.json() accepts a lone UTF-16 surrogate (\\ud800), which "
+                                       "encode_json/error_frame then cannot encode (UnicodeEncodeError)")
+def test_frame_json_refuses_lone_surrogates() -> None:
+    out, bad, _ = fz.run_one(fz.TARGETS["frame"], SURROGATE_FRAME, 1.0)
+    assert bad is None, bad
+
+
+NON_FINITE_BUS = [
+    b'hydra-bus/1\n\x1eDONE\n\x1e{"req":"r1","finish_reason":"stop","usage":{"prompt_ms":Infinity}}',
+    b'hydra-bus/1\n\x1eLOADED\n\x1e{"req":"r1","load_id":1,"phase":"done","seconds":1e999}',
+    b'hydra-bus/1\n\x1eHEARTBEAT\n\x1e{"status":{"decode_tps":Infinity}}',
+    b'hydra-bus/1\n\x1eCONFIGURE\n\x1e{"req":"r1","payload":{"model":1e999}}',
+]
+
+
+@pytest.mark.xfail(strict=True, reason="bug: messages.decode() accepts Infinity/NaN/1e999 in float and free-form "
+                                       "fields; encode() then writes null (or Infinity) and the message no longer "
+                                       "decodes, or reaches JSON output as a non-finite number")
+@pytest.mark.parametrize("data", NON_FINITE_BUS, ids=["done-prompt_ms", "loaded-seconds", "heartbeat-decode_tps",
+                                                      "configure-payload"])
+def test_bus_decode_refuses_non_finite_numbers(data: bytes) -> None:
+    out, bad, _ = fz.run_one(fz.TARGETS["bus"], data, 1.0)
+    assert bad is None, bad
