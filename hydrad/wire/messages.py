@@ -14,9 +14,10 @@ broken message and log it as such; a change of wire shape bumps it.
 from __future__ import annotations
 
 import json
+import math
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
 from hydrad.wire.requests import GenRequest, SamplingOverrides
 
@@ -36,7 +37,7 @@ class BusDecodeError(Exception):
 
 
 class _Msg(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     KIND: ClassVar[bytes]
 
 
@@ -46,7 +47,7 @@ class _Msg(BaseModel):
 class GpuInfo(BaseModel):
     """The device an engine computes on, as ggml reports it."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     name: str = Field("cpu", max_length=256, description="ggml device name (CUDA0, CPU, ...).")
     description: str = Field("", max_length=512, description="Marketing name (NVIDIA GeForce RTX 5060 Ti, ...).")
     kind: str = Field("cpu", max_length=32, description="cpu | gpu | igpu | accel.")
@@ -58,7 +59,7 @@ class GpuInfo(BaseModel):
 class EngineStatus(BaseModel):
     """What an engine reports in every heartbeat (and in REGISTER)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     stage: str = Field("starting", max_length=32)
     model: str | None = Field(None, max_length=512, description="Alias (or file stem) of the model being served.")
     generation: str | None = Field(None, max_length=128, description="Fingerprint of the serving generation.")
@@ -89,7 +90,7 @@ Sampling = SamplingOverrides
 
 
 class UsageInfo(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     prompt_tokens: int = Field(0, ge=0)
     completion_tokens: int = Field(0, ge=0)
     cached_tokens: int = Field(0, ge=0)
@@ -263,6 +264,22 @@ class Configure(_Msg):
     req: str = Field(pattern=REQ_PATTERN)
     payload: dict[str, Any]
 
+    @field_validator("payload")
+    @classmethod
+    def _finite(cls, v: dict[str, Any]) -> dict[str, Any]:
+        """Free-form values too: JSON has no Infinity or NaN (1e999 parses as one), and a message that
+        cannot be encoded again must not be taken in."""
+        stack: list[Any] = [v]
+        while stack:
+            item = stack.pop()
+            if isinstance(item, float) and not math.isfinite(item):
+                raise ValueError("a number that is not finite")
+            if isinstance(item, dict):
+                stack.extend(item.values())
+            elif isinstance(item, list):
+                stack.extend(item)
+        return v
+
 
 Message = (Register | Heartbeat | Goodbye | Tokens | Done | Error | ConfigureReply | LoadDone
            | Welcome | Refused | Ping | Reregister | Generate | Cancel | Configure)
@@ -348,7 +365,7 @@ EVENT_TOPICS = (
 class Event(BaseModel):
     """One event on the PUB socket: frames ``[topic, JSON]`` so a console can subscribe by prefix."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     topic: str = Field(max_length=64)
     ts: float
     data: dict[str, Any] = Field(default_factory=dict)

@@ -19,6 +19,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from hydrad.common import jsonbody
+
 PROTOCOL_VERSION = 1
 
 
@@ -122,6 +124,10 @@ class Frame:
         if not isinstance(obj, dict):
             raise ProtocolError(f"payload of {_code_name(self.code)} must be a JSON object, "
                                 f"not {type(obj).__name__}", Status.BAD_REQUEST)
+        try:  # a lone surrogate would pass here and break the first answer that echoes it
+            jsonbody.check(obj, f"payload of {_code_name(self.code)}")
+        except jsonbody.BodyError as exc:
+            raise ProtocolError(str(exc), Status.BAD_REQUEST) from None
         return obj
 
     def __repr__(self) -> str:

@@ -18,28 +18,11 @@ fz = importlib.util.module_from_spec(_spec)
 sys.modules["fuzz_parsers"] = fz
 _spec.loader.exec_module(fz)
 
-# Inputs whose violation is a known, not yet fixed bug: the bounded runs leave them out (they are
-# pinned by the xfail tests below) so every other contract stays enforced.
-KNOWN = {
-    "frame": "lone UTF-16 surrogate accepted by Frame.json()",
-    "bus": "non-finite float accepted by messages.decode()",
-}
-
-
-def _known(target: str, violation: str) -> bool:
-    if target == "frame":
-        return "surrogates not allowed" in violation
-    if target == "bus":
-        return "through encode/decode" in violation or "survive encode/decode" in violation
-    return False
-
-
 @pytest.mark.parametrize("target", list(fz.TARGETS))
 def test_bounded_fuzz_run_has_no_violations(target: str) -> None:
     rep = fz.fuzz(fz.TARGETS[target], 3000, seed=20261201, bound_s=0.5, max_violations=1000, log=lambda s: None)
     assert rep.inputs == 3000
-    bad = [v for v in rep.violations if not _known(target, v["violation"])]
-    assert not bad, bad[:3]
+    assert not rep.violations, rep.violations[:3]
 
 
 @pytest.mark.parametrize("target", list(fz.TARGETS))
@@ -47,7 +30,7 @@ def test_seed_inputs_are_accepted_or_refused_cleanly(target: str) -> None:
     t = fz.TARGETS[target]
     for data in t.seeds:
         out, bad, _ = fz.run_one(t, data, 1.0)
-        assert bad is None or _known(target, bad), (data[:64], bad)
+        assert bad is None, (data[:64], bad)
 
 
 def test_a_stream_split_anywhere_decodes_the_same() -> None:
@@ -70,9 +53,9 @@ def test_oversized_declared_lengths_are_refused_from_the_header() -> None:
 SURROGATE_FRAME = fz.P.encode(fz.P.Status.OK, b'{"a":"\\ud800"}')
 
 
-@pytest.mark.xfail(strict=True, reason="bug: Frame.json() accepts a lone UTF-16 surrogate (\\ud800), which "
-                                       "encode_json/error_frame then cannot encode (UnicodeEncodeError)")
 def test_frame_json_refuses_lone_surrogates() -> None:
+    """Found by this fuzzer: Frame.json() took a lone UTF-16 surrogate, which encode_json/error_frame
+    then could not encode (UnicodeEncodeError). Now a BAD_REQUEST ProtocolError."""
     out, bad, _ = fz.run_one(fz.TARGETS["frame"], SURROGATE_FRAME, 1.0)
     assert bad is None, bad
 
@@ -85,11 +68,10 @@ NON_FINITE_BUS = [
 ]
 
 
-@pytest.mark.xfail(strict=True, reason="bug: messages.decode() accepts Infinity/NaN/1e999 in float and free-form "
-                                       "fields; encode() then writes null (or Infinity) and the message no longer "
-                                       "decodes, or reaches JSON output as a non-finite number")
 @pytest.mark.parametrize("data", NON_FINITE_BUS, ids=["done-prompt_ms", "loaded-seconds", "heartbeat-decode_tps",
                                                       "configure-payload"])
 def test_bus_decode_refuses_non_finite_numbers(data: bytes) -> None:
+    """Found by this fuzzer: decode() took Infinity/NaN/1e999 in float and free-form fields; encode()
+    then wrote null (or Infinity) and the message no longer decoded. Now a BusDecodeError."""
     out, bad, _ = fz.run_one(fz.TARGETS["bus"], data, 1.0)
     assert bad is None, bad
