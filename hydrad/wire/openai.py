@@ -110,6 +110,14 @@ _UNSUPPORTED: dict[str, Any] = {
     "functions": (None, []), "function_call": (None, "none"), "logit_bias": (None, {}), "best_of": (None, 1),
     "echo": (None, False), "suffix": (None, ""), "parallel_tool_calls": (None,), "audio": (None,),
     "modalities": (None, ["text"]), "prediction": (None,),
+    # llama-server's own, not honoured here (yet): constrained output and samplers beyond the engine's
+    # chain. Each is refused by name when set to anything but its llama-server default, so a client
+    # asking for, say, a grammar never gets unconstrained text with a 200.
+    "grammar": (None, ""), "json_schema": (None, {}), "grammar_lazy": (None, False), "grammar_triggers": (None, []),
+    "preserved_tokens": (None, []), "n_probs": (None, 0), "post_sampling_probs": (None, False),
+    "mirostat": (None, 0), "typical_p": (None, 1, 1.0), "top_n_sigma": (None, -1, -1.0),
+    "xtc_probability": (None, 0, 0.0), "dry_multiplier": (None, 0, 0.0), "dynatemp_range": (None, 0, 0.0),
+    "repeat_last_n": (None, 64), "penalty_last_n": (None, 64), "samplers": (None,), "lora": (None, []),
 }
 
 

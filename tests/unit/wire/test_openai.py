@@ -510,3 +510,24 @@ def test_new_id() -> None:
     a, b = new_id("chat"), new_id("chat")
     assert a.startswith("chatcmpl-") and len(a) == len("chatcmpl-") + 24 and a != b
     assert new_id("completion").startswith("cmpl-")
+
+
+# llama-server request fields the engine does not honour: a non-default value is refused by name (a
+# grammar, say, must never come back as unconstrained text with a 200); the default passes.
+LLAMA_SERVER_UNHONOURED = [
+    ("grammar", 'root ::= "yes" | "no"', ""), ("json_schema", {"type": "object"}, {}),
+    ("grammar_lazy", True, False), ("grammar_triggers", [{"type": 0, "value": "x"}], []),
+    ("preserved_tokens", ["<tool>"], []), ("n_probs", 5, 0), ("post_sampling_probs", True, False),
+    ("mirostat", 2, 0), ("typical_p", 0.9, 1.0), ("top_n_sigma", 1.5, -1.0), ("xtc_probability", 0.5, 0.0),
+    ("dry_multiplier", 0.8, 0.0), ("dynatemp_range", 0.5, 0.0), ("repeat_last_n", 256, 64),
+    ("penalty_last_n", 256, 64), ("samplers", ["top_k", "temperature"], None), ("lora", [{"id": 0, "scale": 1}], []),
+]
+
+
+@pytest.mark.parametrize("field, value, default", LLAMA_SERVER_UNHONOURED, ids=[f[0] for f in LLAMA_SERVER_UNHONOURED])
+def test_llama_server_fields_not_honoured_are_refused_by_name(field: str, value: Any, default: Any) -> None:
+    for refuse in (chat_refused, completion_refused):
+        err = refuse(**{field: value})
+        assert err.code == "unsupported_field" and err.param == field and field in err.message
+    chat(**{field: default})  # the default changes nothing: accepted
+    completion(**{field: default})
