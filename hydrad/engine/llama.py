@@ -240,6 +240,42 @@ class Model:
                 self._readers -= 1
                 self._readers_cv.notify_all()
 
+    def detokenize(self, tokens: list[int], pieces: bool = False) -> bytes | list[bytes]:
+        """The text of ``tokens`` (special tokens written out), or each token's own bytes with
+        ``pieces``; safe from any thread while the model is alive (``ModelFreed`` after). Token ids
+        must lie in [0, n_vocab): the caller checks, llama.cpp does not."""
+        C = lib()
+        with self._readers_cv:
+            if not self.ptr:
+                raise ModelFreed("the model was unloaded while tokens were being read")
+            self._readers += 1
+        try:
+            if pieces:
+                out: list[bytes] = []
+                buf = ctypes.create_string_buffer(256)
+                for t in tokens:
+                    n = C.llama_token_to_piece(self.vocab, t, buf, 256, 0, True)
+                    if n < 0:
+                        big = ctypes.create_string_buffer(-n)
+                        n = C.llama_token_to_piece(self.vocab, t, big, -n, 0, True)
+                        out.append(big.raw[:n])
+                    else:
+                        out.append(buf.raw[:n])
+                return out
+            arr = (C.llama_token * max(1, len(tokens)))(*tokens)
+            cap = max(64, len(tokens) * 8)
+            text = ctypes.create_string_buffer(cap)
+            n = C.llama_detokenize(self.vocab, arr, len(tokens), text, cap, False, True)
+            if n < 0:
+                cap = -n
+                text = ctypes.create_string_buffer(cap)
+                n = C.llama_detokenize(self.vocab, arr, len(tokens), text, cap, False, True)
+            return text.raw[:max(n, 0)]
+        finally:
+            with self._readers_cv:
+                self._readers -= 1
+                self._readers_cv.notify_all()
+
     def chat_tokens(self, messages: list[dict[str, str]], template: str | None = None) -> list[int]:
         """Tokens of the chat prompt for ``messages``, formatted with the model's template.
 

@@ -1,0 +1,94 @@
+"""llama-server's ``POST /tokenize`` and ``POST /detokenize``, with its request and answer shapes.
+
+Clients of llama-server count tokens and build prompts with these. Both run on a worker thread
+(tokenizing a 1 MiB body takes a while and must not stall the event loop or the engine thread):
+the model's vocabulary is read-only and :class:`hydrad.engine.llama.Model` guards it against a
+reload freeing it meanwhile (then a 503, as for any request that meets a reload).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from hydrad.engine.http.context import ctx_of
+from hydrad.engine.llama import ModelFreed
+from hydrad.wire.openai import ApiError
+
+_FIELDS_TOKENIZE = {"content", "add_special", "parse_special", "with_pieces"}
+_FIELDS_DETOKENIZE = {"tokens"}
+
+
+def _flag(body: dict[str, Any], name: str, default: bool) -> bool:
+    value = body.get(name, default)
+    if not isinstance(value, bool):
+        raise ApiError(400, f"{name} must be true or false", "invalid_field", name)
+    return value
+
+
+def _unknown(body: dict[str, Any], known: set[str]) -> None:
+    extra = sorted(set(body) - known)
+    if extra:
+        raise ApiError(400, f"unknown field(s): {', '.join(extra)} ({', '.join(sorted(known))})",
+                       "unsupported_field", extra[0])
+
+
+def _model(request: Request) -> Any:
+    gen = ctx_of(request).core.gen
+    if gen is None:
+        raise ApiError(503, "no model is loaded; configure one with POST /control/configure", "no_model")
+    return gen.model
+
+
+def _piece(b: bytes) -> str | list[int]:
+    """llama-server's shape: the piece as text when it is valid UTF-8, else its bytes."""
+    try:
+        return b.decode("utf-8")
+    except UnicodeDecodeError:
+        return list(b)
+
+
+async def tokenize(request: Request) -> Response:
+    ctx = ctx_of(request)
+    body = await ctx.json_object(request, "tokenize body")
+    _unknown(body, _FIELDS_TOKENIZE)
+    content = body.get("content")
+    if not isinstance(content, str):
+        raise ApiError(400, "content must be a string", "invalid_field", "content")
+    add_special = _flag(body, "add_special", False)
+    parse_special = _flag(body, "parse_special", True)
+    with_pieces = _flag(body, "with_pieces", False)
+    model = _model(request)
+    try:
+        tokens = await asyncio.to_thread(model.tokenize, content, add_special, parse_special)
+        if not with_pieces:
+            return JSONResponse({"tokens": tokens})
+        pieces = await asyncio.to_thread(model.detokenize, tokens, True)
+    except ModelFreed:
+        raise ApiError(503, "the model was replaced while tokenizing; retry", "reloading",
+                       headers={"Retry-After": "1"}) from None
+    return JSONResponse({"tokens": [{"id": t, "piece": _piece(b)} for t, b in zip(tokens, pieces)]})
+
+
+async def detokenize(request: Request) -> Response:
+    ctx = ctx_of(request)
+    body = await ctx.json_object(request, "detokenize body")
+    _unknown(body, _FIELDS_DETOKENIZE)
+    tokens = body.get("tokens")
+    model = _model(request)
+    if not isinstance(tokens, list) or not all(type(t) is int for t in tokens):
+        raise ApiError(400, "tokens must be a list of token ids (integers)", "invalid_field", "tokens")
+    bad = next((t for t in tokens if not 0 <= t < model.n_vocab), None)
+    if bad is not None:
+        raise ApiError(400, f"token {bad} is not in this model's vocabulary (0..{model.n_vocab - 1})",
+                       "invalid_field", "tokens")
+    try:
+        text = await asyncio.to_thread(model.detokenize, tokens)
+    except ModelFreed:
+        raise ApiError(503, "the model was replaced while detokenizing; retry", "reloading",
+                       headers={"Retry-After": "1"}) from None
+    assert isinstance(text, bytes)
+    return JSONResponse({"content": text.decode("utf-8", "replace")})
