@@ -83,3 +83,19 @@ def test_any_body_gets_a_clear_answer(smollm_engine: Engine, path: str, body: An
     if r.status_code == 400:
         assert r.json()["error"]["code"], r.text
     assert smollm_engine.http.get("/livez").status_code == 200
+
+
+def test_apply_template_and_props(smollm_engine: Engine) -> None:
+    e = smollm_engine
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    r = e.http.post("/apply-template", json={"messages": msgs})
+    assert r.status_code == 200, r.text
+    prompt = r.json()["prompt"]
+    assert "Be brief." in prompt and "Hi" in prompt and prompt.rstrip().endswith("assistant")  # SmolLM2: ChatML
+    for body, field in (({}, "messages"), ({"messages": "hi"}, "messages"), ({"messages": msgs, "x": 1}, "x"),
+                        ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role")):
+        bad = e.http.post("/apply-template", json=body)
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == field, bad.text
+    props = e.http.get("/props").json()
+    assert props["total_slots"] == 4 and props["model_alias"] == "smollm2-135m"
+    assert props["default_generation_settings"]["temperature"] == 0 and "im_start" in props["chat_template"]

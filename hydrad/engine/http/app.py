@@ -24,7 +24,7 @@ from hydrad import __version__
 from hydrad.common.logs import log_event
 from hydrad.engine.control import EngineControl
 from hydrad.engine.refusals import refusal
-from hydrad.engine.http import metrics, tokens
+from hydrad.engine.http import metrics, native
 from hydrad.engine.http.context import HttpContext, ctx_of
 from hydrad.engine.http.generation import chat, completions
 from hydrad.engine.http.slotstate import state_get, state_meta, state_put
@@ -210,7 +210,8 @@ ROUTES = [
     Route("/v1/models", models), Route("/models", models),
     Route("/v1/chat/completions", chat, methods=["POST"]), Route("/chat/completions", chat, methods=["POST"]),
     Route("/v1/completions", completions, methods=["POST"]), Route("/completions", completions, methods=["POST"]),
-    Route("/tokenize", tokens.tokenize, methods=["POST"]), Route("/detokenize", tokens.detokenize, methods=["POST"]),
+    Route("/tokenize", native.tokenize, methods=["POST"]), Route("/detokenize", native.detokenize, methods=["POST"]),
+    Route("/apply-template", native.apply_template, methods=["POST"]), Route("/props", native.props),
     Route("/control/config", get_config), Route("/control/configure", configure, methods=["POST"]),
     Route("/control/loads/{load_id}", load_status),
     Route("/control/swap_quant", swap_quant, methods=["POST"]),

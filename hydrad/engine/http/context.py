@@ -70,8 +70,14 @@ class HttpContext:
             raise ApiError(413, str(exc), "request_too_large") from None
 
     async def json_object(self, request: Request, what: str) -> dict[str, Any]:
+        return self.parse_object(await self.body_of(request), what)
+
+    @staticmethod
+    def parse_object(raw: bytes, what: str) -> dict[str, Any]:
+        """A body that must be a JSON object (the body can be read once: a handler that needs the raw
+        bytes too reads them with body_of and parses here)."""
         try:
-            return jsonbody.loads_object(await self.body_of(request), what)
+            return jsonbody.loads_object(raw, what)
         except jsonbody.BodyError as exc:
             raise ApiError(400, str(exc), exc.code, exc.param) from None
 

@@ -1,6 +1,7 @@
-"""llama-server's ``POST /tokenize`` and ``POST /detokenize``, with its request and answer shapes.
+"""llama-server's native endpoints, with its request and answer shapes: ``POST /tokenize``,
+``POST /detokenize``, ``POST /apply-template`` and ``GET /props``.
 
-Clients of llama-server count tokens and build prompts with these. Both run on a worker thread
+Clients of llama-server count tokens and build prompts with these. The vocabulary work runs on a worker thread
 (tokenizing a 1 MiB body takes a while and must not stall the event loop or the engine thread):
 the model's vocabulary is read-only and :class:`hydrad.engine.llama.Model` guards it against a
 reload freeing it meanwhile (then a 503, as for any request that meets a reload).
@@ -16,6 +17,8 @@ from starlette.responses import JSONResponse, Response
 
 from hydrad.engine.http.context import ctx_of
 from hydrad.engine.llama import ModelFreed
+from hydrad import __version__
+from hydrad.wire import openai
 from hydrad.wire.openai import ApiError
 
 _FIELDS_TOKENIZE = {"content", "add_special", "parse_special", "with_pieces"}
@@ -92,3 +95,39 @@ async def detokenize(request: Request) -> Response:
                        headers={"Retry-After": "1"}) from None
     assert isinstance(text, bytes)
     return JSONResponse({"content": text.decode("utf-8", "replace")})
+
+
+async def apply_template(request: Request) -> Response:
+    """The prompt the engine would make of a chat (``messages`` as in chat completions), without
+    generating: the model's template (or ``chat_template``) with the assistant's turn opened."""
+    ctx = ctx_of(request)
+    raw = await ctx.body_of(request)
+    _unknown(ctx.parse_object(raw, "apply-template body"), {"messages"})
+    _, req = openai.parse("chat", raw)
+    model = _model(request)
+    params = ctx.core.snapshot().params
+    try:
+        prompt = await asyncio.to_thread(model.apply_chat_template, req.messages or [],
+                                         params.chat_template if params else None)
+    except ValueError as exc:
+        raise ApiError(400, str(exc), "template_error") from None
+    return JSONResponse({"prompt": prompt})
+
+
+async def props(request: Request) -> Response:
+    """llama-server's ``GET /props``: the generation defaults in force, the slots, the model."""
+    ctx = ctx_of(request)
+    snap = ctx.core.snapshot()
+    p, m = snap.params, snap.model
+    settings: dict[str, Any] = {}
+    if p is not None:
+        settings = {"n_ctx": m.n_ctx if m else p.n_ctx, "temperature": p.temperature, "top_k": p.top_k,
+                    "top_p": p.top_p, "min_p": p.min_p, "repeat_penalty": p.repeat_penalty,
+                    "repeat_last_n": p.repeat_last_n, "seed": p.seed, "n_predict": p.n_predict,
+                    "cache_prompt": p.cache_prompt}
+    gen = ctx.core.gen
+    template = gen.model.chat_template.decode("utf-8", "replace") if gen is not None and gen.model.chat_template else ""
+    return JSONResponse({"default_generation_settings": settings, "total_slots": snap.slots_total,
+                         "model_path": m.path if m else None, "model_alias": m.id if m else None,
+                         "chat_template": template, "modalities": {"vision": False, "audio": False},
+                         "build_info": f"hydra {__version__}"})
