@@ -133,6 +133,7 @@ class CoordinatorDaemon:
             await asyncio.wait_for(serve, timeout=10)
         for t in tasks:
             t.cancel()
+        await front.native.close()
         await bus.close()
         log_event(log, logging.INFO, "stopped")
         return 0

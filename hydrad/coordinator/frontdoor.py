@@ -41,6 +41,7 @@ from hydrad.coordinator.affinity import Affinity, prefix_of
 from hydrad.coordinator.bus import CoordinatorBus
 from hydrad.coordinator.records import EngineLost, EngineRecord, EngineUnreachable, RequestUnsendable, pairs
 from hydrad.coordinator.metrics import CONTENT_TYPE, CoordinatorMetrics
+from hydrad.coordinator.native import PATHS as NATIVE_PATHS, NativeDoor
 from hydrad.coordinator.replies import Lost, Turn, collect, disconnected, relay
 from hydrad.coordinator.routing import (
     Decision, EngineView, ModelSpec, RouteRequest, route,
@@ -87,6 +88,7 @@ class FrontDoor:
         self._processes: dict[str, str] = {}
         self._changed = asyncio.Event()
         self.metrics = CoordinatorMetrics(bus)
+        self.native = NativeDoor(bus.engines, self.served, self._model)  # llama-server's /tokenize, /detokenize, /apply-template, forwarded
         bus.listeners.append(self._on_engine)
 
     # ----- pool view -------------------------------------------------------------------
@@ -460,6 +462,7 @@ class FrontDoor:
             Route("/chat/completions", self.chat, methods=["POST"]),
             Route("/v1/completions", self.completions, methods=["POST"]),
             Route("/completions", self.completions, methods=["POST"]),
+            *(Route(path, self.native.forward, methods=["POST"]) for path in NATIVE_PATHS),
         ]
 
 

@@ -1,0 +1,54 @@
+"""llama-server's /tokenize, /detokenize and /apply-template through the front door: forwarded to
+an engine serving the model, the engine's own answers (and refusals) coming back as they are."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pytest
+
+from tests.support.coordinator import Coordinator
+from tests.support.engine import Engine
+
+pytestmark = pytest.mark.model
+
+PROFILES = {"profiles": {"one": {"description": "one SmolLM2 engine",
+                                 "engines": {"solo": {"model": "smollm2-135m", "params": {"n_parallel": 1}}}}},
+            "default": "one"}
+
+
+@pytest.fixture
+def pool(tmp_path: Path, smollm_path: Path, start_engine: Callable[..., Engine]) -> Iterator[tuple[Coordinator, Engine]]:
+    c = Coordinator(tmp_path, profiles=PROFILES, heartbeat_interval_s=0.5)
+    c.wait_ready()
+    e = start_engine(name="solo", defaults={"n_ctx": 1024, "n_threads": 1},
+                     extra={"bus": c.engine_bus(heartbeat_interval_s=0.5)})
+    c.wait_engines(lambda es: es.get("solo", {}).get("model") == "smollm2-135m"
+                   and es["solo"].get("stage") == "ready", timeout=120)
+    yield c, e
+    c.stop()
+
+
+def test_native_endpoints_through_the_front_door(pool: tuple[Coordinator, Engine]) -> None:
+    c, e = pool
+    direct = e.http.post("/tokenize", json={"content": "Hello there", "with_pieces": True}).json()
+    via = c.http.post("/tokenize", json={"content": "Hello there", "with_pieces": True})
+    assert via.status_code == 200 and via.json() == direct, via.text
+    ids = [t["id"] for t in direct["tokens"]]
+    named = c.http.post("/detokenize", json={"tokens": ids, "model": "smollm2-135m"})
+    assert named.status_code == 200 and named.json() == {"content": "Hello there"}, named.text
+    tmpl = c.http.post("/apply-template", json={"messages": [{"role": "user", "content": "Hi"}]})
+    assert tmpl.status_code == 200 and "Hi" in tmpl.json()["prompt"], tmpl.text
+    # refusals: the front door's own (model), the engine's own (fields), never a 5xx
+    for path, body, status, code in (
+        ("/tokenize", {"content": "x", "model": "nope"}, 404, "model_not_found"),
+        ("/tokenize", {"content": "x", "model": 7}, 400, "invalid_field"),
+        ("/tokenize", {"content": 5}, 400, "invalid_field"),
+        ("/detokenize", {"tokens": [-1]}, 400, "invalid_field"),
+        ("/apply-template", {"messages": []}, 400, "invalid_field"),
+    ):
+        r = c.http.post(path, json=body)
+        assert r.status_code == status and r.json()["error"]["code"] == code, (path, body, r.text)
+    bad = c.http.post("/tokenize", content=b"{not json", headers={"Content-Type": "application/json"})
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_json"
