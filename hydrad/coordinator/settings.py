@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from hydrad.common.cors import check_origins
 from hydrad.common.netaccess import address_allowed, check_networks
 from hydrad.common.yamlfile import ConfigError, beside, read_settings
 
@@ -23,6 +24,14 @@ class HttpSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
     host: str = Field("127.0.0.1", description="Address the OpenAI front door and /admin bind.")
     port: int = Field(9000, ge=0, le=65535, description="HTTP port; 0 = pick a free one (tests).")
+    cors_origins: list[str] = Field(default_factory=list, description="Web origins (scheme://host[:port], or *) "
+                                    "allowed to call the inference endpoints from a browser; none by default. "
+                                    "Control endpoints never answer CORS.")
+
+    @field_validator("cors_origins")
+    @classmethod
+    def _origins(cls, v: list[str]) -> list[str]:
+        return check_origins(v)
 
 
 class BusSettings(BaseModel):

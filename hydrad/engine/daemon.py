@@ -26,6 +26,7 @@ from hydrad.common.logs import log_event
 from hydrad.common.params import ParamError
 from hydrad.common.registry import Registry, UnknownModel
 from hydrad.common.sdnotify import Notifier
+from hydrad.common.cors import with_cors
 from hydrad.common.serving import uvicorn_server
 from hydrad.engine.settings import LoadedConfig, load_config
 from hydrad.wire.stages import LOADING_STAGES
@@ -69,7 +70,8 @@ class Daemon:
         self.control = EngineControl(self.core, registry, s.defaults)
         from hydrad.engine.http.app import build_app
 
-        server = uvicorn_server(build_app(s, self.control), s.http.host, s.http.port, s.http.header_timeout_s)
+        server = uvicorn_server(with_cors(build_app(s, self.control), s.http.cors_origins), s.http.host, s.http.port,
+                                s.http.header_timeout_s)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop_requested.set)
         loop.add_signal_handler(signal.SIGHUP, self.hup_requested.set)

@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from hydrad.common import tokenfile
+from hydrad.common.cors import check_origins
 from hydrad.common.netaccess import address_allowed, check_networks
 from hydrad.common.params import check_partial
 from hydrad.common.yamlfile import ConfigError, beside, read_settings
@@ -30,6 +31,14 @@ class HttpSettings(BaseModel):
     header_timeout_s: float = Field(10.0, gt=0, le=3600,
                                     description="How long a connection may take to send a request's headers and body "
                                                 "(and may stay idle between requests) before it is closed.")
+    cors_origins: list[str] = Field(default_factory=list, description="Web origins (scheme://host[:port], or *) "
+                                    "allowed to call the inference endpoints from a browser; none by default. "
+                                    "Control endpoints never answer CORS.")
+
+    @field_validator("cors_origins")
+    @classmethod
+    def _origins(cls, v: list[str]) -> list[str]:
+        return check_origins(v)
 
 
 class RpcSettings(BaseModel):
