@@ -40,6 +40,7 @@ from hydrad.coordinator.switcher import ProfileSwitcher
 from hydrad.common.logs import log_event, setup_logging
 from hydrad.common.registry import Registry
 from hydrad.common.sdnotify import Notifier
+from hydrad.common.apikey import api_key, with_api_key
 from hydrad.common.cors import with_cors
 from hydrad.common.serving import run_loop, uvicorn_server
 
@@ -102,7 +103,8 @@ class CoordinatorDaemon:
         front = FrontDoor(s, bus, switcher, registry, affinity)
         app = Starlette(routes=front.routes() + admin_routes(bus, switcher, affinity, front),
                         exception_handlers=exception_handlers())
-        guarded = Guard(with_cors(app, s.http.cors_origins), admin_allow_from=s.admin_allow_from, admin_token=admin_token,
+        keyed = with_api_key(app, api_key(s.http.api_key_file))
+        guarded = Guard(with_cors(keyed, s.http.cors_origins), admin_allow_from=s.admin_allow_from, admin_token=admin_token,
                         max_body_bytes=s.max_body_bytes, body_timeout_s=s.body_timeout_s)
         server = uvicorn_server(guarded, s.http.host, s.http.port)
         for sig in (signal.SIGTERM, signal.SIGINT):

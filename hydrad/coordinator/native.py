@@ -62,8 +62,10 @@ class NativeDoor:
         if self._client is None:
             self._client = httpx.AsyncClient(timeout=TIMEOUT_S)
         try:
-            r = await self._client.post(base + request.url.path, content=json.dumps(body).encode(),
-                                        headers={"Content-Type": "application/json"})
+            headers = {"Content-Type": "application/json"}
+            if "authorization" in request.headers:  # a pool with one API key: the engine asks for it too
+                headers["Authorization"] = request.headers["authorization"]
+            r = await self._client.post(base + request.url.path, content=json.dumps(body).encode(), headers=headers)
         except httpx.HTTPError as exc:
             raise ApiError(502, f"the engine did not answer ({type(exc).__name__})", "engine_unreachable",
                            headers={"Retry-After": "1"}) from None

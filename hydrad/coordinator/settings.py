@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from hydrad.common.apikey import check_api_key
 from hydrad.common.cors import check_origins
 from hydrad.common.netaccess import address_allowed, check_networks
 from hydrad.common.yamlfile import ConfigError, beside, read_settings
@@ -27,6 +28,9 @@ class HttpSettings(BaseModel):
     cors_origins: list[str] = Field(default_factory=list, description="Web origins (scheme://host[:port], or *) "
                                     "allowed to call the inference endpoints from a browser; none by default. "
                                     "Control endpoints never answer CORS.")
+
+    api_key_file: Path | None = Field(None, description="File holding an API key: the inference endpoints then need "
+                                      "'Authorization: Bearer <key>' (401 otherwise); $HYDRA_API_KEY when no file is set.")
 
     @field_validator("cors_origins")
     @classmethod
@@ -120,6 +124,8 @@ def load_config(path: str | Path | None) -> LoadedConfig:
     settings, _ = read_settings(p, CoordinatorSettings)  # ConfigError naming the file and field
     base = p.resolve().parent
     defaults = {"registry": "models.yaml", "profiles": "profiles.yaml"}
-    updates = {key: beside(base, getattr(settings, key), defaults.get(key))
-               for key in ("registry", "profiles", "state_dir", "bus_token_file", "admin_token_file")}
+    updates: dict[str, Any] = {key: beside(base, getattr(settings, key), defaults.get(key))
+                               for key in ("registry", "profiles", "state_dir", "bus_token_file", "admin_token_file")}
+    updates["http"] = check_api_key(p, settings.http.model_copy(
+        update={"api_key_file": beside(base, settings.http.api_key_file)}))
     return LoadedConfig(settings.model_copy(update=updates), p)

@@ -26,6 +26,7 @@ from hydrad.common.logs import log_event
 from hydrad.common.params import ParamError
 from hydrad.common.registry import Registry, UnknownModel
 from hydrad.common.sdnotify import Notifier
+from hydrad.common.apikey import api_key, with_api_key
 from hydrad.common.cors import with_cors
 from hydrad.common.serving import uvicorn_server
 from hydrad.engine.settings import LoadedConfig, load_config
@@ -70,7 +71,8 @@ class Daemon:
         self.control = EngineControl(self.core, registry, s.defaults)
         from hydrad.engine.http.app import build_app
 
-        server = uvicorn_server(with_cors(build_app(s, self.control), s.http.cors_origins), s.http.host, s.http.port,
+        app = with_api_key(build_app(s, self.control), api_key(s.http.api_key_file))
+        server = uvicorn_server(with_cors(app, s.http.cors_origins), s.http.host, s.http.port,
                                 s.http.header_timeout_s)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop_requested.set)

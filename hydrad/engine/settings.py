@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from hydrad.common import tokenfile
+from hydrad.common.apikey import check_api_key
 from hydrad.common.cors import check_origins
 from hydrad.common.netaccess import address_allowed, check_networks
 from hydrad.common.params import check_partial
@@ -34,6 +35,9 @@ class HttpSettings(BaseModel):
     cors_origins: list[str] = Field(default_factory=list, description="Web origins (scheme://host[:port], or *) "
                                     "allowed to call the inference endpoints from a browser; none by default. "
                                     "Control endpoints never answer CORS.")
+
+    api_key_file: Path | None = Field(None, description="File holding an API key: the inference endpoints then need "
+                                      "'Authorization: Bearer <key>' (401 otherwise); $HYDRA_API_KEY when no file is set.")
 
     @field_validator("cors_origins")
     @classmethod
@@ -220,6 +224,8 @@ def load_config(path: str | Path | None) -> LoadedConfig:
             updates["rpc"] = settings.rpc.read_token_file(base)
         except ConfigError as exc:
             raise ConfigError(f"{p}: {exc}") from None
+    updates["http"] = check_api_key(p, settings.http.model_copy(
+        update={"api_key_file": beside(base, settings.http.api_key_file)}))
     updates["models_dir"] = beside(base, settings.models_dir)
     updates["registry"] = beside(base, settings.registry, "models.yaml")
     return LoadedConfig(settings.model_copy(update=updates), p, raw)

@@ -52,3 +52,27 @@ def test_native_endpoints_through_the_front_door(pool: tuple[Coordinator, Engine
         assert r.status_code == status and r.json()["error"]["code"] == code, (path, body, r.text)
     bad = c.http.post("/tokenize", content=b"{not json", headers={"Content-Type": "application/json"})
     assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_json"
+
+
+def test_one_api_key_for_the_pool(tmp_path: Path, smollm_path: Path, start_engine: Callable[..., Engine]) -> None:
+    """HYDRA_API_KEY on the coordinator and its engine: inference at either door needs the key, the
+    front door forwards the client's key to the engine, health and the control surfaces do not ask."""
+    key = "pool-key-" + "x" * 20
+    env = {"HYDRA_API_KEY": key}
+    c = Coordinator(tmp_path, profiles=PROFILES, heartbeat_interval_s=0.5, env=env)
+    c.wait_ready()
+    try:
+        e = start_engine(name="solo", defaults={"n_ctx": 1024, "n_threads": 1},
+                         extra={"bus": c.engine_bus(heartbeat_interval_s=0.5)}, env=env)
+        c.wait_engines(lambda es: es.get("solo", {}).get("stage") == "ready", timeout=120)
+        auth = {"Authorization": f"Bearer {key}"}
+        chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+        for http in (c.http, e.http):
+            assert http.post("/v1/chat/completions", json=chat).status_code == 401
+            assert http.post("/v1/chat/completions", json=chat, headers=auth).status_code == 200
+            assert http.get("/health").status_code == 200
+        assert c.http.post("/tokenize", json={"content": "x"}).status_code == 401
+        assert c.http.post("/tokenize", json={"content": "x"}, headers=auth).status_code == 200  # forwarded with it
+        assert e.http.get("/control/config").status_code == 200  # the engine's own credentials (none here)
+    finally:
+        c.stop()

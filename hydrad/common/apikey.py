@@ -1,0 +1,75 @@
+"""An optional API key for the inference endpoints of both daemons (llama-server's ``--api-key``).
+
+Inference (the OpenAI and llama-server endpoints) then needs ``Authorization: Bearer <key>``,
+compared in constant time; a missing or wrong key is a 401 in OpenAI's error shape. Left open, as
+llama-server leaves them: the health and model-list endpoints and ``/metrics``. The control
+surfaces keep their own credentials (an engine's token, the coordinator's admin token), so the key
+is never asked there. The key comes from ``http.api_key_file`` or, when no file is configured, from
+``$HYDRA_API_KEY``.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import os
+from pathlib import Path
+from typing import Any, TypeVar
+
+from hydrad.common import tokenfile
+from hydrad.common.yamlfile import ConfigError
+
+T = TypeVar("T")
+ENV_API_KEY = "HYDRA_API_KEY"
+OPEN_PATHS = frozenset({"/health", "/livez", "/v1/health", "/metrics", "/version", "/models", "/v1/models"})
+OWN_CREDENTIALS = ("/control", "/slots", "/admin")
+
+
+def api_key(key_file: Path | None) -> str | None:
+    """The key in force: the file's, else ``$HYDRA_API_KEY``, else None (no key: open)."""
+    if key_file is not None:
+        return tokenfile.read_token(key_file)
+    env = os.environ.get(ENV_API_KEY, "").strip()
+    if env and not tokenfile.valid(env):
+        raise tokenfile.TokenError(f"${ENV_API_KEY} must be {tokenfile.MIN_LENGTH} to {tokenfile.MAX_LENGTH} "
+                                   "printable ASCII characters without spaces")
+    return env or None
+
+
+def check_api_key(config: Path, http: T) -> T:
+    """A settings loader's check: the key ``http.api_key_file`` (or ``$HYDRA_API_KEY``) names is
+    usable, else ConfigError naming the file; returns ``http`` unchanged."""
+    try:
+        api_key(http.api_key_file)  # type: ignore[attr-defined]
+    except tokenfile.TokenError as exc:
+        raise ConfigError(f"{config}: http.api_key_file: {exc}") from None
+    return http
+
+
+def guarded(path: str) -> bool:
+    return path not in OPEN_PATHS and not path.startswith(OWN_CREDENTIALS)
+
+
+_REFUSAL = json.dumps({"error": {"message": "a valid API key is needed: 'Authorization: Bearer <key>'",
+                                 "type": "authentication_error", "code": "invalid_api_key", "param": None}}).encode()
+
+
+def with_api_key(app: Any, key: str | None) -> Any:
+    """``app`` with the inference endpoints behind ``key`` (``app`` itself when there is none)."""
+    if key is None:
+        return app
+    expected = f"Bearer {key}".encode()
+
+    async def asgi(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["method"] != "OPTIONS" and guarded(scope["path"]):
+            presented = next((v for k, v in scope.get("headers", []) if k == b"authorization"), b"")
+            if not hmac.compare_digest(presented, expected):
+                await send({"type": "http.response.start", "status": 401,
+                            "headers": [(b"content-type", b"application/json"),
+                                        (b"www-authenticate", b'Bearer realm="hydra"'),
+                                        (b"content-length", str(len(_REFUSAL)).encode())]})
+                await send({"type": "http.response.body", "body": _REFUSAL})
+                return
+        await app(scope, receive, send)
+
+    return asgi
