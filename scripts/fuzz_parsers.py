@@ -201,39 +201,31 @@ KV_MAX_BYTES = 1 << 20
 
 
 def kv_run(data: bytes) -> str:
-    """engine/http/slotstate.py's _receive_state loop, check_put replaced by its meta.bytes check."""
+    """The HTTP twin's consumer (engine/http/slotstate.py): the same StreamAssembler, the engine's
+    check_put replaced by its meta.bytes check."""
     cuts = [0, *_split_points(data), len(data)]
     dec = P.FrameDecoder(P.RESPONSE_CODES)
-    rx: K.StateReceiver | None = None
-    meta: dict[str, Any] | None = None
-    end: dict[str, Any] | None = None
+
+    def open_receiver(meta: dict[str, Any]) -> K.StateReceiver:
+        size = meta.get("bytes")
+        if not isinstance(size, int) or not 0 < size <= KV_MAX_BYTES:
+            raise _StateRefused()
+        return K.StateReceiver(size)
+
+    stream_in = K.StreamAssembler(open_receiver)
     try:
         for a, b in zip(cuts, cuts[1:]):
             for frame in dec.feed(data[a:b]):
-                if end is not None:
-                    raise P.ProtocolError("frames after STATE_END", P.Status.BAD_REQUEST)
-                if meta is None:
-                    if frame.code != P.Status.STATE_META:
-                        raise P.ProtocolError("a state stream starts with STATE_META", P.Status.BAD_REQUEST)
-                    meta = frame.json()
-                    size = meta.get("bytes")
-                    if not isinstance(size, int) or not 0 < size <= KV_MAX_BYTES:
-                        raise _StateRefused()
-                    rx = K.StateReceiver(size)
-                elif frame.code == P.Status.STATE_DATA:
-                    assert rx is not None
-                    rx.add(frame.payload)
-                elif frame.code == P.Status.STATE_END:
-                    end = frame.json()
-                else:
-                    raise P.ProtocolError(f"unexpected frame 0x{frame.code:02x}", P.Status.BAD_REQUEST)
+                stream_in.add(frame)
         dec.eof()
     except P.ProtocolError as exc:
         return f"ProtocolError:{P.Status(exc.status).name}"
     except _StateRefused:
         return "refused(meta.bytes)"
-    if meta is None or rx is None or end is None:
+    if not stream_in.complete:
         return "incomplete"
+    rx, end = stream_in.rx, stream_in.end
+    assert rx is not None and end is not None
     problem = rx.verify(end)
     if problem is not None:
         if not isinstance(problem, str):

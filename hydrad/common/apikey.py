@@ -16,13 +16,33 @@ import os
 from pathlib import Path
 from typing import Any, TypeVar
 
-from hydrad.common import tokenfile
-from hydrad.common.yamlfile import ConfigError
+from pydantic import BaseModel, Field, field_validator
 
-T = TypeVar("T")
+from hydrad.common import tokenfile
+from hydrad.common.cors import check_origins
+from hydrad.common.yamlfile import ConfigError, beside
+
+A = TypeVar("A", bound="InferenceAccess")
 ENV_API_KEY = "HYDRA_API_KEY"
 OPEN_PATHS = frozenset({"/health", "/livez", "/v1/health", "/metrics", "/version", "/models", "/v1/models"})
 OWN_CREDENTIALS = ("/control", "/slots", "/admin")
+
+
+class InferenceAccess(BaseModel):
+    """Who may call the inference endpoints: the ``http`` settings both daemons share (their own
+    ``HttpSettings`` add host, port and the rest)."""
+
+    cors_origins: list[str] = Field(default_factory=list, description="Web origins (scheme://host[:port], or *) "
+                                    "allowed to call the inference endpoints from a browser; none by default. "
+                                    "Control endpoints never answer CORS.")
+
+    api_key_file: Path | None = Field(None, description="File holding an API key: the inference endpoints then need "
+                                      "'Authorization: Bearer <key>' (401 otherwise); $HYDRA_API_KEY when no file is set.")
+
+    @field_validator("cors_origins")
+    @classmethod
+    def _origins(cls, v: list[str]) -> list[str]:
+        return check_origins(v)
 
 
 def api_key(key_file: Path | None) -> str | None:
@@ -36,14 +56,15 @@ def api_key(key_file: Path | None) -> str | None:
     return env or None
 
 
-def check_api_key(config: Path, http: T) -> T:
-    """A settings loader's check: the key ``http.api_key_file`` (or ``$HYDRA_API_KEY``) names is
-    usable, else ConfigError naming the file; returns ``http`` unchanged."""
+def resolve_api_key(config: Path, http: A) -> A:
+    """A settings loader's step: ``http.api_key_file`` resolved beside the config file and the key it
+    (or ``$HYDRA_API_KEY``) names checked usable, else ConfigError naming the file."""
+    resolved = http.model_copy(update={"api_key_file": beside(config.resolve().parent, http.api_key_file)})
     try:
-        api_key(http.api_key_file)  # type: ignore[attr-defined]
+        api_key(resolved.api_key_file)
     except tokenfile.TokenError as exc:
         raise ConfigError(f"{config}: http.api_key_file: {exc}") from None
-    return http
+    return resolved
 
 
 def guarded(path: str) -> bool:

@@ -15,27 +15,15 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from hydrad.common.apikey import check_api_key
-from hydrad.common.cors import check_origins
+from hydrad.common.apikey import InferenceAccess, resolve_api_key
 from hydrad.common.netaccess import address_allowed, check_networks
 from hydrad.common.yamlfile import ConfigError, beside, read_settings
 
 
-class HttpSettings(BaseModel):
+class HttpSettings(InferenceAccess):
     model_config = ConfigDict(extra="forbid")
     host: str = Field("127.0.0.1", description="Address the OpenAI front door and /admin bind.")
     port: int = Field(9000, ge=0, le=65535, description="HTTP port; 0 = pick a free one (tests).")
-    cors_origins: list[str] = Field(default_factory=list, description="Web origins (scheme://host[:port], or *) "
-                                    "allowed to call the inference endpoints from a browser; none by default. "
-                                    "Control endpoints never answer CORS.")
-
-    api_key_file: Path | None = Field(None, description="File holding an API key: the inference endpoints then need "
-                                      "'Authorization: Bearer <key>' (401 otherwise); $HYDRA_API_KEY when no file is set.")
-
-    @field_validator("cors_origins")
-    @classmethod
-    def _origins(cls, v: list[str]) -> list[str]:
-        return check_origins(v)
 
 
 class BusSettings(BaseModel):
@@ -126,6 +114,5 @@ def load_config(path: str | Path | None) -> LoadedConfig:
     defaults = {"registry": "models.yaml", "profiles": "profiles.yaml"}
     updates: dict[str, Any] = {key: beside(base, getattr(settings, key), defaults.get(key))
                                for key in ("registry", "profiles", "state_dir", "bus_token_file", "admin_token_file")}
-    updates["http"] = check_api_key(p, settings.http.model_copy(
-        update={"api_key_file": beside(base, settings.http.api_key_file)}))
+    updates["http"] = resolve_api_key(p, settings.http)
     return LoadedConfig(settings.model_copy(update=updates), p)

@@ -158,8 +158,7 @@ class EngineControl:
         gen = self.core.gen
         if gen is None:
             return params.model is not None
-        return any(getattr(gen.params, k) != getattr(params, k)
-                   for k in RuntimeParams.model_fields if RuntimeParams.tier_of(k) == Tier.T3)
+        return self._differs(gen.params, params, Tier.T3)
 
     def resolve_if_model(self, payload: dict[str, Any]) -> ResolvedModel | None:
         name = payload.get("model")
@@ -210,10 +209,11 @@ class EngineControl:
                 "estimate": rec.estimate}
 
     @staticmethod
-    def _differs(a: RuntimeParams, b: RuntimeParams) -> bool:
-        """Whether two parameter sets need different model loads (or contexts) to serve."""
+    def _differs(a: RuntimeParams, b: RuntimeParams, at_least: Tier = Tier.T2) -> bool:
+        """Whether two parameter sets differ in a field of tier ``at_least`` or above (T3: another model
+        load; T2: another context too)."""
         return any(getattr(a, k) != getattr(b, k) for k in RuntimeParams.model_fields
-                   if RuntimeParams.tier_of(k) >= Tier.T2)
+                   if RuntimeParams.tier_of(k) >= at_least)
 
     def _start_load(self, plan: Any, payload: dict[str, Any], carry_kv: bool = False,
                     keep_standby: bool = False) -> Any:

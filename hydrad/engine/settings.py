@@ -16,14 +16,13 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from hydrad.common import tokenfile
-from hydrad.common.apikey import check_api_key
-from hydrad.common.cors import check_origins
+from hydrad.common.apikey import InferenceAccess, resolve_api_key
 from hydrad.common.netaccess import address_allowed, check_networks
 from hydrad.common.params import check_partial
 from hydrad.common.yamlfile import ConfigError, beside, read_settings
 
 
-class HttpSettings(BaseModel):
+class HttpSettings(InferenceAccess):
     model_config = ConfigDict(extra="forbid")
     host: str = Field("127.0.0.1", description="Address the OpenAI/control HTTP server binds.")
     port: int = Field(8080, ge=0, le=65535, description="HTTP port; 0 = pick a free one (tests).")
@@ -32,17 +31,6 @@ class HttpSettings(BaseModel):
     header_timeout_s: float = Field(10.0, gt=0, le=3600,
                                     description="How long a connection may take to send a request's headers and body "
                                                 "(and may stay idle between requests) before it is closed.")
-    cors_origins: list[str] = Field(default_factory=list, description="Web origins (scheme://host[:port], or *) "
-                                    "allowed to call the inference endpoints from a browser; none by default. "
-                                    "Control endpoints never answer CORS.")
-
-    api_key_file: Path | None = Field(None, description="File holding an API key: the inference endpoints then need "
-                                      "'Authorization: Bearer <key>' (401 otherwise); $HYDRA_API_KEY when no file is set.")
-
-    @field_validator("cors_origins")
-    @classmethod
-    def _origins(cls, v: list[str]) -> list[str]:
-        return check_origins(v)
 
 
 class RpcSettings(BaseModel):
@@ -224,8 +212,7 @@ def load_config(path: str | Path | None) -> LoadedConfig:
             updates["rpc"] = settings.rpc.read_token_file(base)
         except ConfigError as exc:
             raise ConfigError(f"{p}: {exc}") from None
-    updates["http"] = check_api_key(p, settings.http.model_copy(
-        update={"api_key_file": beside(base, settings.http.api_key_file)}))
+    updates["http"] = resolve_api_key(p, settings.http)
     updates["models_dir"] = beside(base, settings.models_dir)
     updates["registry"] = beside(base, settings.registry, "models.yaml")
     return LoadedConfig(settings.model_copy(update=updates), p, raw)

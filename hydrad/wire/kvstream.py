@@ -75,5 +75,39 @@ class StateReceiver:
         return None
 
 
+class StreamAssembler:
+    """The frames of one state stream, in their one valid order: STATE_META, STATE_DATA..., STATE_END.
+
+    ``open`` sees the meta and returns the receiver for its data (or raises the caller's refusal);
+    anything out of order is a ProtocolError. One rule for every consumer of a state stream (HTTP's
+    ``PUT /slots/{id}/state``, the parser fuzzer), so they cannot drift."""
+
+    def __init__(self, open: Callable[[dict[str, Any]], StateReceiver]) -> None:
+        self._open = open
+        self.meta: dict[str, Any] | None = None
+        self.rx: StateReceiver | None = None
+        self.end: dict[str, Any] | None = None
+
+    def add(self, frame: P.Frame) -> None:
+        if self.end is not None:
+            raise P.ProtocolError("frames after STATE_END", P.Status.BAD_REQUEST)
+        if self.meta is None:
+            if frame.code != P.Status.STATE_META:
+                raise P.ProtocolError("a state stream starts with STATE_META", P.Status.BAD_REQUEST)
+            self.meta = frame.json()
+            self.rx = self._open(self.meta)
+        elif frame.code == P.Status.STATE_DATA:
+            assert self.rx is not None
+            self.rx.add(frame.payload)
+        elif frame.code == P.Status.STATE_END:
+            self.end = frame.json()
+        else:
+            raise P.ProtocolError(f"unexpected frame 0x{frame.code:02x} in a state stream", P.Status.BAD_REQUEST)
+
+    @property
+    def complete(self) -> bool:
+        return self.meta is not None and self.rx is not None and self.end is not None
+
+
 def meta_json(meta: dict[str, Any]) -> str:
     return json.dumps(meta, separators=(",", ":"))

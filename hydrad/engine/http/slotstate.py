@@ -12,7 +12,7 @@ from hydrad.engine.core import StateError
 from hydrad.engine.http.context import HttpContext, ctx_of
 from hydrad.wire import protocol as P
 from hydrad.wire.errors import state_http_status
-from hydrad.wire.kvstream import StateReceiver, chunked
+from hydrad.wire.kvstream import StateReceiver, StreamAssembler, chunked
 from hydrad.wire.openai import ApiError
 
 _DISCARD_MIN = 64 << 20  # a refused state upload is drained at least this far before the answer
@@ -86,36 +86,27 @@ async def _receive_state(ctx: HttpContext, request: Request, stream: AsyncIterat
     trusted = ctx.guard_control(request)
     sid = slot_id(request)
     decoder = P.FrameDecoder(P.RESPONSE_CODES)
-    rx: StateReceiver | None = None
-    meta: dict[str, Any] | None = None
-    end: dict[str, Any] | None = None
+
+    def open_receiver(meta: dict[str, Any]) -> StateReceiver:
+        refused = core.check_put(sid, meta, max_bytes)
+        if refused is not None:
+            raise ApiError(state_http_status(refused.kind), str(refused), refused.kind)
+        return StateReceiver(meta["bytes"], core.state_buffers.take)
+
+    stream_in = StreamAssembler(open_receiver)
     try:
         async for piece in stream:
             for frame in decoder.feed(piece):
-                if end is not None:
-                    raise P.ProtocolError("frames after STATE_END", P.Status.BAD_REQUEST)
-                if meta is None:
-                    if frame.code != P.Status.STATE_META:
-                        raise P.ProtocolError("a state stream starts with STATE_META", P.Status.BAD_REQUEST)
-                    meta = frame.json()
-                    refused = core.check_put(sid, meta, max_bytes)
-                    if refused is not None:
-                        raise ApiError(state_http_status(refused.kind), str(refused), refused.kind)
-                    rx = StateReceiver(meta["bytes"], core.state_buffers.take)
-                elif frame.code == P.Status.STATE_DATA:
-                    assert rx is not None
-                    rx.add(frame.payload)
-                elif frame.code == P.Status.STATE_END:
-                    end = frame.json()
-                else:
-                    raise P.ProtocolError(f"unexpected frame 0x{frame.code:02x} in a state stream", P.Status.BAD_REQUEST)
+                stream_in.add(frame)
         decoder.eof()
     except P.ProtocolError as exc:
         raise ApiError(413 if exc.status == P.Status.TOO_LARGE else 400, f"bad state stream: {exc}; the slot is unchanged",
                        "bad_state_stream") from None
-    if meta is None or rx is None or end is None:
+    if not stream_in.complete:
         raise ApiError(400, "incomplete state stream (needs STATE_META, data, STATE_END); the slot is unchanged",
                        "bad_state_stream")
+    meta, rx, end = stream_in.meta, stream_in.rx, stream_in.end
+    assert meta is not None and rx is not None and end is not None
     problem = rx.verify(end)
     if problem:
         raise ApiError(400, problem + "; the slot is unchanged", "state_mismatch")
