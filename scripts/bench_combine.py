@@ -324,12 +324,20 @@ def runs_line(s: dict[str, Any], metric: str) -> str:
 def markdown(rep: dict[str, Any]) -> str:
     st = rep["settings"]
     lay = rep["layer"]["summary"]
-    out = [f"## {rep['date']}: COMBINE (layer split) through the merged port vs stock ggml RPC server, CPU", "",
+    pl = rep["placement"]
+    gpu = any(not d.startswith(("CPU", "RPC")) for d in pl.get("devices", []))
+    if gpu:  # head and peer each put their share on the one GPU they both see: a stand-in for two GPUs
+        where = ("H200 GPU, head and peer sharing it" if rep["machine"].get("gpus") else "GPU")
+        split = (f"the first share is the head's GPU ({pl['devices'][0]}), the second the peer's, which is the same "
+                 f"physical GPU seen by another process: two engines sharing one GPU stand in for two GPUs")
+    else:
+        where = "CPU"
+        split = (f"the first share is the head's CPU: {pl['n_gpu_layers'] - 1} of {pl['n_layer']} layers and the "
+                 f"output layer on the peer")
+    out = [f"## {rep['date']}: COMBINE (layer split) through the merged port vs stock ggml RPC server, {where}", "",
            f"Command: `{rep['command']}` ({rep['elapsed_s']:.0f} s)", "",
            f"Machine: {describe_machine(rep['machine'])}. hydrad: commit {rep['commit']}.", "",
-           f"Settings: {st['model']} ({st['gguf']}), head `tensor_split: {json.dumps(SPLIT)}` (the first share is "
-           f"the head's CPU: {rep['placement']['n_gpu_layers'] - 1} of {rep['placement']['n_layer']} layers and the "
-           f"output layer on the peer); threads {st['threads']} everywhere (head `n_threads`/`n_threads_batch`, peer "
+           f"Settings: {st['model']} ({st['gguf']}), head `tensor_split: {json.dumps(SPLIT)}` ({split}); threads {st['threads']} everywhere (head `n_threads`/`n_threads_batch`, peer "
            f"`rpc.ggml_threads`, the stock server's); head n_ctx {st['n_ctx']}, n_parallel 1. {st['runs']} runs; "
            f"each run loads the head three ways (Hydra peer, stock peer, SOLO; order alternating), warms up "
            f"and measures one streamed `/v1/completions` request: a {st['prompt_tokens']}-token prompt with a fresh "

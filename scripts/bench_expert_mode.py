@@ -90,8 +90,12 @@ def main() -> int:
           f"first switch (a load) {first * 1e3:.0f} ms; answers changed by a round trip: {mismatches}")
     if args.markdown:
         now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        from llama_cpp import llama_cpp as C
+
+        where = ("GPU: head and peer share the one GPU, a stand-in for two" if C.llama_supports_gpu_offload()
+                 else "CPU")
         print(f"""
-## {now}: expert-mode switch without reload (tiny MoE, CPU)
+## {now}: expert-mode switch without reload (tiny MoE, {where})
 
 Command: `{cmd}`
 

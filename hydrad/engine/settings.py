@@ -54,7 +54,8 @@ class RpcSettings(BaseModel):
                                        "(and, with a token, its HELLO) before it is closed.")
     ggml_idle_timeout_s: float = Field(60.0, gt=0, description="A ggml-RPC peer that holds no buffer on this engine and sends "
                                        "no command for this long is closed (a peer with buffers is kept: keepalive finds dead ones).")
-    ggml_io_timeout_s: float = Field(10.0, gt=0, description="A ggml-RPC peer that stalls inside a command for this long is closed.")
+    ggml_io_timeout_s: float = Field(10.0, gt=0, description="A ggml-RPC peer that stalls inside a command for this long (or for "
+                                     "ggml_idle_timeout_s if that is shorter) is closed.")
     max_ggml_connections: int = Field(8, ge=1, le=256, description="ggml-RPC peer connections served at once; more are closed.")
     chunk_size: int = Field(2 << 20, ge=4096, le=64 << 20, description="STATE_DATA chunk size in bytes.")
     max_state_bytes: int = Field(8 << 30, ge=1, description="Largest KV state a STATE_PUT may declare.")

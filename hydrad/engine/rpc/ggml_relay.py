@@ -64,6 +64,9 @@ class _Peer:
         self.addr = addr
         self.buffers: dict[int, tuple[int, int]] = {}  # remote_ptr -> (base, size), this peer's only
         self.graphs: dict[int, bytes] = {}  # device -> this peer's last GRAPH_COMPUTE payload
+        # graph payloads already checked against the current buffers -> their device: a head resends the
+        # same few graphs every token (one per split), so each is parsed once, not once per token
+        self.checked: dict[bytes, int] = {}
         self.graph_serial: dict[int, int] = {}
         self.commands = 0
 
@@ -201,6 +204,13 @@ class GgmlRelay:
                 log_event(log, logging.INFO, "ggml-RPC peer gone before HELLO", peer=addr, error=str(exc) or "timeout")
                 return
             identified()
+            # blocking reads with a kernel timeout: no poll() before each recv and no mode switch per
+            # command (a timeout set with settimeout costs both), which the per-token round trips feel
+            conn.settimeout(None)
+            limit = min(self.rpc.ggml_io_timeout_s, self.rpc.ggml_idle_timeout_s)
+            tv = struct.pack("ll", int(limit), int((limit % 1) * 1e6))
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
             self.stats["peers_served"] += 1
             log_event(log, logging.INFO, "ggml-RPC connection", peer=addr)
             self._loop(peer)
@@ -229,34 +239,39 @@ class GgmlRelay:
         peer.buffers.clear()
 
     def _loop(self, peer: _Peer) -> None:
+        """Commands until the peer goes. The socket's kernel timeout (``min(io, idle)``) bounds every
+        read: inside a command a timeout is a stall; between commands a peer holding buffers (a head
+        with weights here) may stay idle (keepalive finds it if it dies), one holding nothing is closed
+        once idle for ``ggml_idle_timeout_s``."""
         conn = peer.conn
         head = bytearray(9)
+        view = memoryview(head)
+        idle_since = time.monotonic()
         while True:
-            # between commands: a peer holding buffers (a head with weights here) may stay idle (keepalive
-            # finds it if it dies); one holding nothing is closed after ggml_idle_timeout_s
-            conn.settimeout(None if peer.buffers else self.rpc.ggml_idle_timeout_s)
             try:
-                first = conn.recv(1)
-            except socket.timeout:
-                raise Refused(f"idle for {self.rpc.ggml_idle_timeout_s}s holding no buffer") from None
+                got = conn.recv_into(head, 9)
+            except BlockingIOError:  # SO_RCVTIMEO: nothing arrived for a while
+                if not peer.buffers and time.monotonic() - idle_since >= self.rpc.ggml_idle_timeout_s:
+                    raise Refused(f"idle for {self.rpc.ggml_idle_timeout_s}s holding no buffer") from None
+                continue
             except OSError:
                 return
-            if not first:
+            if not got:
                 return
-            conn.settimeout(self.rpc.ggml_io_timeout_s)
-            try:
-                head[0] = first[0]
-                _recv_exact(conn, 8, memoryview(head)[1:])  # type: ignore[arg-type]
-            except (OSError, ConnectionError):
-                return
+            if got < 9:
+                try:
+                    _recv_exact(conn, 9 - got, view[got:])  # type: ignore[arg-type]
+                except (OSError, ConnectionError):
+                    return
             cmd, size = HEAD.unpack(head)
             peer.commands += 1
             self.stats["commands"] += 1
             self._command(peer, cmd, size)
+            idle_since = time.monotonic()
 
-    def _read(self, peer: _Peer, n: int) -> bytes:
+    def _read(self, peer: _Peer, n: int) -> bytearray:
         try:
-            return bytes(_recv_exact(peer.conn, n))
+            return _recv_exact(peer.conn, n)
         except (OSError, ConnectionError) as exc:
             raise Refused(f"stalled or gone inside a command ({exc or 'timeout'})") from None
 
@@ -271,8 +286,13 @@ class GgmlRelay:
         if cmd == GRAPH_COMPUTE:
             if size > MAX_GRAPH_BYTES:
                 raise Refused(f"graph of {size} bytes")
-            payload = self._read(peer, size)
-            device = check.graph(payload, self.n_devices, peer.buffers)
+            payload = bytes(self._read(peer, size))
+            device = peer.checked.get(payload)
+            if device is None:
+                device = check.graph(payload, self.n_devices, peer.buffers)
+                if len(peer.checked) >= 256:
+                    peer.checked.clear()
+                peer.checked[payload] = device
             peer.graphs[device] = payload
             serial = next(self._serial)
             peer.graph_serial[device] = serial
@@ -346,6 +366,7 @@ class GgmlRelay:
             if cmd == FREE_BUFFER:
                 (ptr,) = struct.unpack_from("<Q", payload, 0)
                 del peer.buffers[ptr]
+                peer.checked.clear()  # a graph naming the freed buffer must be checked again
                 self._current_graph.clear()  # the server drops every stored graph on a free
                 peer.graphs.clear()
                 return
@@ -366,25 +387,33 @@ class GgmlRelay:
     def _send_up(self, head: bytes, payload: bytes | memoryview = b"") -> None:
         assert self._up is not None
         try:
-            self._up.sendall(head)
-            if payload:
+            if not payload:
+                self._up.sendall(head)
+            elif len(payload) <= 65536:
+                self._up.sendall(head + payload)  # one segment: with TCP_NODELAY two sends are two packets
+            elif head:
+                _send_parts(self._up, head, payload)
+            else:
                 self._up.sendall(payload)
         except OSError as exc:
             raise self._lost(exc) from None
 
-    def _recv_up(self, expect: int) -> bytes:
+    def _recv_up(self, expect: int) -> bytearray:
         assert self._up is not None
         try:
             (n,) = SIZE.unpack(_recv_exact(self._up, 8))
             if n != expect:
                 raise OSError(f"answer of {n} bytes where {expect} were due")
-            return bytes(_recv_exact(self._up, n))
+            return _recv_exact(self._up, n)
         except (OSError, ConnectionError) as exc:
             raise self._lost(exc) from None
 
-    def _answer(self, peer: _Peer, answer: bytes) -> None:
+    def _answer(self, peer: _Peer, answer: bytes | bytearray) -> None:
         try:
-            peer.conn.sendall(SIZE.pack(len(answer)) + answer)
+            if len(answer) <= 65536:
+                peer.conn.sendall(SIZE.pack(len(answer)) + answer)
+            else:  # e.g. a token's logits: no copy to put the size in front
+                _send_parts(peer.conn, SIZE.pack(len(answer)), answer)
         except OSError as exc:
             raise Refused(f"does not read its answers ({exc or 'timeout'})") from None
 
@@ -466,6 +495,16 @@ class GgmlRelay:
             peers = [{"peer": p.addr, "buffers": len(p.buffers), "commands": p.commands} for p in self._peers.values()]
         return {"ready": self.ready.is_set() and self.broken is None, "error": self.broken, "peers": peers,
                 **self.stats}
+
+
+def _send_parts(sock: socket.socket, head: bytes, body: bytes | bytearray) -> None:
+    """``sendall(head + body)`` without building the concatenation: one gathered send, then the rest."""
+    sent = sock.sendmsg([head, body])
+    if sent < len(head):
+        sock.sendall(memoryview(head)[sent:])
+        sent = len(head)
+    if sent - len(head) < len(body):
+        sock.sendall(memoryview(body)[sent - len(head):])
 
 
 __all__ = ["GgmlRelay", "TensorCheck", "Refused"]
