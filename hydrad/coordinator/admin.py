@@ -87,8 +87,18 @@ def admin_routes(bus: CoordinatorBus, switcher: ProfileSwitcher, affinity: Affin
             raise ApiError(400, "body must be a JSON object with 'messages' or 'prompt'", "invalid_request")
         return JSONResponse(front.explain("chat" if "messages" in body else "completion", raw, request))
 
+    async def sessions(_: Request) -> Response:
+        """The session keeper's counters and its store's (``{"keep": false}`` when it is off)."""
+        assert front is not None
+        keeper = front.sessions
+        if keeper is None:
+            return JSONResponse({"keep": False})
+        stats = await asyncio.get_running_loop().run_in_executor(None, keeper.store.stats)
+        return JSONResponse({"keep": True, **keeper.public(), "store": stats})
+
     routes = [Route("/admin/engines", engines), Route("/admin/profile", get_profile),
               Route("/admin/profile", post_profile, methods=["POST"])]
     if front is not None:
         routes.append(Route("/admin/route", explain_route, methods=["POST"]))
+        routes.append(Route("/admin/sessions", sessions))
     return routes

@@ -34,6 +34,7 @@ from hydrad.coordinator.bus import CoordinatorBus
 from hydrad.coordinator.frontdoor import FrontDoor, exception_handlers
 from hydrad.coordinator.guard import Guard
 from hydrad.coordinator.profiles import ProfileSet, load_profiles
+from hydrad.coordinator.sessions import SessionKeeper
 from hydrad.coordinator.settings import ConfigError, CoordinatorSettings, LoadedConfig, bus_is_loopback, load_config
 from hydrad.coordinator.state import StateFile, choose_start_profile
 from hydrad.coordinator.switcher import ProfileSwitcher
@@ -43,6 +44,7 @@ from hydrad.common.sdnotify import Notifier
 from hydrad.common.apikey import api_key, with_api_key
 from hydrad.common.cors import with_cors
 from hydrad.common.serving import run_loop, uvicorn_server
+from hydrad.store import StoreError
 
 log = logging.getLogger("hydra.coordinator")
 
@@ -100,7 +102,16 @@ class CoordinatorDaemon:
                   "saved state unusable; start profile from the default" if start.warn else "start profile",
                   profile=start.name or "-", source=start.source, why=start.reason)
         switcher = ProfileSwitcher(s, bus, registry, profiles, active=start.name, state=state)
-        front = FrontDoor(s, bus, switcher, registry, affinity)
+        keeper = None
+        if s.sessions.keep:
+            try:
+                keeper = SessionKeeper(s.sessions, bus.engines, bus.publish)
+            except (StoreError, tokenfile.TokenError, OSError) as exc:
+                log_event(log, logging.ERROR, "cannot open the session store", dir=str(s.sessions.store.dir),
+                          error=str(exc), how="set sessions.store.dir to a writable directory, or sessions.keep: false")
+                await bus.close()
+                return 2
+        front = FrontDoor(s, bus, switcher, registry, affinity, keeper)
         app = Starlette(routes=front.routes() + admin_routes(bus, switcher, affinity, front),
                         exception_handlers=exception_handlers())
         keyed = with_api_key(app, api_key(s.http.api_key_file))
@@ -137,6 +148,8 @@ class CoordinatorDaemon:
         for t in tasks:
             t.cancel()
         await front.native.close()
+        if keeper is not None:
+            keeper.close()
         await bus.close()
         log_event(log, logging.INFO, "stopped")
         return 0

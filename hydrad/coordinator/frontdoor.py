@@ -43,6 +43,7 @@ from hydrad.coordinator.records import EngineLost, EngineRecord, EngineUnreachab
 from hydrad.coordinator.metrics import CONTENT_TYPE, CoordinatorMetrics
 from hydrad.coordinator.native import PATHS as NATIVE_PATHS, NativeDoor
 from hydrad.coordinator.replies import Lost, Turn, collect, disconnected, relay
+from hydrad.coordinator.sessions import SessionKeeper
 from hydrad.coordinator.routing import (
     Decision, EngineView, ModelSpec, RouteRequest, route,
 )
@@ -75,12 +76,13 @@ def _estimate_tokens(gen: GenRequest) -> int:
 
 class FrontDoor:
     def __init__(self, settings: Any, bus: CoordinatorBus, switcher: ProfileSwitcher, registry: Registry,
-                 affinity: Affinity | None = None) -> None:
+                 affinity: Affinity | None = None, sessions: SessionKeeper | None = None) -> None:
         self.settings = settings
         self.bus = bus
         self.switcher = switcher
         self.registry = registry
         self.affinity = affinity or Affinity()
+        self.sessions = sessions  # keeps sessions' KV in the Store (None: sessions.keep is off)
         self.specs = {alias: ModelSpec.from_entry(alias, e) for alias, e in registry.entries.items()}
         self.admitting = True
         self._models: dict[str, str | None] = {}
@@ -330,6 +332,7 @@ class FrontDoor:
             msg = _generate_message(self.bus.new_id("gen"), greq, served)
             try:
                 await self._ensure(engine, served)
+                msg.slot = await self._restore(session, engine)
                 stream = self.bus.generate(engine, msg)
                 t_sent = time.monotonic()
             except RequestUnsendable as exc:  # the request's fault: the same on every engine
@@ -423,8 +426,18 @@ class FrontDoor:
         rec = self.bus.engines.get(engine)
         return (rec.status.generation or "") if rec else ""
 
-    def _record(self, turn: Turn, reply: str) -> None:
+    def _record(self, turn: Turn, reply: str, done: M.Done) -> None:
         self.affinity.record(turn.engine, turn.session, turn.messages, reply)
+        if self.sessions is not None:
+            self.sessions.after_turn(turn.session, turn.engine, done)
+
+    async def _restore(self, session: str | None, engine: str) -> int | None:
+        """The slot to pin a turn to when the session's KV had to be brought to ``engine`` from the
+        Store; None when the engine holds it already, nothing is kept, or the restore did not work."""
+        if self.sessions is None or not self.sessions.has(session) or self.affinity.engine_of(session) == engine:  # type: ignore[arg-type]
+            return None
+        restored = await self.sessions.restore(session, engine)  # type: ignore[arg-type]
+        return restored.slot if restored is not None else None
 
     async def models(self, _: Request) -> Response:
         data = []

@@ -49,7 +49,7 @@ def timings(usage: M.UsageInfo) -> dict[str, Any]:
 
 
 async def collect(bus: CoordinatorBus, token_timeout_s: float, turn: Turn, stream: RequestStream, first: Any,
-                  headers: dict[str, str], record: Callable[[Turn, str], None]) -> Response:
+                  headers: dict[str, str], record: Callable[[Turn, str, M.Done], None]) -> Response:
     """The whole answer of a non-streaming request."""
     texts: list[str] = []
     ev = first
@@ -59,7 +59,7 @@ async def collect(bus: CoordinatorBus, token_timeout_s: float, turn: Turn, strea
                 texts.extend(ev.texts)
             elif isinstance(ev, M.Done):
                 text = "".join(texts)
-                record(turn, text)
+                record(turn, text, ev)
                 body = openai.full_response(turn.kind, turn.rid, turn.model, text, ev.finish_reason, ev.usage.openai(),
                                             ev.fingerprint, timings(ev.usage))
                 return JSONResponse(body, headers={**headers, "X-Hydra-Generation": ev.fingerprint})
@@ -81,7 +81,7 @@ async def collect(bus: CoordinatorBus, token_timeout_s: float, turn: Turn, strea
 
 
 async def relay(bus: CoordinatorBus, token_timeout_s: float, turn: Turn, stream: RequestStream, first: Any,
-                fingerprint: Callable[[], str], record: Callable[[Turn, str], None]) -> AsyncIterator[bytes]:
+                fingerprint: Callable[[], str], record: Callable[[Turn, str, M.Done], None]) -> AsyncIterator[bytes]:
     """A streaming request's answer, as server-sent events."""
     created = int(time.time())
     fp = fingerprint()
@@ -102,7 +102,7 @@ async def relay(bus: CoordinatorBus, token_timeout_s: float, turn: Turn, stream:
                 if turn.include_usage:
                     yield openai.usage_chunk(k, rid, model, created, ev.usage.openai(), fp)
                 yield openai.DONE
-                record(turn, "".join(texts))
+                record(turn, "".join(texts), ev)
                 return
             elif isinstance(ev, M.Error):
                 yield openai.sse(ApiError(ev.status, ev.message, ev.code).body())

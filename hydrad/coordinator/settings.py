@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from hydrad.common.apikey import InferenceAccess, resolve_api_key
 from hydrad.common.netaccess import address_allowed, check_networks
 from hydrad.common.yamlfile import ConfigError, beside, read_settings
+from hydrad.coordinator.sessions import SessionSettings
 
 
 class HttpSettings(InferenceAccess):
@@ -68,6 +69,8 @@ class CoordinatorSettings(BaseModel):
     admin_token_file: Path | None = Field(None, description="File holding the admin token; when set, /admin/* also needs 'Authorization: Bearer <token>' (else 401).")
     max_body_bytes: int = Field(8 << 20, ge=1024, le=1 << 30, description="Largest request body the front door and /admin accept; larger ones get 413 before they are read.")
     body_timeout_s: float = Field(30.0, gt=0, le=3600, description="Longest time a client may take to send a request body (else 408).")
+    sessions: SessionSettings = Field(default_factory=SessionSettings, description="Sessions kept in the Store so "
+                                      "that they outlive their engine (docs/store.md).")
     logging: LogSettings = Field(default_factory=LogSettings, description="Logging.")
 
     @field_validator("bus", mode="before")
@@ -115,4 +118,8 @@ def load_config(path: str | Path | None) -> LoadedConfig:
     updates: dict[str, Any] = {key: beside(base, getattr(settings, key), defaults.get(key))
                                for key in ("registry", "profiles", "state_dir", "bus_token_file", "admin_token_file")}
     updates["http"] = resolve_api_key(p, settings.http)
+    sessions = settings.sessions
+    updates["sessions"] = sessions.model_copy(update={
+        "engine_token_file": beside(base, sessions.engine_token_file, None),
+        "store": sessions.store.model_copy(update={"dir": beside(base, sessions.store.dir, None)})})
     return LoadedConfig(settings.model_copy(update=updates), p)

@@ -22,6 +22,7 @@ from hydrad.engine.generation import Generation, Slot
 from hydrad.engine.requests import Done, Failed, RequestHandle, Token, Usage
 from hydrad.engine.stats import EngineStats
 from hydrad.engine.textstream import StopMatcher, Utf8Detokenizer
+from hydrad.wire.kvdigest import tokens_digest
 from hydrad.wire.requests import GenRequest
 
 log = logging.getLogger("hydrad.engine")
@@ -351,7 +352,7 @@ class Batching:
         self.stats.prompt_seconds_total += t_first - a.t_start
         self.stats.predicted_seconds_total += now - t_first
         self.stats.requests_finished_total += 1
-        self._emit(a.handle, Done(reason, usage, gen.tag))
+        self._emit(a.handle, Done(reason, usage, gen.tag, slot.id, len(slot.cache), tokens_digest(slot.cache)))
         self._release(gen, slot)
 
     def _fault(self, stage: str, faulty: frozenset[str]) -> None:

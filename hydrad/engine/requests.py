@@ -56,6 +56,9 @@ class Done:
     finish_reason: str
     usage: Usage
     generation: GenerationTag
+    slot: int | None = None  # the slot that served it, whose KV now holds the turn...
+    kv_tokens: int = 0  # ...this many tokens of it...
+    kv_hash: str = ""  # ...with this digest (hydrad.wire.kvdigest), so a later reader can tell it is still there
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 Objects are the KV state of a token prefix under a model identity, cut into chunks aligned to token
 blocks per layer so that two sessions sharing a prefix share those chunks byte for byte. Usable
-alone (``hydractl store``); the coordinator does not use it yet.
+alone (``hydractl store``); the coordinator keeps sessions in it (``hydrad.coordinator.sessions``).
 """
 
 from hydrad.store.errors import CorruptChunk, StoreError

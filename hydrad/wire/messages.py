@@ -158,6 +158,10 @@ class Done(_Msg):
     usage: UsageInfo
     fingerprint: str = Field("", max_length=128)
     model: str = Field("", max_length=512)
+    slot: int | None = Field(None, ge=0, description="The slot whose KV now holds this turn (for the session "
+                                                     "keeper's STATE_GET); absent from older engines.")
+    kv_tokens: int = Field(0, ge=0, description="How many tokens that slot's KV holds after the turn.")
+    kv_hash: str = Field("", max_length=32, description="hydrad.wire.kvdigest of those tokens.")
 
 
 class Error(_Msg):
@@ -359,6 +363,7 @@ def _first_error(exc: Exception) -> str:
 EVENT_TOPICS = (
     "engine.up", "engine.down", "engine.stage", "engine.progress",
     "engine.load", "route", "profile.start", "profile.progress", "profile.engine", "profile.done",
+    "session.kept", "session.restored",
 )
 
 

@@ -80,7 +80,8 @@ class Coordinator:
                                "events": self.events_endpoint, "heartbeat_interval_s": heartbeat_interval_s,
                                "liveness": 3, "registry": str(REGISTRY), "first_token_timeout_s": 60,
                                "token_timeout_s": 30, "load_timeout_s": 120,
-                               "state_dir": str(tmp / "coordinator-state")}
+                               "state_dir": str(tmp / "coordinator-state"),
+                               "sessions": {"store": {"dir": str(tmp / "session-store"), "fsync": False}}}
         if curve is not None:  # (public, secret) Z85 keys: the bus and events are encrypted
             cfg["bus"] = {"endpoint": self.bus, "curve_public_key": curve[0], "curve_secret_key": curve[1]}
         self.token_file: Path | None = None

@@ -1,0 +1,285 @@
+"""Sessions that outlive their engine: each session's last turn kept in the Store, restored anywhere.
+
+A session (request field ``session_id`` or header ``X-Session-Id``) lives in one engine slot's KV.
+When that engine dies, restarts, reloads or drains, the KV is gone and the next turn would prefill
+the whole conversation again. The keeper closes that gap:
+
+* **after every turn** of a session (DONE names the slot, how many tokens its KV holds and their
+  digest), it reads the slot's state over the engine's merged port (STATE_GET) and puts it in the
+  Store, on a worker thread, off the request path. The state's own token list must hash to DONE's
+  digest, else the slot has moved on to another request and nothing is kept. Only the newest turn
+  of a session is queued (a turn finishing while the previous one is still being read replaces it);
+* **before a turn** that routing sends to an engine which does not hold the session (its engine
+  is gone, or routing chose another), it puts the kept state into an idle slot of the chosen
+  engine (STATE_PUT, which refuses an incompatible state before any byte moves) and pins the
+  request to that slot: the engine reuses the KV and prefills only the new messages. Any failure
+  (no idle slot, another model, a corrupt chunk, a timeout) just means an ordinary turn: the
+  request never fails because of the keeper;
+* the index (session → object) is kept beside the Store, one small file per session written
+  atomically, so a restarted coordinator still finds its sessions.
+
+One owner: the keeper's index is touched on the event loop only; the worker thread does I/O and
+hands results back through ``call_soon_threadsafe``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import xxhash
+from pydantic import BaseModel, ConfigDict, Field
+
+from hydrad.common.logs import log_event
+from hydrad.common.tokenfile import read_token
+from hydrad.coordinator.records import EngineRecord
+from hydrad.store import Store, StoreError, StoreSettings
+from hydrad.store.files import atomic_write
+from hydrad.wire import messages as M
+from hydrad.wire.kvdigest import tokens_digest
+from hydrad.wire.rpcclient import RpcClient, RpcError
+
+log = logging.getLogger("hydra.coordinator.sessions")
+
+
+def default_store_dir() -> Path:
+    """Under systemd the coordinator's RuntimeDirectory= (tmpfs, kept across restarts by
+    RuntimeDirectoryPreserve=restart), else the Store's own default."""
+    run = os.environ.get("RUNTIME_DIRECTORY")
+    return Path(run.split(":")[0]) / "store" if run else StoreSettings().dir
+
+
+class SessionSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    keep: bool = Field(True, description="Keep each session's last turn in the Store and restore it on whichever "
+                                         "engine serves the next turn when its own engine lost it.")
+    store: StoreSettings = Field(default_factory=lambda: StoreSettings(dir=default_store_dir()),
+                                 description="The Store the sessions are kept in (default dir: the service's "
+                                             "runtime directory under systemd, else the Store's default).")
+    engine_token_file: Path | None = Field(None, description="File holding the engines' control token (their "
+                                                             "rpc.token_file), for STATE_GET/STATE_PUT on engines "
+                                                             "that require one.")
+    io_timeout_s: float = Field(30.0, gt=0, le=3600, description="Longest wait on an engine's merged port while "
+                                                                 "keeping or restoring a session.")
+    restore_timeout_s: float = Field(10.0, gt=0, le=3600, description="Longest a turn waits for its session's "
+                                                                      "restore; past it the turn prefills as usual.")
+    max_sessions: int = Field(10_000, ge=1, le=10_000_000, description="Sessions kept; the least recently "
+                                                                       "used is forgotten first.")
+
+
+@dataclass
+class Kept:
+    key: str
+    n_tokens: int
+    model: str
+    at: float
+
+
+@dataclass
+class Restored:
+    slot: int
+    n_tokens: int
+    seconds: float
+
+
+class SessionKeeper:
+    def __init__(self, settings: SessionSettings, engines: Mapping[str, EngineRecord],
+                 publish: Callable[..., None] | None = None) -> None:
+        self.settings = settings
+        self.engines = engines
+        self.publish = publish or (lambda *a, **k: None)
+        self.store = Store(settings.store)
+        self.token = read_token(settings.engine_token_file) if settings.engine_token_file else None
+        self._index: OrderedDict[str, Kept] = OrderedDict()
+        self._pending: dict[str, tuple[str, M.Done]] = {}  # session -> newest turn waiting to be kept
+        self._running: set[str] = set()
+        self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="hydra-sessions")
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.stats = {"kept": 0, "keep_skipped": 0, "keep_failed": 0, "restored": 0, "restore_failed": 0}
+        self._dir = self.store.dir / "sessions"
+        self._dir.mkdir(exist_ok=True)
+        self._load_index()
+
+    # ----- the index, kept beside the store ---------------------------------------------------
+
+    @staticmethod
+    def _file_name(session: str) -> str:
+        return xxhash.xxh3_64_hexdigest(session.encode()) + ".json"
+
+    def _load_index(self) -> None:
+        rows = []
+        for f in self._dir.glob("*.json"):
+            try:
+                d = json.loads(f.read_bytes())
+                rows.append((float(d["at"]), str(d["session"]), Kept(str(d["key"]), int(d["n_tokens"]),
+                                                                     str(d.get("model") or ""), float(d["at"]))))
+            except (OSError, ValueError, KeyError, TypeError):
+                log_event(log, logging.WARNING, "unreadable session index entry ignored", file=f.name)
+        for _, session, kept in sorted(rows, key=lambda r: r[0]):
+            self._index[session] = kept
+        if rows:
+            log_event(log, logging.INFO, "sessions found in the store", sessions=len(rows), dir=str(self.store.dir))
+
+    def _write_entry(self, session: str, kept: Kept | None) -> None:
+        path = self._dir / self._file_name(session)
+        if kept is None:
+            path.unlink(missing_ok=True)
+            return
+        body = json.dumps({"session": session, "key": kept.key, "n_tokens": kept.n_tokens, "model": kept.model,
+                           "at": kept.at}).encode()
+        atomic_write(path, body, self.store.dir / "tmp", fsync=self.settings.store.fsync)
+
+    def has(self, session: str | None) -> bool:
+        return bool(session) and session in self._index
+
+    def public(self) -> dict[str, Any]:
+        return {"sessions": len(self._index), "queued": len(self._pending), **self.stats}
+
+    # ----- after a turn: keep it --------------------------------------------------------------
+
+    def after_turn(self, session: str | None, engine: str, done: M.Done | None) -> None:
+        """A session's turn finished on ``engine``: queue a snapshot of its slot (newest turn wins)."""
+        if not session or done is None or done.slot is None or not done.kv_hash:
+            return
+        self._loop = asyncio.get_running_loop()
+        self._pending[session] = (engine, done)
+        if session not in self._running:
+            self._start(session)
+
+    def _start(self, session: str) -> None:
+        engine, done = self._pending.pop(session)
+        rec = self.engines.get(engine)
+        if rec is None or not rec.alive or not rec.info.rpc:
+            self.stats["keep_skipped"] += 1
+            return
+        self._running.add(session)
+        fut = self._pool.submit(self._keep, session, rec.info.rpc, done)
+        fut.add_done_callback(lambda f: self._loop.call_soon_threadsafe(self._kept, session, engine, f))  # type: ignore[union-attr]
+
+    def _keep(self, session: str, address: str, done: M.Done) -> tuple[str, Kept | None, Kept | None]:
+        """Worker thread: STATE_GET the slot, check it still holds the turn, put it in the store."""
+        t0 = time.monotonic()
+        with RpcClient(address, self.token, timeout=self.settings.io_timeout_s) as c:
+            meta, data = c.state_get_bytes(int(done.slot))  # type: ignore[arg-type]
+        tokens = meta.get("tokens") or []
+        if len(tokens) != done.kv_tokens or tokens_digest(tokens) != done.kv_hash:
+            return "moved", None, None
+        key = self.store.put(meta, data)
+        kept = Kept(key, len(tokens), str(meta.get("model") or done.model), time.time())
+        self._write_entry(session, kept)
+        log_event(log, logging.DEBUG, "session kept", session=session, tokens=len(tokens), bytes=len(data),
+                  seconds=round(time.monotonic() - t0, 4))
+        return "kept", kept, None
+
+    def _kept(self, session: str, engine: str, fut: Any) -> None:
+        self._running.discard(session)
+        try:
+            outcome, kept, _ = fut.result()
+        except (OSError, RpcError, StoreError, ValueError) as exc:
+            self.stats["keep_failed"] += 1
+            log_event(log, logging.WARNING, "session not kept", session=session, engine=engine, error=str(exc))
+            outcome, kept = "failed", None
+        except Exception as exc:  # never let a keeper bug reach the event loop
+            self.stats["keep_failed"] += 1
+            log.exception("session keeper failed: %s", exc)
+            outcome, kept = "failed", None
+        if outcome == "moved":
+            self.stats["keep_skipped"] += 1
+        if kept is not None:
+            self.stats["kept"] += 1
+            old = self._index.pop(session, None)
+            self._index[session] = kept
+            self._drop_unused(old, kept)
+            while len(self._index) > self.settings.max_sessions:
+                gone, entry = self._index.popitem(last=False)
+                self._pool.submit(self._write_entry, gone, None)
+                self._drop_unused(entry, None)
+            self.publish("session.kept", session=session, engine=engine, tokens=kept.n_tokens)
+        if session in self._pending:
+            self._start(session)
+
+    def _drop_unused(self, old: Kept | None, new: Kept | None) -> None:
+        """The previous turn's object, unless another session (or this one's new turn) uses it."""
+        if old is None or (new is not None and old.key == new.key):
+            return
+        if any(k.key == old.key for k in self._index.values()):
+            return
+        self._pool.submit(self._delete, old.key)
+
+    def _delete(self, key: str) -> None:
+        try:
+            self.store.delete(key)
+        except (OSError, StoreError) as exc:
+            log_event(log, logging.WARNING, "old session object not deleted", key=key, error=str(exc))
+
+    # ----- before a turn: restore it ----------------------------------------------------------
+
+    async def restore(self, session: str, engine: str) -> Restored | None:
+        """Put the session's kept state into an idle slot of ``engine``; the slot, or None (then the
+        turn simply prefills). Bounded by ``restore_timeout_s``."""
+        kept = self._index.get(session)
+        rec = self.engines.get(engine)
+        if kept is None or rec is None or not rec.info.rpc:
+            return None
+        self._index.move_to_end(session)
+        loop = asyncio.get_running_loop()
+        fut = loop.run_in_executor(self._pool, self._restore, rec.info.rpc, kept)
+        try:
+            restored = await asyncio.wait_for(asyncio.shield(fut), self.settings.restore_timeout_s)
+        except asyncio.TimeoutError:
+            self.stats["restore_failed"] += 1
+            log_event(log, logging.WARNING, "session restore too slow; the turn prefills", session=session,
+                      engine=engine, timeout_s=self.settings.restore_timeout_s)
+            return None
+        except (OSError, RpcError, StoreError, ValueError) as exc:
+            self.stats["restore_failed"] += 1
+            log_event(log, logging.INFO, "session not restored; the turn prefills", session=session, engine=engine,
+                      error=str(exc))
+            return None
+        if restored is None:
+            self.stats["restore_failed"] += 1
+            log_event(log, logging.INFO, "session not restored: no idle slot", session=session, engine=engine)
+            return None
+        self.stats["restored"] += 1
+        log_event(log, logging.INFO, "session restored", session=session, engine=engine, slot=restored.slot,
+                  tokens=restored.n_tokens, seconds=round(restored.seconds, 4))
+        self.publish("session.restored", session=session, engine=engine, slot=restored.slot,
+                     tokens=restored.n_tokens, seconds=round(restored.seconds, 4))
+        return restored
+
+    def _restore(self, address: str, kept: Kept) -> Restored | None:
+        t0 = time.monotonic()
+        meta, data = self.store.get(kept.key)
+        with RpcClient(address, self.token, timeout=self.settings.io_timeout_s) as c:
+            slots = c.info().get("slots") or []
+            # an empty idle slot first, then the idle one holding the least (its KV is the cheapest to lose)
+            idle = sorted((s for s in slots if not s.get("busy")), key=lambda s: (s.get("n_tokens") or 0, s["id"]))
+            for s in idle:
+                try:
+                    r = c.state_put(int(s["id"]), meta, data)
+                except RpcError as exc:
+                    if exc.code == "conflict":  # taken meanwhile: the next idle one
+                        continue
+                    raise
+                return Restored(int(r.get("slot", s["id"])), int(r.get("n_tokens", kept.n_tokens)),
+                                time.monotonic() - t0)
+        return None
+
+    def forget(self, session: str) -> None:
+        kept = self._index.pop(session, None)
+        self._pool.submit(self._write_entry, session, None)
+        self._drop_unused(kept, None)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+__all__ = ["Kept", "Restored", "SessionKeeper", "SessionSettings", "default_store_dir"]

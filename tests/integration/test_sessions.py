@@ -1,0 +1,149 @@
+"""Sessions that outlive their engine: the coordinator keeps each session's last turn in the Store
+and restores it on whichever engine serves the next turn (hydrad/coordinator/sessions.py).
+
+Real engines (SmolLM2), real merged ports, a real Store on disk, a real coordinator process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+import yaml
+
+from hydrad.coordinator.records import EngineRecord
+from hydrad.coordinator.sessions import SessionKeeper, SessionSettings
+from hydrad.store import StoreSettings
+from hydrad.wire import messages as M
+from hydrad.wire.kvdigest import tokens_digest
+from hydrad.wire.rpcclient import RpcClient
+from tests.integration.test_coordinator import INTERVAL, TWIN, TWIN_PROFILES, Cluster, chat, cluster  # noqa: F401
+from tests.support.engine import Engine
+from tests.support.wait import eventually, eventually_async
+
+pytestmark = pytest.mark.model
+
+PROMPT = " ".join(f"Fact {i}: the number {i * 7} is written as {i * 7:b} in binary." for i in range(40))
+SYSTEM = "You are a terse assistant. " + " ".join(f"Rule {i}: answer about item {i} in one word." for i in range(30))
+
+
+def rpc_addr(e: Engine) -> str:
+    return f"127.0.0.1:{yaml.safe_load(e.config.read_text())['rpc']['port']}"
+
+
+def record(name: str, e: Engine) -> EngineRecord:
+    return EngineRecord(name=name, info=M.Register(engine=name, instance="test.1", version="test", rpc=rpc_addr(e)),
+                        status=M.EngineStatus())
+
+
+def done_for(e: Engine, slot: int, *, digest: str | None = None) -> M.Done:
+    """What the engine's DONE says about a slot after a turn (read back here over HTTP)."""
+    tokens = e.http.get(f"/slots/{slot}/state/meta").json()["tokens"]
+    return M.Done(req="gen-test", finish_reason="length", usage=M.UsageInfo(), slot=slot, kv_tokens=len(tokens),
+                  kv_hash=digest if digest is not None else tokens_digest(tokens))
+
+
+def test_kept_session_restores_on_another_engine_token_identical(tmp_path: Path, smollm_path: Path,
+                                                                 start_engine: Callable[..., Engine]) -> None:
+    a = start_engine(name="a", defaults={"model": "smollm2-135m", "temperature": 0})
+    b = start_engine(name="b", defaults={"model": "smollm2-135m", "temperature": 0})
+    a.wait_ready()
+    b.wait_ready()
+    first = a.http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 1, "id_slot": 0}).json()
+    n_prompt = first["usage"]["prompt_tokens"]
+    # B's slot 0 holds the same prompt, prefilled there: both engines then place the restored cells alike
+    b.http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 1, "id_slot": 0})
+    keeper = SessionKeeper(SessionSettings(store=StoreSettings(dir=tmp_path / "store", fsync=False, block_tokens=64)),
+                           {"a": record("a", a), "b": record("b", b)})
+
+    async def scenario() -> tuple[Any, Any, Any]:
+        # a DONE whose digest no longer matches the slot (another request took it): nothing is kept
+        keeper.after_turn("s-moved", "a", done_for(a, 0, digest="0" * 16))
+        await eventually_async(lambda: keeper.stats["keep_skipped"] == 1, 30, "the moved slot skipped")
+        assert not keeper.has("s-moved")
+        keeper.after_turn("s-1", "a", done_for(a, 0))
+        await eventually_async(lambda: keeper.has("s-1"), 30, "the session kept")
+        on_b = await keeper.restore("s-1", "b")
+        on_a = await keeper.restore("s-1", "a")  # the same cells on A too (see test_migration_is_token_identical)
+        return on_a, on_b, keeper.store.stats()
+
+    try:
+        on_a, on_b, stats = asyncio.run(scenario())
+        assert keeper.stats == {"kept": 1, "keep_skipped": 1, "keep_failed": 0, "restored": 2, "restore_failed": 0}
+        assert stats["objects"] == 1
+        assert on_a is not None and on_b is not None and on_b.n_tokens == n_prompt
+        # slot 0 holds a prompt on both: the restore took an empty idle slot first
+        assert on_b.slot == on_a.slot != 0
+        ra = a.http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 24, "id_slot": on_a.slot}).json()
+        rb = b.http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 24, "id_slot": on_b.slot}).json()
+        assert rb["usage"]["prompt_tokens_details"]["cached_tokens"] == n_prompt - 1  # no re-prefill on B
+        assert rb["choices"][0]["text"] == ra["choices"][0]["text"]
+
+        # a damaged chunk: the object is refused on read and the turn would simply prefill
+        chunk = next(p for p in (tmp_path / "store" / "chunks").rglob("*") if p.is_file())
+        raw = bytearray(chunk.read_bytes())
+        raw[len(raw) // 2] ^= 0xFF
+        chunk.write_bytes(bytes(raw))
+        assert asyncio.run(keeper.restore("s-1", "b")) is None
+        assert keeper.stats["restore_failed"] == 1
+        b.assert_running()
+
+        # the index is on disk: a new keeper (a restarted coordinator) knows the session
+        again = SessionKeeper(keeper.settings, {})
+        assert again.has("s-1") and not again.has("s-moved")
+        again.close()
+    finally:
+        keeper.close()
+
+
+def sessions(cl: Cluster) -> dict[str, Any]:
+    return cl.c.http.get("/admin/sessions").json()
+
+
+def test_session_outlives_its_engine_and_the_coordinator(cluster: Callable[..., Cluster]) -> None:
+    cl = cluster(profiles=TWIN_PROFILES)
+    c = cl.c
+    c.wait_serving(TWIN)
+    conv = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Item 3?"}]
+    r1 = chat(c, "smollm2-135m", "", messages=conv, max_tokens=12, session="s-live")
+    assert r1.status_code == 200, r1.text
+    home = r1.headers["x-hydra-engine"]
+    turn1 = r1.json()
+    eventually(lambda: sessions(cl)["kept"] >= 1, 30, "the turn kept in the store", context=c.log)
+    assert sessions(cl)["store"]["objects"] == 1
+
+    # the coordinator restarts: affinity is gone, the kept session is not
+    c.kill()
+    c.start_again()
+    c.wait_ready()
+    c.wait_serving(TWIN)
+    conv2 = [*conv, {"role": "assistant", "content": turn1["choices"][0]["message"]["content"]},
+             {"role": "user", "content": "Item 4?"}]
+    r2 = chat(c, "smollm2-135m", "", messages=conv2, max_tokens=8, session="s-live")
+    assert r2.status_code == 200, r2.text
+    st = sessions(cl)
+    cached2 = r2.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert st["restored"] == 1 and cached2 >= turn1["usage"]["prompt_tokens"], (st, r2.json()["usage"])
+    second = r2.headers["x-hydra-engine"]
+    eventually(lambda: sessions(cl)["kept"] >= 1, 30, "the turn kept in the store", context=c.log)
+    kept_before = sessions(cl)["kept"]
+
+    # the engine holding the session dies: the next turn continues on the other one, without re-prefill
+    os.kill(cl.engines[second].proc.pid, signal.SIGKILL)
+    c.wait_engines(lambda es: not es[second]["alive"], timeout=30)
+    assert kept_before >= 1
+    conv3 = [*conv2, {"role": "assistant", "content": r2.json()["choices"][0]["message"]["content"]},
+             {"role": "user", "content": "Item 5?"}]
+    r3 = chat(c, "smollm2-135m", "", messages=conv3, max_tokens=8, session="s-live")
+    assert r3.status_code == 200, r3.text
+    assert r3.headers["x-hydra-engine"] != second
+    usage3 = r3.json()["usage"]
+    assert sessions(cl)["restored"] == 2
+    assert usage3["prompt_tokens_details"]["cached_tokens"] >= r2.json()["usage"]["prompt_tokens"], usage3
+    restored = c.events.wait("session.restored", lambda ev: ev["data"]["engine"] != second)
+    assert restored["data"]["session"] == "s-live" and restored["data"]["tokens"] > 0
+    assert home in TWIN
