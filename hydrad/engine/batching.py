@@ -183,16 +183,20 @@ class Batching:
         keep = gen.reuse_prefix(slot, tokens) if params.cache_prompt else gen.reset_slot(slot)
         gen.ensure_room(len(tokens) - keep, exclude=slot)
         s = req.sampling
-        sampler = llama.Sampler(llama.Sampling(
-            temperature=params.temperature if s.temperature is None else s.temperature,
-            top_k=params.top_k if s.top_k is None else s.top_k,
-            top_p=params.top_p if s.top_p is None else s.top_p,
-            min_p=params.min_p if s.min_p is None else s.min_p,
-            repeat_penalty=params.repeat_penalty if s.repeat_penalty is None else s.repeat_penalty,
-            repeat_last_n=params.repeat_last_n,
-            frequency_penalty=s.frequency_penalty, presence_penalty=s.presence_penalty,
-            seed=params.seed if s.seed is None else s.seed,
-            ban=tuple(model.eog_tokens()) if req.ignore_eos else ()), model.n_vocab, limit)
+        try:
+            sampler = llama.Sampler(llama.Sampling(
+                temperature=params.temperature if s.temperature is None else s.temperature,
+                top_k=params.top_k if s.top_k is None else s.top_k,
+                top_p=params.top_p if s.top_p is None else s.top_p,
+                min_p=params.min_p if s.min_p is None else s.min_p,
+                repeat_penalty=params.repeat_penalty if s.repeat_penalty is None else s.repeat_penalty,
+                repeat_last_n=params.repeat_last_n,
+                frequency_penalty=s.frequency_penalty, presence_penalty=s.presence_penalty,
+                seed=params.seed if s.seed is None else s.seed,
+                ban=tuple(model.eog_tokens()) if req.ignore_eos else (),
+                grammar=s.grammar), model.n_vocab, limit, model.vocab)
+        except llama.GrammarRefused as exc:
+            raise _RequestError(str(exc), 400, "invalid_field") from None
         room = limit - len(tokens)
         if req.max_tokens is not None:
             max_tokens = min(req.max_tokens, room)
@@ -283,7 +287,7 @@ class Batching:
     def _on_token(self, gen: Generation, slot: Slot, a: _Active, tok: int, defer: bool) -> None:
         """Token-level decisions now (end of generation, length); the text now, or once the next
         step is on the device when ``defer`` (the first token never waits: it is the TTFT)."""
-        if gen.model.is_eog(tok):
+        if tok == llama.END_OF_GRAMMAR or gen.model.is_eog(tok):
             self._finish(gen, slot, "stop")
             return
         a.n_gen += 1

@@ -492,21 +492,95 @@ class Sampling:
     presence_penalty: float
     seed: int
     ban: tuple[int, ...] = ()  # tokens never to sample (ignore_eos bans the end-of-generation tokens)
+    grammar: str | None = None  # GBNF the output must match, checked by hydrad.wire.grammar
+
+
+END_OF_GRAMMAR = -1
+"""What a constrained sampler returns when its grammar admits no further token (it is complete and
+the end-of-generation tokens are banned, or nothing in the vocabulary can continue it)."""
+
+
+class GrammarRefused(ValueError):
+    """llama.cpp would not build a grammar that the doors' checker passed: a ``<token>`` that is not
+    exactly one token of this model, or left recursion. The request's fault: a 400."""
+
+
+class _Grammar:
+    """llama.cpp's grammar sampler, applied as llama-server applies it: the chain picks a token from
+    the raw logits, and only when the grammar rejects that token are the logits masked by the
+    grammar (a pass over the whole vocabulary) and the chain run again. Sampling and accepting stay
+    in Python's hands, not the chain's, so a token the grammar rejects is never accepted: llama.cpp
+    aborts the process on that."""
+
+    def __init__(self, vocab: Any, text: str, n_vocab: int) -> None:
+        C = lib()
+        self.ptr = C.llama_sampler_init_grammar(vocab, text.encode(), b"root")
+        if not self.ptr:
+            raise GrammarRefused("grammar: llama.cpp refused it (left recursion, or a <token> that is not "
+                                 "exactly one token of this model)")
+        import numpy as np
+
+        self._as_array = np.ctypeslib.as_array
+        self._raw = (C.llama_token_data * n_vocab)()
+        self._cand = np.ctypeslib.as_array(self._raw)
+        self._ids = np.arange(n_vocab, dtype=np.int32)
+        self._all = C.llama_token_data_array(self._raw, n_vocab, -1, False)
+        self._one_raw = (C.llama_token_data * 1)()
+        self._one = C.llama_token_data_array(self._one_raw, 1, -1, False)
+        self._neg_inf = float("-inf")
+
+    def logits(self, row: Any) -> Any:
+        """The logits row as an array, without a copy (the pass below copies it into candidates)."""
+        return self._as_array(row, shape=(len(self._ids),))
+
+    def pick(self, chain: Any, logits: Any, constrained: bool) -> int | None:
+        """The chain's choice over every token (masked by the grammar when ``constrained``); None
+        when nothing with a finite logit is left to choose."""
+        C = lib()
+        cand, arr = self._cand, self._all
+        cand["id"] = self._ids
+        cand["logit"] = logits
+        cand["p"] = 0.0
+        arr.size, arr.selected, arr.sorted = len(self._ids), -1, False
+        if constrained:
+            C.llama_sampler_apply(self.ptr, ctypes.byref(arr))
+        C.llama_sampler_apply(chain, ctypes.byref(arr))
+        if not 0 <= arr.selected < arr.size:
+            return None
+        chosen = arr.data[arr.selected]
+        return None if chosen.logit == self._neg_inf else int(chosen.id)
+
+    def allows(self, token: int, logit: float) -> bool:
+        one = self._one_raw[0]
+        one.id, one.logit, one.p = token, logit, 0.0
+        self._one.size, self._one.selected, self._one.sorted = 1, -1, False
+        lib().llama_sampler_apply(self.ptr, ctypes.byref(self._one))
+        return bool(one.logit != self._neg_inf)
+
+    def accept(self, token: int) -> None:
+        lib().llama_sampler_accept(self.ptr, token)
+
+    def free(self) -> None:
+        if self.ptr:
+            lib().llama_sampler_free(self.ptr)
+            self.ptr = None
 
 
 class Sampler:
-    """A llama.cpp sampler chain: sampling runs in C, one call per token."""
+    """A llama.cpp sampler chain: sampling runs in C, one call per token. A request with a grammar
+    adds llama.cpp's grammar sampler (built for that request alone, so others pay nothing)."""
 
-    def __init__(self, s: Sampling, n_vocab: int = 0, n_ctx: int = 0) -> None:
+    def __init__(self, s: Sampling, n_vocab: int = 0, n_ctx: int = 0, vocab: Any = None) -> None:
         C = lib()
         if n_ctx > 0 and s.repeat_last_n > n_ctx:  # its history ring is allocated up front: bound it
             s = dataclasses.replace(s, repeat_last_n=n_ctx)
+        self.grammar = _Grammar(vocab, s.grammar, n_vocab) if s.grammar is not None else None
         # Greedy without penalties keeps no state: an argmax over the logits row picks the same token
         # (the first of equal maxima, as llama.cpp's greedy sampler does) without building the
         # n_vocab-entry candidate array the chain sorts through: 186 µs → 15 µs a token for
         # Gemma-3's 262,144-token vocabulary on the 2-core machine, per slot and step.
         self.argmax = (s.temperature <= 0 and n_vocab > 0 and s.repeat_penalty == 1.0
-                       and not s.frequency_penalty and not s.presence_penalty)
+                       and not s.frequency_penalty and not s.presence_penalty and self.grammar is None)
         self.n_vocab = n_vocab
         if self.argmax:
             import numpy as np  # after libllama (preload_native); once per request, not per token
@@ -544,6 +618,8 @@ class Sampler:
             add(C.llama_sampler_init_dist(seed & 0xFFFFFFFF))
 
     def sample(self, ctx: Context, idx: int) -> int:
+        if self.grammar is not None:
+            return self._sample_constrained(ctx, idx)
         if self.argmax:
             row = lib().llama_get_logits_ith(ctx.ptr, idx)  # waits for the device, like the chain would
             if not row:
@@ -555,7 +631,26 @@ class Sampler:
         # llama_sampler_sample also accepts the token into the chain (penalty history)
         return int(lib().llama_sampler_sample(self.ptr, ctx.ptr, idx))
 
+    def _sample_constrained(self, ctx: Context, idx: int) -> int:
+        """A token the grammar allows, accepted into the chain and the grammar; END_OF_GRAMMAR when
+        the grammar allows none."""
+        assert self.grammar is not None
+        row = lib().llama_get_logits_ith(ctx.ptr, idx)
+        if not row:
+            raise RuntimeError(f"no logits for batch row {idx}")
+        logits = self.grammar.logits(row)
+        tok = self.grammar.pick(self.ptr, logits, constrained=False)
+        if tok is None or not self.grammar.allows(tok, float(logits[tok])):
+            tok = self.grammar.pick(self.ptr, logits, constrained=True)
+            if tok is None:
+                return END_OF_GRAMMAR
+        lib().llama_sampler_accept(self.ptr, tok)
+        self.grammar.accept(tok)
+        return tok
+
     def free(self) -> None:
+        if self.grammar is not None:
+            self.grammar.free()
         if self.ptr:
             lib().llama_sampler_free(self.ptr)
             self.ptr = None

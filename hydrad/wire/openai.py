@@ -2,24 +2,29 @@
 
 Fields OpenAI defines but this engine cannot honour (n>1, logprobs, tools, ...) are refused
 with a 400 naming them, so a client never silently gets something other than it asked for.
-llama-server's extensions (top_k, min_p, repeat_penalty, n_predict, cache_prompt) are accepted.
+llama-server's extensions (top_k, min_p, repeat_penalty, n_predict, cache_prompt) are accepted,
+and so is constrained output: ``grammar`` (GBNF), ``json_schema`` and OpenAI's JSON
+``response_format`` become one checked GBNF grammar (``hydrad.wire.grammar``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 import uuid
-from typing import Any, Literal
+from typing import Any, Callable, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from hydrad.common import jsonbody
+from hydrad.wire.grammar import GrammarError, check_gbnf, json_object_grammar, schema_grammar
 from hydrad.wire.requests import GenRequest, SamplingOverrides
 from hydrad.wire.requests import MAX_STOP_CHARS, MAX_STOPS
 from hydrad.common.params import validation_message
 
 INT32_MAX = 2**31 - 1
+_T = TypeVar("_T")
 MAX_MODEL_NAME = 256
 
 
@@ -110,10 +115,10 @@ _UNSUPPORTED: dict[str, Any] = {
     "functions": (None, []), "function_call": (None, "none"), "logit_bias": (None, {}), "best_of": (None, 1),
     "echo": (None, False), "suffix": (None, ""), "parallel_tool_calls": (None,), "audio": (None,),
     "modalities": (None, ["text"]), "prediction": (None,),
-    # llama-server's own, not honoured here (yet): constrained output and samplers beyond the engine's
+    # llama-server's own, not honoured here (yet): lazy grammars and samplers beyond the engine's
     # chain. Each is refused by name when set to anything but its llama-server default, so a client
-    # asking for, say, a grammar never gets unconstrained text with a 200.
-    "grammar": (None, ""), "json_schema": (None, {}), "grammar_lazy": (None, False), "grammar_triggers": (None, []),
+    # asking for, say, a lazy grammar never gets unconstrained text with a 200.
+    "grammar_lazy": (None, False), "grammar_triggers": (None, []),
     "preserved_tokens": (None, []), "n_probs": (None, 0), "post_sampling_probs": (None, False),
     "mirostat": (None, 0), "typical_p": (None, 1, 1.0), "top_n_sigma": (None, -1, -1.0),
     "xtc_probability": (None, 0, 0.0), "dry_multiplier": (None, 0, 0.0), "dynatemp_range": (None, 0, 0.0),
@@ -125,11 +130,66 @@ def _refuse_unsupported(req: _Common) -> None:
     bad = [k for k, neutral in _UNSUPPORTED.items() if k in (req.model_extra or {}) and req.model_extra[k] not in neutral]
     if req.n != 1:
         bad.insert(0, "n")
-    rf = (req.model_extra or {}).get("response_format")
-    if rf not in (None, {"type": "text"}):
-        bad.append("response_format")
     if bad:
         raise ApiError(400, f"unsupported field(s) for this engine: {', '.join(bad)}", "unsupported_field", bad[0])
+
+
+# The fields that ask for constrained output, with the values that ask for nothing.
+_CONSTRAINTS: dict[str, tuple[Any, ...]] = {
+    "grammar": (None, ""), "json_schema": (None, {}), "response_format": (None, {"type": "text"}),
+}
+
+
+def _checked(field: str, make: Callable[[], _T]) -> _T:
+    """Runs a grammar step, answering its GrammarError as a 400 naming the request's field."""
+    try:
+        return make()
+    except GrammarError as exc:
+        raise ApiError(400, f"{field}: {exc}", "invalid_field", field) from None
+
+
+def _gbnf(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ApiError(400, "grammar must be a string of GBNF", "invalid_field", "grammar")
+    _checked("grammar", lambda: check_gbnf(value))
+    return value
+
+
+def _response_format_grammar(rf: Any) -> str | None:
+    """OpenAI's ``response_format`` as llama-server reads it: ``json_object`` (optionally with
+    llama-server's ``schema``) or ``json_schema`` with its ``json_schema.schema`` (absent: any JSON)."""
+    kind = rf.get("type") if isinstance(rf, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        schema = rf.get("schema")
+        return _checked("response_format", json_object_grammar if schema is None else lambda: schema_grammar(schema))
+    if kind == "json_schema":
+        wrapper = rf.get("json_schema")
+        if not isinstance(wrapper, dict):
+            raise ApiError(400, "response_format.json_schema must be an object holding a schema", "invalid_field",
+                           "response_format")
+        schema = wrapper.get("schema", {})
+        return _checked("response_format", lambda: schema_grammar(schema))
+    raise ApiError(400, 'response_format must be an object whose type is "text", "json_object" or "json_schema"',
+                   "invalid_field", "response_format")
+
+
+def _constraint(req: _Common) -> str | None:
+    """The one GBNF grammar a request asks for, or None for free text. llama-server refuses a
+    grammar and a schema together; so does this, for any two of the three fields."""
+    extra = req.model_extra or {}
+    asked = [k for k, neutral in _CONSTRAINTS.items() if k in extra and extra[k] not in neutral]
+    if len(asked) > 1:
+        raise ApiError(400, f"set only one of grammar, json_schema and response_format (got {', '.join(asked)})",
+                       "invalid_field", asked[1])
+    if not asked:
+        return None
+    if asked[0] == "grammar":
+        return _gbnf(extra["grammar"])
+    if asked[0] == "json_schema":
+        return _checked("json_schema", lambda: schema_grammar(extra["json_schema"]))
+    return _response_format_grammar(extra["response_format"])
 
 
 class ChatRequest(_Common):
@@ -168,6 +228,7 @@ def parse(kind: Literal["chat", "completion"], raw: bytes) -> tuple[_Common, Gen
         msg, names = validation_message(exc)
         raise ApiError(400, msg, "invalid_field", names[0] if names else None) from None
     _refuse_unsupported(req)
+    sampling = dataclasses.replace(req.sampling(), grammar=_constraint(req))
     if isinstance(req, ChatRequest):
         if not req.messages:
             raise ApiError(400, "messages must not be empty", "invalid_field", "messages")
@@ -178,7 +239,7 @@ def parse(kind: Literal["chat", "completion"], raw: bytes) -> tuple[_Common, Gen
                 raise ApiError(400, f"messages[{i}].role must be system, user, assistant, developer or tool", "invalid_field",
                                f"messages[{i}].role")
             msgs.append({"role": "system" if role == "developer" else role, "content": _text_of(m.get("content"), f"messages[{i}]")})
-        gen = GenRequest(messages=msgs, max_tokens=req.limit(), stop=req.stops(), sampling=req.sampling(),
+        gen = GenRequest(messages=msgs, max_tokens=req.limit(), stop=req.stops(), sampling=sampling,
                          ignore_eos=req.ignore_eos, slot=req.slot())
     else:
         assert isinstance(req, CompletionRequest)
@@ -187,7 +248,7 @@ def parse(kind: Literal["chat", "completion"], raw: bytes) -> tuple[_Common, Gen
             if len(prompt) != 1:
                 raise ApiError(400, "prompt: one prompt per request (a list of several is not supported)", "unsupported_field", "prompt")
             prompt = prompt[0]
-        gen = GenRequest(prompt=prompt, max_tokens=req.limit(), stop=req.stops(), sampling=req.sampling(),
+        gen = GenRequest(prompt=prompt, max_tokens=req.limit(), stop=req.stops(), sampling=sampling,
                          ignore_eos=req.ignore_eos, slot=req.slot())
     return req, gen
 

@@ -9,6 +9,11 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
+from typing import Annotated
+
+from pydantic import AfterValidator
+
+from hydrad.wire.grammar import check_gbnf
 
 MAX_STOPS = 4
 """The OpenAI API accepts at most four stop sequences per request."""
@@ -19,6 +24,14 @@ cannot make the engine hold back (and scan) an unbounded amount of text."""
 
 
 _ids = itertools.count(1)
+
+
+def _usable_grammar(text: str | None) -> str | None:
+    """Checks a grammar arriving in a bus message as the doors check a client's: the engine
+    hands it to llama.cpp's parser, which must never see one that could take it down."""
+    if text is not None:
+        check_gbnf(text)
+    return text
 
 
 @dataclass(frozen=True)
@@ -33,6 +46,8 @@ class SamplingOverrides:
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     seed: int | None = None
+    grammar: Annotated[str | None, AfterValidator(_usable_grammar)] = None
+    """GBNF the output must match (from a request's grammar, json_schema or JSON response_format)."""
 
 
 @dataclass

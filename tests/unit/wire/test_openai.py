@@ -9,6 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from hydrad.wire.grammar import MAX_GRAMMAR_CHARS, MAX_SCHEMA_CHARS, GrammarError, check_gbnf
 from hydrad.wire.requests import GenRequest, SamplingOverrides
 from hydrad.wire.openai import (
     DONE,
@@ -234,10 +235,79 @@ def test_several_unsupported_fields_listed_n_first() -> None:
     assert "n, logprobs, tools" in err.message
 
 
-@pytest.mark.parametrize("rf", [{"type": "json_object"}, {"type": "json_schema", "json_schema": {}}, "json"])
-def test_response_format_refused(rf: Any) -> None:
+@pytest.mark.parametrize("rf", ["json", {"type": "xml"}, {"type": "json_schema"}, {"type": "json_schema", "json_schema": 1},
+                                {"type": "json_schema", "json_schema": {"schema": {"type": "nope"}}},
+                                {"type": "json_object", "schema": []}, {}])
+def test_bad_response_format_refused(rf: Any) -> None:
     err = chat_refused(response_format=rf)
-    assert err.param == "response_format" and "response_format" in err.message
+    assert err.code == "invalid_field" and err.param == "response_format" and "response_format" in err.message
+
+
+# --------------------------------------------------------------------------- constrained output
+
+SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+
+
+@pytest.mark.parametrize("fields", [
+    {"grammar": 'root ::= "yes" | "no"'}, {"json_schema": SCHEMA}, {"response_format": {"type": "json_object"}},
+    {"response_format": {"type": "json_object", "schema": SCHEMA}},
+    {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA, "strict": True}}},
+    {"response_format": {"type": "json_schema", "json_schema": {"name": "any"}}},
+])
+def test_constraints_become_one_grammar(fields: dict[str, Any]) -> None:
+    for parse_one in (chat, completion):
+        grammar = parse_one(**fields)[1].sampling.grammar
+        assert grammar is not None and "root ::=" in grammar
+        check_gbnf(grammar)
+    if "grammar" in fields:
+        assert chat(**fields)[1].sampling.grammar == fields["grammar"]
+
+
+def test_neutral_constraints_ask_for_nothing() -> None:
+    assert chat(grammar="", json_schema={}, response_format={"type": "text"})[1].sampling.grammar is None
+    assert chat(grammar=None, json_schema=None, response_format=None)[1].sampling.grammar is None
+    assert chat()[1].sampling.grammar is None
+
+
+@pytest.mark.parametrize("fields, field", [
+    ({"grammar": "root ::= nowhere"}, "grammar"), ({"grammar": 'root ::= "open'}, "grammar"),
+    ({"grammar": 'x ::= "no root"'}, "grammar"), ({"grammar": ["root ::= \"a\""]}, "grammar"),
+    ({"grammar": 'root ::= "a"{2001}'}, "grammar"), ({"grammar": 'root ::= "a"{3,1}'}, "grammar"),
+    ({"grammar": "root ::= " + "(" * 1000 + '"a"' + ")" * 1000}, "grammar"),
+    ({"grammar": 'root ::= "' + "a" * (MAX_GRAMMAR_CHARS + 1) + '"'}, "grammar"),
+    ({"json_schema": {"type": "unknown"}}, "json_schema"), ({"json_schema": [1, 2]}, "json_schema"),
+    ({"json_schema": {"type": "string", "description": "x" * MAX_SCHEMA_CHARS}}, "json_schema"),
+    ({"grammar": 'root ::= "a"', "json_schema": SCHEMA}, "json_schema"),
+    ({"json_schema": SCHEMA, "response_format": {"type": "json_object"}}, "response_format"),
+])
+def test_bad_constraints_refused_by_name(fields: dict[str, Any], field: str) -> None:
+    for refuse in (chat_refused, completion_refused):
+        err = refuse(**fields)
+        assert err.status == 400 and err.code == "invalid_field" and err.param == field and field in err.message
+
+
+def test_grammar_error_says_where() -> None:
+    err = chat_refused(grammar='root ::= "a"\nitem ::= [a-z')
+    assert "line 2" in err.message
+
+
+@pytest.mark.parametrize("grammar", [
+    'root ::= "yes" | "no"', "root ::= [0-9]+ (\",\" [0-9]+)*", 'root ::= ("a" | "b"){2,5} "c"? [^\\n]*',
+    "root ::= <[1]> !<[2]> <|im_end|>", "root ::= item+\nitem ::= [a-z] # a comment\n\n", 'root ::= "\\u00e9\\x41"',
+    'root ::= "a"*?', "root ::= . | [\\]\\[-]",
+])
+def test_valid_gbnf_passes(grammar: str) -> None:
+    check_gbnf(grammar)
+
+
+@settings(max_examples=400, deadline=None)
+@given(text=st.text(alphabet='root:=|"()[]{}<>!^-*+?,.#ab01\\ \n\t\x00é', max_size=60))
+def test_gbnf_checker_answers_or_refuses(text: str) -> None:
+    """Whatever the text, the checker passes it or raises GrammarError: nothing else."""
+    try:
+        check_gbnf(text)
+    except GrammarError:
+        pass
 
 
 @pytest.mark.parametrize("raw", [b"{not json", b'{"messages": [}', b"\xff\xfe\xfd", b"{'a': 1}", b'{"a":1} x'])
@@ -329,6 +399,8 @@ def _check_parse(kind: str, raw: bytes) -> None:
         assert isinstance(gen.prompt, str)
     assert len(gen.stop) <= 4 and all(isinstance(s, str) for s in gen.stop)
     assert gen.max_tokens is None or gen.max_tokens >= 0
+    if gen.sampling.grammar is not None:
+        check_gbnf(gen.sampling.grammar)
     assert isinstance(gen.ignore_eos, bool)
 
 
@@ -376,7 +448,10 @@ _FIELD_VALUES: dict[str, st.SearchStrategy[Any]] = {
     "user": _maybe(st.text(max_size=5)),
     "logprobs": _maybe(st.sampled_from([None, False, True, 2])),
     "tools": _maybe(st.sampled_from([None, [], [{"type": "function"}]])),
-    "response_format": _maybe(st.sampled_from([None, {"type": "text"}, {"type": "json_object"}])),
+    "response_format": _maybe(st.sampled_from([None, {"type": "text"}, {"type": "json_object"}, {"type": "json_schema"},
+                                               {"type": "json_schema", "json_schema": {"schema": {"type": "integer"}}}])),
+    "grammar": _maybe(st.one_of(st.text(max_size=20), st.sampled_from(['root ::= "a"', "root ::= (", "root ::= x"]))),
+    "json_schema": _maybe(st.sampled_from([{}, {"type": "object"}, {"type": "bogus"}, [], "x", {"$ref": "#/no"}])),
     "echo": _maybe(st.booleans()),
     "ignore_eos": _maybe(st.booleans()),
     "best_of": _maybe(st.integers(0, 3)),
@@ -513,9 +588,8 @@ def test_new_id() -> None:
 
 
 # llama-server request fields the engine does not honour: a non-default value is refused by name (a
-# grammar, say, must never come back as unconstrained text with a 200); the default passes.
+# lazy grammar, say, must never come back as unconstrained text with a 200); the default passes.
 LLAMA_SERVER_UNHONOURED = [
-    ("grammar", 'root ::= "yes" | "no"', ""), ("json_schema", {"type": "object"}, {}),
     ("grammar_lazy", True, False), ("grammar_triggers", [{"type": 0, "value": "x"}], []),
     ("preserved_tokens", ["<tool>"], []), ("n_probs", 5, 0), ("post_sampling_probs", True, False),
     ("mirostat", 2, 0), ("typical_p", 0.9, 1.0), ("top_n_sigma", 1.5, -1.0), ("xtc_probability", 0.5, 0.0),

@@ -1,0 +1,357 @@
+"""Constrained output: GBNF grammars and JSON schemas, checked before they reach llama.cpp.
+
+llama.cpp's grammar parser is trusted with nothing a client wrote until this module has read
+it: the parser recurses once per nested group (a grammar of 30,000 opening parentheses
+overflows the engine thread's stack), copies a repeated literal once per repetition (a long
+literal repeated 1,999 times is a gigabyte of rule elements), and prints the whole grammar to
+the log on every syntax error. The checker below follows llama.cpp's own grammar
+(``src/llama-grammar.cpp``), so what it accepts llama.cpp parses, within bounds on size,
+nesting and expanded elements. What only the model's vocabulary can decide (a ``<token>``
+that must be exactly one token) and left recursion are left to llama.cpp, which refuses both
+with a NULL sampler; the engine answers that with a 400 too.
+
+Both doors (the engine's HTTP plane and the coordinator's front door) turn a request's
+``grammar``, ``json_schema`` or JSON ``response_format`` into one GBNF string here, and only
+that string travels on to the engine. Nothing here loads libllama: the coordinator has none.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import json
+from types import ModuleType
+from typing import Any
+
+MAX_GRAMMAR_CHARS = 65536
+"""Longest GBNF accepted, given or made from a schema (llama.cpp parses it on the engine thread)."""
+
+MAX_SCHEMA_CHARS = 65536
+"""Longest JSON schema accepted, measured as compact JSON."""
+
+MAX_NESTING = 128
+"""Deepest nesting of parenthesised groups; llama.cpp's parser recurses once per level."""
+
+MAX_ELEMENTS = 1 << 20
+"""Most rule elements a grammar may expand to (8 bytes each in llama.cpp), repetitions included."""
+
+MAX_REPETITION = 2000
+"""llama.cpp's MAX_REPETITION_THRESHOLD: a repetition count above it is an error there."""
+
+_WORD = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-")
+_DIGITS = frozenset("0123456789")
+_HEX = frozenset("0123456789abcdefABCDEF")
+_SIMPLE_ESCAPES = frozenset('tnr\\"[]-')
+
+
+class GrammarError(ValueError):
+    """A grammar or schema that will not be used; the message says what and where."""
+
+
+class _Parser:
+    """A reading of GBNF that mirrors llama.cpp's recursive-descent parser, with bounds."""
+
+    def __init__(self, src: str) -> None:
+        self.s = src
+        self.n = len(src)
+        self.symbols: dict[str, int] = {}
+        self.defined: set[int] = set()
+        self.referenced: dict[int, str] = {}
+        self.elements = 0
+        self.depth = 0
+
+    def fail(self, what: str, pos: int) -> GrammarError:
+        line = self.s.count("\n", 0, pos) + 1
+        col = pos - (self.s.rfind("\n", 0, pos) + 1) + 1
+        return GrammarError(f"{what} at line {line}, column {col}")
+
+    def at(self, pos: int) -> str:
+        return self.s[pos] if pos < self.n else ""
+
+    def symbol(self, name: str) -> int:
+        return self.symbols.setdefault(name, len(self.symbols))
+
+    def new_symbol(self, base: str) -> int:
+        sid = len(self.symbols)
+        self.symbols[f"{base}_{sid}"] = sid
+        return sid
+
+    def grow(self, count: int, pos: int) -> None:
+        self.elements += count
+        if self.elements > MAX_ELEMENTS:
+            raise self.fail(f"the grammar expands to more than {MAX_ELEMENTS} elements", pos)
+
+    def space(self, pos: int, newline_ok: bool) -> int:
+        while pos < self.n:
+            c = self.s[pos]
+            if c == "#":
+                while pos < self.n and self.s[pos] not in "\r\n":
+                    pos += 1
+            elif c in " \t" or (newline_ok and c in "\r\n"):
+                pos += 1
+            else:
+                break
+        return pos
+
+    def name(self, pos: int) -> int:
+        end = pos
+        while end < self.n and self.s[end] in _WORD:
+            end += 1
+        if end == pos:
+            raise self.fail("expecting a rule name", pos)
+        return end
+
+    def integer(self, pos: int) -> int:
+        end = pos
+        while end < self.n and self.s[end] in _DIGITS:
+            end += 1
+        if end == pos:
+            raise self.fail("expecting an integer", pos)
+        return end
+
+    def char(self, pos: int) -> int:
+        if self.at(pos) == "\\":
+            esc = self.at(pos + 1)
+            width = {"x": 2, "u": 4, "U": 8}.get(esc)
+            if width is not None:
+                digits = self.s[pos + 2:pos + 2 + width]
+                if len(digits) != width or not set(digits) <= _HEX:
+                    raise self.fail(f"expecting {width} hex digits after \\{esc}", pos)
+                return pos + 2 + width
+            if esc in _SIMPLE_ESCAPES and esc:
+                return pos + 2
+            raise self.fail("unknown escape", pos)
+        if pos >= self.n:
+            raise self.fail("unexpected end of input", pos)
+        return pos + 1
+
+    def token(self, pos: int) -> int:
+        pos += 1
+        if self.at(pos) == "[":
+            end = self.integer(pos + 1)
+            if int(self.s[pos + 1:end]) >= 2**32:
+                raise self.fail("token id out of range", pos)
+            if self.at(end) != "]" or self.at(end + 1) != ">":
+                raise self.fail("expecting ']>'", end)
+            return end + 2
+        end = self.s.find(">", pos)
+        if end < 0:
+            raise self.fail("expecting '>'", pos)
+        return end + 1
+
+    def alternates(self, pos: int, rule: str, rule_id: int, nested: bool) -> int:
+        size, pos = self.sequence(pos, rule, nested)
+        while self.at(pos) == "|":
+            more, pos = self.sequence(self.space(pos + 1, True), rule, nested)
+            size += more + 1
+        self.defined.add(rule_id)
+        self.grow(size + 1, pos)
+        return pos
+
+    def sequence(self, pos: int, rule: str, nested: bool) -> tuple[int, int]:
+        """Reads one alternative; returns its size in elements and where it ends."""
+        size = last = 0
+        n_prev = 1
+        while pos < self.n:
+            c = self.s[pos]
+            start = pos
+            if c == '"':
+                pos += 1
+                last = 0
+                while self.at(pos) != '"':
+                    if pos >= self.n:
+                        raise self.fail("unterminated string", start)
+                    pos = self.char(pos)
+                    last += 1
+                n_prev = 1
+                pos = self.space(pos + 1, nested)
+            elif c == "[":
+                pos += 1
+                if self.at(pos) == "^":
+                    pos += 1
+                last = 0
+                while self.at(pos) != "]":
+                    if pos >= self.n:
+                        raise self.fail("unterminated character class", start)
+                    pos = self.char(pos)
+                    last += 1
+                    if self.at(pos) == "-" and self.at(pos + 1) != "]":
+                        if pos + 1 >= self.n:
+                            raise self.fail("unexpected end of input", pos)
+                        pos = self.char(pos + 1)
+                        last += 1
+                n_prev = 1
+                pos = self.space(pos + 1, nested)
+            elif c in "<!":
+                if c == "!":
+                    pos += 1
+                    if self.at(pos) != "<":
+                        raise self.fail("expecting '<' after '!'", pos)
+                pos = self.space(self.token(pos), nested)
+                last, n_prev = 1, 1
+            elif c in _WORD:
+                end = self.name(pos)
+                self.referenced.setdefault(self.symbol(self.s[pos:end]), self.s[pos:end])
+                pos = self.space(end, nested)
+                last, n_prev = 1, 1
+            elif c == "(":
+                pos, made = self.group(pos, rule)
+                last, n_prev = 1, max(1, made)
+                pos = self.space(pos, nested)
+            elif c == ".":
+                pos = self.space(pos + 1, nested)
+                last, n_prev = 1, 1
+            elif c in "*+?{":
+                lo, hi, pos = self.repetition(pos, nested)
+                size, last, n_prev = self.repeat(size, last, n_prev, lo, hi, start)
+                continue
+            else:
+                break
+            size += last
+        return size, pos
+
+    def group(self, pos: int, rule: str) -> tuple[int, int]:
+        """Reads a parenthesised group; returns where it ends and how many rules it made."""
+        self.depth += 1
+        if self.depth > MAX_NESTING:
+            raise self.fail(f"groups nested deeper than {MAX_NESTING}", pos)
+        before = len(self.symbols)
+        sub = self.new_symbol(rule)
+        pos = self.alternates(self.space(pos + 1, True), rule, sub, True)
+        if self.at(pos) != ")":
+            raise self.fail("expecting ')'", pos)
+        self.depth -= 1
+        return pos + 1, len(self.symbols) - before
+
+    def repetition(self, pos: int, nested: bool) -> tuple[int, int | None, int]:
+        """Reads ``*``, ``+``, ``?`` or ``{m}``, ``{m,}``, ``{m,n}``; None is no upper bound."""
+        c = self.s[pos]
+        if c != "{":
+            lo, hi = {"*": (0, None), "+": (1, None), "?": (0, 1)}[c]
+            return lo, hi, self.space(pos + 1, nested)
+        pos = self.space(pos + 1, nested)
+        if self.at(pos) not in _DIGITS or not self.at(pos):
+            raise self.fail("expecting an integer", pos)
+        end = self.integer(pos)
+        lo = int(self.s[pos:end])
+        pos = self.space(end, nested)
+        hi: int | None = lo
+        if self.at(pos) == ",":
+            pos = self.space(pos + 1, nested)
+            hi = None
+            if self.at(pos) in _DIGITS and self.at(pos):
+                end = self.integer(pos)
+                hi = int(self.s[pos:end])
+                pos = self.space(end, nested)
+        if self.at(pos) != "}":
+            raise self.fail("expecting '}'", pos)
+        if lo > MAX_REPETITION:
+            raise self.fail(f"a repetition count above {MAX_REPETITION}", pos)
+        if hi is not None and hi > MAX_REPETITION:
+            hi = None
+        if hi is not None and hi < lo:
+            raise self.fail("a repetition whose maximum is below its minimum", pos)
+        return lo, hi, self.space(pos + 1, nested)
+
+    def repeat(self, size: int, last: int, n_prev: int, lo: int, hi: int | None, pos: int) -> tuple[int, int, int]:
+        """Accounts for llama.cpp's rewriting of ``S{lo,hi}``: lo copies of S, then hi - lo
+        optional rules each holding a copy of S (one recursive rule when unbounded). Returns the
+        sequence's new size, the size of what a further repetition would repeat, and llama.cpp's
+        running product of repetitions."""
+        if last == 0:
+            raise self.fail("expecting an item before a repetition", pos)
+        total = hi if hi is not None and hi > 0 else (lo if lo > 0 else 1)
+        if n_prev * total >= MAX_REPETITION:
+            raise self.fail("a repetition of repetitions too large for llama.cpp", pos)
+        n_opt = 1 if hi is None else hi - lo
+        self.grow(lo * last + n_opt * (last + 3), pos)
+        for _ in range(n_opt):
+            self.new_symbol("rep")
+        repeated = lo * last + (1 if n_opt > 0 else 0)
+        return size - last + repeated, repeated, n_prev * total
+
+    def rule(self, pos: int) -> int:
+        end = self.name(pos)
+        name = self.s[pos:end]
+        rule_id = self.symbol(name)
+        pos = self.space(end, False)
+        if self.s[pos:pos + 3] != "::=":
+            raise self.fail("expecting '::='", pos)
+        pos = self.alternates(self.space(pos + 3, True), name, rule_id, False)
+        if self.at(pos) == "\r":
+            pos += 2 if self.at(pos + 1) == "\n" else 1
+        elif self.at(pos) == "\n":
+            pos += 1
+        elif pos < self.n:
+            raise self.fail("expecting a newline or the end", pos)
+        return self.space(pos, True)
+
+    def parse(self) -> None:
+        pos = self.space(0, True)
+        if pos >= self.n:
+            raise GrammarError("the grammar has no rules")
+        while pos < self.n:
+            pos = self.rule(pos)
+        for sid, name in self.referenced.items():
+            if sid not in self.defined:
+                raise GrammarError(f"undefined rule '{name}'")
+        if "root" not in self.symbols:
+            raise GrammarError("the grammar has no 'root' rule")
+
+
+def check_gbnf(text: str) -> None:
+    """Raises GrammarError unless ``text`` is GBNF that llama.cpp can safely be given."""
+    if len(text) > MAX_GRAMMAR_CHARS:
+        raise GrammarError(f"the grammar has {len(text)} characters; at most {MAX_GRAMMAR_CHARS} are accepted")
+    if "\x00" in text:
+        raise GrammarError("the grammar contains a NUL character")
+    if any("\ud800" <= c <= "\udfff" for c in text):
+        raise GrammarError("the grammar contains a lone UTF-16 surrogate")
+    _Parser(text).parse()
+
+
+@functools.cache
+def _converter() -> ModuleType:
+    """llama-cpp-python's JSON-schema converter, loaded from its file alone: importing it as
+    ``llama_cpp.llama_grammar`` would run the package's ``__init__`` and load libllama, which the
+    coordinator does not have and the engine loads in its own order. The module needs only the
+    standard library."""
+    spec = importlib.util.find_spec("llama_cpp")
+    if spec is None or not spec.submodule_search_locations:
+        raise GrammarError("JSON schemas need llama-cpp-python, which is not installed here")
+    path = f"{list(spec.submodule_search_locations)[0]}/llama_grammar.py"
+    mod_spec = importlib.util.spec_from_file_location("hydrad_llama_grammar", path)
+    if mod_spec is None or mod_spec.loader is None:
+        raise GrammarError("JSON schemas need llama-cpp-python's llama_grammar module")
+    module = importlib.util.module_from_spec(mod_spec)
+    mod_spec.loader.exec_module(module)
+    return module
+
+
+def json_object_grammar() -> str:
+    """Any JSON object: OpenAI's ``response_format: {"type": "json_object"}``. Made from a schema
+    rather than llama-cpp-python's JSON_GBNF, whose unbounded whitespace rule lets a small model
+    emit newlines until ``max_tokens``; the converter's allows a few."""
+    return schema_grammar({"type": "object"})
+
+
+def schema_grammar(schema: Any) -> str:
+    """The GBNF for a JSON schema (an object), as llama-server makes it; GrammarError otherwise."""
+    if not isinstance(schema, dict):
+        raise GrammarError("a JSON schema must be an object")
+    text = json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
+    if len(text) > MAX_SCHEMA_CHARS:
+        raise GrammarError(f"the schema has {len(text)} characters as JSON; at most {MAX_SCHEMA_CHARS} are accepted")
+    try:
+        gbnf = str(_converter().json_schema_to_gbnf(text))
+    except GrammarError:
+        raise
+    except RecursionError:
+        raise GrammarError("the schema nests too deeply to convert") from None
+    except Exception as exc:  # the converter raises what it meets: KeyError, ValueError, TypeError ...
+        raise GrammarError(f"the schema cannot be converted to a grammar ({type(exc).__name__}: {exc})"[:500]) from None
+    try:
+        check_gbnf(gbnf)
+    except GrammarError as exc:
+        raise GrammarError(f"the grammar made from the schema is not usable: {exc}") from None
+    return gbnf
