@@ -22,6 +22,7 @@ from hydrad.engine import llama
 from hydrad.engine.daemon import Daemon
 from hydrad.engine.gpu import bind_devices
 from hydrad.engine.settings import ConfigError, EngineSettings, LoadedConfig, load_config
+from hydrad.store import StoreError
 
 
 def _print_config(loaded: LoadedConfig) -> None:
@@ -123,7 +124,12 @@ def main(argv: list[str] | None = None) -> int:
     # The engine thread and the event loop hand work to each other every decode step; a shorter GIL
     # switch interval keeps the loop from waiting up to 5 ms for the engine thread's Python parts.
     sys.setswitchinterval(0.0005)
-    return run_loop(Daemon(loaded).run())
+    try:
+        daemon = Daemon(loaded)
+    except StoreError as exc:  # prefix.store names a directory the engine cannot use
+        print(f"hydrad: prefix.store: {exc}", file=sys.stderr)
+        return 2
+    return run_loop(daemon.run())
 
 
 if __name__ == "__main__":

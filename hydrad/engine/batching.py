@@ -19,6 +19,7 @@ from hydrad.common.logs import log_event
 from hydrad.common.params import RuntimeParams
 from hydrad.engine import faults, llama
 from hydrad.engine.generation import Generation, Slot
+from hydrad.engine.prefixshare import PrefixShare
 from hydrad.engine.requests import Done, Failed, RequestHandle, Token, Usage
 from hydrad.engine.stats import EngineStats
 from hydrad.engine.textstream import StopMatcher, Utf8Detokenizer
@@ -83,6 +84,7 @@ class Batching:
     _flush: Callable[[], None]
     _pending: Callable[[], bool]
     _draining: Callable[[], bool]
+    prefix: PrefixShare  # prefix checkpoints: another slot's or the Store's prefix instead of a prefill
 
     async def prepare(self, request: GenRequest) -> None:
         """Work a request needs before the engine thread sees it, done off that thread: a prompt
@@ -96,7 +98,8 @@ class Batching:
         if chars > limit * MAX_CHARS_PER_TOKEN:
             raise PromptTooLong(f"the prompt has {chars} characters, more than this engine's context of {limit} "
                                 "tokens can hold")
-        if chars < PRETOKENIZE_CHARS:
+        from_store = self.prefix.wants_lookup(chars) and request.slot is None
+        if chars < PRETOKENIZE_CHARS and not from_store:
             return
         try:
             tokens = await asyncio.to_thread(self._tokenize, gen, request)
@@ -105,6 +108,8 @@ class Batching:
             # answers it as this request's own error
             return
         request.tokens, request.tokens_for = tokens, gen.id
+        if from_store:  # the longest prefix the pool's Store holds, read and verified here, not on the engine thread
+            request.stored_prefix = await asyncio.to_thread(self.prefix.lookup, gen, tokens)
 
     def _tokenize(self, gen: Generation, request: GenRequest) -> list[int]:
         """A request's prompt tokens for ``gen`` (any thread: tokenizing only reads the vocabulary)."""
@@ -181,6 +186,9 @@ class Batching:
                                 400, "context_length_exceeded")
         slot = gen.slots[req.slot] if req.slot is not None else gen.pick_slot(tokens if params.cache_prompt else None)
         keep = gen.reuse_prefix(slot, tokens) if params.cache_prompt else gen.reset_slot(slot)
+        if params.cache_prompt:
+            keep = self.prefix.extend(gen, slot, tokens, keep, req.stored_prefix)  # type: ignore[arg-type]
+        req.stored_prefix = None
         gen.ensure_room(len(tokens) - keep, exclude=slot)
         s = req.sampling
         try:

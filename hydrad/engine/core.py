@@ -38,6 +38,8 @@ from hydrad.engine.loader import LoadRecord
 from hydrad.engine.loading import EngineBusy, Loading
 from hydrad.engine.requests import Failed, RequestHandle
 from hydrad.engine.pairing import Pairing
+from hydrad.engine.prefixshare import PrefixShare
+from hydrad.engine.settings import PrefixSettings
 from hydrad.engine.peer_watch import PeerWatch
 from hydrad.engine.snapshot import EngineSnapshot, ModelSummary, slot_rows
 from hydrad.engine.statebuf import StateBuffers
@@ -56,8 +58,9 @@ class SlotsBusy(RuntimeError):
 
 class EngineCore(Loading, Batching, KvOps):
     def __init__(self, on_status: Callable[[EngineSnapshot], None] | None = None, max_queue: int = 64,
-                 drain_timeout_s: float = 30.0, device: str | None = None) -> None:
+                 drain_timeout_s: float = 30.0, device: str | None = None, prefix: PrefixSettings | None = None) -> None:
         self.stats = EngineStats()
+        self.prefix = PrefixShare(prefix or PrefixSettings())
         self.pairing = Pairing()  # the COMBINE role (head, peer), read by every view
         self.stage = "starting"
         self.progress: float | None = None

@@ -20,6 +20,7 @@ from hydrad.common.apikey import InferenceAccess, resolve_api_key
 from hydrad.common.netaccess import address_allowed, check_networks
 from hydrad.common.params import check_partial
 from hydrad.common.yamlfile import ConfigError, beside, read_settings
+from hydrad.store.settings import StoreSettings
 
 
 class HttpSettings(InferenceAccess):
@@ -119,6 +120,18 @@ class BusSettings(BaseModel):
         return self
 
 
+class PrefixSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    share: bool = Field(True, description="Copy a shared prompt prefix from another slot of this engine instead of "
+                                          "prefilling it again (and checkpoint it into the store when one is set).")
+    min_tokens: int = Field(64, ge=1, description="Smallest gain, in tokens, for which a prefix is copied from "
+                                                  "another slot or restored from the store.")
+    store: StoreSettings | None = Field(None, description="The pool's Store (a directory every engine of the host "
+                                                          "and the coordinator share, on tmpfs): prefixes are "
+                                                          "checkpointed into it and restored from it. Unset: "
+                                                          "prefixes are shared between this engine's slots only.")
+
+
 class EngineSettings(BaseModel):
     """Everything fixed for the life of the process."""
 
@@ -141,6 +154,9 @@ class EngineSettings(BaseModel):
     drain_timeout_s: float = Field(30.0, gt=0, description="On SIGTERM, how long in-flight requests may run before they are ended.")
     max_queue: int = Field(64, ge=0, description="Requests that may wait for a free slot; beyond that new ones get 503.")
     logging: LogSettings = Field(default_factory=LogSettings, description="Logging.")
+    prefix: PrefixSettings = Field(default_factory=PrefixSettings, description="Prefix checkpoints: a shared prompt "
+                                   "prefix copied from another slot or restored from the pool's Store instead of "
+                                   "prefilled again.")
     bus: BusSettings = Field(default_factory=BusSettings, description="Link to the coordinator's bus.")
     defaults: dict[str, Any] = Field(default_factory=dict, description="Runtime parameter defaults (the YAML layer); a model here is loaded at boot.")
 
@@ -216,4 +232,7 @@ def load_config(path: str | Path | None) -> LoadedConfig:
     updates["http"] = resolve_api_key(p, settings.http)
     updates["models_dir"] = beside(base, settings.models_dir)
     updates["registry"] = beside(base, settings.registry, "models.yaml")
+    if settings.prefix.store is not None:
+        store = settings.prefix.store.model_copy(update={"dir": beside(base, settings.prefix.store.dir)})
+        updates["prefix"] = settings.prefix.model_copy(update={"store": store})
     return LoadedConfig(settings.model_copy(update=updates), p, raw)

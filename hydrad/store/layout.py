@@ -211,3 +211,28 @@ def join_vtrans(pieces: list[bytes], el: int, n_embd: int) -> bytes:
     """Blocks of transposed V (each n_embd rows of that block's cells) back to n_embd full rows."""
     mats = [np.frombuffer(p, dtype=np.uint8).reshape(n_embd, -1) for p in pieces]
     return np.concatenate(mats, axis=1).tobytes() if mats else b""
+
+
+def truncate(data: bytes | memoryview, parsed: Parsed, n: int) -> bytes:
+    """The state of the first ``n`` cells of a truncatable state (any ``n``, not only a block boundary):
+    what llama.cpp would have written for the sequence had it held only those tokens."""
+    if not parsed.truncatable or not 0 < n <= parsed.cells:
+        raise ValueError(f"cannot cut a state of {parsed.cells} cells to {n} (truncatable={parsed.truncatable})")
+    view = memoryview(data)
+    out: list[bytes | memoryview] = []
+    for part in parsed.parts:
+        kind = part[0]
+        if kind == "raw":
+            out.append(part[1])
+        elif kind == "cells":
+            out.append(struct.pack("<I", n))
+        elif kind == "rows":
+            row, off = part[1], part[2]
+            out.append(view[off: off + n * row])
+        elif kind == "vtrans":
+            el, n_embd, off, cells = part[1], part[2], part[3], part[4]
+            arr = np.frombuffer(view, dtype=np.uint8, count=n_embd * cells * el, offset=off).reshape(n_embd, cells * el)
+            out.append(arr[:, : n * el].tobytes())
+        else:
+            raise ValueError("a blob part cannot be cut")
+    return b"".join(out)

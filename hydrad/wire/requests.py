@@ -63,4 +63,5 @@ class GenRequest:
     slot: int | None = None  # pin to a slot (llama-server's id_slot), e.g. one restored from migrated KV
     tokens: list[int] | None = None  # prompt tokens made off the engine thread (EngineCore.prepare) ...
     tokens_for: int | None = None  # ... for this generation id; another generation tokenizes again
+    stored_prefix: object = None  # a prefix read from the Store off the engine thread (engine.prefixshare)
     id: int = field(default_factory=lambda: next(_ids))

@@ -405,6 +405,7 @@ def info_view(control: EngineControl, settings: EngineSettings, devices: list[di
             "reload": rec.public() if rec is not None else None,
             "device": bound_device(settings.device),  # the GPU binding in force; None = every GPU of the host
             "combine": core.pairing.view(snap),
+            "prefix": core.prefix.public(),  # prefix checkpoints: shared between slots, from and to the Store
             "rpc": {"port": port, "ggml_rpc_devices": devices}}
 
 

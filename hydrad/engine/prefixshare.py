@@ -1,0 +1,177 @@
+"""Prefix checkpoints: a prompt's shared prefix is prefilled once per pool, not once per slot.
+
+llama.cpp reuses a prefix only inside the slot that computed it, so sixteen sessions sharing one
+system prompt prefill it sixteen times when they land in different slots, and once more on every
+other engine. Two sources give a new request a longer prefix than its own slot holds:
+
+* **another slot of this engine** (a second session sharing the prefix): its state is read, cut to
+  the shared cells (``hydrad.store.layout.truncate``) and written into the request's slot, then the
+  prefix is **checkpointed** into the Store in the background;
+* **the Store** (``prefix.store``, a directory the pool's engines share, on tmpfs): a prompt long
+  enough to span a block is tokenized off the engine thread, the longest stored block-aligned
+  prefix is looked up and read there (every chunk verified), and the engine thread only writes it
+  into the slot.
+
+Either happens only when it gains at least ``min_tokens`` over what the slot already holds; a state
+that does not parse as a plain one-stream KV cache (sliding-window or recurrent memory) is never
+cut, so nothing is reported as cached that was not reused (the request prefills as before).
+``Usage.cached_tokens`` counts what was restored, exactly like a slot's own reuse.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from hydrad.common.logs import log_event
+from hydrad.engine.generation import Generation, Slot, common_prefix
+from hydrad.engine.settings import PrefixSettings
+from hydrad.store import Store, StoreError
+from hydrad.store import layout as L
+
+log = logging.getLogger("hydrad.prefix")
+
+
+@dataclass
+class StoredPrefix:
+    """A prefix read from the Store off the engine thread, for the engine thread to write."""
+
+    tokens: list[int]
+    data: bytes
+    generation: int
+
+
+class PrefixShare:
+    def __init__(self, settings: PrefixSettings) -> None:
+        self.settings = settings
+        self.store: Store | None = None
+        if settings.store is not None:
+            self.store = Store(settings.store)
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hydrad-prefix")
+        self._checkpointed: set[str] = set()  # object keys put by this process (no second put)
+        self._mu = threading.Lock()
+        self.stats = {"shared_from_slot": 0, "restored_from_store": 0, "checkpoints": 0, "checkpoint_failed": 0,
+                      "tokens_shared": 0, "tokens_restored": 0}
+
+    # ----- off the engine thread -------------------------------------------------------------
+
+    def wants_lookup(self, chars: int) -> bool:
+        """Whether a prompt of ``chars`` characters could span a stored block (then it is tokenized early)."""
+        return self.store is not None and chars >= 2 * self.store.block
+
+    def lookup(self, gen: Generation, tokens: list[int]) -> StoredPrefix | None:
+        """Worker thread: the longest stored prefix of ``tokens`` that beats every slot's own, read and
+        verified; None when there is none worth restoring (or the store fails: the request prefills)."""
+        store = self.store
+        if store is None or len(tokens) <= self.settings.min_tokens:
+            return None
+        held = max((common_prefix(list(s.cache), tokens) for s in gen.slots if not s.foreign), default=0)
+        try:
+            hit = store.lookup(self._meta(gen), tokens)
+            if hit is None:
+                return None
+            n = min(hit.n_tokens, len(tokens) - 1)
+            if n < hit.n_tokens:  # an exact hit of the whole prompt: its last token is decoded again
+                n = (n // store.block) * store.block
+            if n - held < self.settings.min_tokens or n <= 0:
+                return None
+            meta, data = store.get(hit.key, n)
+        except (StoreError, OSError) as exc:
+            log_event(log, logging.WARNING, "stored prefix not used; the request prefills", error=str(exc))
+            return None
+        return StoredPrefix(list(meta["tokens"]), data, gen.id)
+
+    # ----- on the engine thread ----------------------------------------------------------------
+
+    def extend(self, gen: Generation, slot: Slot, tokens: list[int], keep: int, stored: StoredPrefix | None) -> int:
+        """After the slot's own reuse (``keep`` tokens): give the slot a longer prefix of ``tokens`` from
+        another slot or from the Store when that gains ``min_tokens``; returns the tokens now held."""
+        limit = len(tokens) - 1  # the last prompt token is always decoded again, for its logits
+        donor, shared = None, keep
+        if self.settings.share:
+            for s in gen.slots:
+                if s is slot or s.foreign or not s.cache:
+                    continue
+                cp = min(common_prefix(s.cache, tokens), limit)
+                if cp > shared:
+                    donor, shared = s, cp
+        from_store = stored is not None and stored.generation == gen.id and len(stored.tokens) <= limit \
+            and tokens[:len(stored.tokens)] == stored.tokens
+        if donor is not None and shared - keep >= self.settings.min_tokens \
+                and not (from_store and len(stored.tokens) > shared):  # type: ignore[union-attr]
+            data = gen.read_state(donor)
+            parsed = L.parse(data)
+            if parsed.truncatable and parsed.cells == len(donor.cache):
+                prefix = L.truncate(data, parsed, shared)
+                if self._write(gen, slot, tokens[:shared], prefix):
+                    self.stats["shared_from_slot"] += 1
+                    self.stats["tokens_shared"] += shared - keep
+                    self._checkpoint(gen, tokens[:shared], prefix)
+                    return shared
+        if from_store and len(stored.tokens) - keep >= self.settings.min_tokens:  # type: ignore[union-attr]
+            assert stored is not None
+            if self._write(gen, slot, stored.tokens, stored.data):
+                self.stats["restored_from_store"] += 1
+                self.stats["tokens_restored"] += len(stored.tokens) - keep
+                return len(stored.tokens)
+        return keep
+
+    def _write(self, gen: Generation, slot: Slot, tokens: list[int], data: bytes) -> bool:
+        import numpy as np
+
+        gen.ensure_room(len(tokens), exclude=slot)
+        try:
+            gen.write_state(slot, tokens, np.frombuffer(data, dtype=np.uint8))
+        except RuntimeError as exc:  # refused: the slot keeps what it had (write_state restores it)
+            log_event(log, logging.WARNING, "prefix not written into the slot; the request prefills",
+                      slot=slot.id, tokens=len(tokens), error=str(exc))
+            return False
+        return True
+
+    def _checkpoint(self, gen: Generation, tokens: list[int], data: bytes) -> None:
+        """Put a shared prefix into the Store, on the worker thread (the engine thread only copied it)."""
+        store = self.store
+        if store is None:
+            return
+        meta = {**self._meta(gen), "tokens": tokens, "n_tokens": len(tokens), "bytes": len(data)}
+        self._pool.submit(self._put, store, meta, data)
+
+    def _put(self, store: Store, meta: dict[str, Any], data: bytes) -> None:
+        try:
+            hit = store.lookup(meta, meta["tokens"])
+            if hit is not None and hit.exact:
+                return
+            key = store.put(meta, data)
+            with self._mu:
+                self._checkpointed.add(key)
+            self.stats["checkpoints"] += 1
+            log_event(log, logging.INFO, "prefix checkpointed", tokens=len(meta["tokens"]), bytes=len(data))
+        except (StoreError, OSError) as exc:
+            self.stats["checkpoint_failed"] += 1
+            log_event(log, logging.WARNING, "prefix not checkpointed", error=str(exc))
+
+    def checkpoint_slot(self, gen: Generation, slot: Slot) -> dict[str, Any]:
+        """On demand (engine thread): the slot's whole state into the Store."""
+        if self.store is None:
+            raise StoreError("this engine has no prefix store (prefix.store)")
+        data = gen.read_state(slot)
+        self._checkpoint(gen, list(slot.cache), bytes(data))
+        return {"slot": slot.id, "n_tokens": len(slot.cache), "bytes": len(data)}
+
+    @staticmethod
+    def _meta(gen: Generation) -> dict[str, Any]:
+        m = gen.state_meta(gen.slots[0], 0)
+        m.pop("tokens", None)
+        return m
+
+    def public(self) -> dict[str, Any]:
+        return {"share": self.settings.share, "store": str(self.store.dir) if self.store else None, **self.stats}
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+__all__ = ["PrefixSettings", "PrefixShare", "StoredPrefix"]
