@@ -374,12 +374,16 @@ class Batching:
     def _request_failed(self, gen: Generation, handle: RequestHandle, stage: str, exc: Exception,
                         slot: Slot | None = None) -> None:
         """An exception while serving one request ends that request with a JSON error (500,
-        ``request_failed``, never retried elsewhere: the same request would fail there too) and
-        frees its slot; the engine thread and every other request go on."""
+        ``request_failed``, never retried elsewhere: the same request would fail there too; a grammar
+        too ambiguous to sample is the request's own doing, a 400) and frees its slot; the engine
+        thread and every other request go on."""
         log_event(log, logging.ERROR, "request failed", req=handle.id, stage=stage, error=repr(exc), exc_info=True)
         self.stats.requests_failed_total += 1
-        self._emit(handle, Failed(f"the request failed while {stage}: {type(exc).__name__}: {exc}",
-                                  status=500, code="request_failed"))
+        if isinstance(exc, llama.GrammarTooSlow):  # what the request asked for, not a failure: a 4xx
+            self._emit(handle, Failed(str(exc), status=400, code="grammar_too_slow"))
+        else:
+            self._emit(handle, Failed(f"the request failed while {stage}: {type(exc).__name__}: {exc}",
+                                      status=500, code="request_failed"))
         if slot is None:  # failed while admitting: the slot may already have taken it
             slot = next((sl for sl in gen.slots if sl.active is not None and sl.active.handle is handle), None)
         if slot is not None and slot.active is not None and slot.active.handle is handle:

@@ -16,6 +16,7 @@ import logging
 import os
 import re
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
@@ -500,6 +501,16 @@ END_OF_GRAMMAR = -1
 the end-of-generation tokens are banned, or nothing in the vocabulary can continue it)."""
 
 
+GRAMMAR_STEP_LIMIT_S = 0.5
+"""Most time one token's grammar work may take. A grammar whose ambiguity grows with the text
+(``r ::= "a" r "b" | "a" r "c" | ""`` doubles llama.cpp's stacks per "a") cannot be bounded before
+it runs; it ends its request the first time a token costs this much, before it stalls the engine."""
+
+
+class GrammarTooSlow(RuntimeError):
+    """A grammar whose work per token passed GRAMMAR_STEP_LIMIT_S: its request ends."""
+
+
 class GrammarRefused(ValueError):
     """llama.cpp would not build a grammar that the doors' checker passed: a ``<token>`` that is not
     exactly one token of this model, or left recursion. The request's fault: a 400."""
@@ -635,9 +646,10 @@ class Sampler:
         """A token the grammar allows, accepted into the chain and the grammar; END_OF_GRAMMAR when
         the grammar allows none."""
         assert self.grammar is not None
-        row = lib().llama_get_logits_ith(ctx.ptr, idx)
+        row = lib().llama_get_logits_ith(ctx.ptr, idx)  # waits for the device: the clock starts after it
         if not row:
             raise RuntimeError(f"no logits for batch row {idx}")
+        t0 = time.monotonic()
         logits = self.grammar.logits(row)
         tok = self.grammar.pick(self.ptr, logits, constrained=False)
         if tok is None or not self.grammar.allows(tok, float(logits[tok])):
@@ -646,6 +658,10 @@ class Sampler:
                 return END_OF_GRAMMAR
         lib().llama_sampler_accept(self.ptr, tok)
         self.grammar.accept(tok)
+        spent = time.monotonic() - t0
+        if spent > GRAMMAR_STEP_LIMIT_S:
+            raise GrammarTooSlow(f"grammar: one token took {spent:.2f} s of grammar work (the grammar is too "
+                                 "ambiguous for llama.cpp's grammar sampler)")
         return tok
 
     def free(self) -> None:

@@ -38,6 +38,14 @@ MAX_ELEMENTS = 1 << 20
 MAX_REPETITION = 2000
 """llama.cpp's MAX_REPETITION_THRESHOLD: a repetition count above it is an error there."""
 
+MAX_WAYS = 1024
+"""Most ways a rule may begin (or derive nothing). llama.cpp tracks every way at once, one stack
+each, deduplicated in quadratic time: twenty rules of two alternatives each, each alternative
+starting with the next rule, are a million stacks, and a 300-byte grammar held the engine thread
+for minutes before this bound."""
+
+_TERMINAL = -1
+
 _WORD = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-")
 _DIGITS = frozenset("0123456789")
 _HEX = frozenset("0123456789abcdefABCDEF")
@@ -55,7 +63,7 @@ class _Parser:
         self.s = src
         self.n = len(src)
         self.symbols: dict[str, int] = {}
-        self.defined: set[int] = set()
+        self.shapes: dict[int, list[list[int]]] = {}  # rule id -> alternatives: rule ids, or _TERMINAL
         self.referenced: dict[int, str] = {}
         self.elements = 0
         self.depth = 0
@@ -140,18 +148,23 @@ class _Parser:
         return end + 1
 
     def alternates(self, pos: int, rule: str, rule_id: int, nested: bool) -> int:
-        size, pos = self.sequence(pos, rule, nested)
+        size, items, pos = self.sequence(pos, rule, nested)
+        alts = [items]
         while self.at(pos) == "|":
-            more, pos = self.sequence(self.space(pos + 1, True), rule, nested)
+            more, items, pos = self.sequence(self.space(pos + 1, True), rule, nested)
             size += more + 1
-        self.defined.add(rule_id)
+            alts.append(items)
+        self.shapes[rule_id] = alts
         self.grow(size + 1, pos)
         return pos
 
-    def sequence(self, pos: int, rule: str, nested: bool) -> tuple[int, int]:
-        """Reads one alternative; returns its size in elements and where it ends."""
+    def sequence(self, pos: int, rule: str, nested: bool) -> tuple[int, list[int], int]:
+        """Reads one alternative; returns its size in elements, its shape (the rules it refers to
+        and a _TERMINAL per terminal) and where it ends."""
         size = last = 0
         n_prev = 1
+        items: list[int] = []
+        shape: list[int] = []
         while pos < self.n:
             c = self.s[pos]
             start = pos
@@ -163,7 +176,7 @@ class _Parser:
                         raise self.fail("unterminated string", start)
                     pos = self.char(pos)
                     last += 1
-                n_prev = 1
+                n_prev, shape = 1, [_TERMINAL] if last else []
                 pos = self.space(pos + 1, nested)
             elif c == "[":
                 pos += 1
@@ -180,7 +193,7 @@ class _Parser:
                             raise self.fail("unexpected end of input", pos)
                         pos = self.char(pos + 1)
                         last += 1
-                n_prev = 1
+                n_prev, shape = 1, [_TERMINAL] if last else []
                 pos = self.space(pos + 1, nested)
             elif c in "<!":
                 if c == "!":
@@ -188,30 +201,35 @@ class _Parser:
                     if self.at(pos) != "<":
                         raise self.fail("expecting '<' after '!'", pos)
                 pos = self.space(self.token(pos), nested)
-                last, n_prev = 1, 1
+                last, n_prev, shape = 1, 1, [_TERMINAL]
             elif c in _WORD:
                 end = self.name(pos)
-                self.referenced.setdefault(self.symbol(self.s[pos:end]), self.s[pos:end])
+                ref = self.symbol(self.s[pos:end])
+                self.referenced.setdefault(ref, self.s[pos:end])
                 pos = self.space(end, nested)
-                last, n_prev = 1, 1
+                last, n_prev, shape = 1, 1, [ref]
             elif c == "(":
-                pos, made = self.group(pos, rule)
-                last, n_prev = 1, max(1, made)
+                pos, sub, made = self.group(pos, rule)
+                last, n_prev, shape = 1, max(1, made), [sub]
                 pos = self.space(pos, nested)
             elif c == ".":
                 pos = self.space(pos + 1, nested)
-                last, n_prev = 1, 1
+                last, n_prev, shape = 1, 1, [_TERMINAL]
             elif c in "*+?{":
                 lo, hi, pos = self.repetition(pos, nested)
                 size, last, n_prev = self.repeat(size, last, n_prev, lo, hi, start)
+                del items[len(items) - len(shape):]
+                shape = self.repeat_shape(shape, lo, hi)
+                items += shape
                 continue
             else:
                 break
             size += last
-        return size, pos
+            items += shape
+        return size, items, pos
 
-    def group(self, pos: int, rule: str) -> tuple[int, int]:
-        """Reads a parenthesised group; returns where it ends and how many rules it made."""
+    def group(self, pos: int, rule: str) -> tuple[int, int, int]:
+        """Reads a parenthesised group; returns where it ends, its rule and how many rules it made."""
         self.depth += 1
         if self.depth > MAX_NESTING:
             raise self.fail(f"groups nested deeper than {MAX_NESTING}", pos)
@@ -221,7 +239,7 @@ class _Parser:
         if self.at(pos) != ")":
             raise self.fail("expecting ')'", pos)
         self.depth -= 1
-        return pos + 1, len(self.symbols) - before
+        return pos + 1, sub, len(self.symbols) - before
 
     def repetition(self, pos: int, nested: bool) -> tuple[int, int | None, int]:
         """Reads ``*``, ``+``, ``?`` or ``{m}``, ``{m,}``, ``{m,n}``; None is no upper bound."""
@@ -265,10 +283,22 @@ class _Parser:
             raise self.fail("a repetition of repetitions too large for llama.cpp", pos)
         n_opt = 1 if hi is None else hi - lo
         self.grow(lo * last + n_opt * (last + 3), pos)
-        for _ in range(n_opt):
-            self.new_symbol("rep")
         repeated = lo * last + (1 if n_opt > 0 else 0)
         return size - last + repeated, repeated, n_prev * total
+
+    def repeat_shape(self, shape: list[int], lo: int, hi: int | None) -> list[int]:
+        """The rules llama.cpp writes for ``S{lo,hi}`` (``S' ::= S S' |`` when unbounded, else a
+        chain of hi - lo optional rules); returns what replaces S in the sequence."""
+        if hi is None:
+            opt = self.new_symbol("rep")
+            self.shapes[opt] = [shape + [opt], []]
+            return shape * lo + [opt]
+        prev: int | None = None
+        for _ in range(hi - lo):
+            opt = self.new_symbol("rep")
+            self.shapes[opt] = [shape + ([prev] if prev is not None else []), []]
+            prev = opt
+        return shape * lo + ([prev] if prev is not None else [])
 
     def rule(self, pos: int) -> int:
         end = self.name(pos)
@@ -293,10 +323,60 @@ class _Parser:
         while pos < self.n:
             pos = self.rule(pos)
         for sid, name in self.referenced.items():
-            if sid not in self.defined:
+            if sid not in self.shapes:
                 raise GrammarError(f"undefined rule '{name}'")
         if "root" not in self.symbols:
             raise GrammarError("the grammar has no 'root' rule")
+        _Ways(self).check()
+
+
+class _Ways:
+    """Counts, per rule, the ways llama.cpp's pushdown automaton can begin it: the stacks one step
+    of it creates. A rule met again before anything is consumed is left recursion, which
+    llama.cpp refuses as well."""
+
+    def __init__(self, parser: _Parser) -> None:
+        self.p = parser
+        self.memo: dict[int, tuple[int, int]] = {}
+        self.active: list[int] = []
+        self.names = {sid: name for name, sid in parser.symbols.items()}
+
+    def check(self) -> None:
+        for rule_id in self.p.shapes:
+            self.rule(rule_id)
+
+    def rule(self, rule_id: int) -> tuple[int, int]:
+        """(ways to begin with a terminal, at most MAX_WAYS + 1; 1 if it can derive nothing, else 0)."""
+        if rule_id in self.memo:
+            return self.memo[rule_id]
+        name = self.names.get(rule_id, str(rule_id))
+        if rule_id in self.active:
+            raise GrammarError(f"left recursion through rule '{name}' (llama.cpp does not support it)")
+        if len(self.active) >= MAX_NESTING:
+            raise GrammarError(f"rules begin with other rules more than {MAX_NESTING} deep")
+        self.active.append(rule_id)
+        first = empty = 0
+        for alt in self.p.shapes[rule_id]:
+            f, e = self.sequence(alt)
+            first, empty = first + f, empty + e
+        self.active.pop()
+        empty = min(empty, 1)  # every way of deriving nothing leaves the same stack: llama.cpp keeps one
+        if first + empty > MAX_WAYS:
+            raise GrammarError(f"rule '{name}' can begin in more than {MAX_WAYS} ways; llama.cpp would track "
+                               "every one at once")
+        self.memo[rule_id] = (first, empty)
+        return first, empty
+
+    def sequence(self, items: list[int]) -> tuple[int, int]:
+        first, ways = 0, 1
+        for item in items:
+            if item == _TERMINAL:
+                return min(first + ways, MAX_WAYS + 1), 0
+            f, e = self.rule(item)
+            first, ways = min(first + ways * f, MAX_WAYS + 1), min(ways * e, MAX_WAYS + 1)
+            if ways == 0:
+                break
+        return first, ways
 
 
 def check_gbnf(text: str) -> None:

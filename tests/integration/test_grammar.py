@@ -37,6 +37,9 @@ REFUSED: list[tuple[dict[str, Any], str]] = [
     ({"grammar": 'root ::= "' + "x" * 70000 + '"'}, "grammar"),
     ({"grammar": 'root ::= "' + "x" * 60000 + '"{1999}'}, "grammar"),
     ({"grammar": 'root ::= "a\\x00"\x00'}, "grammar"),
+    ({"grammar": "root ::= r0\n" + "".join(f'r{i} ::= r{i + 1} "a" | r{i + 1} "b"\n' for i in range(24)) + 'r24 ::= "x"'},
+     "grammar"),
+    ({"grammar": 'root ::= root "a" | "b"'}, "grammar"),
     ({"grammar": 7}, "grammar"),
     ({"json_schema": {"type": "no-such-type"}}, "json_schema"),
     ({"json_schema": {"$ref": "#/definitions/missing"}}, "json_schema"),
@@ -52,7 +55,13 @@ REFUSED: list[tuple[dict[str, Any], str]] = [
 
 # GBNF that passes the doors' checker but that only llama.cpp, with the model's vocabulary, can
 # refuse: the engine answers 400 as well.
-REFUSED_BY_LLAMA = ['root ::= root "a" | "b"', "root ::= <no-such-single-token>"]
+REFUSED_BY_LLAMA = ["root ::= <no-such-single-token>"]
+
+# Ambiguity that grows with the text (each "a" doubles llama.cpp's stacks while the closing letters
+# are pending) cannot be bounded before it runs: the request ends with a 400 once a token's grammar
+# work passes the engine's limit, long before it could stall the engine.
+GROWING = 'root ::= r\nr ::= "a" r "b" | "a" r "c" | "a" tail\ntail ::= "a"{30} "z"'
+
 
 
 def _chat(http: httpx.Client, messages: list[dict[str, str]], **fields: Any) -> httpx.Response:
@@ -119,6 +128,8 @@ def test_grammar_constrains_and_bad_grammars_are_refused(smollm_engine: Engine) 
     done = _chat(http, ASK, grammar=YES_NO, ignore_eos=True, max_tokens=16)
     assert _content(done) in ("yes", "no") and done.json()["choices"][0]["finish_reason"] == "stop"
     _assert_refusals(http)
+    slow = http.post("/v1/completions", json={"prompt": "aaaa", "grammar": GROWING, "max_tokens": 40}, timeout=300)
+    assert slow.status_code == 400 and slow.json()["error"]["code"] == "grammar_too_slow", slow.text
     # neutral values ask for nothing; an unconstrained request is unchanged
     free = _content(_chat(http, ASK, grammar="", json_schema={}, response_format={"type": "text"}))
     assert free and free not in ("yes", "no")

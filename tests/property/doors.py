@@ -153,6 +153,32 @@ response_formats = st.one_of(
     st.just({"type": "text"}), st.just({"type": "json_object"}),
     st.just({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}),
     st.fixed_dictionaries({"type": short_text}),
+    st.fixed_dictionaries({"type": st.just("json_schema"), "json_schema": any_json}),
+    st.fixed_dictionaries({"type": st.just("json_object"), "schema": any_json}),
+)
+valid_grammars = st.sampled_from(['root ::= "yes" | "no"', "root ::= [a-z]{1,8}", 'root ::= [0-9]+ ("," [0-9]+)*',
+                                  'root ::= "a" | [^\\n]+', "root ::= <[1]> | .", ""])
+valid_schemas = st.sampled_from([{}, {"type": "object"}, {"type": "integer"}, {"enum": ["a", "b"]},
+                                 {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}])
+# What the doors' grammar checker must refuse (each of these once crashed, hung or flooded
+# llama.cpp's parser or sampler) and what llama.cpp itself refuses; all a 400, the engine unharmed.
+hostile_grammars = st.one_of(
+    st.sampled_from([
+        "root ::= " + "(" * 30000 + '"a"' + ")" * 30000,  # the parser's recursion: a stack overflow
+        'root ::= "' + "x" * 60000 + '"{1999}',  # a gigabyte of rule elements
+        'root ::= "a"{5,2}', 'root ::= "a"{99999999999999999999}', 'root ::= "' + "y" * 70000 + '"',
+        "root ::= r0\n" + "".join(f'r{i} ::= r{i + 1} "a" | r{i + 1} "b"\n' for i in range(30)) + 'r30 ::= "x"',
+        'root ::= root "a" | "b"', "root ::= <not-one-token-here>", "root ::= <[99999999999]>", 'root ::= "\\x"',
+        'root ::= "a"\x00 junk', "root ::= undefined", 'x ::= "no root"', "root ::= [", "root ::= (", "",
+    ]),
+    st.text(alphabet='root:=|"()[]{}<>!^-*+?,.#ab01\\ \n\t', max_size=40),
+    any_json,
+)
+hostile_schemas = st.one_of(
+    st.sampled_from([{"type": "bogus"}, {"$ref": "#/nowhere"}, {"type": "string", "pattern": "(("},
+                     {"type": "object", "properties": {"a": {"$ref": "#"}}}, {"type": "array", "minItems": 10**9},
+                     {"type": "object", "description": "d" * 70000}, {"anyOf": "x"}, {"enum": [{"a": [1]}]}]),
+    any_json,
 )
 
 # Per field: values of the right type and range (hostile content allowed: surrogates, control
@@ -178,7 +204,11 @@ VALID: dict[str, st.SearchStrategy[Any]] = {
     "user": st.one_of(short_text, st.none(), text),
     "id_slot": st.one_of(*[st.integers(-1, 3)] * 3, st.sampled_from(HUGE_INTS[:9]), st.none()),
     "ignore_eos": st.booleans(),
-    "response_format": st.one_of(st.just({"type": "text"}), st.none()),
+    "response_format": st.one_of(st.just({"type": "text"}), st.none(), st.just({"type": "json_object"}),
+                                 st.builds(lambda s: {"type": "json_schema", "json_schema": {"name": "x", "schema": s}},
+                                           valid_schemas)),
+    "grammar": st.one_of(st.none(), valid_grammars),
+    "json_schema": st.one_of(st.none(), valid_schemas),
     "logprobs": st.one_of(st.none(), st.just(False)),
     "top_logprobs": st.one_of(st.none(), st.just(0)),
     "tools": st.one_of(st.none(), st.just([])),
@@ -197,6 +227,8 @@ HOSTILE: dict[str, st.SearchStrategy[Any]] = {
     "stop": st.one_of(st.lists(text, min_size=5, max_size=8), st.lists(any_json, min_size=1, max_size=3), any_json),
     "n": st.one_of(st.integers(-3, 5), st.sampled_from(HUGE_INTS), any_json),
     "response_format": st.one_of(response_formats, any_json),
+    "grammar": hostile_grammars,
+    "json_schema": hostile_schemas,
     "logprobs": st.one_of(st.just(True), any_json),
     "top_logprobs": st.one_of(st.integers(1, 20), any_json),
     "tools": st.one_of(st.lists(tool, min_size=1, max_size=2), any_json),
