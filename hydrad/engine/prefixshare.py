@@ -54,7 +54,9 @@ class PrefixShare:
         self._checkpointed: set[str] = set()  # object keys put by this process (no second put)
         self._mu = threading.Lock()
         self.stats = {"shared_from_slot": 0, "restored_from_store": 0, "checkpoints": 0, "checkpoint_failed": 0,
-                      "tokens_shared": 0, "tokens_restored": 0}
+                      "tokens_shared": 0, "tokens_restored": 0, "not_cut": 0}
+        self.last_not_cut: str | None = None
+        self._uncuttable: set[int] = set()  # generations whose states cannot be cut: no donor read for them
 
     # ----- off the engine thread -------------------------------------------------------------
 
@@ -91,7 +93,7 @@ class PrefixShare:
         another slot or from the Store when that gains ``min_tokens``; returns the tokens now held."""
         limit = len(tokens) - 1  # the last prompt token is always decoded again, for its logits
         donor, shared = None, keep
-        if self.settings.share:
+        if self.settings.share and gen.id not in self._uncuttable:
             for s in gen.slots:
                 if s is slot or s.foreign or not s.cache:
                     continue
@@ -104,7 +106,9 @@ class PrefixShare:
                 and not (from_store and len(stored.tokens) > shared):  # type: ignore[union-attr]
             data = gen.read_state(donor)
             parsed = L.parse(data)
-            if parsed.truncatable and parsed.cells == len(donor.cache):
+            if not (parsed.truncatable and parsed.cells == len(donor.cache)):
+                self._uncut(gen, parsed)
+            else:
                 prefix = L.truncate(data, parsed, shared)
                 if self._write(gen, slot, tokens[:shared], prefix):
                     self.stats["shared_from_slot"] += 1
@@ -118,6 +122,19 @@ class PrefixShare:
                 self.stats["tokens_restored"] += len(stored.tokens) - keep
                 return len(stored.tokens)
         return keep
+
+    def _uncut(self, gen: Generation, parsed: L.Parsed) -> None:
+        """A state that cannot be cut to a prefix (e.g. Gemma-3's sliding-window layers keep a second
+        cache of only the last window's cells): say so once, count it, and let the request prefill."""
+        self.stats["not_cut"] += 1
+        why = parsed.why or ("more than one KV cache or stream (sliding-window or hybrid attention)"
+                             if parsed.kind == "kv" else "not a plain KV cache")
+        if self.stats["not_cut"] == 1:
+            log_event(log, logging.INFO, "prefix not shared between slots: this model's KV state cannot be cut "
+                      "to a prefix; requests prefill it", why=why)
+        self.last_not_cut = why
+        if parsed.kind != "kv" or not parsed.truncatable:  # the model's layout, not this state: not again
+            self._uncuttable.add(gen.id)
 
     def _write(self, gen: Generation, slot: Slot, tokens: list[int], data: bytes) -> bool:
         import numpy as np
@@ -168,7 +185,8 @@ class PrefixShare:
         return m
 
     def public(self) -> dict[str, Any]:
-        return {"share": self.settings.share, "store": str(self.store.dir) if self.store else None, **self.stats}
+        return {"share": self.settings.share, "store": str(self.store.dir) if self.store else None, **self.stats,
+                "last_not_cut": self.last_not_cut}
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -218,7 +218,7 @@ class Store:
         except ValueError as exc:
             raise StoreError(f"manifest of {key} is unreadable: {exc}") from exc
 
-    def get(self, key: str, n_tokens: int | None = None) -> tuple[dict[str, Any], bytes]:
+    def get(self, key: str, n_tokens: int | None = None) -> tuple[dict[str, Any], bytearray]:
         """(meta, bytes) of an object, every chunk verified; ``n_tokens`` below the object's length gives
         the state of that prefix (a block boundary, truncatable objects only). Marks the object used."""
         with self._mu:
@@ -242,7 +242,8 @@ class Store:
         meta["bytes"] = len(data)
         return meta, data
 
-    def _assemble(self, m: dict[str, Any], n_tokens: int | None) -> tuple[bytes, int]:
+    def _assemble(self, m: dict[str, Any], n_tokens: int | None) -> tuple[bytearray, int]:
+        """The state's bytes, every chunk read straight into its place in one buffer and verified there."""
         n = m["n_tokens"] if n_tokens is None else n_tokens
         full = n == m["n_tokens"]
         if not full:
@@ -250,23 +251,48 @@ class Store:
                 raise StoreError(f"object {m['key']} cannot give a {n}-token prefix (it holds {m['n_tokens']} "
                                  f"tokens, blocks of {m['block_tokens']}, truncatable={m['truncatable']})")
         n_blocks = None if full else n // m["block_tokens"]
-        out: list[bytes] = []
+        plan: list[tuple[dict[str, Any], Any]] = []
+        size = 0
         for p in m["parts"]:
             t = p["t"]
             if t == "raw":
-                out.append(bytes.fromhex(p["hex"]))
+                raw = bytes.fromhex(p["hex"])
+                plan.append((p, raw))
+                size += len(raw)
             elif t == "cells":
-                out.append((p["n"] if full else n).to_bytes(4, "little"))
+                plan.append((p, (p["n"] if full else n).to_bytes(4, "little")))
+                size += 4
             else:
-                names = [c[0] for c in p["chunks"]]
-                if n_blocks is not None and t in ("rows", "vtrans"):
-                    names = names[:n_blocks]
-                pieces = [self.chunks.read(c, m["key"]) for c in names]
-                out.append(L.join_vtrans(pieces, p["el"], p["n_embd"]) if t == "vtrans" else b"".join(pieces))
-        data = b"".join(out)
-        if full and len(data) != m["bytes"]:
-            raise StoreError(f"object {m['key']} reassembles to {len(data)} bytes, its manifest says {m['bytes']}")
-        return data, n
+                chunks = p["chunks"] if n_blocks is None or t not in ("rows", "vtrans") else p["chunks"][:n_blocks]
+                plan.append((p, chunks))
+                size += sum(c[1] for c in chunks)
+        out = bytearray(size)
+        view = memoryview(out)
+        at = 0
+        for p, what in plan:
+            t = p["t"]
+            if t in ("raw", "cells"):
+                view[at:at + len(what)] = what
+                at += len(what)
+            elif t == "vtrans":  # blocks of n_embd rows each; the state wants n_embd full rows
+                part = sum(c[1] for c in what)
+                n_embd = p["n_embd"]
+                rows = np.frombuffer(out, dtype=np.uint8, count=part, offset=at).reshape(n_embd, part // n_embd)
+                col = 0
+                for name, csize in what:
+                    piece = bytearray(csize)
+                    self.chunks.read_into(name, memoryview(piece), m["key"])
+                    width = csize // n_embd
+                    rows[:, col:col + width] = np.frombuffer(piece, dtype=np.uint8).reshape(n_embd, width)
+                    col += width
+                at += part
+            else:
+                for name, csize in what:
+                    self.chunks.read_into(name, view[at:at + csize], m["key"])
+                    at += csize
+        if full and size != m["bytes"]:
+            raise StoreError(f"object {m['key']} reassembles to {size} bytes, its manifest says {m['bytes']}")
+        return out, n
 
     def lookup(self, meta: dict[str, Any], tokens: list[int]) -> Lookup | None:
         """The longest stored prefix of ``tokens`` under meta's model identity: an object holding exactly

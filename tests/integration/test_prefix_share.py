@@ -107,3 +107,27 @@ def test_prefix_counters_in_info_and_a_bad_store_refused_at_start(tmp_path: Path
     out = subprocess.run([sys.executable, "-m", "hydrad.cli.hydrad", "--config", str(cfg)], capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 2 and "prefix.store" in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+def test_a_sliding_window_model_says_it_cannot_share_and_claims_nothing(gemma_path: Path,
+                                                                        start_engine: Callable[..., Engine]) -> None:
+    """Gemma-3 keeps a second, sliding-window cache holding only the last window's cells: its state
+    cannot be cut to a prefix, so the second slot prefills (and reports no cached tokens)."""
+    import yaml
+
+    from hydrad.wire.rpcclient import RpcClient
+
+    e = start_engine(name="g", defaults={"model": "gemma3-270m", "temperature": 0, "n_parallel": 2, "n_ctx": 8192})
+    e.wait_ready()
+    ask(e, "Where is record 3?", slot=0)
+    second = ask(e, "Where is record 12?", slot=1)
+    assert second["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert prefilled(second) == second["usage"]["prompt_tokens"]
+    with RpcClient(f"127.0.0.1:{yaml.safe_load(e.config.read_text())['rpc']['port']}") as c:
+        prefix = c.info()["prefix"]
+    assert prefix["not_cut"] == 1 and prefix["shared_from_slot"] == 0, prefix
+    assert "sliding-window" in prefix["last_not_cut"]
+    third = ask(e, "Where is record 20?", slot=1)  # decided once per model: no second state read
+    assert third["usage"]["prompt_tokens"] > 0
+    with RpcClient(f"127.0.0.1:{yaml.safe_load(e.config.read_text())['rpc']['port']}") as c:
+        assert c.info()["prefix"]["not_cut"] == 1

@@ -31,7 +31,14 @@ def test_sigkill_during_writes_leaves_no_dangling_manifest(tmp_path: Path) -> No
     rng = random.Random(7)
     for _ in range(6):
         p = subprocess.Popen([sys.executable, "-c", WRITER, str(d)], cwd=REPO)
-        time.sleep(rng.uniform(0.4, 1.2))
+        # the kill lands mid-write, not mid-import: on a loaded machine the interpreter alone can take
+        # longer than the random pause, so wait for this writer's first object (then a random pause)
+        before = len(list((d / "manifests").glob("*.json"))) if (d / "manifests").is_dir() else 0
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and p.poll() is None and (
+                not (d / "manifests").is_dir() or len(list((d / "manifests").glob("*.json"))) <= before):
+            time.sleep(0.01)
+        time.sleep(rng.uniform(0.0, 0.8))
         p.send_signal(signal.SIGKILL)
         p.wait()
         s = Store(dir=d, block_tokens=4)
