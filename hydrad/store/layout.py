@@ -180,11 +180,22 @@ def _parse_kv(view: memoryview) -> Parsed:
 
 # ---- cutting into block pieces, and putting back -------------------------------------------------
 
-def block_spans(cells: int, block: int) -> list[tuple[int, int]]:
-    return [(s, min(s + block, cells)) for s in range(0, cells, block)]
+def block_spans(cells: int, block: int, tail: int | None = None) -> list[tuple[int, int]]:
+    """Whole blocks, then the last partial block in pieces of ``tail`` cells (one piece without it).
+
+    A shared prefix rarely ends on a block boundary: with the partial block as one chunk, every
+    session sharing a 2,048-token prompt would store the prompt's last partial block again inside its
+    own chunk. In ``tail``-sized pieces only the piece holding the divergence point differs. Whole
+    blocks come first, so the first k chunks are still the first k blocks (prefixes cut at blocks)."""
+    full = cells // block * block
+    spans = [(s, s + block) for s in range(0, full, block)]
+    step = tail or block
+    spans += [(s, min(s + step, cells)) for s in range(full, cells, step)]
+    return spans
 
 
-def cut(data: bytes | memoryview, parsed: Parsed, block: int, blob_chunk: int) -> list[list[bytes] | bytes]:
+def cut(data: bytes | memoryview, parsed: Parsed, block: int, blob_chunk: int,
+        tail: int | None = None) -> list[list[bytes] | bytes]:
     """Per part, its pieces: a list of chunk payloads for data parts, the literal bytes for "raw"/"cells"."""
     view = memoryview(data)
     out: list[list[bytes] | bytes] = []
@@ -196,11 +207,11 @@ def cut(data: bytes | memoryview, parsed: Parsed, block: int, blob_chunk: int) -
             out.append(struct.pack("<I", part[1]))
         elif kind == "rows":
             row, off, cells = part[1], part[2], part[3]
-            out.append([bytes(view[off + s * row: off + e * row]) for s, e in block_spans(cells, block)])
+            out.append([bytes(view[off + s * row: off + e * row]) for s, e in block_spans(cells, block, tail)])
         elif kind == "vtrans":
             el, n_embd, off, cells = part[1], part[2], part[3], part[4]
             arr = np.frombuffer(view, dtype=np.uint8, count=n_embd * cells * el, offset=off).reshape(n_embd, cells * el)
-            out.append([arr[:, s * el: e * el].tobytes() for s, e in block_spans(cells, block)])
+            out.append([arr[:, s * el: e * el].tobytes() for s, e in block_spans(cells, block, tail)])
         else:  # blob: fixed-size pieces
             off, length = part[1], part[2]
             out.append([bytes(view[p: min(p + blob_chunk, off + length)]) for p in range(off, off + length, blob_chunk)])

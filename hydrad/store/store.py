@@ -173,7 +173,7 @@ class Store:
         parsed = L.parse(data)
         if parsed.kind == "kv" and parsed.cells and parsed.cells != len(tokens):
             parsed.truncatable = False  # cells and tokens disagree: keep whole, never cut to a prefix
-        pieces = L.cut(data, parsed, self.block, self.settings.blob_chunk_bytes)
+        pieces = L.cut(data, parsed, self.block, self.settings.blob_chunk_bytes, self.settings.tail_tokens)
         parts: list[dict[str, Any]] = []
         with self._lock(fcntl.LOCK_EX), self._mu:
             self._rescan()

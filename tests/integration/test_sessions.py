@@ -47,10 +47,13 @@ def done_for(e: Engine, slot: int, *, digest: str | None = None) -> M.Done:
                   kv_hash=digest if digest is not None else tokens_digest(tokens))
 
 
-def test_kept_session_restores_on_another_engine_token_identical(tmp_path: Path, smollm_path: Path,
-                                                                 start_engine: Callable[..., Engine]) -> None:
-    a = start_engine(name="a", defaults={"model": "smollm2-135m", "temperature": 0})
-    b = start_engine(name="b", defaults={"model": "smollm2-135m", "temperature": 0})
+@pytest.mark.parametrize("model", ["smollm2-135m", "gemma3-270m"])
+def test_kept_session_restores_on_another_engine_token_identical(tmp_path: Path, smollm_path: Path, gemma_path: Path,
+                                                                 start_engine: Callable[..., Engine], model: str) -> None:
+    """Gemma-3 (sliding-window layers) too: a whole state is restored as it was, so its continuation
+    is the original engine's and nothing is prefilled again."""
+    a = start_engine(name="a", defaults={"model": model, "temperature": 0})
+    b = start_engine(name="b", defaults={"model": model, "temperature": 0})
     a.wait_ready()
     b.wait_ready()
     first = a.http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 1, "id_slot": 0}).json()
