@@ -28,10 +28,6 @@ class StoreSettings(BaseModel):
                               description="Token block size: KV data is chunked at multiples of this many "
                                           "cells, and prefixes are looked up at these boundaries. Objects "
                                           "stored with different block sizes do not share chunks.")
-    tail_tokens: int = Field(default=16, ge=1, le=1 << 20,
-                             description="The last, partial block of a state is cut into pieces of this many cells, "
-                                         "so that sessions whose shared prefix ends inside a block still share all "
-                                         "but one piece of it (lookups and prefix cuts stay at block boundaries).")
     blob_chunk_bytes: int = Field(default=1 << 20, ge=4096,
                                   description="Chunk size when a state's bytes do not parse as llama.cpp's "
                                               "per-sequence KV layout and are stored as a plain blob.")

@@ -173,7 +173,8 @@ class Store:
         parsed = L.parse(data)
         if parsed.kind == "kv" and parsed.cells and parsed.cells != len(tokens):
             parsed.truncatable = False  # cells and tokens disagree: keep whole, never cut to a prefix
-        pieces = L.cut(data, parsed, self.block, self.settings.blob_chunk_bytes, self.settings.tail_tokens)
+        split = self._divergence(meta, tokens) if parsed.truncatable else None
+        pieces = L.cut(data, parsed, self.block, self.settings.blob_chunk_bytes, split)
         parts: list[dict[str, Any]] = []
         with self._lock(fcntl.LOCK_EX), self._mu:
             self._rescan()
@@ -200,13 +201,35 @@ class Store:
                 "meta": {k: v for k, v in meta.items() if k != "tokens"}, "tokens": tokens,
                 "n_tokens": len(tokens), "bytes": len(data), "block_tokens": self.block,
                 "layout": parsed.kind, "why_blob": parsed.why or None, "cells": parsed.cells,
-                "truncatable": parsed.truncatable, "chain": chain, "parts": parts, "stored_at": time.time(),
+                "truncatable": parsed.truncatable, "split": split, "chain": chain, "parts": parts,
+                "stored_at": time.time(),
             }
             atomic_write(self._manifest_path(key), json.dumps(manifest, separators=(",", ":")).encode(),
                          self.dir / "tmp", fsync=self.settings.fsync)
             self._rescan()
             self._evict_to_cap(keep={key})
         return key
+
+    def _divergence(self, meta: dict[str, Any], tokens: list[int]) -> int | None:
+        """Where ``tokens`` leave the longest matching stored object's tokens (None: nowhere useful)."""
+        try:
+            hit = self.lookup(meta, tokens)
+            if hit is None or hit.exact:
+                return None
+            m = self.manifest(hit.key)
+        except StoreError:
+            return None
+        n = 0
+        for x, y in zip(tokens, m["tokens"]):
+            if x != y:
+                break
+            n += 1
+        if not hit.n_tokens <= n < len(tokens):
+            return None
+        # that object's own split, when it lies in the shared part of this block: the chunk before it is
+        # then one that is stored already (sessions diverging a token or two apart share it all the same)
+        theirs = m.get("split")
+        return theirs if isinstance(theirs, int) and n // self.block * self.block < theirs <= n else n
 
     # ---- get and lookup ----------------------------------------------------------------------------
 
@@ -250,7 +273,11 @@ class Store:
             if not m["truncatable"] or n <= 0 or n > m["n_tokens"] or n % m["block_tokens"]:
                 raise StoreError(f"object {m['key']} cannot give a {n}-token prefix (it holds {m['n_tokens']} "
                                  f"tokens, blocks of {m['block_tokens']}, truncatable={m['truncatable']})")
-        n_blocks = None if full else n // m["block_tokens"]
+        if full:
+            n_chunks = None
+        else:  # per-cell parts: the chunks up to cell n (a block boundary, hence a chunk boundary)
+            bounds = L.block_bounds(m["cells"], m["block_tokens"], m.get("split"))
+            n_chunks = bounds.index(n)
         plan: list[tuple[dict[str, Any], Any]] = []
         size = 0
         for p in m["parts"]:
@@ -263,7 +290,7 @@ class Store:
                 plan.append((p, (p["n"] if full else n).to_bytes(4, "little")))
                 size += 4
             else:
-                chunks = p["chunks"] if n_blocks is None or t not in ("rows", "vtrans") else p["chunks"][:n_blocks]
+                chunks = p["chunks"] if n_chunks is None or t not in ("rows", "vtrans") else p["chunks"][:n_chunks]
                 plan.append((p, chunks))
                 size += sum(c[1] for c in chunks)
         out = bytearray(size)

@@ -19,7 +19,7 @@ META = {"model": {"arch": "llama", "n_layer": 30, "n_embd": 576, "n_head_kv": 3,
 
 
 class States:
-    """``get("a", "trans")`` -> (meta, bytes); names a, b (400 tokens sharing 300) and p (the 300 alone);
+    """``get("a", "trans")`` -> (meta, bytes); names a, b, c (400 tokens sharing 300) and p (the 300 alone);
     layouts "trans" (flash attention off: V transposed) and "rows" (on: V as rows)."""
 
     def __init__(self, root: Path) -> None:

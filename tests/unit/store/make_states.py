@@ -48,8 +48,10 @@ def main(model_path: str, out: str) -> None:
     base = tokens_for(model, " ".join(f"Fact {i}: the number {i * 7} is written as {i * 7:b} in binary." for i in range(40)))
     shared = base[:SHARED]
     other = tokens_for(model, " ".join(f"Note {i}: a cat named {i * 3} sat on mat {i}." for i in range(30)))
-    prompts = {"a": shared + base[SHARED:SHARED + TAIL], "b": shared + other[:TAIL], "p": shared}
-    assert len(prompts["a"]) == len(prompts["b"]) == SHARED + TAIL  # "p": the shared prefix alone
+    third = tokens_for(model, " ".join(f"Step {i}: turn the dial to {i * 5} and wait {i} seconds." for i in range(30)))
+    prompts = {"a": shared + base[SHARED:SHARED + TAIL], "b": shared + other[:TAIL], "c": shared + third[:TAIL],
+               "p": shared}
+    assert len(prompts["a"]) == len(prompts["b"]) == len(prompts["c"]) == SHARED + TAIL  # "p": the shared prefix alone
     dest = Path(out)
     dest.mkdir(parents=True, exist_ok=True)
     for fa, tag in ((0, "trans"), (1, "rows")):
