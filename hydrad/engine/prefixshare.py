@@ -26,11 +26,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from typing import TYPE_CHECKING
+
 from hydrad.common.logs import log_event
 from hydrad.engine.generation import Generation, Slot, common_prefix
 from hydrad.engine.settings import PrefixSettings
-from hydrad.store import Store, StoreError
-from hydrad.store import layout as L
+from hydrad.store.errors import StoreError
+
+if TYPE_CHECKING:
+    from hydrad.store import Store
+    from hydrad.store import layout as L
 
 log = logging.getLogger("hydrad.prefix")
 
@@ -49,6 +54,8 @@ class PrefixShare:
         self.settings = settings
         self.store: Store | None = None
         if settings.store is not None:
+            from hydrad.store import Store  # numpy: only once libllama is loaded (engine.llama.preload_native)
+
             self.store = Store(settings.store)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hydrad-prefix")
         self._checkpointed: set[str] = set()  # object keys put by this process (no second put)
@@ -91,6 +98,8 @@ class PrefixShare:
     def extend(self, gen: Generation, slot: Slot, tokens: list[int], keep: int, stored: StoredPrefix | None) -> int:
         """After the slot's own reuse (``keep`` tokens): give the slot a longer prefix of ``tokens`` from
         another slot or from the Store when that gains ``min_tokens``; returns the tokens now held."""
+        from hydrad.store import layout as L  # numpy, after libllama (preload_native)
+
         limit = len(tokens) - 1  # the last prompt token is always decoded again, for its logits
         donor, shared = None, keep
         if self.settings.share and gen.id not in self._uncuttable:
