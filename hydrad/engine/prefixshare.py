@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +32,7 @@ from typing import TYPE_CHECKING
 from hydrad.common.logs import log_event
 from hydrad.engine.generation import Generation, Slot, common_prefix
 from hydrad.engine.settings import PrefixSettings
+from hydrad.engine.stats import EngineStats
 from hydrad.store.errors import StoreError
 
 if TYPE_CHECKING:
@@ -45,13 +47,17 @@ class StoredPrefix:
     """A prefix read from the Store off the engine thread, for the engine thread to write."""
 
     tokens: list[int]
-    data: bytes
+    data: bytes | bytearray
     generation: int
+    read_s: float = 0.0  # seconds the read took (with the write, the restore rate prefill is weighed against)
 
 
 class PrefixShare:
-    def __init__(self, settings: PrefixSettings) -> None:
+    def __init__(self, settings: PrefixSettings, engine_stats: EngineStats | None = None) -> None:
         self.settings = settings
+        self.engine_stats = engine_stats  # the engine's prefill counters: restore only when it is the faster way
+        self._restore_spt: float | None = None  # seconds per token of recent restores (read + write)
+        self._skips = 0
         self.store: Store | None = None
         if settings.store is not None:
             from hydrad.store import Store  # numpy: only once libllama is loaded (engine.llama.preload_native)
@@ -61,7 +67,8 @@ class PrefixShare:
         self._checkpointed: set[str] = set()  # object keys put by this process (no second put)
         self._mu = threading.Lock()
         self.stats = {"shared_from_slot": 0, "restored_from_store": 0, "checkpoints": 0, "checkpoint_failed": 0,
-                      "tokens_shared": 0, "tokens_restored": 0, "not_cut": 0}
+                      "tokens_shared": 0, "tokens_restored": 0, "not_cut": 0,
+                      "store_slower_skipped": 0}
         self.last_not_cut: str | None = None
         self._uncuttable: set[int] = set()  # generations whose states cannot be cut: no donor read for them
 
@@ -85,13 +92,32 @@ class PrefixShare:
             n = min(hit.n_tokens, len(tokens) - 1)
             if n < hit.n_tokens:  # an exact hit of the whole prompt: its last token is decoded again
                 n = (n // store.block) * store.block
-            if n - held < self.settings.min_tokens or n <= 0:
+            if n - held < self.settings.min_tokens or n <= 0 or self._prefill_is_faster(n - held):
                 return None
+            t0 = time.perf_counter()
             meta, data = store.get(hit.key, n)
+            read_s = time.perf_counter() - t0
         except (StoreError, OSError) as exc:
             log_event(log, logging.WARNING, "stored prefix not used; the request prefills", error=str(exc))
             return None
-        return StoredPrefix(list(meta["tokens"]), data, gen.id)
+        return StoredPrefix(list(meta["tokens"]), data, gen.id, read_s)
+
+    def _prefill_is_faster(self, n: int) -> bool:
+        """Whether prefilling ``n`` tokens here is measured to be quicker than restoring them (a small model
+        on a fast GPU prefills faster than a state can be read from tmpfs and copied to the device). Both
+        rates are measured: the engine's prefill seconds per token, and the last restores' (read + write)
+        seconds per token; every 32nd such decision restores anyway, so the restore rate stays current."""
+        stats = self.engine_stats
+        if self._restore_spt is None or stats is None or stats.prompt_tokens_total < 256:
+            return False
+        prefill_spt = stats.prompt_seconds_total / stats.prompt_tokens_total
+        if self._restore_spt < prefill_spt:
+            return False
+        self._skips += 1
+        if self._skips % 32 == 0:
+            return False
+        self.stats["store_slower_skipped"] += 1
+        return True
 
     # ----- on the engine thread ----------------------------------------------------------------
 
@@ -126,7 +152,10 @@ class PrefixShare:
                     return shared
         if from_store and len(stored.tokens) - keep >= self.settings.min_tokens:  # type: ignore[union-attr]
             assert stored is not None
+            t0 = time.perf_counter()
             if self._write(gen, slot, stored.tokens, stored.data):
+                spt = (stored.read_s + time.perf_counter() - t0) / max(1, len(stored.tokens) - keep)
+                self._restore_spt = spt if self._restore_spt is None else 0.5 * (self._restore_spt + spt)
                 self.stats["restored_from_store"] += 1
                 self.stats["tokens_restored"] += len(stored.tokens) - keep
                 return len(stored.tokens)

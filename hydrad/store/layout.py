@@ -197,7 +197,7 @@ def block_bounds(cells: int, block: int, split: int | None = None) -> list[int]:
 
 
 def cut(data: bytes | memoryview, parsed: Parsed, block: int, blob_chunk: int,
-        split: int | None = None) -> list[list[bytes] | bytes]:
+        split: int | None = None) -> list[list[bytes | memoryview] | bytes]:
     """Per part, its pieces: a list of chunk payloads for data parts, the literal bytes for "raw"/"cells".
     ``split`` applies to the parts of a truncatable state (one cache, one stream) only."""
     view = memoryview(data)
@@ -214,7 +214,7 @@ def cut(data: bytes | memoryview, parsed: Parsed, block: int, blob_chunk: int,
             spans = list(zip(b, b[1:]))
             if kind == "rows":
                 row, off = part[1], part[2]
-                out.append([bytes(view[off + s * row: off + e * row]) for s, e in spans])
+                out.append([view[off + s * row: off + e * row] for s, e in spans])  # views: hashed and written, not copied
             else:
                 el, n_embd, off = part[1], part[2], part[3]
                 arr = np.frombuffer(view, dtype=np.uint8, count=n_embd * cells * el, offset=off).reshape(n_embd, cells * el)
