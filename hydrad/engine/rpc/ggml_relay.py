@@ -49,6 +49,7 @@ from hydrad.engine.rpc.ggml_codec import (  # noqa: F401 (the wire format; re-ex
 from hydrad.engine.settings import EngineSettings
 
 log = logging.getLogger("hydrad.rpc.ggml")
+MAX_CHECKED_GRAPHS = 128  # a head sends one graph per split per token; comparing against a miss stops at once
 
 
 class UpstreamLost(Exception):
@@ -64,9 +65,11 @@ class _Peer:
         self.addr = addr
         self.buffers: dict[int, tuple[int, int]] = {}  # remote_ptr -> (base, size), this peer's only
         self.graphs: dict[int, bytes] = {}  # device -> this peer's last GRAPH_COMPUTE payload
-        # graph payloads already checked against the current buffers -> their device: a head resends the
-        # same few graphs every token (one per split), so each is parsed once, not once per token
-        self.checked: dict[bytes, int] = {}
+        # graph payloads already checked against the current buffers, with their device: a head resends the
+        # same few graphs every token (one per split), so each is parsed once, not once per token. Found by
+        # comparing bytes (memcmp, stops at the first difference), not by hashing them: a graph is tens of
+        # kilobytes and Python's bytes hash costs more than the comparisons
+        self.checked: list[tuple[bytes, int]] = []
         self.graph_serial: dict[int, int] = {}
         self.commands = 0
 
@@ -287,12 +290,11 @@ class GgmlRelay:
             if size > MAX_GRAPH_BYTES:
                 raise Refused(f"graph of {size} bytes")
             payload = bytes(self._read(peer, size))
-            device = peer.checked.get(payload)
+            device = next((d for known, d in peer.checked if known == payload), None)
             if device is None:
                 device = check.graph(payload, self.n_devices, peer.buffers)
-                if len(peer.checked) >= 256:
-                    peer.checked.clear()
-                peer.checked[payload] = device
+                peer.checked.insert(0, (payload, device))
+                del peer.checked[MAX_CHECKED_GRAPHS:]
             peer.graphs[device] = payload
             serial = next(self._serial)
             peer.graph_serial[device] = serial
