@@ -362,6 +362,7 @@ class Batching:
                       prompt_ms=round((t_first - a.t_start) * 1000, 3), predicted_ms=round((now - t_first) * 1000, 3),
                       queue_ms=round((a.t_start - (a.handle.t_enqueued or a.t_start)) * 1000, 3))
         self.stats.prompt_seconds_total += t_first - a.t_start
+        self.prefix.prefill_seen(a.prompt_len - a.cached, t_first - a.t_start)
         self.stats.predicted_seconds_total += now - t_first
         self.stats.requests_finished_total += 1
         self._emit(a.handle, Done(reason, usage, gen.tag, slot.id, len(slot.cache), tokens_digest(slot.cache)))

@@ -60,7 +60,7 @@ class EngineCore(Loading, Batching, KvOps):
     def __init__(self, on_status: Callable[[EngineSnapshot], None] | None = None, max_queue: int = 64,
                  drain_timeout_s: float = 30.0, device: str | None = None, prefix: PrefixSettings | None = None) -> None:
         self.stats = EngineStats()
-        self.prefix = PrefixShare(prefix or PrefixSettings(), self.stats)
+        self.prefix = PrefixShare(prefix or PrefixSettings())
         self.pairing = Pairing()  # the COMBINE role (head, peer), read by every view
         self.stage = "starting"
         self.progress: float | None = None

@@ -32,7 +32,6 @@ from typing import TYPE_CHECKING
 from hydrad.common.logs import log_event
 from hydrad.engine.generation import Generation, Slot, common_prefix
 from hydrad.engine.settings import PrefixSettings
-from hydrad.engine.stats import EngineStats
 from hydrad.store.errors import StoreError
 
 if TYPE_CHECKING:
@@ -40,6 +39,7 @@ if TYPE_CHECKING:
     from hydrad.store import layout as L
 
 log = logging.getLogger("hydrad.prefix")
+LONG_PREFILL = 256  # new tokens from which a prefill's time says something about the per-token rate
 
 
 @dataclass
@@ -53,9 +53,9 @@ class StoredPrefix:
 
 
 class PrefixShare:
-    def __init__(self, settings: PrefixSettings, engine_stats: EngineStats | None = None) -> None:
+    def __init__(self, settings: PrefixSettings) -> None:
         self.settings = settings
-        self.engine_stats = engine_stats  # the engine's prefill counters: restore only when it is the faster way
+        self._prefill_spt: float | None = None  # seconds per token of recent long prefills (prefill_seen)
         self._restore_spt: float | None = None  # seconds per token of recent restores (read + write)
         self._skips = 0
         self.store: Store | None = None
@@ -102,16 +102,21 @@ class PrefixShare:
             return None
         return StoredPrefix(list(meta["tokens"]), data, gen.id, read_s)
 
+    def prefill_seen(self, n_new: int, seconds: float) -> None:
+        """Engine thread, at each request's end: its prefill, for the rate a restore must beat. Only long
+        prefills count (a few tokens cost mostly fixed overhead and would make prefill look slow)."""
+        if n_new >= LONG_PREFILL and seconds > 0:
+            spt = seconds / n_new
+            self._prefill_spt = spt if self._prefill_spt is None else 0.5 * (self._prefill_spt + spt)
+
     def _prefill_is_faster(self, n: int) -> bool:
         """Whether prefilling ``n`` tokens here is measured to be quicker than restoring them (a small model
         on a fast GPU prefills faster than a state can be read from tmpfs and copied to the device). Both
-        rates are measured: the engine's prefill seconds per token, and the last restores' (read + write)
+        rates are measured: recent long prefills' seconds per token, and recent restores' (read + write)
         seconds per token; every 32nd such decision restores anyway, so the restore rate stays current."""
-        stats = self.engine_stats
-        if self._restore_spt is None or stats is None or stats.prompt_tokens_total < 256:
+        if self._restore_spt is None or self._prefill_spt is None:
             return False
-        prefill_spt = stats.prompt_seconds_total / stats.prompt_tokens_total
-        if self._restore_spt < prefill_spt:
+        if self._restore_spt < self._prefill_spt:
             return False
         self._skips += 1
         if self._skips % 32 == 0:
