@@ -387,9 +387,11 @@ class FrontDoor:
     def route_request(self, greq: GenRequest, model: str | None, session: str | None) -> RouteRequest:
         """What routing is told about a parsed request (also what ``POST /admin/route`` explains)."""
         entry = self.registry.entries.get(model) if model else None
+        stored = self.sessions.kept_tokens(session, model) if self.sessions is not None and session else 0
         return RouteRequest(model=model, prompt_tokens=_estimate_tokens(greq), max_tokens=greq.max_tokens or 256,
                             session_id=session, prefix_hash=prefix_of(greq.messages),
-                            n_ctx=int((entry.defaults.get("n_ctx") if entry else None) or 8192))
+                            n_ctx=int((entry.defaults.get("n_ctx") if entry else None) or 8192),
+                            stored_tokens=stored)
 
     def explain(self, kind: str, raw: bytes, request: Request) -> dict[str, Any]:
         """Where this request would go now and why, without sending it anywhere: the same parsing,
@@ -401,7 +403,7 @@ class FrontDoor:
         out = decision.public()
         out["request"] = {"kind": kind, "model": req.model, "prompt_tokens": rr.prompt_tokens,
                           "max_tokens": rr.max_tokens, "session_id": rr.session_id, "prefix_hash": rr.prefix_hash,
-                          "n_ctx": rr.n_ctx}
+                          "n_ctx": rr.n_ctx, "stored_tokens": rr.stored_tokens}
         out["loading"] = self._loading(decision.model, set())  # a request with no engine would wait for these
         return out
 

@@ -91,6 +91,7 @@ class RouteRequest:
     session_id: str | None = None
     prefix_hash: str | None = None
     n_ctx: int = 8192
+    stored_tokens: int = 0  # tokens of this session kept in the Store: any engine serving the model restores them
 
 
 @dataclass(frozen=True)
@@ -103,10 +104,15 @@ class Candidate:
     load_s: float
     prefill_s: float
     warm: bool
+    lukewarm: bool = False  # not warm, but the session's KV is in the Store: restored, not prefilled
+    restore_s: float = 0.0  # part of prefill_s: reading the stored tokens back (lukewarm only)
 
     def public(self) -> dict[str, Any]:
-        return {"engine": self.engine, "cost_s": _r(self.cost_s), "wait_s": _r(self.wait_s),
-                "load_s": _r(self.load_s), "prefill_s": _r(self.prefill_s), "warm": self.warm}
+        out = {"engine": self.engine, "cost_s": _r(self.cost_s), "wait_s": _r(self.wait_s),
+               "load_s": _r(self.load_s), "prefill_s": _r(self.prefill_s), "warm": self.warm}
+        if self.lukewarm:
+            out.update(lukewarm=True, restore_s=_r(self.restore_s))
+        return out
 
 
 @dataclass(frozen=True)
@@ -142,6 +148,7 @@ class RoutingPolicy:
     disk_bytes_per_s: float = 2e9  # model load speed assumed when nothing was measured
     unknown_load_s: float = 30.0  # load time charged when the model's size is unknown too
     warm_uncached_tokens: int = 256  # a warm engine still prefills the new turn; its length is unknown
+    restore_bytes_per_s: float = 1e9  # Store → engine restore speed (read, verify, STATE_PUT), as measured on tmpfs
     vram_reserve_bytes: int = 512 << 20  # CUDA context and compute buffers beside weights + KV
     load_on_demand: bool = True  # an engine that has the model on disk but serves another may load it
 
@@ -343,9 +350,22 @@ def cost(
     load = load_estimate(req.model, e, models, policy)
     prompt = max(0, req.prompt_tokens)
     uncached = min(prompt, max(0, policy.warm_uncached_tokens)) if warm else prompt
-    prefill = uncached / _rate(e.prefill_tps, policy.default_prefill_tps)
+    rate = _rate(e.prefill_tps, policy.default_prefill_tps)
+    prefill = uncached / rate
+    restore, lukewarm = 0.0, False
+    if not warm and req.stored_tokens > 0 and req.model is not None:
+        # lukewarm: the kept tokens are restored (bytes ÷ restore speed) and only the rest is prefilled,
+        # when that is the cheaper way (an engine makes the same choice by its own measurements)
+        stored = min(prompt, req.stored_tokens)
+        spec = models.get(req.model)
+        per_token = spec.kv_bytes_per_token if spec is not None and spec.kv_bytes_per_token > 0 else 0
+        restore = stored * per_token / _rate(policy.restore_bytes_per_s, DEFAULT_POLICY.restore_bytes_per_s)
+        if restore < stored / rate:
+            prefill, lukewarm = restore + (prompt - stored) / rate, True
+        else:
+            restore = 0.0
     return Candidate(engine=e.name, cost_s=wait + load + prefill, wait_s=wait, load_s=load,
-                     prefill_s=prefill, warm=warm)
+                     prefill_s=prefill, warm=warm, lukewarm=lukewarm, restore_s=restore)
 
 
 def rank(candidates: Sequence[Candidate], engines: Mapping[str, EngineView]) -> tuple[Candidate, ...]:

@@ -137,6 +137,11 @@ class SessionKeeper:
                            "at": kept.at}).encode()
         atomic_write(path, body, self.store.dir / "tmp", fsync=self.settings.store.fsync)
 
+    def kept_tokens(self, session: str, model: str | None) -> int:
+        """Tokens of ``session`` kept for ``model`` (routing counts them as lukewarm), else 0."""
+        kept = self._index.get(session)
+        return kept.n_tokens if kept is not None and model is not None and kept.model == model else 0
+
     def has(self, session: str | None) -> bool:
         return bool(session) and session in self._index
 
@@ -173,7 +178,7 @@ class SessionKeeper:
         if len(tokens) != done.kv_tokens or tokens_digest(tokens) != done.kv_hash:
             return "moved", None, None
         key = self.store.put(meta, data)
-        kept = Kept(key, len(tokens), str(meta.get("model") or done.model), time.time())
+        kept = Kept(key, len(tokens), done.model, time.time())  # the alias the engine served it as
         self._write_entry(session, kept)
         log_event(log, logging.DEBUG, "session kept", session=session, tokens=len(tokens), bytes=len(data),
                   seconds=round(time.monotonic() - t0, 4))

@@ -126,6 +126,9 @@ def test_session_outlives_its_engine_and_the_coordinator(cluster: Callable[..., 
     c.wait_serving(TWIN)
     conv2 = [*conv, {"role": "assistant", "content": turn1["choices"][0]["message"]["content"]},
              {"role": "user", "content": "Item 4?"}]
+    plan = c.http.post("/admin/route", json={"model": "smollm2-135m", "messages": conv2, "session_id": "s-live"}).json()
+    assert plan["request"]["stored_tokens"] >= turn1["usage"]["prompt_tokens"], plan["request"]  # the kept turn
+    assert plan["candidates"] and all(cand.get("lukewarm") for cand in plan["candidates"]), plan  # restore, not prefill
     r2 = chat(c, "smollm2-135m", "", messages=conv2, max_tokens=8, session="s-live")
     assert r2.status_code == 200, r2.text
     st = sessions(cl)

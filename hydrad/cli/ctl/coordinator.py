@@ -238,9 +238,11 @@ def format_route(d: dict[str, Any]) -> str:
     if candidates:
         cost_rows: list[tuple[str, ...]] = [("engine", "cost s", "wait s", "load s", "prefill s", "warm")]
         for c in candidates:
+            # lukewarm: the session's KV is in the Store; prefill s then includes its restore
+            kv = "lukewarm" if c.get("lukewarm") else yes(c.get("warm"))
             cost_rows.append((str(c.get("engine")), *(f"{float(c.get(k) or 0.0):.4f}"
                                                   for k in ("cost_s", "wait_s", "load_s", "prefill_s")),
-                          yes(c.get("warm"))))
+                          kv))
         lines += ["  " + line for line in table(cost_rows)]
     rejected = d.get("rejected") or {}
     lines.append(f"rejected ({len(rejected)}):")

@@ -231,6 +231,22 @@ def test_warm_cost_prefills_only_the_new_turn() -> None:
     assert short.prefill_s == pytest.approx(0.1)
 
 
+def test_a_session_kept_in_the_store_is_lukewarm_restore_not_prefill() -> None:
+    """The session's 4,000 kept tokens cost bytes ÷ restore speed, only the rest is prefilled; where
+    prefilling is the quicker way (a fast engine), the candidate is costed as cold, as the engine acts."""
+    kv = MODELS[SMOL].kv_bytes_per_token
+    slow = eng("slow", prefill_tps=100.0)
+    c = cost(req(prompt_tokens=5000, stored_tokens=4000), slow, MODELS)
+    assert c.lukewarm and not c.warm
+    assert c.restore_s == pytest.approx(4000 * kv / DEFAULT_POLICY.restore_bytes_per_s)
+    assert c.prefill_s == pytest.approx(c.restore_s + 1000 / 100.0)
+    assert c.public()["lukewarm"] is True and c.public()["restore_s"] > 0
+    fast = eng("fast", prefill_tps=1e9)
+    f = cost(req(prompt_tokens=5000, stored_tokens=4000), fast, MODELS)
+    assert not f.lukewarm and f.restore_s == 0 and f.prefill_s == pytest.approx(5000 / 1e9)
+    assert "lukewarm" not in cost(req(prompt_tokens=5000), slow, MODELS).public()
+
+
 def test_cost_prefers_engine_already_serving_over_one_that_must_load() -> None:
     serving = eng("serving", model=GEMMA, prefill_tps=1000.0)
     loader = eng("loader", model=SMOL, prefill_tps=2000.0)  # prefills twice as fast, but must load first
