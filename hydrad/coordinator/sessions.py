@@ -244,7 +244,14 @@ class SessionKeeper:
             log_event(log, logging.WARNING, "session restore too slow; the turn prefills", session=session,
                       engine=engine, timeout_s=self.settings.restore_timeout_s)
             return None
-        except (OSError, RpcError, StoreError, ValueError) as exc:
+        except StoreError as exc:  # evicted, or a chunk found damaged (and removed): it cannot come back
+            self.stats["restore_failed"] += 1
+            log_event(log, logging.WARNING, "kept session unusable; forgotten, the turn prefills", session=session,
+                      engine=engine, error=str(exc))
+            if self._index.get(session) is kept:
+                self.forget(session)
+            return None
+        except (OSError, RpcError, ValueError) as exc:
             self.stats["restore_failed"] += 1
             log_event(log, logging.INFO, "session not restored; the turn prefills", session=session, engine=engine,
                       error=str(exc))

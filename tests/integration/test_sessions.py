@@ -91,14 +91,13 @@ def test_kept_session_restores_on_another_engine_token_identical(tmp_path: Path,
         raw = bytearray(chunk.read_bytes())
         raw[len(raw) // 2] ^= 0xFF
         chunk.write_bytes(bytes(raw))
-        assert asyncio.run(keeper.restore("s-1", "b")) is None
-        assert keeper.stats["restore_failed"] == 1
-        b.assert_running()
-
         # the index is on disk: a new keeper (a restarted coordinator) knows the session
         again = SessionKeeper(keeper.settings, {})
         assert again.has("s-1") and not again.has("s-moved")
         again.close()
+        assert asyncio.run(keeper.restore("s-1", "b")) is None
+        assert keeper.stats["restore_failed"] == 1 and not keeper.has("s-1")  # unusable: forgotten
+        b.assert_running()
     finally:
         keeper.close()
 
