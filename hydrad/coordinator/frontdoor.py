@@ -59,6 +59,7 @@ log = logging.getLogger("hydra.coordinator")
 
 # 503 codes by which an engine says "not now" (no model yet, reloading, full, stopping): the same
 # request may well succeed elsewhere. Any other error is the request's and is passed on as is.
+LEAVING_STAGES = frozenset({"reloading", "stopping"})  # the engine's KV goes soon: move its sessions first
 RETRY_CODES = frozenset({"no_model", "reloading", "queue_full", "shutting_down", "context_full",
                          "model_not_loaded", "busy"})
 MAX_SESSION_ID = 256
@@ -106,6 +107,9 @@ class FrontDoor:
             if n:
                 log_event(log, logging.INFO, "sessions forgotten", engine=rec.name, sessions=n, why=kind)
         self._models[rec.name] = model
+        leaving = rec.status.stage in LEAVING_STAGES and self._stages.get(rec.name, (True, ""))[1] not in LEAVING_STAGES
+        if self.sessions is not None and kind == "status" and rec.alive and leaving:
+            asyncio.get_running_loop().create_task(self._evacuate(rec.name, rec.status.stage))
         state = (rec.alive, rec.status.stage)
         if kind != "status" or self._stages.get(rec.name) != state:
             self._stages[rec.name] = state
@@ -433,10 +437,36 @@ class FrontDoor:
         if self.sessions is not None:
             self.sessions.after_turn(turn.session, turn.engine, done)
 
+    async def _evacuate(self, engine: str, stage: str) -> None:
+        """``engine`` is about to lose its KV (a reload, a stop): move every session it holds to the least
+        busy other engine serving the same model, engine to engine, so their next turns prefill nothing."""
+        assert self.sessions is not None
+        moved = 0
+        for session in self.sessions.sessions_on(engine):
+            if self.affinity.engine_of(session) != engine:
+                continue
+            model = self.sessions.model_of(session)
+            targets = sorted((r for r in self.bus.engines.values()
+                              if r.name != engine and r.alive and r.status.stage == "ready" and r.status.model == model),
+                             key=lambda r: (self.bus.inflight(r.name), r.heard_load(), r.name))
+            if not targets:
+                continue
+            if await self.sessions.move(session, targets[0].name) is not None:
+                self.affinity.record(targets[0].name, session, None, None)
+                moved += 1
+        if moved:
+            log_event(log, logging.INFO, "sessions moved off a leaving engine", engine=engine, stage=stage, sessions=moved)
+
     async def _restore(self, session: str | None, engine: str) -> int | None:
-        """The slot to pin a turn to when the session's KV had to be brought to ``engine`` from the
-        Store; None when the engine holds it already, nothing is kept, or the restore did not work."""
-        if self.sessions is None or not self.sessions.has(session) or self.affinity.engine_of(session) == engine:  # type: ignore[arg-type]
+        """The slot to pin a turn to when the session's KV was moved to ``engine`` or has to be brought
+        there from the Store; None when the engine holds it already, nothing is kept, or the restore
+        did not work."""
+        if self.sessions is None or not session:
+            return None
+        pinned = self.sessions.pinned(session, engine)
+        if pinned is not None:
+            return pinned
+        if not self.sessions.has(session) or self.affinity.engine_of(session) == engine:
             return None
         restored = await self.sessions.restore(session, engine)  # type: ignore[arg-type]
         return restored.slot if restored is not None else None

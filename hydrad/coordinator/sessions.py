@@ -81,6 +81,9 @@ class Kept:
     n_tokens: int
     model: str
     at: float
+    engine: str = ""  # where the turn's KV still lives (the slot DONE named), for a move engine to engine
+    slot: int | None = None
+    kv_hash: str = ""
 
 
 @dataclass
@@ -100,10 +103,12 @@ class SessionKeeper:
         self.token = read_token(settings.engine_token_file) if settings.engine_token_file else None
         self._index: OrderedDict[str, Kept] = OrderedDict()
         self._pending: dict[str, tuple[str, M.Done]] = {}  # session -> newest turn waiting to be kept
+        self._pins: dict[str, tuple[str, int]] = {}  # session -> (engine, slot) it was moved into
         self._running: set[str] = set()
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="hydra-sessions")
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.stats = {"kept": 0, "keep_skipped": 0, "keep_failed": 0, "restored": 0, "restore_failed": 0}
+        self.stats = {"kept": 0, "keep_skipped": 0, "keep_failed": 0, "restored": 0, "restore_failed": 0,
+                      "moved": 0}
         self._dir = self.store.dir / "sessions"
         self._dir.mkdir(exist_ok=True)
         self._load_index()
@@ -166,19 +171,26 @@ class SessionKeeper:
             self.stats["keep_skipped"] += 1
             return
         self._running.add(session)
-        fut = self._pool.submit(self._keep, session, rec.info.rpc, done)
+        fut = self._pool.submit(self._keep, session, engine, rec.info.rpc, done)
         fut.add_done_callback(lambda f: self._loop.call_soon_threadsafe(self._kept, session, engine, f))  # type: ignore[union-attr]
 
-    def _keep(self, session: str, address: str, done: M.Done) -> tuple[str, Kept | None, Kept | None]:
+    def _keep(self, session: str, engine: str, address: str, done: M.Done) -> tuple[str, Kept | None, Kept | None]:
         """Worker thread: STATE_GET the slot, check it still holds the turn, put it in the store."""
         t0 = time.monotonic()
         with RpcClient(address, self.token, timeout=self.settings.io_timeout_s) as c:
-            meta, data = c.state_get_bytes(int(done.slot))  # type: ignore[arg-type]
+            for attempt in range(3):  # a slot busy right after DONE may be the next turn of this very session
+                try:
+                    meta, data = c.state_get_bytes(int(done.slot))  # type: ignore[arg-type]
+                    break
+                except RpcError as exc:
+                    if exc.code != "conflict" or attempt == 2:
+                        raise
+                    time.sleep(0.05)
         tokens = meta.get("tokens") or []
         if len(tokens) != done.kv_tokens or tokens_digest(tokens) != done.kv_hash:
             return "moved", None, None
         key = self.store.put(meta, data)
-        kept = Kept(key, len(tokens), done.model, time.time())  # the alias the engine served it as
+        kept = Kept(key, len(tokens), done.model, time.time(), engine, done.slot, done.kv_hash)  # model: the alias served
         self._write_entry(session, kept)
         log_event(log, logging.DEBUG, "session kept", session=session, tokens=len(tokens), bytes=len(data),
                   seconds=round(time.monotonic() - t0, 4))
@@ -284,6 +296,68 @@ class SessionKeeper:
                 return Restored(int(r.get("slot", s["id"])), int(r.get("n_tokens", kept.n_tokens)),
                                 time.monotonic() - t0)
         return None
+
+    # ----- engine to engine: before an engine reloads or stops --------------------------------
+
+    def sessions_on(self, engine: str) -> list[str]:
+        return [s for s, k in self._index.items() if k.engine == engine and k.slot is not None]
+
+    def model_of(self, session: str) -> str | None:
+        kept = self._index.get(session)
+        return kept.model if kept is not None else None
+
+    async def move(self, session: str, dst: str) -> Restored | None:
+        """Stream the session's KV from the slot it was left in straight into an idle slot of ``dst``
+        (merged ports, no Store in between), checked against the turn's digest; the next turn on
+        ``dst`` is pinned to that slot (:meth:`pinned`). None when the KV is no longer there."""
+        kept = self._index.get(session)
+        src = self.engines.get(kept.engine) if kept is not None else None
+        target = self.engines.get(dst)
+        if kept is None or kept.slot is None or src is None or not src.info.rpc or target is None or not target.info.rpc:
+            return None
+        loop = asyncio.get_running_loop()
+        try:
+            moved = await asyncio.wait_for(asyncio.shield(loop.run_in_executor(
+                self._pool, self._move, src.info.rpc, kept, target.info.rpc)), self.settings.io_timeout_s)
+        except (asyncio.TimeoutError, OSError, RpcError, ValueError) as exc:
+            log_event(log, logging.WARNING, "session not moved; its next turn restores it from the store",
+                      session=session, src=kept.engine, dst=dst, error=str(exc) or "timeout")
+            return None
+        if moved is None:
+            return None
+        self._pins[session] = (dst, moved.slot)
+        kept.engine, kept.slot = dst, moved.slot
+        self.stats["moved"] += 1
+        log_event(log, logging.INFO, "session moved", session=session, dst=dst, slot=moved.slot,
+                  tokens=moved.n_tokens, seconds=round(moved.seconds, 4))
+        self.publish("session.moved", session=session, dst=dst, slot=moved.slot, tokens=moved.n_tokens,
+                     seconds=round(moved.seconds, 4))
+        return moved
+
+    def _move(self, src: str, kept: Kept, dst: str) -> Restored | None:
+        t0 = time.monotonic()
+        with RpcClient(src, self.token, timeout=self.settings.io_timeout_s) as a, \
+                RpcClient(dst, self.token, timeout=self.settings.io_timeout_s) as b:
+            slots = b.info().get("slots") or []
+            idle = sorted((s for s in slots if not s.get("busy")), key=lambda s: (s.get("n_tokens") or 0, s["id"]))
+            if not idle:
+                return None
+            st = a.state_get(int(kept.slot))  # type: ignore[arg-type]
+            tokens = st.meta.get("tokens") or []
+            if tokens_digest(tokens) != kept.kv_hash:
+                for _ in st.chunks:  # drain the stream: the slot has moved on to another request
+                    pass
+                return None
+            r = b.state_put(int(idle[0]["id"]), st.meta, st.chunks)
+        return Restored(int(r.get("slot", idle[0]["id"])), int(r.get("n_tokens", len(tokens))), time.monotonic() - t0)
+
+    def pinned(self, session: str, engine: str) -> int | None:
+        """The slot a moved session waits in on ``engine`` (once: the turn then owns it)."""
+        pin = self._pins.get(session)
+        if pin is None or pin[0] != engine:
+            return None
+        del self._pins[session]
+        return pin[1]
 
     def forget(self, session: str) -> None:
         kept = self._index.pop(session, None)

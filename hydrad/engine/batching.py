@@ -184,7 +184,8 @@ class Batching:
         if len(tokens) >= limit:
             raise _RequestError(f"the prompt has {len(tokens)} tokens; this engine's context holds {limit}",
                                 400, "context_length_exceeded")
-        slot = gen.slots[req.slot] if req.slot is not None else gen.pick_slot(tokens if params.cache_prompt else None)
+        slot = gen.slots[req.slot] if req.slot is not None else gen.pick_slot(tokens if params.cache_prompt else None,
+                                                                              spare_tails=self.prefix.settings.share)
         keep = gen.reuse_prefix(slot, tokens) if params.cache_prompt else gen.reset_slot(slot)
         if params.cache_prompt:
             keep = self.prefix.extend(gen, slot, tokens, keep, req.stored_prefix)  # type: ignore[arg-type]

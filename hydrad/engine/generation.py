@@ -53,6 +53,9 @@ def file_fingerprint(path: Path) -> str:
     return h.hexdigest()[:32]
 
 
+SPARE_TAIL = 4  # tokens past a shared prefix that still count as the same conversation (its last reply re-tokenized)
+
+
 def common_prefix(a: list[int], b: list[int]) -> int:
     n = min(len(a), len(b))
     i = 0
@@ -174,18 +177,28 @@ class Generation:
     def free_slot_exists(self) -> bool:
         return self.n_active < len(self.slots)
 
-    def pick_slot(self, tokens: list[int] | None) -> Slot:
+    def pick_slot(self, tokens: list[int] | None, spare_tails: bool = False) -> Slot:
         """The free slot sharing the longest prefix with ``tokens``; otherwise the least recently used.
 
         Foreign slots (restored from an untrusted STATE_PUT) never count as sharing a prefix: their
         token list may lie about their KV, and answering an honest prompt from it would hand the
         uploader's forged cache to someone else. When a foreign slot is picked anyway (least recently
         used), it is emptied first, so ``reuse_prefix`` finds nothing to reuse. A request pinned to
-        the slot (id_slot) does not come through here and may build on it."""
+        the slot (id_slot) does not come through here and may build on it.
+
+        ``spare_tails`` (prefix sharing on): when the best slot holds another conversation past the
+        shared prefix (more than :data:`SPARE_TAIL` tokens of it), an empty slot is taken instead and
+        the shared prefix is copied into it (``prefixshare``), so sessions sharing a system prompt do
+        not drop each other's KV while slots are free."""
         free = [s for s in self.slots if s.active is None]
         if tokens:
             best = max(free, key=lambda s: (0 if s.foreign else common_prefix(s.cache, tokens), -s.last_used))
-            if not best.foreign and common_prefix(best.cache, tokens) > 0:
+            shared = 0 if best.foreign else common_prefix(best.cache, tokens)
+            if shared > 0:
+                if spare_tails and len(best.cache) - shared > SPARE_TAIL:
+                    empty = [s for s in free if not s.cache]
+                    if empty:
+                        return empty[0]
                 return best
         slot = min(free, key=lambda s: (len(s.cache) > 0 and not s.foreign, s.last_used))
         if slot.foreign:

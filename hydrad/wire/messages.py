@@ -363,7 +363,7 @@ def _first_error(exc: Exception) -> str:
 EVENT_TOPICS = (
     "engine.up", "engine.down", "engine.stage", "engine.progress",
     "engine.load", "route", "profile.start", "profile.progress", "profile.engine", "profile.done",
-    "session.kept", "session.restored",
+    "session.kept", "session.restored", "session.moved",
 )
 
 

@@ -76,7 +76,8 @@ def test_kept_session_restores_on_another_engine_token_identical(tmp_path: Path,
 
     try:
         on_a, on_b, stats = asyncio.run(scenario())
-        assert keeper.stats == {"kept": 1, "keep_skipped": 1, "keep_failed": 0, "restored": 2, "restore_failed": 0}
+        assert keeper.stats == {"kept": 1, "keep_skipped": 1, "keep_failed": 0, "restored": 2, "restore_failed": 0,
+                                "moved": 0}
         assert stats["objects"] == 1
         assert on_a is not None and on_b is not None and on_b.n_tokens == n_prompt
         # slot 0 holds a prompt on both: the restore took an empty idle slot first
@@ -152,3 +153,74 @@ def test_session_outlives_its_engine_and_the_coordinator(cluster: Callable[..., 
     restored = c.events.wait("session.restored", lambda ev: ev["data"]["engine"] != second)
     assert restored["data"]["session"] == "s-live" and restored["data"]["tokens"] > 0
     assert home in TWIN
+
+
+SWITCH_PROFILES = {
+    "profiles": {
+        "twin": {"engines": {n: {"model": "smollm2-135m", "params": {"n_parallel": 4, "n_ctx": 8192}}
+                             for n in ("dev-a", "dev-b")}},
+        "mixed": {"engines": {"dev-a": {"model": "gemma3-270m", "params": {"n_parallel": 4, "n_ctx": 8192}},
+                              "dev-b": {"model": "smollm2-135m", "params": {"n_parallel": 4, "n_ctx": 8192}}}},
+    },
+    "default": "twin",
+}
+
+
+def next_turn(conv: list[dict[str, str]], reply: dict[str, Any], question: str) -> list[dict[str, str]]:
+    return [*conv, {"role": "assistant", "content": reply["choices"][0]["message"]["content"]},
+            {"role": "user", "content": question}]
+
+
+def test_a_reload_moves_the_session_engine_to_engine(cluster: Callable[..., Cluster]) -> None:
+    """A profile switch reloads dev-a with another model while it holds a session: the coordinator
+    moves the session's KV to dev-b over the merged ports before the old model goes, and the next
+    turn there prefills only the new message."""
+    cl = cluster(profiles=SWITCH_PROFILES, engines=("dev-a",))
+    c = cl.c
+    c.wait_serving({"dev-a": "smollm2-135m"})
+    conv = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Item 3?"}]
+    r1 = chat(c, "smollm2-135m", "", messages=conv, max_tokens=12, session="s-move")
+    assert r1.status_code == 200 and r1.headers["x-hydra-engine"] == "dev-a", r1.text
+    eventually(lambda: sessions(cl)["kept"] >= 1, 30, "the turn kept", context=c.log)
+    cl.engine("dev-b")
+    c.wait_serving({"dev-a": "smollm2-135m", "dev-b": "smollm2-135m"})
+    switched = c.http.post("/admin/profile", json={"name": "mixed"})
+    assert switched.status_code == 200, switched.text
+    c.wait_serving({"dev-a": "gemma3-270m", "dev-b": "smollm2-135m"})
+    moved = c.events.wait("session.moved", lambda ev: ev["data"]["session"] == "s-move")
+    assert moved["data"]["dst"] == "dev-b"
+    conv2 = next_turn(conv, r1.json(), "Item 4?")
+    r2 = chat(c, "smollm2-135m", "", messages=conv2, max_tokens=8, session="s-move")
+    assert r2.status_code == 200 and r2.headers["x-hydra-engine"] == "dev-b", r2.text
+    usage = r2.json()["usage"]
+    kv_tokens = r1.json()["usage"]["prompt_tokens"] + r1.json()["usage"]["completion_tokens"] - 1
+    assert usage["prompt_tokens_details"]["cached_tokens"] >= kv_tokens - 1, usage
+    st = sessions(cl)
+    assert st["moved"] == 1 and st["restored"] == 0, st  # moved engine to engine, not restored from the store
+
+
+def test_drain_of_an_engine_holding_four_sessions(cluster: Callable[..., Cluster]) -> None:
+    """SIGTERM (what systemctl stop sends) to the engine holding four sessions: all four continue on
+    the other engine without prefilling their conversations again."""
+    cl = cluster(profiles=SWITCH_PROFILES, engines=("dev-a",))
+    c = cl.c
+    c.wait_serving({"dev-a": "smollm2-135m"})
+    convs: dict[str, tuple[list[dict[str, str]], dict[str, Any]]] = {}
+    for i in range(4):
+        conv = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"Item {i}?"}]
+        r = chat(c, "smollm2-135m", "", messages=conv, max_tokens=8, session=f"s-{i}")
+        assert r.status_code == 200 and r.headers["x-hydra-engine"] == "dev-a", r.text
+        convs[f"s-{i}"] = (conv, r.json())
+    eventually(lambda: sessions(cl)["kept"] >= 4, 60, "four turns kept", context=c.log)
+    cl.engine("dev-b")
+    c.wait_serving({"dev-a": "smollm2-135m", "dev-b": "smollm2-135m"})
+    cl.engines["dev-a"].proc.send_signal(signal.SIGTERM)
+    c.wait_engines(lambda es: not es["dev-a"]["alive"], timeout=60)
+    for session, (conv, reply) in convs.items():
+        r = chat(c, "smollm2-135m", "", messages=next_turn(conv, reply, "And the next one?"), max_tokens=8,
+                 session=session)
+        assert r.status_code == 200 and r.headers["x-hydra-engine"] == "dev-b", r.text
+        usage = r.json()["usage"]
+        assert usage["prompt_tokens_details"]["cached_tokens"] >= reply["usage"]["prompt_tokens"], (session, usage)
+    st = sessions(cl)
+    assert st["moved"] + st["restored"] == 4, st
