@@ -96,9 +96,22 @@ def admin_routes(bus: CoordinatorBus, switcher: ProfileSwitcher, affinity: Affin
         stats = await asyncio.get_running_loop().run_in_executor(None, keeper.store.stats)
         return JSONResponse({"keep": True, **keeper.public(), "store": stats})
 
+    async def move_session(request: Request) -> Response:
+        """Move a session's KV to ENGINE now (engine to engine; its next turn goes there, pinned)."""
+        assert front is not None
+        try:
+            body: Any = json.loads(await request.body() or b"null")
+        except (ValueError, RecursionError):
+            raise ApiError(400, "body must be JSON like {\"session\": \"s1\", \"engine\": \"gpu1\"}",
+                           "invalid_json") from None
+        if not isinstance(body, dict) or not isinstance(body.get("session"), str) or not isinstance(body.get("engine"), str):
+            raise ApiError(400, "body must be a JSON object with string 'session' and 'engine'", "invalid_request")
+        return JSONResponse(await front.move_session(body["session"], body["engine"]))
+
     routes = [Route("/admin/engines", engines), Route("/admin/profile", get_profile),
               Route("/admin/profile", post_profile, methods=["POST"])]
     if front is not None:
         routes.append(Route("/admin/route", explain_route, methods=["POST"]))
         routes.append(Route("/admin/sessions", sessions))
+        routes.append(Route("/admin/sessions/move", move_session, methods=["POST"]))
     return routes

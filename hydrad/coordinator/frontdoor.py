@@ -437,6 +437,35 @@ class FrontDoor:
         if self.sessions is not None:
             self.sessions.after_turn(turn.session, turn.engine, done)
 
+    async def move_session(self, session: str, engine: str) -> dict[str, Any]:
+        """``hydractl migrate SESSION ENGINE``: the session's KV to ``engine`` now; 4xx/409 say why not."""
+        if self.sessions is None:
+            raise ApiError(409, "sessions are not kept (sessions.keep is false)", "sessions_off")
+        model = self.sessions.model_of(session)
+        if model is None:
+            raise ApiError(404, f"no session {session!r} is kept", "session_not_found", "session")
+        rec = self.bus.engines.get(engine)
+        if rec is None or not rec.alive:
+            raise ApiError(404, f"no live engine {engine!r}", "engine_not_found", "engine")
+        if rec.status.model != model or rec.status.stage != "ready":
+            raise ApiError(409, f"{engine} does not serve {model} now (it serves {rec.status.model or 'nothing'}, "
+                           f"stage {rec.status.stage})", "incompatible", "engine")
+        if self.affinity.engine_of(session) == engine:
+            return {"session": session, "engine": engine, "moved": False, "why": "already there"}
+        moved = await self.sessions.move(session, engine)
+        if moved is None:
+            restored = await self.sessions.restore(session, engine)  # its KV left its slot: from the Store
+            if restored is None:
+                raise ApiError(409, f"session {session!r} could not be moved to {engine} (no idle slot, or its "
+                               "KV is gone from its engine and the Store)", "not_moved")
+            self.sessions.pin(session, engine, restored.slot)
+            moved, how = restored, "store"
+        else:
+            how = "engine"
+        self.affinity.record(engine, session, None, None)
+        return {"session": session, "engine": engine, "moved": True, "from": how, "slot": moved.slot,
+                "n_tokens": moved.n_tokens, "seconds": round(moved.seconds, 6)}
+
     async def _evacuate(self, engine: str, stage: str) -> None:
         """``engine`` is about to lose its KV (a reload, a stop): move every session it holds to the least
         busy other engine serving the same model, engine to engine, so their next turns prefill nothing."""

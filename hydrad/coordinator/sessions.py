@@ -325,7 +325,7 @@ class SessionKeeper:
             return None
         if moved is None:
             return None
-        self._pins[session] = (dst, moved.slot)
+        self.pin(session, dst, moved.slot)
         kept.engine, kept.slot = dst, moved.slot
         self.stats["moved"] += 1
         log_event(log, logging.INFO, "session moved", session=session, dst=dst, slot=moved.slot,
@@ -350,6 +350,10 @@ class SessionKeeper:
                 return None
             r = b.state_put(int(idle[0]["id"]), st.meta, st.chunks)
         return Restored(int(r.get("slot", idle[0]["id"])), int(r.get("n_tokens", len(tokens))), time.monotonic() - t0)
+
+    def pin(self, session: str, engine: str, slot: int) -> None:
+        """The session's next turn on ``engine`` goes to ``slot`` (where its KV was just put)."""
+        self._pins[session] = (engine, slot)
 
     def pinned(self, session: str, engine: str) -> int | None:
         """The slot a moved session waits in on ``engine`` (once: the turn then owns it)."""

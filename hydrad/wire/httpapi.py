@@ -95,3 +95,6 @@ class AdminHttp(HttpApi):
 
     def route(self, body: dict[str, Any]) -> httpx.Response:
         return self.send("POST", "/admin/route", body)
+
+    def move_session(self, session: str, engine: str) -> httpx.Response:
+        return self.send("POST", "/admin/sessions/move", {"session": session, "engine": engine})

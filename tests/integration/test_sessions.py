@@ -7,6 +7,7 @@ Real engines (SmolLM2), real merged ports, a real Store on disk, a real coordina
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 from pathlib import Path
@@ -224,3 +225,31 @@ def test_drain_of_an_engine_holding_four_sessions(cluster: Callable[..., Cluster
         assert usage["prompt_tokens_details"]["cached_tokens"] >= reply["usage"]["prompt_tokens"], (session, usage)
     st = sessions(cl)
     assert st["moved"] + st["restored"] == 4, st
+
+
+def test_hydractl_migrate_moves_a_session_by_hand(cluster: Callable[..., Cluster]) -> None:
+    from tests.integration.test_hydractl_cluster import hydractl
+
+    cl = cluster(profiles=SWITCH_PROFILES)
+    c = cl.c
+    c.wait_serving({"dev-a": "smollm2-135m", "dev-b": "smollm2-135m"})
+    conv = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Item 7?"}]
+    r1 = chat(c, "smollm2-135m", "", messages=conv, max_tokens=8, session="s-hand")
+    assert r1.status_code == 200, r1.text
+    home = r1.headers["x-hydra-engine"]
+    other = "dev-b" if home == "dev-a" else "dev-a"
+    eventually(lambda: sessions(cl)["kept"] >= 1, 30, "the turn kept", context=c.log)
+    done = hydractl("migrate", "--url", c.url, "s-hand", other, "--json")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["moved"] and result["from"] == "engine" and result["engine"] == other, result
+    r2 = chat(c, "smollm2-135m", "", messages=next_turn(conv, r1.json(), "Item 8?"), max_tokens=8, session="s-hand")
+    assert r2.status_code == 200 and r2.headers["x-hydra-engine"] == other, r2.text
+    assert r2.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= r1.json()["usage"]["prompt_tokens"]
+    # refusals name what is wrong, and the CLI says it in one line
+    unknown = hydractl("migrate", "--url", c.url, "no-such-session", other)
+    assert unknown.returncode != 0 and "no-such-session" in unknown.stderr and "Traceback" not in unknown.stderr
+    nowhere = c.http.post("/admin/sessions/move", json={"session": "s-hand", "engine": "dev-z"})
+    assert nowhere.status_code == 404 and nowhere.json()["error"]["param"] == "engine"
+    bad = c.http.post("/admin/sessions/move", content=b"[1, 2")
+    assert bad.status_code == 400

@@ -190,6 +190,9 @@ class CoordinatorClient(ApiClient):
     def route(self, body: dict[str, Any]) -> dict[str, Any]:
         return self.checked(self.call(lambda: self.api.route(body)))
 
+    def move_session(self, session: str, engine: str) -> dict[str, Any]:
+        return self.checked(self.call(lambda: self.api.move_session(session, engine)))
+
 
 def _coordinator(args: argparse.Namespace) -> CoordinatorClient:
     return CoordinatorClient(args.url or args.default_coordinator_url, args.timeout)

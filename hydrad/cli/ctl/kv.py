@@ -280,7 +280,29 @@ def cmd_state_meta(args: argparse.Namespace) -> int:
 
 # ----- migrate ---------------------------------------------------------------------------
 
+def cmd_migrate_session(args: argparse.Namespace) -> int:
+    """``hydractl migrate SESSION ENGINE``: the coordinator moves the session's KV (POST /admin/sessions/move)."""
+    from hydrad.cli.ctl.clients import CoordinatorClient
+
+    coord = CoordinatorClient(args.url or args.default_coordinator_url, args.rpc_timeout)
+    try:
+        result = coord.move_session(args.source, args.destination)
+    finally:
+        coord.close()
+    if args.json:
+        print(json.dumps(result, indent=2))
+    elif not result.get("moved"):
+        print(f"session {args.source} is on {args.destination} already")
+    else:
+        where = "from its engine" if result.get("from") == "engine" else "from the Store"
+        print(f"moved session {args.source} to {args.destination} {where}: slot {result.get('slot')}, "
+              f"{result.get('n_tokens')} tokens in {float(result.get('seconds') or 0):.3f}s")
+    return EXIT_OK
+
+
 def cmd_migrate(args: argparse.Namespace) -> int:
+    if args.slot is None:
+        return cmd_migrate_session(args)
     src, dst = rpc_address(args.source), rpc_address(args.destination)
     to_slot = args.slot if args.to_slot is None else args.to_slot
     for address in (src, dst):  # say which side is down before the migration can only say "one of them"
@@ -347,15 +369,21 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser, rpc_auth: argparse.Ar
     sm.add_argument("--json", action="store_true", help="print the whole meta, token list included")
     sm.set_defaults(func=cmd_state_meta)
 
-    mi = sub.add_parser("migrate", parents=[rpc_auth], help="move a slot's KV state from engine A to engine B",
-                        description="Stream a slot's KV state from engine A straight into engine B\n"
+    mi = sub.add_parser("migrate", parents=[rpc_auth], help="move a session to an engine, or a slot from engine A to B",
+                        description="SESSION ENGINE: ask the coordinator to move a session's KV to ENGINE now\n"
+                                    "(engine to engine over the merged ports, else from the Store); its next turn\n"
+                                    "goes there without prefilling the conversation again.\n"
+                                    "--slot S A B: stream slot S of engine A straight into engine B\n"
                                     "(STATE_GET -> STATE_PUT, no disk). A request with id_slot set to the\n"
                                     "target slot then continues on B without prefilling the prompt again.",
-                        epilog="example:\n  hydractl migrate --slot 0 --to-slot 2 gpu0:9503 gpu1:9503",
+                        epilog="examples:\n  hydractl migrate s-42 gpu1\n"
+                               "  hydractl migrate --slot 0 --to-slot 2 gpu0:9503 gpu1:9503",
                         formatter_class=argparse.RawDescriptionHelpFormatter)
-    mi.add_argument("--slot", type=int, required=True, metavar="S", help="slot on A")
+    mi.add_argument("--slot", type=int, metavar="S", help="slot on A (slot mode; without it: SESSION ENGINE)")
     mi.add_argument("--to-slot", type=int, metavar="T", help="slot on B (default: S)")
-    mi.add_argument("source", metavar="A", help="source engine's RPC port, host:port")
-    mi.add_argument("destination", metavar="B", help="destination engine's RPC port, host:port")
+    mi.add_argument("--url", metavar="URL", help="coordinator URL for SESSION ENGINE (default $HYDRA_COORDINATOR_URL "
+                                                  "or the local one)")
+    mi.add_argument("source", metavar="A|SESSION", help="source engine's RPC port host:port, or a session id")
+    mi.add_argument("destination", metavar="B|ENGINE", help="destination engine's RPC port host:port, or an engine name")
     mi.add_argument("--json", action="store_true", help="print the result as JSON")
     mi.set_defaults(func=cmd_migrate, rpc_timeout=60.0)
