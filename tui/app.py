@@ -43,6 +43,8 @@ NARROW_BELOW = 110  # columns: below, the Profiles pane gives its room to the ot
 
 DEFAULT_ADMIN = "http://127.0.0.1:9000"  # etc/hydra/dev/coordinator.yaml: http.port
 DEFAULT_EVENTS = "tcp://127.0.0.1:9501"  # etc/hydra/dev/coordinator.yaml: events
+# profile.progress repeats engine.progress for the engines a switch reloads; session.kept comes with every turn
+QUIET_TOPICS = frozenset({"profile.progress", "session.kept"})
 REFRESH_TOPICS = frozenset({"engine.up", "engine.down", "engine.stage", "route", "profile.engine", "profile.done"})
 
 
@@ -349,7 +351,7 @@ class HydraConsole(ProfileSwitching, App[None]):
                 routes.add_route(r)
                 if isinstance(engine, str):
                     pool.note(engine, ev.ts, f"route {short_req(r.req)} [{r.step}] {r.model or '-'}: {r.reason}")
-            elif ev.topic != "profile.progress":  # it repeats engine.progress for engines a switch reloads
+            elif ev.topic not in QUIET_TOPICS:
                 line = describe_event(ev.topic, ev.data)
                 log.add_event(ev.ts, ev.topic, line)
                 if isinstance(engine, str):

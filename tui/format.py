@@ -141,6 +141,14 @@ def describe_event(topic: str, data: dict[str, Any]) -> str:
         return f"profile {data.get('profile')} {ok}{tail}"
     if topic == "route":
         return describe_route_data(data)
+    if topic in ("session.moved", "session.restored"):
+        how = "moved to" if topic == "session.moved" else "restored from the store on"
+        dst = data.get("dst") or e
+        secs = data.get("seconds")
+        tail = f" in {secs * 1000:.0f} ms" if isinstance(secs, (int, float)) else ""
+        return f"session {data.get('session')} {how} {dst} (slot {data.get('slot')}, {data.get('tokens')} tokens){tail}"
+    if topic == "session.kept":
+        return f"session {data.get('session')} kept ({data.get('tokens')} tokens from {e})"
     return f"{topic} {data}"
 
 

@@ -174,6 +174,10 @@ def test_formatting() -> None:
     assert [fmt_age(a) for a in (None, 0.25, 42, 600, 9000)] == ["-", "0.2s", "42s", "10m", "2h"]
     assert describe_event("engine.down", {"engine": "a", "reason": "disconnected"}) == "a DOWN: disconnected"
     assert describe_event("profile.done", {"profile": "p", "ok": True, "seconds": 2.0}) == "profile p done in 2.0 s"
+    assert describe_event("session.moved", {"session": "s1", "dst": "b", "slot": 2, "tokens": 900, "seconds": 0.012}) \
+        == "session s1 moved to b (slot 2, 900 tokens) in 12 ms"
+    assert describe_event("session.restored", {"session": "s1", "engine": "a", "slot": 0, "tokens": 10}) \
+        == "session s1 restored from the store on a (slot 0, 10 tokens)"
     assert describe_event("engine.progress", {"engine": "a", "stage": "reloading", "progress": 0.5,
                                               "loading_model": "m"}) == "a reloading m 50%"
 
