@@ -352,7 +352,7 @@ def test_admin_route_explains_without_generating(pool: tuple[Up, str]) -> None:
     d = r.json()
     assert d["engine"] == "dev-b" and d["model"] == "gemma3-270m" and d["step"] == "cost"
     assert d["request"] == {"kind": "completion", "model": "gemma3-270m", "prompt_tokens": 1001, "max_tokens": 16,
-                            "session_id": "s-admin", "prefix_hash": None, "n_ctx": 8192}
+                            "session_id": "s-admin", "prefix_hash": None, "n_ctx": 8192, "stored_tokens": 0}
     assert [c["engine"] for c in d["candidates"]] == ["dev-b"]
     assert set(d["candidates"][0]) == {"engine", "cost_s", "wait_s", "load_s", "prefill_s", "warm"}
     assert d["rejected"]["dev-a"].startswith("filter: ")
