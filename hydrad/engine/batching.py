@@ -65,8 +65,17 @@ class _Active:
     n_gen: int = 0
     next_token: int = -1
     unsent: list[int] = field(default_factory=list)  # sampled, not yet turned into text (text_overlap)
+    ids: list[int] | None = None  # return_tokens: turned into text, not yet sent with a Token
     faulty: frozenset[str] = frozenset()  # fault-injection tests: stages at which this request fails
 
+
+
+def _take_ids(a: _Active) -> tuple[int, ...]:
+    """The token ids made into text since the last Token (none unless the request asked for them)."""
+    if not a.ids:
+        return ()
+    ids, a.ids = tuple(a.ids), []
+    return ids
 
 
 class Batching:
@@ -114,6 +123,13 @@ class Batching:
     def _tokenize(self, gen: Generation, request: GenRequest) -> list[int]:
         """A request's prompt tokens for ``gen`` (any thread: tokenizing only reads the vocabulary)."""
         params = self.params or gen.params
+        if request.prompt_ids is not None:
+            n_vocab = gen.model.n_vocab
+            bad = next((t for t in request.prompt_ids if not 0 <= t < n_vocab), None)
+            if bad is not None:
+                raise _RequestError(f"prompt: token {bad} is not in this model's vocabulary (0..{n_vocab - 1})",
+                                    400, "invalid_field")
+            return list(request.prompt_ids)
         if request.messages is not None:
             try:
                 tokens = gen.model.chat_tokens(request.messages, params.chat_template)
@@ -184,10 +200,11 @@ class Batching:
         if len(tokens) >= limit:
             raise _RequestError(f"the prompt has {len(tokens)} tokens; this engine's context holds {limit}",
                                 400, "context_length_exceeded")
-        slot = gen.slots[req.slot] if req.slot is not None else gen.pick_slot(tokens if params.cache_prompt else None,
+        cache = params.cache_prompt if req.cache_prompt is None else req.cache_prompt
+        slot = gen.slots[req.slot] if req.slot is not None else gen.pick_slot(tokens if cache else None,
                                                                               spare_tails=self.prefix.settings.share)
-        keep = gen.reuse_prefix(slot, tokens) if params.cache_prompt else gen.reset_slot(slot)
-        if params.cache_prompt:
+        keep = gen.reuse_prefix(slot, tokens) if cache else gen.reset_slot(slot)
+        if cache:
             keep = self.prefix.extend(gen, slot, tokens, keep, req.stored_prefix)  # type: ignore[arg-type]
         req.stored_prefix = None
         gen.ensure_room(len(tokens) - keep, exclude=slot)
@@ -221,7 +238,8 @@ class Batching:
             raise _RequestError(str(exc), 400, "invalid_stop") from None
         slot.active = _Active(handle=handle, prompt_len=len(tokens), cached=keep, pending=tokens[keep:],
                               max_tokens=max_tokens, sampler=sampler, detok=Utf8Detokenizer(),
-                              stopper=stopper, t_start=time.monotonic(), faulty=faulty)
+                              stopper=stopper, t_start=time.monotonic(), faulty=faulty,
+                              ids=[] if req.return_tokens else None)
         gen.n_active += 1
         self.stats.prompt_tokens_total += len(tokens) - keep
         self.stats.cached_tokens_total += keep
@@ -319,6 +337,8 @@ class Batching:
         for tok in tokens:
             if a.faulty:  # per token: no call unless a test armed this request
                 self._fault("detokenize", a.faulty)
+            if a.ids is not None:
+                a.ids.append(tok)
             text = a.detok.push(model.piece(tok))
             if not text:
                 continue
@@ -326,7 +346,7 @@ class Batching:
                 self._fault("stop", a.faulty)
             out, stopped = a.stopper.push(text)
             if out:
-                self._emit(a.handle, Token(out))
+                self._emit(a.handle, Token(out, _take_ids(a)))
             if stopped:
                 self._finish(gen, slot, "stop", flush=False)
                 return True
@@ -354,7 +374,7 @@ class Batching:
             out, stopped = a.stopper.push(tail) if tail else ("", False)
             out += "" if stopped else a.stopper.flush()
             if out:
-                self._emit(a.handle, Token(out))
+                self._emit(a.handle, Token(out, _take_ids(a)))
             if stopped:
                 reason = "stop"
         now = time.monotonic()
@@ -366,7 +386,8 @@ class Batching:
         self.prefix.prefill_seen(a.prompt_len - a.cached, t_first - a.t_start)
         self.stats.predicted_seconds_total += now - t_first
         self.stats.requests_finished_total += 1
-        self._emit(a.handle, Done(reason, usage, gen.tag, slot.id, len(slot.cache), tokens_digest(slot.cache)))
+        self._emit(a.handle, Done(reason, usage, gen.tag, slot.id, len(slot.cache), tokens_digest(slot.cache),
+                                  a.stopper.matched, _take_ids(a)))
         self._release(gen, slot)
 
     def _fault(self, stage: str, faulty: frozenset[str]) -> None:

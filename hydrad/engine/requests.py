@@ -49,6 +49,7 @@ class GenerationTag:
 @dataclass(frozen=True)
 class Token:
     text: str
+    ids: tuple[int, ...] = ()  # the tokens this text was made of, when the request asked (return_tokens)
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,8 @@ class Done:
     slot: int | None = None  # the slot that served it, whose KV now holds the turn...
     kv_tokens: int = 0  # ...this many tokens of it...
     kv_hash: str = ""  # ...with this digest (hydrad.wire.kvdigest), so a later reader can tell it is still there
+    stop_word: str | None = None  # the stop string that ended it, if one did
+    ids: tuple[int, ...] = ()  # generated tokens no Token carried yet (return_tokens)
 
 
 @dataclass(frozen=True)

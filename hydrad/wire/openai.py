@@ -192,6 +192,13 @@ def _constraint(req: _Common) -> str | None:
     return _response_format_grammar(extra["response_format"])
 
 
+def checked_sampling(req: _Common) -> SamplingOverrides:
+    """A validated request's sampling, once every field it cannot honour is refused by name and its
+    constraint fields are one checked grammar (shared with llama-server's native /completion)."""
+    _refuse_unsupported(req)
+    return dataclasses.replace(req.sampling(), grammar=_constraint(req))
+
+
 class ChatRequest(_Common):
     messages: list[dict[str, Any]]
 
@@ -227,8 +234,7 @@ def parse(kind: Literal["chat", "completion"], raw: bytes) -> tuple[_Common, Gen
     except ValidationError as exc:
         msg, names = validation_message(exc)
         raise ApiError(400, msg, "invalid_field", names[0] if names else None) from None
-    _refuse_unsupported(req)
-    sampling = dataclasses.replace(req.sampling(), grammar=_constraint(req))
+    sampling = checked_sampling(req)
     if isinstance(req, ChatRequest):
         if not req.messages:
             raise ApiError(400, "messages must not be empty", "invalid_field", "messages")

@@ -52,15 +52,19 @@ class SamplingOverrides:
 
 @dataclass
 class GenRequest:
-    """One generation: either a raw prompt (completions) or chat messages."""
+    """One generation: a raw prompt (completions), prompt token ids (llama-server's /completion) or
+    chat messages."""
 
     prompt: str | None = None
+    prompt_ids: list[int] | None = None  # the prompt as token ids, used as given (no BOS added)
     messages: list[dict[str, str]] | None = None
     max_tokens: int | None = None
     stop: list[str] = field(default_factory=list)
     sampling: SamplingOverrides = field(default_factory=SamplingOverrides)
     ignore_eos: bool = False  # generate exactly max_tokens (benchmarks); a llama-server extension
     slot: int | None = None  # pin to a slot (llama-server's id_slot), e.g. one restored from migrated KV
+    cache_prompt: bool | None = None  # reuse a slot's matching prefix; None: the engine's T1 cache_prompt
+    return_tokens: bool = False  # the generated token ids travel with the text (Token.ids, Done.ids)
     tokens: list[int] | None = None  # prompt tokens made off the engine thread (EngineCore.prepare) ...
     tokens_for: int | None = None  # ... for this generation id; another generation tokenizes again
     stored_prefix: object = None  # a prefix read from the Store off the engine thread (engine.prefixshare)

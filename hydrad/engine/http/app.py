@@ -4,8 +4,9 @@ Handlers only translate; configure semantics live in EngineControl and generatio
 engine core. Every failure a client can see is OpenAI error JSON, never a traceback.
 
 Each handler is a module-level function of the request alone; what it needs (settings, control,
-core) is the ``HttpContext`` on ``app.state.ctx``. Generation is in ``generation.py``, slot
-state in ``slotstate.py``, the Prometheus collector in ``metrics.py``.
+core) is the ``HttpContext`` on ``app.state.ctx``. Generation is in ``generation.py`` (llama-server's
+``/completion`` in ``completion.py``), slot state in ``slotstate.py``, the Prometheus collector in
+``metrics.py``.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from hydrad.common.logs import log_event
 from hydrad.engine.control import EngineControl
 from hydrad.engine.refusals import refusal
 from hydrad.engine.http import metrics, native
+from hydrad.engine.http.completion import completion
 from hydrad.engine.http.context import HttpContext, ctx_of
 from hydrad.engine.http.generation import chat, completions
 from hydrad.engine.http.slotstate import state_get, state_meta, state_put
@@ -210,6 +212,7 @@ ROUTES = [
     Route("/v1/models", models), Route("/models", models),
     Route("/v1/chat/completions", chat, methods=["POST"]), Route("/chat/completions", chat, methods=["POST"]),
     Route("/v1/completions", completions, methods=["POST"]), Route("/completions", completions, methods=["POST"]),
+    Route("/completion", completion, methods=["POST"]),
     Route("/tokenize", native.tokenize, methods=["POST"]), Route("/detokenize", native.detokenize, methods=["POST"]),
     Route("/apply-template", native.apply_template, methods=["POST"]), Route("/props", native.props),
     Route("/control/config", get_config), Route("/control/configure", configure, methods=["POST"]),

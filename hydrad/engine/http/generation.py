@@ -14,10 +14,11 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from hydrad.common.logs import log_event
 from hydrad.common.serving import until_disconnected
 from hydrad.engine.core import EngineCore, PromptTooLong
-from hydrad.engine.http.context import ctx_of
+from hydrad.engine.http.context import HttpContext, ctx_of
 from hydrad.engine.requests import Done, Failed, RequestHandle, Token
 from hydrad.wire import openai
 from hydrad.wire.openai import ApiError
+from hydrad.wire.requests import GenRequest
 
 log = logging.getLogger("hydrad.http")
 
@@ -36,19 +37,43 @@ async def generate(request: Request, kind: str) -> Response:
     t_arrival = time.monotonic()
     req, greq = openai.parse(kind, await ctx.body_of(request))
     model_id = ctx.check_serving(req)
+    handle, first, lag = await start(ctx, greq, "messages" if kind == "chat" else "prompt", t_arrival)
+    rid = openai.new_id(kind)
+    if handle.generation is not None:  # the generation that took the request, not the one asked at arrival
+        model_id = handle.generation.model
+    if req.stream:
+        return StreamingResponse(_stream(core, kind, rid, model_id, req, handle, first, lag),
+                                 media_type="text/event-stream", headers=SSE_HEADERS)
+    got = await gather(request, core, handle, first)
+    if got is None:
+        return Response(status_code=499)
+    tokens, ev = got
+    return JSONResponse(openai.full_response(
+        kind, rid, model_id, "".join(t.text for t in tokens), ev.finish_reason, ev.usage.openai(),
+        ev.generation.fingerprint, {**timings(ev), **lag}),
+        headers={"X-Hydra-Generation": ev.generation.fingerprint})
+
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+async def start(ctx: HttpContext, greq: GenRequest, prompt_field: str,
+                t_arrival: float) -> tuple[RequestHandle, Token | Done, dict[str, Any]]:
+    """Submit a parsed request and wait for its first event: the handle, that event, and where the
+    time to it went, server side (parsing and queueing, prefill, hand-over to the loop). A failure
+    before any token is raised as the ApiError it stands for."""
+    core = ctx.core
     try:
         await core.prepare(greq)
     except PromptTooLong as exc:
-        raise ApiError(400, str(exc), "context_length_exceeded", "messages" if kind == "chat" else "prompt") from None
+        raise ApiError(400, str(exc), "context_length_exceeded", prompt_field) from None
     handle = core.submit(greq)
-    rid = openai.new_id(kind)
     try:
         first = await handle.queue.get()
     except asyncio.CancelledError:
         core.cancel(handle)
         raise
     t_first_event = time.monotonic()
-    # where the time to first token went, server side: parsing and queueing, prefill, hand-over to the loop
     lag = {"server_ttft_ms": round((t_first_event - t_arrival) * 1000, 3),
            "first_token_handoff_ms": round((t_first_event - handle.t_first_token) * 1000, 3)
            if handle.t_first_token else None}
@@ -56,25 +81,23 @@ async def generate(request: Request, kind: str) -> Response:
         handle.finished = True
         raise ApiError(first.status, first.message, first.code,
                        headers={"Retry-After": "1"} if first.status == 503 else None)
-    if handle.generation is not None:  # the generation that took the request, not the one asked at arrival
-        model_id = handle.generation.model
-    if req.stream:
-        return StreamingResponse(_stream(core, kind, rid, model_id, req, handle, first, lag),
-                                 media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-    parts: list[str] = []
+    return handle, first, lag
+
+
+async def gather(request: Request, core: EngineCore, handle: RequestHandle,
+                 first: Any) -> tuple[list[Token], Done] | None:
+    """A non-streamed request's text events and its end; None when the client went away first
+    (then the request is cancelled: nobody would read what it generates)."""
+    tokens: list[Token] = []
     ev: Any = first
     gone = asyncio.ensure_future(until_disconnected(request))
     try:
         while True:
             if isinstance(ev, Token):
-                parts.append(ev.text)
+                tokens.append(ev)
             elif isinstance(ev, Done):
                 handle.finished = True
-                return JSONResponse(openai.full_response(
-                    kind, rid, model_id, "".join(parts), ev.finish_reason, ev.usage.openai(),
-                    ev.generation.fingerprint, {**timings(ev), **lag}),
-                    headers={"X-Hydra-Generation": ev.generation.fingerprint})
+                return tokens, ev
             elif isinstance(ev, Failed):
                 handle.finished = True
                 raise ApiError(ev.status, ev.message, ev.code)
@@ -84,7 +107,7 @@ async def generate(request: Request, kind: str) -> Response:
                 if not nxt.done():  # the client went away: stop generating for nobody
                     nxt.cancel()
                     log_event(log, logging.INFO, "client disconnected; request cancelled", req=handle.id)
-                    return Response(status_code=499)
+                    return None
                 ev = nxt.result()
             else:
                 ev = handle.queue.get_nowait()

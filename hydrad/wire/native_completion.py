@@ -1,0 +1,142 @@
+"""llama-server's native ``POST /completion``: its request fields and its answer shapes.
+
+Clients written for llama-server (its web UI, scripts, most "llama.cpp" integrations) speak this
+rather than OpenAI's completions. The request is read by the same model as ``/v1/completions``
+(:mod:`hydrad.wire.openai`: the same limits, the same refusal of fields the engine cannot honour,
+the same grammar checks) plus what only this endpoint has: a prompt given as token ids,
+``return_tokens`` and a per-request ``cache_prompt``. Both doors parse here, so a request the
+front door lets through is one the engine accepts.
+
+Deliberate differences from llama-server: one prompt per request (llama-server also takes a list
+of prompts, mixed tokens and strings, and multimodal objects); ``n_probs`` is refused until
+the engine computes probabilities; ``truncated`` is always false (the engine never shifts the
+context, it stops at its end, with ``stop_type`` ``limit``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from pydantic import ValidationError
+
+from hydrad.common import jsonbody
+from hydrad.common.params import validation_message
+from hydrad.wire.openai import INT32_MAX, ApiError, _Common, checked_sampling, sse
+from hydrad.wire.requests import GenRequest
+
+# llama-server's own fields that change what is generated or returned, which the engine does not
+# do: refused by name unless set to llama-server's default (the OpenAI list in openai.py covers
+# n_probs, mirostat, typical_p, DRY, XTC and the rest).
+_UNSUPPORTED: dict[str, tuple[Any, ...]] = {
+    "n_cmpl": (None, 1), "n_indent": (None, 0), "t_max_predict_ms": (None, 0), "min_keep": (None, 0),
+    "response_fields": (None, []), "return_progress": (None, False), "timings_per_token": (None, False),
+    "multimodal_data": (None, []),
+}
+
+
+class NativeCompletionRequest(_Common):
+    prompt: Any
+    cache_prompt: bool | None = None
+    return_tokens: bool = False
+
+    def limit(self) -> int | None:
+        """``n_predict: -1`` asks for "until end of generation or the context is full", not the
+        engine's default limit (which an absent ``n_predict`` gets)."""
+        if self.max_tokens is None and self.max_completion_tokens is None and self.n_predict == -1:
+            return INT32_MAX
+        return super().limit()
+
+
+def _is_id(value: Any) -> bool:
+    return type(value) is int and 0 <= value <= INT32_MAX
+
+
+def _prompt(value: Any, n_vocab: int | None) -> tuple[str | None, list[int] | None]:
+    """(text, token ids) of llama-server's prompt shapes this engine takes: a string, a list of
+    token ids, or a list holding one of those."""
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], (str, list)):
+        value = value[0]
+    if isinstance(value, str):
+        return value, None
+    if not isinstance(value, list) or not value:
+        raise ApiError(400, "prompt must be a string or a non-empty list of token ids", "invalid_field", "prompt")
+    if not all(_is_id(t) for t in value):
+        if any(isinstance(t, (str, list, dict)) for t in value):
+            raise ApiError(400, "prompt: one prompt per request, a string or a list of token ids (several prompts, "
+                           "mixed strings and tokens and multimodal objects are not supported)",
+                           "unsupported_field", "prompt")
+        raise ApiError(400, "prompt: token ids must be non-negative integers", "invalid_field", "prompt")
+    if n_vocab is not None:
+        bad = next((t for t in value if t >= n_vocab), None)
+        if bad is not None:
+            raise ApiError(400, f"prompt: token {bad} is not in this model's vocabulary (0..{n_vocab - 1})",
+                           "invalid_field", "prompt")
+    return None, list(value)
+
+
+def parse(raw: bytes, n_vocab: int | None = None) -> tuple[NativeCompletionRequest, GenRequest]:
+    """A /completion body as the request and its GenRequest; ApiError 400 naming the field.
+    ``n_vocab`` (the engine's, when it has a model) bounds token-id prompts here; the engine
+    thread checks them again against the model that takes the request."""
+    try:
+        data = jsonbody.loads(raw)
+    except jsonbody.BodyError as exc:
+        raise ApiError(400, str(exc), exc.code, exc.param) from None
+    if not isinstance(data, dict):
+        raise ApiError(400, "request body must be a JSON object", "invalid_json")
+    if "prompt" not in data:
+        raise ApiError(400, "prompt is required", "invalid_field", "prompt")
+    try:
+        req = NativeCompletionRequest(**data)
+    except ValidationError as exc:
+        msg, names = validation_message(exc)
+        raise ApiError(400, msg, "invalid_field", names[0] if names else None) from None
+    extra = req.model_extra or {}
+    bad = [k for k, neutral in _UNSUPPORTED.items() if k in extra and extra[k] not in neutral]
+    if bad:
+        raise ApiError(400, f"unsupported field(s) for this engine: {', '.join(bad)}", "unsupported_field", bad[0])
+    sampling = checked_sampling(req)
+    text, ids = _prompt(req.prompt, n_vocab)
+    gen = GenRequest(prompt=text, prompt_ids=ids, max_tokens=req.limit(), stop=req.stops(), sampling=sampling,
+                     ignore_eos=req.ignore_eos, slot=req.slot(), cache_prompt=req.cache_prompt,
+                     return_tokens=req.return_tokens or req.stream)
+    return req, gen
+
+
+def stop_type(finish_reason: str, stop_word: str | None) -> str:
+    """llama-server's ``stop_type`` for how a generation ended."""
+    if finish_reason == "length":
+        return "limit"
+    return "word" if stop_word else "eos"
+
+
+def generation_settings(req: NativeCompletionRequest, defaults: Mapping[str, Any], n_ctx: int | None,
+                        model: str) -> dict[str, Any]:
+    """The settings the request ran with (its own, else the engine's defaults), as llama-server
+    reports them; a subset: the sampling fields this engine has."""
+    s = req.sampling()
+    out = {name: getattr(s, name) if getattr(s, name) is not None else defaults.get(name)
+           for name in ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "seed")}
+    limit = req.limit()
+    out.update(n_ctx=n_ctx, n_predict=defaults.get("n_predict", -1) if limit is None else -1 if limit == INT32_MAX
+               else limit, repeat_last_n=defaults.get("repeat_last_n"), presence_penalty=s.presence_penalty,
+               frequency_penalty=s.frequency_penalty, stop=req.stops(), ignore_eos=req.ignore_eos, stream=req.stream,
+               n_probs=0, cache_prompt=defaults.get("cache_prompt") if req.cache_prompt is None else req.cache_prompt,
+               model=model)
+    return out
+
+
+def result(*, content: str, finish_reason: str, stop_word: str | None, tokens: list[int], prompt_tokens: int,
+           cached_tokens: int, predicted: int, timings: dict[str, Any], model: str, slot: int | None,
+           settings: dict[str, Any]) -> dict[str, Any]:
+    """The whole answer (non-streamed), or with ``content`` empty the last event of a stream."""
+    return {"index": 0, "content": content, "tokens": tokens, "id_slot": -1 if slot is None else slot, "stop": True,
+            "model": model, "tokens_predicted": predicted, "tokens_evaluated": prompt_tokens,
+            "generation_settings": settings, "has_new_line": "\n" in content, "truncated": False,
+            "stop_type": stop_type(finish_reason, stop_word), "stopping_word": stop_word or "",
+            "tokens_cached": cached_tokens, "timings": timings}
+
+
+def chunk(content: str, tokens: tuple[int, ...]) -> bytes:
+    """One streamed piece: llama-server sends only these fields until the end."""
+    return sse({"index": 0, "content": content, "tokens": list(tokens), "stop": False})
