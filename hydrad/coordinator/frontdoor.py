@@ -91,7 +91,8 @@ class FrontDoor:
         self._processes: dict[str, str] = {}
         self._changed = asyncio.Event()
         self.metrics = CoordinatorMetrics(bus)
-        self.native = NativeDoor(bus.engines, self.served, self._model)  # llama-server's /tokenize, /detokenize, /apply-template, forwarded
+        # llama-server's native endpoints, forwarded over HTTP (native.py says why /completion is too)
+        self.native = NativeDoor(bus.engines, self.served, self._model, settings)
         bus.listeners.append(self._on_engine)
 
     # ----- pool view -------------------------------------------------------------------
@@ -529,6 +530,11 @@ class FrontDoor:
     async def completions(self, request: Request) -> Response:
         return await self.generate(request, "completion")
 
+    async def native_completion(self, request: Request) -> Response:
+        if not self.admitting:
+            raise ApiError(503, "the coordinator is shutting down", "shutting_down", headers={"Retry-After": "5"})
+        return await self.native.completion(request)
+
     def routes(self) -> list[Route]:
         return [
             Route("/health", self.health), Route("/metrics", self.prom), Route("/v1/models", self.models), Route("/models", self.models),
@@ -536,6 +542,7 @@ class FrontDoor:
             Route("/chat/completions", self.chat, methods=["POST"]),
             Route("/v1/completions", self.completions, methods=["POST"]),
             Route("/completions", self.completions, methods=["POST"]),
+            Route("/completion", self.native_completion, methods=["POST"]),
             *(Route(path, self.native.forward, methods=["POST"]) for path in NATIVE_PATHS),
         ]
 

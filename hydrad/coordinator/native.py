@@ -1,37 +1,55 @@
-"""llama-server's ``/tokenize``, ``/detokenize`` and ``/apply-template`` at the front door.
+"""llama-server's native endpoints at the front door: ``/tokenize``, ``/detokenize``,
+``/apply-template`` and ``/completion``.
 
-They generate nothing, so they do not go over the bus as GENERATE does: the body is forwarded
-over HTTP to an engine that serves the model, and its answer (or its 4xx) comes back as is. A
-``model`` field picks the model (as in chat; llama-server has none, since it serves one model):
-without it the pool must serve exactly one model. The engine answers a field it does not know by
-name, so ``model`` is taken out before forwarding.
+The first three generate nothing, so they do not go over the bus as GENERATE does: the body is
+forwarded over HTTP to an engine that serves the model, and its answer (or its 4xx) comes back as
+is. A ``model`` field picks the model (as in chat; llama-server has none, since it serves one
+model): without it the pool must serve exactly one model. The engine answers a field it does not
+know by name, so ``model`` is taken out before forwarding.
+
+``/completion`` is forwarded the same way (its stream passed through as the engine writes it),
+after the front door has parsed it as the engine will (:mod:`hydrad.wire.native_completion`), so
+a bad field is refused here without touching an engine. Not over the bus: GENERATE, TOKENS and
+DONE carry text only, and this endpoint needs what they do not carry (a prompt of token ids, the
+generated ids of ``return_tokens``, the stopping word, a per-request ``cache_prompt``). The cost,
+until the bus carries them: the engine is the least busy one serving the model, without session
+affinity, on-demand loading or a retry elsewhere; a client that goes away still cancels the
+request on its engine (the forwarded connection closes).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
-from typing import Any, Callable
+from typing import Any, AsyncIterator, Callable
 
 import httpx
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 
 from hydrad.common import jsonbody
+from hydrad.coordinator.replies import disconnected
+from hydrad.wire import native_completion
 from hydrad.wire.openai import ApiError
 
 PATHS = ("/tokenize", "/detokenize", "/apply-template")
 TIMEOUT_S = 60.0
+GENERATION_S = 600.0
+"""Longest a whole non-streamed /completion may take past its first token (its engine sends
+nothing before the end, so no per-token bound applies)."""
 
 
 class NativeDoor:
     """``engines``: the bus's engine records by name; ``served``: model → engines serving it now;
-    ``model_of``: a request's ``model`` as the pool names it (ApiError 404 when unknown)."""
+    ``model_of``: a request's ``model`` as the pool names it (ApiError 404 when unknown);
+    ``settings``: the coordinator's, whose first-token and token timeouts bound a /completion."""
 
     def __init__(self, engines: dict[str, Any], served: Callable[[], dict[str, list[str]]],
-                 model_of: Callable[[str | None], str | None]) -> None:
+                 model_of: Callable[[str | None], str | None], settings: Any) -> None:
         self.engines = engines
         self.served = served
         self.model_of = model_of
+        self.settings = settings
         self._client: httpx.AsyncClient | None = None
 
     def _engine_url(self, model_field: object) -> str:
@@ -52,25 +70,90 @@ class NativeDoor:
             raise ApiError(503, f"engine {rec.name} has no HTTP address", "no_engine")
         return f"http://{rec.info.http}"
 
-    async def forward(self, request: Request) -> Response:
-        raw = await request.body()
+    @staticmethod
+    def _body(raw: bytes, path: str) -> dict[str, Any]:
         try:
-            body = jsonbody.loads_object(raw, f"{request.url.path} body")
+            return jsonbody.loads_object(raw, f"{path} body")
         except jsonbody.BodyError as exc:
             raise ApiError(400, str(exc), exc.code, exc.param) from None
-        base = self._engine_url(body.pop("model", None))
+
+    @staticmethod
+    def _headers(request: Request) -> dict[str, str]:
+        headers = {"Content-Type": "application/json"}
+        if "authorization" in request.headers:  # a pool with one API key: the engine asks for it too
+            headers["Authorization"] = request.headers["authorization"]
+        return headers
+
+    @property
+    def client(self) -> httpx.AsyncClient:
         if self._client is None:
             self._client = httpx.AsyncClient(timeout=TIMEOUT_S)
+        return self._client
+
+    async def forward(self, request: Request) -> Response:
+        body = self._body(await request.body(), request.url.path)
+        base = self._engine_url(body.pop("model", None))
         try:
-            headers = {"Content-Type": "application/json"}
-            if "authorization" in request.headers:  # a pool with one API key: the engine asks for it too
-                headers["Authorization"] = request.headers["authorization"]
-            r = await self._client.post(base + request.url.path, content=json.dumps(body).encode(), headers=headers)
+            r = await self.client.post(base + request.url.path, content=json.dumps(body).encode(),
+                                       headers=self._headers(request))
         except httpx.HTTPError as exc:
-            raise ApiError(502, f"the engine did not answer ({type(exc).__name__})", "engine_unreachable",
-                           headers={"Retry-After": "1"}) from None
+            raise _unreachable(exc) from None
         return Response(r.content, status_code=r.status_code, media_type="application/json")
+
+    async def completion(self, request: Request) -> Response:
+        """``POST /completion``: checked here, generated on an engine serving the model."""
+        raw = await request.body()
+        req, _ = native_completion.parse(raw)
+        body = self._body(raw, request.url.path)
+        base = self._engine_url(body.pop("model", None))
+        first, between = self.settings.first_token_timeout_s, self.settings.token_timeout_s
+        timeout = httpx.Timeout(TIMEOUT_S, read=max(first, between) if req.stream else first + GENERATION_S)
+        sent = self.client.build_request("POST", base + "/completion", content=json.dumps(body).encode(),
+                                         headers=self._headers(request), timeout=timeout)
+        answer = asyncio.ensure_future(self._answer(sent, req.stream))
+        gone = asyncio.ensure_future(disconnected(request))
+        try:
+            await asyncio.wait({answer, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+        if not answer.done():  # the client went away: closing the connection cancels it on the engine
+            answer.cancel()
+            return Response(status_code=499)
+        return answer.result()
+
+    async def _answer(self, sent: httpx.Request, stream: bool) -> Response:
+        try:
+            r = await self.client.send(sent, stream=True)
+        except httpx.HTTPError as exc:
+            raise _unreachable(exc) from None
+        ctype = r.headers.get("content-type", "application/json")
+        passed = {k: v for k, v in r.headers.items() if k.lower().startswith("x-hydra-")}
+        if stream and r.status_code == 200 and ctype.startswith("text/event-stream"):
+            passed.update({"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            return StreamingResponse(self._relay(r), media_type="text/event-stream", headers=passed)
+        try:
+            content = await r.aread()
+        except httpx.HTTPError as exc:
+            raise _unreachable(exc) from None
+        finally:
+            await r.aclose()
+        return Response(content, status_code=r.status_code, media_type=ctype, headers=passed)
+
+    async def _relay(self, r: httpx.Response) -> AsyncIterator[bytes]:
+        """The engine's events as they come; a stream the engine breaks off ends with an error event."""
+        try:
+            async for piece in r.aiter_raw():
+                yield piece
+        except httpx.HTTPError as exc:
+            yield b"data: " + json.dumps(_unreachable(exc).body()).encode() + b"\n\n"
+        finally:
+            await r.aclose()
 
     async def close(self) -> None:
         if self._client is not None:
             await self._client.aclose()
+
+
+def _unreachable(exc: httpx.HTTPError) -> ApiError:
+    return ApiError(502, f"the engine did not answer ({type(exc).__name__})", "engine_unreachable",
+                    headers={"Retry-After": "1"})

@@ -3,6 +3,7 @@ an engine serving the model, the engine's own answers (and refusals) coming back
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -54,6 +55,38 @@ def test_native_endpoints_through_the_front_door(pool: tuple[Coordinator, Engine
     assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_json"
 
 
+def test_native_completion_through_the_front_door(pool: tuple[Coordinator, Engine]) -> None:
+    """/completion forwarded to the engine: the engine's answer, whole or streamed, with token-id
+    prompts and return_tokens; bad fields refused at the front door by name, before any engine."""
+    c, e = pool
+    body = {"prompt": "1, 2, 3, 4,", "n_predict": 12, "temperature": 0, "return_tokens": True}
+    direct = e.http.post("/completion", json=body).json()
+    via = c.http.post("/completion", json={**body, "model": "smollm2-135m"})
+    assert via.status_code == 200, via.text
+    got = via.json()
+    assert got["content"] == direct["content"] and got["tokens"] == direct["tokens"] and got["stop"] is True
+    assert got["stop_type"] == "limit" and got["model"] == "smollm2-135m" and got["tokens_predicted"] == 12
+    assert via.headers.get("x-hydra-generation")
+    cut = c.http.post("/completion", json={**body, "stop": ["7"]}).json()
+    assert cut["stop_type"] == "word" and cut["stopping_word"] == "7" and "7" not in cut["content"]
+    ids = e.http.post("/tokenize", json={"content": "1, 2, 3, 4,", "add_special": True}).json()["tokens"]
+    by_ids = c.http.post("/completion", json={**body, "prompt": ids}).json()
+    assert by_ids["content"] == direct["content"]
+    with c.http.stream("POST", "/completion", json={**body, "stream": True}) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        raw = r.read().decode()
+    evs = [json.loads(b[len("data: "):]) for b in raw.split("\n\n") if b.strip()]
+    assert evs[-1]["stop"] is True and all(ev["stop"] is False for ev in evs[:-1])
+    assert "".join(ev["content"] for ev in evs) == direct["content"]
+    for bad, field, status in (({"prompt": [-1]}, "prompt", 400), ({"prompt": "x", "n_probs": 2}, "n_probs", 400),
+                               ({"prompt": "x", "temperature": "hot"}, "temperature", 400),
+                               ({"prompt": [10**6]}, "prompt", 400),  # past the vocabulary: the engine's refusal
+                               ({"prompt": "x", "model": "nope"}, "model", 404), ({}, "prompt", 400)):
+        r = c.http.post("/completion", json=bad)
+        assert r.status_code == status and r.json()["error"]["param"] == field, (bad, r.text)
+    assert e.http.get("/livez").status_code == 200
+
+
 def test_one_api_key_for_the_pool(tmp_path: Path, smollm_path: Path, start_engine: Callable[..., Engine]) -> None:
     """HYDRA_API_KEY on the coordinator and its engine: inference at either door needs the key, the
     front door forwards the client's key to the engine, health and the control surfaces do not ask."""
@@ -73,6 +106,9 @@ def test_one_api_key_for_the_pool(tmp_path: Path, smollm_path: Path, start_engin
             assert http.get("/health").status_code == 200
         assert c.http.post("/tokenize", json={"content": "x"}).status_code == 401
         assert c.http.post("/tokenize", json={"content": "x"}, headers=auth).status_code == 200  # forwarded with it
+        native = {"prompt": "Hi", "n_predict": 2}
+        assert c.http.post("/completion", json=native).status_code == 401
+        assert c.http.post("/completion", json=native, headers=auth).status_code == 200
         assert e.http.get("/control/config").status_code == 200  # the engine's own credentials (none here)
     finally:
         c.stop()
