@@ -3,14 +3,15 @@
 Shared by the property tests (``tests/property/test_doors.py``) and the long-run fuzzer
 (``scripts/fuzz_doors.py``). Three parts:
 
-- **strategies**: request bodies over every field the parser reads for ``/v1/chat/completions``
-  and ``/v1/completions`` (plus the ones it refuses and unknown extras), built as *a valid body
+- **strategies**: request bodies over every field the parser reads for ``/v1/chat/completions``,
+  ``/v1/completions`` and llama-server's ``/completion`` (plus the ones it refuses and unknown extras), built as *a valid body
   with 0-2 fields replaced by hostile values*, so that most examples reach the engine and the
   hostile ones still cover every field; raw bodies (invalid JSON, deep nesting, bad UTF-8,
   numbers past every limit); and a strategy of huge generation limits;
 - **exchange**: send one body to a door with a total deadline and classify what came back;
 - **the invariant**: the answer is a 2xx with a well-formed OpenAI body (or SSE stream ending in
-  ``data: [DONE]``) or a 4xx/503 with OpenAI error JSON; afterwards every engine is alive, no
+  ``data: [DONE]``; for ``/completion`` llama-server's body, or a stream ending in an event with
+  ``stop: true``) or a 4xx/503 with OpenAI error JSON; afterwards every engine is alive, no
   slot is busy and nothing is queued, the coordinator counts no request in flight, and a normal
   request is served.
 
@@ -42,6 +43,8 @@ MODEL_NAMES = [MODEL, "SmolLM2-135M-Instruct.Q4_1.gguf", "SmolLM2-135M-Instruct.
 ROLES = ["system", "user", "assistant", "developer", "tool"]
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
+NATIVE = "/completion"
+N_VOCAB = 49152  # SmolLM2's: token-id prompts are drawn on both sides of it
 
 
 # ----- values ------------------------------------------------------------------------------
@@ -216,6 +219,8 @@ VALID: dict[str, st.SearchStrategy[Any]] = {
     "logit_bias": st.one_of(st.none(), st.just({})),
     "session_id": st.one_of(short_text, st.none(), st.just(""), text),
     "cache_prompt": st.booleans(),
+    "return_tokens": st.booleans(),
+    "n_probs": st.one_of(st.none(), st.just(0)),
 }
 HOSTILE: dict[str, st.SearchStrategy[Any]] = {
     "model": any_json,
@@ -238,7 +243,22 @@ HOSTILE: dict[str, st.SearchStrategy[Any]] = {
     "logit_bias": st.one_of(st.dictionaries(st.integers(0, 60000).map(str), numbers, min_size=1, max_size=3), any_json),
     "stream_options": any_json,
     "id_slot": st.one_of(st.integers(max_value=-2), st.integers(2, 64), any_json),
+    "return_tokens": any_json,
+    "cache_prompt": any_json,
+    "n_probs": st.one_of(st.integers(1, 20), any_json),
 }
+# /completion's prompt: a string, token ids (some past the vocabulary, negative or huge), or one of
+# those in a list; and what it refuses (several prompts, mixed, multimodal objects).
+token_ids = st.lists(st.integers(0, N_VOCAB - 1), min_size=1, max_size=24)
+valid_native_prompt = st.one_of(text, token_ids, st.lists(text, min_size=1, max_size=1), token_ids.map(lambda t: [t]))
+hostile_native_prompt = st.one_of(
+    st.lists(st.one_of(st.integers(-5, N_VOCAB + 5), st.sampled_from(HUGE_INTS), st.booleans(), st.floats()),
+             min_size=0, max_size=12),
+    st.lists(st.one_of(st.integers(0, 100), short_text), min_size=2, max_size=4),
+    st.lists(token_ids, min_size=2, max_size=3),
+    st.fixed_dictionaries({"prompt_string": short_text}, optional={"multimodal_data": st.lists(short_text, max_size=2)}),
+    any_json,
+)
 FIELDS = sorted(set(VALID) | set(HOSTILE) | {"max_tokens"})
 REFUSED = ["functions", "function_call", "best_of", "echo", "suffix", "parallel_tool_calls", "audio", "modalities",
            "prediction", "reasoning_effort", "metadata", "store", "service_tier"]
@@ -274,11 +294,13 @@ def encode(obj: Any) -> bytes:
 
 @st.composite
 def bodies(draw: st.DrawFn, kind: str) -> Case:
-    """A body for ``kind`` ("chat" or "completion"): valid fields (each present or not), max_tokens
-    small, then 0-2 fields replaced by hostile values (none in half the bodies), unknown fields included."""
+    """A body for ``kind`` ("chat", "completion" or "native", llama-server's /completion): valid
+    fields (each present or not), max_tokens small (llama-server reads it as n_predict), then 0-2
+    fields replaced by hostile values (none in half the bodies), unknown fields included."""
     base: dict[str, Any] = {"max_tokens": st.integers(0, SMALL_LIMIT)}
     base["messages" if kind == "chat" else "prompt"] = (
-        valid_messages if kind == "chat" else st.one_of(text, st.lists(text, min_size=1, max_size=1)))
+        valid_messages if kind == "chat" else valid_native_prompt if kind == "native"
+        else st.one_of(text, st.lists(text, min_size=1, max_size=1)))
     body: dict[str, Any] = draw(st.fixed_dictionaries(base, optional=VALID))
     for _ in range(draw(st.sampled_from([0, 0, 1, 2]))):  # half the bodies have no hostile field
         name = draw(st.sampled_from(FIELDS + ["prompt" if kind == "chat" else "messages", "<refused>", "<unknown>"]))
@@ -286,13 +308,15 @@ def bodies(draw: st.DrawFn, kind: str) -> Case:
             body[draw(st.sampled_from(REFUSED))] = draw(any_json)
         elif name == "<unknown>":
             body[draw(short_text)] = draw(any_json)
+        elif name == "prompt" and kind == "native":
+            body[name] = draw(hostile_native_prompt)
         else:
             body[name] = draw(HOSTILE.get(name, any_json))
     if kind == "completion" and isinstance(body.get("prompt"), list) and draw(st.booleans()):
         body["prompt"] = draw(st.lists(text, min_size=0, max_size=3))
     raw = encode(body)
     assume(len(raw) <= MAX_BODY)  # rare: two long strings
-    return Case(CHAT if kind == "chat" else COMPLETIONS, raw, draw(headers))
+    return Case({"chat": CHAT, "completion": COMPLETIONS}.get(kind, NATIVE), raw, draw(headers))
 
 
 def _nest(depth: int, inner: str = "1") -> str:
@@ -341,7 +365,7 @@ CONTENT_TYPES = [None, "application/json", "text/plain", "application/x-www-form
 @st.composite
 def raw_bodies(draw: st.DrawFn) -> Case:
     """Bodies that are not what the parser expects at the byte level."""
-    path = draw(st.sampled_from([CHAT, COMPLETIONS]))
+    path = draw(st.sampled_from([CHAT, COMPLETIONS, NATIVE]))
     choice = draw(st.integers(0, 2))
     if choice == 0:
         body, note = draw(st.binary(max_size=256)), "random bytes"
@@ -350,7 +374,8 @@ def raw_bodies(draw: st.DrawFn) -> Case:
         body, note = inner, "any JSON value"
     else:
         body, note = draw(st.sampled_from(RAW_BODIES))
-        path = raw_path(body) or path
+        if path != NATIVE or b'"messages"' in body:  # a prompt body is llama-server's too
+            path = raw_path(body) or path
     hdr = dict(draw(headers))
     ctype = draw(st.sampled_from(CONTENT_TYPES))
     hdr["Content-Type"] = ctype or ""  # "": no Content-Type header at all
@@ -455,7 +480,61 @@ def _check_usage(usage: Any) -> str | None:
     return None
 
 
+STOP_TYPES = ("eos", "limit", "word")
+
+
+def _check_native(obj: Any) -> str | None:
+    """llama-server's /completion answer, or the last event of its stream."""
+    if not isinstance(obj, dict):
+        return f"2xx body is not an object: {str(obj)[:300]}"
+    for key, kind in (("content", str), ("tokens", list), ("stop_type", str), ("stopping_word", str),
+                      ("tokens_predicted", int), ("tokens_evaluated", int), ("tokens_cached", int), ("model", str),
+                      ("id_slot", int), ("timings", dict), ("generation_settings", dict), ("truncated", bool)):
+        if not isinstance(obj.get(key), kind) or isinstance(obj.get(key), bool) != (kind is bool):
+            return f"/completion answer lacks {key} ({kind.__name__}): {str(obj)[:300]}"
+    if obj.get("stop") is not True or obj["stop_type"] not in STOP_TYPES:
+        return f"/completion answer has stop={obj.get('stop')!r} stop_type={obj['stop_type']!r}"
+    if not all(type(t) is int for t in obj["tokens"]):
+        return f"/completion tokens are not token ids: {str(obj['tokens'])[:300]}"
+    if min(obj["tokens_predicted"], obj["tokens_evaluated"], obj["tokens_cached"]) < 0:
+        return f"/completion counts are negative: {str(obj)[:300]}"
+    return None
+
+
+def _check_native_stream(events: list[str]) -> Violation | None:
+    """Data events of content pieces (``stop: false``), then one with ``stop: true`` or an error; no [DONE]."""
+    for i, ev in enumerate(events):
+        if ev.startswith(":"):
+            continue
+        if not ev.startswith("data: "):
+            return MalformedStream(f"event {i} is not a data line: {ev[:200]!r}")
+        try:
+            obj = _strict_json(ev[len("data: "):])
+        except ValueError as exc:
+            return MalformedStream(f"event {i} is not JSON ({exc}): {ev[:200]!r}")
+        last = i == len(events) - 1
+        if isinstance(obj, dict) and "error" in obj:
+            problem = _check_error_json(obj, f"stream event {i}")
+            if problem:
+                return MalformedStream(problem)
+            if obj["error"].get("type") == "server_error":
+                return ServerError(f"stream ended with a server error: {ev[:400]}")
+            if not last:
+                return MalformedStream(f"error event {i} is not the last of {len(events)}")
+            return None
+        if not isinstance(obj, dict) or not isinstance(obj.get("content"), str) or not isinstance(obj.get("tokens"), list):
+            return MalformedStream(f"event {i} is not a /completion piece: {ev[:300]}")
+        if obj.get("stop") is not last:
+            return MalformedStream(f"event {i} of {len(events)} has stop={obj.get('stop')!r}")
+        if last:
+            problem = _check_native(obj)
+            return MalformedStream(problem) if problem else None
+    return MalformedStream("stream ends without an event with stop: true or an error event")
+
+
 def _check_completion(obj: Any, path: str) -> str | None:
+    if path == NATIVE:
+        return _check_native(obj)
     chat = path == CHAT
     if not isinstance(obj, dict):
         return f"2xx body is not an object: {str(obj)[:300]}"
@@ -483,6 +562,8 @@ def _check_stream(data: bytes, path: str) -> Violation | None:
         text_ = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         return MalformedStream(f"stream is not UTF-8: {exc}")
+    if path == NATIVE:
+        return _check_native_stream([e for e in text_.split("\n\n") if e.strip()])
     if not text_.endswith("data: [DONE]\n\n"):
         return MalformedStream(f"stream does not end with 'data: [DONE]': ...{text_[-300:]!r}")
     events = [e for e in text_.split("\n\n") if e.strip()]

@@ -2,12 +2,13 @@
 over every request field, with hostile values, through real processes on the real model.
 
 The invariant (``tests/property/doors.py``): a 2xx with a well-formed OpenAI body or SSE stream
-ending in ``data: [DONE]``, or a 4xx/503 with OpenAI error JSON; never a 500, a hang or a dropped
+ending in ``data: [DONE]`` (llama-server's shapes for its native ``/completion``), or a 4xx/503
+with OpenAI error JSON; never a 500, a hang or a dropped
 connection; afterwards every engine alive, no slot busy, nothing queued, nothing in flight at
 the coordinator, and a normal request served.
 
 ``HYDRA_PROPERTY_EXAMPLES`` sets the examples per door (default 150, shared out between the
-tests below as 40/25/20/15 %); ``scripts/fuzz_doors.py`` is the long run.
+tests below as 40/25/20/15 %, and 15 % more for ``/completion``); ``scripts/fuzz_doors.py`` is the long run.
 """
 
 from __future__ import annotations
@@ -52,6 +53,22 @@ def test_chat_completions_any_body(door: Door, case: doors.Case) -> None:
 @share(0.25)
 @given(case=doors.bodies("completion"))
 def test_completions_any_body(door: Door, case: doors.Case) -> None:
+    kept(door, case, door.check(case))
+
+
+@share(0.15)
+@given(case=doors.bodies("native"))
+def test_native_completion_any_body(door: Door, case: doors.Case) -> None:
+    kept(door, case, door.check(case))
+
+
+NATIVE_RAW = [(body, note) for body, note in doors.RAW_BODIES if b'"prompt"' in body]
+
+
+@pytest.mark.parametrize("body,note", NATIVE_RAW, ids=[n for _, n in NATIVE_RAW])
+def test_each_known_hostile_body_at_completion(door: Door, body: bytes, note: str) -> None:
+    """The fixed hostile bodies that carry a prompt, at llama-server's /completion."""
+    case = doors.Case(doors.NATIVE, body, {}, note)
     kept(door, case, door.check(case))
 
 
@@ -152,3 +169,15 @@ def test_the_strategies_reach_the_engine(door: Door) -> None:
     out = door.check(case)
     kept(door, case, out)
     assert out.status == 200 and out.kind == "sse"
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_the_native_strategies_reach_the_engine(door: Door, stream: bool) -> None:
+    """The same guard for /completion: a token-id prompt with the fields llama-server clients send is
+    served, whole and streamed, in llama-server's shape (checked by the invariant)."""
+    body = {"prompt": [1, 504, 3458, 314], "n_predict": 3, "stream": stream, "return_tokens": True,
+            "cache_prompt": False, "n_probs": 0, "stop": ["\n\n"], "temperature": 0, "id_slot": -1}
+    case = doors.Case(doors.NATIVE, json.dumps(body).encode(), {})
+    out = door.check(case)
+    kept(door, case, out)
+    assert out.status == 200 and out.kind == ("sse" if stream else "json"), out
