@@ -29,6 +29,7 @@ import contextlib
 import logging
 import re
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -44,16 +45,20 @@ from hydrad.coordinator.metrics import CONTENT_TYPE, CoordinatorMetrics
 from hydrad.coordinator.native import PATHS as NATIVE_PATHS, NativeDoor
 from hydrad.coordinator.replies import Lost, Turn, collect, disconnected, relay
 from hydrad.coordinator.sessions import SessionKeeper
+from hydrad.coordinator.kvmove import TransferMeter, stream_slot
+from hydrad.coordinator.pdsplit import SplitPlan, TransferRates, plan_split
 from hydrad.coordinator.routing import (
     Decision, EngineView, ModelSpec, RouteRequest, route,
 )
 from hydrad.coordinator.switcher import LoadFailed, ProfileSwitcher
-from hydrad.wire.requests import GenRequest
+from hydrad.wire.requests import GenRequest, SamplingOverrides
+from hydrad.wire.rpcclient import RpcError
 from hydrad.wire.stages import INCOMING_STAGES, SERVING_STAGES
 from hydrad.wire import openai
 from hydrad.wire.openai import ApiError
 from hydrad.common.logs import log_event
 from hydrad.common.registry import Registry
+from hydrad.common.tokenfile import read_token
 
 log = logging.getLogger("hydra.coordinator")
 
@@ -84,6 +89,9 @@ class FrontDoor:
         self.registry = registry
         self.affinity = affinity or Affinity()
         self.sessions = sessions  # keeps sessions' KV in the Store (None: sessions.keep is off)
+        self.meter = TransferMeter()  # engine-to-engine KV transfers, for the split's plans
+        token_file = settings.sessions.engine_token_file
+        self.engine_token = read_token(token_file) if token_file else None
         self.specs = {alias: ModelSpec.from_entry(alias, e) for alias, e in registry.entries.items()}
         self.admitting = True
         self._models: dict[str, str | None] = {}
@@ -144,7 +152,7 @@ class FrontDoor:
                 slots_busy=busy, slots_total=total, queued=queued, max_queue=st.max_queue,
                 vram_total=vram_total, vram_free=vram_free,
                 gpu_arch=gpu.arch, prefill_tps=st.prefill_tps, decode_tps=st.decode_tps, load_seconds=st.load_seconds,
-                sessions=sessions, cached_prefixes=prefixes, role=st.role))
+                sessions=sessions, cached_prefixes=prefixes, role=st.role, kv_family=st.kv_family))
         return out
 
     def _pair_vram(self, rec: EngineRecord, peers: tuple[str, ...]) -> tuple[int, int]:
@@ -338,6 +346,12 @@ class FrontDoor:
             try:
                 await self._ensure(engine, served)
                 msg.slot = await self._restore(session, engine)
+                split = None
+                if msg.slot is None and attempt == 1 and self.settings.pd_split:
+                    split, _ = self._plan(rr, decision)
+                    if split is not None:
+                        msg.slot = await self._split(split, greq, rid)
+                        split = split if msg.slot is not None else None
                 stream = self.bus.generate(engine, msg)
                 t_sent = time.monotonic()
             except RequestUnsendable as exc:  # the request's fault: the same on every engine
@@ -370,6 +384,8 @@ class FrontDoor:
             if isinstance(first, M.Error):  # the request's own fault: the same answer anywhere
                 raise ApiError(first.status, first.message, first.code)
             headers = {"X-Hydra-Engine": engine, "X-Hydra-Route": decision.step}
+            if split is not None:
+                headers.update({"X-Hydra-Route": "split", "X-Hydra-Prefill-Engine": split.prefill})
             if session:
                 headers["X-Session-Id"] = session
             turn = Turn(kind=kind, rid=rid, model=served or "", engine=engine, session=session,
@@ -388,6 +404,65 @@ class FrontDoor:
                           else "request failed again", req=rid, engine=engine, error=str(exc))
         raise ApiError(503, "the request failed twice: " + "; then ".join(failures), "engine_failed",
                        headers={"Retry-After": "1"})
+
+    # ----- the prefill/decode split -------------------------------------------------------------
+
+    def _plan(self, rr: RouteRequest, decision: Decision) -> tuple[SplitPlan | None, str]:
+        return plan_split(rr, decision, self.views(rr.session_id, rr.prefix_hash, rr.model), self.specs,
+                          TransferRates.of(self.meter))
+
+    async def _split(self, plan: SplitPlan, greq: GenRequest, rid: str) -> int | None:
+        """Run the plan's first half: the prefill engine computes the prompt's KV (one greedy token, which
+        is thrown away), the KV streams into an idle slot of the decode engine, and that slot is returned
+        for the request to be pinned to. None when any of it fails: the decode engine then prefills the
+        prompt itself, so the split can make a request slower, never fail it."""
+        src, dst = self.bus.engines.get(plan.prefill), self.bus.engines.get(plan.decode)
+        if src is None or dst is None or not src.info.rpc or not dst.info.rpc:
+            return None
+        t0 = time.monotonic()
+        first = replace(greq, max_tokens=1, stop=[], sampling=SamplingOverrides(temperature=0.0), ignore_eos=False,
+                        return_tokens=False, slot=None)
+        done: M.Done | None = None
+        why = ""
+        try:
+            stream = self.bus.generate(plan.prefill, _generate_message(self.bus.new_id("gen"), first, plan.prefill_model))
+        except (RequestUnsendable, EngineUnreachable) as exc:
+            stream, why = None, str(exc)
+        try:
+            while stream is not None:
+                ev = await stream.next(self.settings.first_token_timeout_s)
+                if isinstance(ev, M.Done):
+                    done = ev
+                    break
+                if ev is None or isinstance(ev, (M.Error, EngineLost)):
+                    why = getattr(ev, "message", None) or getattr(ev, "reason", None) or "no answer in time"
+                    break
+        finally:
+            if stream is not None:
+                self.bus.cancel(stream)
+        prefill_s = time.monotonic() - t0
+        moved = None
+        if done is not None and done.slot is not None:
+            try:
+                moved = await asyncio.get_running_loop().run_in_executor(
+                    None, stream_slot, src.info.rpc, done.slot, dst.info.rpc, self.engine_token,
+                    self.settings.sessions.io_timeout_s, done.kv_hash)
+            except (OSError, RpcError, ValueError) as exc:
+                why = f"the KV did not move: {exc}"
+            else:
+                why = why or "the prefill slot was taken by another request, or the decode engine has no idle slot"
+        if moved is None:
+            log_event(log, logging.WARNING, "split abandoned; the decode engine prefills", req=rid,
+                      prefill=plan.prefill, decode=plan.decode, error=why)
+            self.bus.publish("split", req=rid, ok=False, error=why, **plan.public())
+            return None
+        self.meter.record(moved, dst.status.kv_family)
+        log_event(log, logging.INFO, "split", req=rid, prefill=plan.prefill, decode=plan.decode, tokens=moved.n_tokens,
+                  bytes=moved.n_bytes, prefill_s=round(prefill_s, 4), transfer_s=round(moved.seconds, 4))
+        self.bus.publish("split", req=rid, ok=True, slot=moved.slot, tokens=moved.n_tokens,
+                         measured_prefill_s=round(prefill_s, 4),
+                         measured_transfer_s=round(moved.seconds, 4), **plan.public())
+        return moved.slot
 
     def route_request(self, greq: GenRequest, model: str | None, session: str | None) -> RouteRequest:
         """What routing is told about a parsed request (also what ``POST /admin/route`` explains)."""
@@ -410,6 +485,9 @@ class FrontDoor:
                           "max_tokens": rr.max_tokens, "session_id": rr.session_id, "prefix_hash": rr.prefix_hash,
                           "n_ctx": rr.n_ctx, "stored_tokens": rr.stored_tokens}
         out["loading"] = self._loading(decision.model, set())  # a request with no engine would wait for these
+        plan, why = self._plan(rr, decision) if self.settings.pd_split else (None, "pd_split is off")
+        out["split"] = {"plan": plan.public() if plan is not None else None, "reason": why,
+                        "transfers": self.meter.public()}
         return out
 
     def _session(self, req: openai._Common, request: Request) -> str | None:
@@ -453,16 +531,17 @@ class FrontDoor:
                            f"stage {rec.status.stage})", "incompatible", "engine")
         if self.affinity.engine_of(session) == engine:
             return {"session": session, "engine": engine, "moved": False, "why": "already there"}
-        moved = await self.sessions.move(session, engine)
-        if moved is None:
+        moved: Any = await self.sessions.move(session, engine)
+        if moved is not None:
+            self.meter.record(moved, rec.status.kv_family)
+            how = "engine"
+        else:
             restored = await self.sessions.restore(session, engine)  # its KV left its slot: from the Store
             if restored is None:
                 raise ApiError(409, f"session {session!r} could not be moved to {engine} (no idle slot, or its "
                                "KV is gone from its engine and the Store)", "not_moved")
             self.sessions.pin(session, engine, restored.slot)
             moved, how = restored, "store"
-        else:
-            how = "engine"
         self.affinity.record(engine, session, None, None)
         return {"session": session, "engine": engine, "moved": True, "from": how, "slot": moved.slot,
                 "n_tokens": moved.n_tokens, "seconds": round(moved.seconds, 6)}
@@ -481,7 +560,9 @@ class FrontDoor:
                              key=lambda r: (self.bus.inflight(r.name), r.heard_load(), r.name))
             if not targets:
                 continue
-            if await self.sessions.move(session, targets[0].name) is not None:
+            moved_kv = await self.sessions.move(session, targets[0].name)
+            if moved_kv is not None:
+                self.meter.record(moved_kv, targets[0].status.kv_family)
                 self.affinity.record(targets[0].name, session, None, None)
                 moved += 1
         if moved:

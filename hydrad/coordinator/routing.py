@@ -52,6 +52,7 @@ class EngineView:
     sessions: frozenset[str] = frozenset()  # session ids whose KV this engine holds
     cached_prefixes: frozenset[str] = frozenset()  # prefix hashes it holds (optional)
     role: str = "solo"  # COMBINE role the engine reports: solo | head | peer | head+peer
+    kv_family: str | None = None  # the served model's KV family: sibling quants share it (pdsplit)
 
     @property
     def lends_only(self) -> bool:
@@ -148,7 +149,10 @@ class RoutingPolicy:
     disk_bytes_per_s: float = 2e9  # model load speed assumed when nothing was measured
     unknown_load_s: float = 30.0  # load time charged when the model's size is unknown too
     warm_uncached_tokens: int = 256  # a warm engine still prefills the new turn; its length is unknown
-    restore_bytes_per_s: float = 1e9  # Store → engine restore speed (read, verify, STATE_PUT), as measured on tmpfs
+    restore_bytes_per_s: float = 1e9  # Store → engine restore speed (read, verify, STATE_PUT), as measured on tmpfs;
+    # also engine → engine KV transfers until the pool has measured its own (kvmove.TransferMeter)
+    split_round_trip_s: float = 0.005  # the prefill/decode split's extra GENERATE → DONE on the bus
+    transfer_fixed_s: float = 0.05  # an engine → engine KV transfer's fixed part, until the pool measured its own
     vram_reserve_bytes: int = 512 << 20  # CUDA context and compute buffers beside weights + KV
     load_on_demand: bool = True  # an engine that has the model on disk but serves another may load it
 

@@ -40,6 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from hydrad.common.logs import log_event
 from hydrad.common.tokenfile import read_token
+from hydrad.coordinator.kvmove import Moved, stream_slot
 from hydrad.coordinator.records import EngineRecord
 from hydrad.store import Store, StoreError, StoreSettings
 from hydrad.store.files import atomic_write
@@ -306,7 +307,7 @@ class SessionKeeper:
         kept = self._index.get(session)
         return kept.model if kept is not None else None
 
-    async def move(self, session: str, dst: str) -> Restored | None:
+    async def move(self, session: str, dst: str) -> Moved | None:
         """Stream the session's KV from the slot it was left in straight into an idle slot of ``dst``
         (merged ports, no Store in between), checked against the turn's digest; the next turn on
         ``dst`` is pinned to that slot (:meth:`pinned`). None when the KV is no longer there."""
@@ -334,22 +335,9 @@ class SessionKeeper:
                      seconds=round(moved.seconds, 4))
         return moved
 
-    def _move(self, src: str, kept: Kept, dst: str) -> Restored | None:
-        t0 = time.monotonic()
-        with RpcClient(src, self.token, timeout=self.settings.io_timeout_s) as a, \
-                RpcClient(dst, self.token, timeout=self.settings.io_timeout_s) as b:
-            slots = b.info().get("slots") or []
-            idle = sorted((s for s in slots if not s.get("busy")), key=lambda s: (s.get("n_tokens") or 0, s["id"]))
-            if not idle:
-                return None
-            st = a.state_get(int(kept.slot))  # type: ignore[arg-type]
-            tokens = st.meta.get("tokens") or []
-            if tokens_digest(tokens) != kept.kv_hash:
-                for _ in st.chunks:  # drain the stream: the slot has moved on to another request
-                    pass
-                return None
-            r = b.state_put(int(idle[0]["id"]), st.meta, st.chunks)
-        return Restored(int(r.get("slot", idle[0]["id"])), int(r.get("n_tokens", len(tokens))), time.monotonic() - t0)
+    def _move(self, src: str, kept: Kept, dst: str) -> Moved | None:
+        return stream_slot(src, int(kept.slot), dst, self.token, self.settings.io_timeout_s,  # type: ignore[arg-type]
+                           digest=kept.kv_hash)
 
     def pin(self, session: str, engine: str, slot: int) -> None:
         """The session's next turn on ``engine`` goes to ``slot`` (where its KV was just put)."""

@@ -61,6 +61,10 @@ class CoordinatorSettings(BaseModel):
     token_timeout_s: float = Field(60.0, gt=0, description="Longest silence between two events of a streaming request.")
     load_timeout_s: float = Field(600.0, gt=0, description="Longest wait for a model load (profile switch or on-demand).")
     configure_timeout_s: float = Field(30.0, gt=0, description="Longest wait for an engine to answer CONFIGURE.")
+    pd_split: bool = Field(True, description="Let one engine prefill a request and another (serving the model or a "
+                                             "sibling quant of it) decode it, when the measured speeds say that is "
+                                             "faster than any single engine (docs/routing.md). The transfer uses "
+                                             "sessions.engine_token_file.")
     load_on_demand: bool = Field(True, description="Let routing load a model on an engine that has it on disk but serves another.")
     drain_timeout_s: float = Field(30.0, gt=0, description="On SIGTERM, how long in-flight requests may run.")
     state_dir: Path | None = Field(None, description="Directory of the state file (<name>.state.json: the active profile, kept across restarts); default $STATE_DIRECTORY (systemd's StateDirectory=, /var/lib/hydra) when set, else ~/.local/state/hydra.")

@@ -201,8 +201,9 @@ class Batching:
             raise _RequestError(f"the prompt has {len(tokens)} tokens; this engine's context holds {limit}",
                                 400, "context_length_exceeded")
         cache = params.cache_prompt if req.cache_prompt is None else req.cache_prompt
-        slot = gen.slots[req.slot] if req.slot is not None else gen.pick_slot(tokens if cache else None,
-                                                                              spare_tails=self.prefix.settings.share)
+        slot = gen.slots[req.slot] if req.slot is not None else gen.pick_slot(
+            tokens if cache else None,
+            spare_tails=self.prefix.settings.min_tokens if self.prefix.settings.share else 0)
         keep = gen.reuse_prefix(slot, tokens) if cache else gen.reset_slot(slot)
         if cache:
             keep = self.prefix.extend(gen, slot, tokens, keep, req.stored_prefix)  # type: ignore[arg-type]

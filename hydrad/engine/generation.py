@@ -53,6 +53,18 @@ def file_fingerprint(path: Path) -> str:
     return h.hexdigest()[:32]
 
 
+def kv_family(info: llama.ModelInfo, path: Path) -> str:
+    """What sibling quants of one model share and other models do not: the KV layout (architecture,
+    layers, width, KV heads) and the vocabulary. KV state moves between two engines of one family
+    even when their weights are quantized differently, as SWAP_QUANT moves it inside one engine."""
+    try:
+        vocab = gguf_meta.vocab_digest(path)
+    except (OSError, gguf_meta.GgufError):
+        vocab = f"unread:{file_fingerprint(path)}"  # never matches another file: only same-file moves
+    layout = f"{info.arch}|{info.n_layer}|{info.n_embd}|{info.n_head_kv}|{info.n_vocab}|{vocab}"
+    return hashlib.sha256(layout.encode()).hexdigest()[:24]
+
+
 SPARE_TAIL = 4  # tokens past a shared prefix that still count as the same conversation (its last reply re-tokenized)
 
 
@@ -82,6 +94,7 @@ class Generation:
         # llama_decode only queues work on a GPU (reading the logits waits for it); on a CPU it computes
         self.asynchronous = params.n_gpu_layers != 0 and any(d.kind in ("gpu", "igpu") for d in ggml.devices())
         self.fingerprint = ""
+        self.family = ""  # kv_family(): the same for sibling quants of one model
         self.placement: Placement | None = None  # devices, peers and overrides, when not llama.cpp's defaults
         self.watch: PeerWatch | None = None  # the watch of the placement's peers, while installed
         self.abandoned = False  # a peer died: never free (freeing talks to it, and llama.cpp aborts)
@@ -95,10 +108,11 @@ class Generation:
     # ----- KV state of a slot (engine thread only) ---------------------------------------
 
     def identity(self) -> dict[str, Any]:
-        """What must match for KV state to be portable between two engines."""
+        """What must match for KV state to be portable between two engines: the same file
+        (fingerprint), or a sibling quant of it (family: same layout and vocabulary)."""
         info = self.model.info
         return {"arch": info.arch, "n_layer": info.n_layer, "n_embd": info.n_embd, "n_head_kv": info.n_head_kv,
-                "n_vocab": info.n_vocab, "fingerprint": self.fingerprint, "desc": info.desc}
+                "n_vocab": info.n_vocab, "fingerprint": self.fingerprint, "family": self.family, "desc": info.desc}
 
     def state_meta(self, slot: Slot, n_bytes: int) -> dict[str, Any]:
         return {"format": STATE_FORMAT, "model": self.identity(), "model_id": self.resolved.id,
@@ -111,10 +125,17 @@ class Generation:
         if not isinstance(meta, dict) or meta.get("format") != STATE_FORMAT:
             return f"not a {STATE_FORMAT} state (format={meta.get('format') if isinstance(meta, dict) else None!r})"
         mine, theirs = self.identity(), meta.get("model") or {}
-        for key in ("arch", "n_layer", "n_embd", "n_head_kv", "n_vocab", "fingerprint"):
+        if not isinstance(theirs, dict):
+            return "meta.model must be an object"
+        for key in ("arch", "n_layer", "n_embd", "n_head_kv", "n_vocab"):
             if theirs.get(key) != mine[key]:
                 return (f"state is from another model: {key} is {theirs.get(key)!r}, this engine has {mine[key]!r} "
                         f"({self.resolved.id})")
+        if theirs.get("fingerprint") != mine["fingerprint"] and theirs.get("family") != mine["family"]:
+            return (f"state is from another model: neither the same file (fingerprint {theirs.get('fingerprint')!r}, "
+                    f"this engine has {mine['fingerprint']!r}) nor a sibling quant of it (family "
+                    f"{theirs.get('family')!r}, this engine has {mine['family']!r}: layout and vocabulary differ) "
+                    f"({self.resolved.id})")
         for key in ("cache_type_k", "cache_type_v"):
             if meta.get(key) != getattr(self.params, key):
                 return f"{key} differs: state has {meta.get(key)!r}, this engine uses {getattr(self.params, key)!r}"
@@ -177,7 +198,7 @@ class Generation:
     def free_slot_exists(self) -> bool:
         return self.n_active < len(self.slots)
 
-    def pick_slot(self, tokens: list[int] | None, spare_tails: bool = False) -> Slot:
+    def pick_slot(self, tokens: list[int] | None, spare_tails: int = 0) -> Slot:
         """The free slot sharing the longest prefix with ``tokens``; otherwise the least recently used.
 
         Foreign slots (restored from an untrusted STATE_PUT) never count as sharing a prefix: their
@@ -186,16 +207,18 @@ class Generation:
         used), it is emptied first, so ``reuse_prefix`` finds nothing to reuse. A request pinned to
         the slot (id_slot) does not come through here and may build on it.
 
-        ``spare_tails`` (prefix sharing on): when the best slot holds another conversation past the
-        shared prefix (more than :data:`SPARE_TAIL` tokens of it), an empty slot is taken instead and
-        the shared prefix is copied into it (``prefixshare``), so sessions sharing a system prompt do
-        not drop each other's KV while slots are free."""
+        ``spare_tails`` (prefix sharing on: its ``min_tokens``, 0 when off): when the best slot holds
+        another conversation past a shared prefix of at least that many tokens (more than
+        :data:`SPARE_TAIL` tokens past it), an empty slot is taken instead and the shared prefix is
+        copied into it (``prefixshare``), so sessions sharing a system prompt do not drop each other's
+        KV while slots are free. A shorter shared prefix would not be copied, so the best slot is
+        reused as usual rather than prefilling from nothing."""
         free = [s for s in self.slots if s.active is None]
         if tokens:
             best = max(free, key=lambda s: (0 if s.foreign else common_prefix(s.cache, tokens), -s.last_used))
             shared = 0 if best.foreign else common_prefix(best.cache, tokens)
             if shared > 0:
-                if spare_tails and len(best.cache) - shared > SPARE_TAIL:
+                if spare_tails and shared >= spare_tails and len(best.cache) - shared > SPARE_TAIL:
                     empty = [s for s in free if not s.cache]
                     if empty:
                         return empty[0]
@@ -322,6 +345,7 @@ def build_generation(resolved: ResolvedModel, params: RuntimeParams, progress: C
     gen = Generation(gen_id, resolved, params, model, ctx, 0.0)
     gen.placement = placement
     gen.fingerprint = file_fingerprint(resolved.path)
+    gen.family = kv_family(model.info, resolved.path)
     try:
         on_warming()
         gen.warmup()

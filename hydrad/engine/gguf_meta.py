@@ -8,6 +8,7 @@ header (the vocabulary arrays are skipped by their lengths), not a second model 
 
 from __future__ import annotations
 
+import hashlib
 import struct
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -37,6 +38,7 @@ def _string(f: BinaryIO) -> bytes:
 
 
 def _value(f: BinaryIO, vtype: int) -> Any:
+    """A scalar or string value; arrays are skipped (None), the file left just past the value."""
     if vtype in _SCALAR:
         fmt = _SCALAR[vtype]
         (v,) = struct.unpack(fmt, _read(f, struct.calcsize(fmt)))
@@ -77,6 +79,36 @@ def metadata(path: Path, keys: set[str] | None = None) -> dict[str, Any]:
             if value is not None and (keys is None or key in keys):
                 out[key] = value
     return out
+
+
+def vocab_digest(path: Path) -> str:
+    """A digest of the vocabulary as the file stores it (the tokenizer model, its pre-tokenizer and
+    the raw bytes of the token list): two quants of one model have the same, so KV computed from the
+    token ids of one means the same on the other. The token list is hashed in place, not decoded."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        if _read(f, 4) != b"GGUF":
+            raise GgufError(f"{path} is not a GGUF file")
+        (version,) = struct.unpack("<I", _read(f, 4))
+        if version < 2:
+            raise GgufError(f"GGUF version {version}")
+        _n_tensors, n_kv = struct.unpack("<QQ", _read(f, 16))
+        if n_kv > MAX_KV:
+            raise GgufError(f"{n_kv} header values")
+        for _ in range(n_kv):
+            key = _string(f).decode("utf-8", "replace")
+            (vtype,) = struct.unpack("<I", _read(f, 4))
+            start = f.tell()
+            value = _value(f, vtype)
+            if key in _VOCAB_KEYS:
+                end = f.tell()
+                f.seek(start)
+                h.update(key.encode() + b"=" + _read(f, end - start))
+            del value
+    return h.hexdigest()[:32]
+
+
+_VOCAB_KEYS = {"tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.tokens"}
 
 
 def block_count(path: Path) -> int:

@@ -102,6 +102,9 @@ def sibling_problem(old: Generation, new: Generation) -> str | None:
         if a[key] != b[key]:
             return (f"'{new.resolved.id}' is not a sibling quant of '{old.resolved.id}': {key} {b[key]!r} != {a[key]!r}; "
                     "the current model keeps serving")
+    if a["family"] != b["family"]:
+        return (f"'{new.resolved.id}' is not a sibling quant of '{old.resolved.id}': same layout but another vocabulary; "
+                "the current model keeps serving")
     if (old.params.cache_type_k, old.params.cache_type_v) != (new.params.cache_type_k, new.params.cache_type_v):
         return "KV cache types differ between the two generations; the current model keeps serving"
     return None

@@ -39,6 +39,7 @@ class ModelSummary:
     n_ctx_train: int
     n_vocab: int
     fingerprint: str  # the model file's
+    family: str  # the KV family: the same for sibling quants (generation.kv_family)
     generation: str  # the generation's (model + context parameters)
     loaded_at: float
     n_ctx: int
@@ -50,7 +51,7 @@ class ModelSummary:
         info = gen.model.info
         return cls(id=gen.resolved.id, path=info.path, arch=info.arch, desc=info.desc, n_params=info.n_params,
                    size_bytes=info.size_bytes, n_layer=info.n_layer, n_embd=info.n_embd, n_head_kv=info.n_head_kv,
-                   n_ctx_train=info.n_ctx_train, n_vocab=info.n_vocab, fingerprint=gen.fingerprint,
+                   n_ctx_train=info.n_ctx_train, n_vocab=info.n_vocab, fingerprint=gen.fingerprint, family=gen.family,
                    generation=gen.tag.fingerprint, loaded_at=gen.loaded_at, n_ctx=gen.ctx.n_ctx,
                    n_parallel=len(gen.slots),
                    placement=gen.placement.public() if gen.placement is not None else None)

@@ -63,6 +63,9 @@ class EngineStatus(BaseModel):
     stage: str = Field("starting", max_length=32)
     model: str | None = Field(None, max_length=512, description="Alias (or file stem) of the model being served.")
     generation: str | None = Field(None, max_length=128, description="Fingerprint of the serving generation.")
+    kv_family: str | None = Field(None, max_length=64, description="The served model's KV family: engines serving "
+                                                                   "sibling quants of one model share it, and KV "
+                                                                   "state moves between them.")
     mode: str = Field("solo", max_length=16, description="solo | combine (as the engine itself reports it).")
     role: str = Field("solo", max_length=16, description="solo | head | peer | head+peer.")
     peers: list[Annotated[str, StringConstraints(max_length=300)]] = Field(

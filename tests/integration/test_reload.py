@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
 import signal
 import threading
 import time
@@ -159,22 +158,6 @@ def test_t2_change_carries_slot_kv(smollm_engine: Engine) -> None:
     assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == n - 1
     r = e.configure(n_ctx=256)  # too small for the slot: dropped, with the count reported
     assert r.json()["dropped"] == 1 and r.json()["carried"] == 0
-
-
-@pytest.fixture
-def smollm_q8(smollm_path: Path, tmp_path: Path) -> Path:
-    """A sibling quant of SmolLM2 made with llama.cpp's own quantizer (Q4_1 → Q8_0)."""
-    from hydrad.engine import llama
-
-    C = llama.lib()
-    out = tmp_path / "SmolLM2-135M-Instruct.Q8_0.gguf"
-    qp = C.llama_model_quantize_default_params()
-    qp.ftype = 7  # LLAMA_FTYPE_MOSTLY_Q8_0
-    qp.allow_requantize = True
-    qp.nthread = 2
-    rc = C.llama_model_quantize(str(smollm_path).encode(), str(out).encode(), ctypes.byref(qp))
-    assert rc == 0 and out.stat().st_size > 0
-    return out
 
 
 def test_swap_quant_keeps_sessions(smollm_q8: Path, gemma_path: Path, start_engine: Callable[..., Engine]) -> None:

@@ -259,8 +259,6 @@ def test_combine_peer_killed_mid_compute_head_comes_back(sandbox: Sandbox) -> No
     auth = "Authorization: Bearer $(cat /etc/hydra/engine.token)"
     body = {"messages": [{"role": "user", "content": "Count from one to one hundred in words."}],
             "max_tokens": 600, "temperature": 0, "ignore_eos": True}
-    status, text = sb.http("POST", f"{B_URL}/v1/chat/completions", body, timeout=300)
-    reference = json.loads(_answer(status, text) and text)["choices"][0]["message"]["content"]
 
     def configure(payload: dict) -> dict:
         out = sb.run("sh", "-c", f"curl -sS -X POST -H \"{auth}\" -H 'Content-Type: application/json' "
@@ -272,6 +270,11 @@ def test_combine_peer_killed_mid_compute_head_comes_back(sandbox: Sandbox) -> No
     assert done.get("load", {}).get("phase") == "done", done
     health = json.loads(sb.http("GET", f"{B_URL}/health")[1])
     assert health["role"] == "head" and health["peers"] == [peer], health
+    # the reference is the split's own answer: half the layers run on the peer's backend, whose kernels
+    # may round differently, so over 600 tokens the split's greedy text can part from SOLO's (how far
+    # the stream gets before the kill depends on the machine's speed)
+    status, text = sb.http("POST", f"{B_URL}/v1/chat/completions", body, timeout=300)
+    reference = json.loads(_answer(status, text) and text)["choices"][0]["message"]["content"]
     before = sb.show("hydrad@b", "MainPID", "NRestarts")
 
     streamed: list[str] = []

@@ -276,7 +276,8 @@ class EngineLink:
             last_error = last_error or "the engine thread died"
         pair = self.core.pairing.view(snap)
         return M.EngineStatus(
-            stage=stage, model=snap.model_id, generation=snap.generation, mode=pair["mode"], role=pair["role"],
+            stage=stage, model=snap.model_id, generation=snap.generation,
+            kv_family=snap.model.family if snap.model is not None else None, mode=pair["mode"], role=pair["role"],
             peers=pair["peers"][:8], serving=[b["peer"] for b in pair["serving"]][:8],
             progress=min(1.0, max(0.0, progress)) if progress is not None else None,
             load_id=snap.load_id, loading_model=snap.loading_model,

@@ -9,6 +9,7 @@ from typing import Any
 
 from hydrad.cli.ctl.coordinator import _plain, format_engines
 from hydrad.coordinator.frontdoor import FrontDoor
+from hydrad.coordinator.settings import CoordinatorSettings
 from hydrad.coordinator.records import EngineRecord, Pair, pairs
 from hydrad.coordinator.routing import EngineView, ModelSpec, RouteRequest, route
 from hydrad.wire import messages as M
@@ -123,7 +124,7 @@ def test_hydractl_engines_mode_column() -> None:
 def _front(es: dict[str, EngineRecord]) -> FrontDoor:
     bus = SimpleNamespace(engines=es, listeners=[], inflight=lambda name: 0, inflight_total=lambda: 0)
     switcher = SimpleNamespace(locked=lambda name: False, placed=lambda name: (False, None))
-    settings = SimpleNamespace(load_on_demand=True)
+    settings = CoordinatorSettings(load_on_demand=True)
     return FrontDoor(settings, bus, switcher, SimpleNamespace(entries={}))  # type: ignore[arg-type]
 
 
