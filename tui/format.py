@@ -147,6 +147,15 @@ def describe_event(topic: str, data: dict[str, Any]) -> str:
         secs = data.get("seconds")
         tail = f" in {secs * 1000:.0f} ms" if isinstance(secs, (int, float)) else ""
         return f"session {data.get('session')} {how} {dst} (slot {data.get('slot')}, {data.get('tokens')} tokens){tail}"
+    if topic == "split":
+        pre, dec = data.get("prefill"), data.get("decode")
+        if not data.get("ok"):
+            return f"{data.get('req')} split {pre} → {dec} abandoned ({data.get('error')}); {dec} prefills"
+        pf, tf = data.get("measured_prefill_s"), data.get("measured_transfer_s")
+        took = (f": prefill {pf * 1000:.0f} ms, transfer {tf * 1000:.0f} ms"
+                if isinstance(pf, (int, float)) and isinstance(tf, (int, float)) else "")
+        return (f"{data.get('req')} split: {pre} prefilled {data.get('tokens')} tokens, {dec} decodes{took} "
+                f"(planned {data.get('total_s')} s against {data.get('single_s')} s on {data.get('single')})")
     if topic == "session.kept":
         return f"session {data.get('session')} kept ({data.get('tokens')} tokens from {e})"
     return f"{topic} {data}"

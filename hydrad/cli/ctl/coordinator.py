@@ -250,6 +250,20 @@ def format_route(d: dict[str, Any]) -> str:
     lines += [f"  {n:<{width}}  {why}" for n, why in rejected.items()]
     if d.get("engine") is None and d.get("loading"):
         lines.append(f"a request now would wait for {', '.join(d['loading'])}, which is loading {d.get('model')}")
+    split = d.get("split") or {}
+    if split:
+        plan = split.get("plan")
+        lines.append(f"split      {'yes' if plan else 'no'}: {split.get('reason') or '-'}")
+        if plan:
+            lines.append(f"  prefill {plan.get('prefill')} ({plan.get('prefill_model')}) {float(plan.get('prefill_s') or 0):.4f} s"
+                         f" + transfer {float(plan.get('transfer_s') or 0):.4f} s ({plan.get('kv_bytes')} bytes)"
+                         f" + decode {plan.get('decode')} {float(plan.get('decode_s') or 0):.4f} s"
+                         f" = {float(plan.get('total_s') or 0):.4f} s; {plan.get('single')} alone"
+                         f" {float(plan.get('single_s') or 0):.4f} s")
+        t = split.get("transfers") or {}
+        if t.get("transfers"):
+            lines.append(f"  transfers measured: {t.get('transfers')}, {float(t.get('bytes_per_s') or 0) / 1e6:.0f} MB/s"
+                         f" + {float(t.get('fixed_s') or 0) * 1000:.1f} ms each")
     return "\n".join(lines)
 
 

@@ -18,6 +18,21 @@ def test_route_explain_lists_candidates_and_rejections() -> None:
     assert "  b  dead" in text
 
 
+def test_route_explain_shows_the_split_plan_or_why_not() -> None:
+    base = {"engine": "slow", "model": "m", "step": "cost", "reason": "cheapest", "candidates": [], "rejected": {}}
+    text = format_route({**base, "split": {"reason": "fast prefills, slow decodes", "transfers": {
+        "transfers": 3, "bytes_per_s": 2.5e9, "fixed_s": 0.0123}, "plan": {
+        "prefill": "fast", "prefill_model": "m-q8", "decode": "slow", "prefill_s": 1.0, "transfer_s": 0.05,
+        "decode_s": 1.3, "total_s": 2.35, "single": "slow", "single_s": 21.3, "kv_bytes": 92160000}}})
+    assert "split      yes: fast prefills, slow decodes" in text
+    assert ("prefill fast (m-q8) 1.0000 s + transfer 0.0500 s (92160000 bytes) + decode slow 1.3000 s = 2.3500 s; "
+            "slow alone 21.3000 s") in text
+    assert "transfers measured: 3, 2500 MB/s + 12.3 ms each" in text
+    text = format_route({**base, "split": {"plan": None, "reason": "slow has not measured its speeds yet",
+                                           "transfers": {"transfers": 0}}})
+    assert "split      no: slow has not measured its speeds yet" in text and "transfers measured" not in text
+
+
 def test_engines_and_profile_tables() -> None:
     engines = format_engines({"profile": "dev", "engines": [
         {"name": "a", "alive": True, "stage": "loading_model", "progress": 0.5, "model": "x", "loading_model": "y",

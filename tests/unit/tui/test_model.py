@@ -178,6 +178,14 @@ def test_formatting() -> None:
         == "session s1 moved to b (slot 2, 900 tokens) in 12 ms"
     assert describe_event("session.restored", {"session": "s1", "engine": "a", "slot": 0, "tokens": 10}) \
         == "session s1 restored from the store on a (slot 0, 10 tokens)"
+    assert describe_event("split", {"req": "cmpl-1", "ok": True, "prefill": "fast", "decode": "slow", "tokens": 900,
+                                    "measured_prefill_s": 0.5, "measured_transfer_s": 0.02, "total_s": 1.2,
+                                    "single_s": 3.4, "single": "slow"}) \
+        == ("cmpl-1 split: fast prefilled 900 tokens, slow decodes: prefill 500 ms, transfer 20 ms "
+            "(planned 1.2 s against 3.4 s on slow)")
+    assert describe_event("split", {"req": "cmpl-2", "ok": False, "prefill": "fast", "decode": "slow",
+                                    "error": "no idle slot"}) \
+        == "cmpl-2 split fast → slow abandoned (no idle slot); slow prefills"
     assert describe_event("engine.progress", {"engine": "a", "stage": "reloading", "progress": 0.5,
                                               "loading_model": "m"}) == "a reloading m 50%"
 
