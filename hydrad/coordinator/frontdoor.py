@@ -577,8 +577,21 @@ class FrontDoor:
         pinned = self.sessions.pinned(session, engine)
         if pinned is not None:
             return pinned
-        if not self.sessions.has(session) or self.affinity.engine_of(session) == engine:
+        home = self.affinity.engine_of(session)
+        if not self.sessions.has(session) or home == engine:
             return None
+        src = self.bus.engines.get(home) if home is not None else None
+        if src is not None and src.alive and src.status.stage == "ready":
+            # routing passed over the engine holding the session (its wait was too long): move the KV
+            # from there, engine to engine, rather than reading the last kept turn from the Store
+            moved = await self.sessions.move(session, engine)
+            if moved is not None:
+                dst = self.bus.engines.get(engine)
+                self.meter.record(moved, dst.status.kv_family if dst is not None else None)
+                self.sessions.pinned(session, engine)  # this turn takes the slot now
+                log_event(log, logging.INFO, "session moved off a busy engine", session=session, src=home,
+                          dst=engine)
+                return moved.slot
         restored = await self.sessions.restore(session, engine)  # type: ignore[arg-type]
         return restored.slot if restored is not None else None
 

@@ -10,6 +10,7 @@ import asyncio
 import json
 import os
 import signal
+import threading
 from pathlib import Path
 from typing import Any, Callable
 
@@ -253,3 +254,52 @@ def test_hydractl_migrate_moves_a_session_by_hand(cluster: Callable[..., Cluster
     assert nowhere.status_code == 404 and nowhere.json()["error"]["param"] == "engine"
     bad = c.http.post("/admin/sessions/move", content=b"[1, 2")
     assert bad.status_code == 400
+
+
+BUSY_PROFILES = {"profiles": {"pair": {"engines": {n: {"model": "smollm2-135m", "params": {"n_parallel": 2, "n_ctx": 4096}}
+                                                   for n in ("dev-a", "dev-b")}}},
+                 "default": "pair"}
+
+
+def test_a_session_whose_engine_is_overloaded_moves_to_the_idle_one(cluster: Callable[..., Cluster]) -> None:
+    """The engine holding a session has a queue of long requests (sent to it directly, pinned to its other
+    slot, so the session's KV stays): routing passes it over, and the coordinator moves the session's KV
+    to the idle engine over the merged ports (not from the Store) before the turn runs there."""
+    cl = cluster(profiles=BUSY_PROFILES)
+    c = cl.c
+    c.wait_serving({"dev-a": "smollm2-135m", "dev-b": "smollm2-135m"})
+    conv = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Item 5?"}]
+    r1 = chat(c, "smollm2-135m", "", messages=conv, max_tokens=8, session="s-busy")
+    assert r1.status_code == 200, r1.text
+    home = r1.headers["x-hydra-engine"]
+    other = "dev-b" if home == "dev-a" else "dev-a"
+    eventually(lambda: sessions(cl)["kept"] >= 1, 30, "the turn kept", context=c.log)
+    engine = cl.engines[home]
+    held = [s["id"] for s in engine.http.get("/slots").json() if s.get("n_tokens")]
+    assert len(held) == 1, engine.http.get("/slots").json()
+    spare = 1 - held[0]
+    answers: list[int] = []
+
+    def busy() -> None:
+        r = engine.http.post("/v1/completions", json={"prompt": "Count: one, two,", "max_tokens": 48, "ignore_eos": True,
+                                                      "temperature": 0, "id_slot": spare}, timeout=300)
+        answers.append(r.status_code)
+
+    threads = [threading.Thread(target=busy) for _ in range(6)]
+    for t in threads:
+        t.start()
+    try:
+        c.wait_engines(lambda es: es[home]["queued"] >= 3, 30, what=f"{home} queueing")
+        r2 = chat(c, "smollm2-135m", "", messages=next_turn(conv, r1.json(), "Item 6?"), max_tokens=256,
+                  session="s-busy")
+        assert r2.status_code == 200, r2.text
+        assert r2.headers["x-hydra-engine"] == other, (r2.headers, c.log()[-3000:])
+        assert r2.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= r1.json()["usage"]["prompt_tokens"]
+        moved = c.events.wait("session.moved", lambda ev: ev["data"]["session"] == "s-busy")
+        assert moved["data"]["dst"] == other
+        st = sessions(cl)
+        assert st["moved"] == 1 and st["restored"] == 0, st
+    finally:
+        for t in threads:
+            t.join(300)
+    assert answers == [200] * 6
