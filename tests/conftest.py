@@ -1,12 +1,11 @@
 from __future__ import annotations
 
-import ctypes
 from pathlib import Path
 from typing import Callable, Iterator
 
 import pytest
 
-from tests.support.engine import GEMMA, SMOLLM, Engine, models_dir
+from tests.support.engine import GEMMA, SMOLLM, Engine, models_dir, sibling_quant
 
 
 def _need(file: str) -> Path:
@@ -52,14 +51,4 @@ def smollm_engine(smollm_path: Path, start_engine: Callable[..., Engine]) -> Eng
 @pytest.fixture
 def smollm_q8(smollm_path: Path, tmp_path: Path) -> Path:
     """A sibling quant of SmolLM2 made with llama.cpp's own quantizer (Q4_1 → Q8_0)."""
-    from hydrad.engine import llama
-
-    C = llama.lib()
-    out = tmp_path / "SmolLM2-135M-Instruct.Q8_0.gguf"
-    qp = C.llama_model_quantize_default_params()
-    qp.ftype = 7  # LLAMA_FTYPE_MOSTLY_Q8_0
-    qp.allow_requantize = True
-    qp.nthread = 2
-    rc = C.llama_model_quantize(str(smollm_path).encode(), str(out).encode(), ctypes.byref(qp))
-    assert rc == 0 and out.stat().st_size > 0
-    return out
+    return sibling_quant(smollm_path, tmp_path / "SmolLM2-135M-Instruct.Q8_0.gguf")

@@ -128,6 +128,24 @@ def terminate(proc: subprocess.Popen[bytes], timeout: float) -> None:
             proc.wait(5)
 
 
+def sibling_quant(src: Path, out: Path, ftype: int = 7) -> Path:
+    """Requantize ``src`` with llama.cpp's own quantizer (``ftype`` 7 = LLAMA_FTYPE_MOSTLY_Q8_0): a sibling
+    quant of the same model, as a user would make with llama-quantize."""
+    import ctypes
+
+    from hydrad.engine import llama
+
+    C = llama.lib()
+    qp = C.llama_model_quantize_default_params()
+    qp.ftype = ftype
+    qp.allow_requantize = True
+    qp.nthread = 2
+    rc = C.llama_model_quantize(str(src).encode(), str(out).encode(), ctypes.byref(qp))
+    if rc != 0 or not out.is_file() or out.stat().st_size == 0:
+        raise RuntimeError(f"llama_model_quantize({src} -> {out}, ftype {ftype}) failed with {rc}")
+    return out
+
+
 def address_space_limit(nbytes: int) -> list[str]:
     """A command prefix that runs a process with at most ``nbytes`` of address space (RLIMIT_AS): an
     allocation past it fails inside that process instead of pushing the machine into swap or the
