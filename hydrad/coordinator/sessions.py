@@ -184,8 +184,10 @@ class SessionKeeper:
                     meta, data = c.state_get_bytes(int(done.slot))  # type: ignore[arg-type]
                     break
                 except RpcError as exc:
-                    if exc.code != "conflict" or attempt == 2:
+                    if exc.code != "conflict":
                         raise
+                    if attempt == 2:  # still busy: that turn's own DONE queues a newer keep
+                        return "busy", None, None
                     time.sleep(0.05)
         tokens = meta.get("tokens") or []
         if len(tokens) != done.kv_tokens or tokens_digest(tokens) != done.kv_hash:
@@ -209,7 +211,7 @@ class SessionKeeper:
             self.stats["keep_failed"] += 1
             log.exception("session keeper failed: %s", exc)
             outcome, kept = "failed", None
-        if outcome == "moved":
+        if outcome in ("moved", "busy"):
             self.stats["keep_skipped"] += 1
         if kept is not None:
             self.stats["kept"] += 1
