@@ -19,6 +19,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
+from hydrad.wire import logprobs as lp
 from hydrad.wire.requests import GenRequest, SamplingOverrides
 
 PROTOCOL = b"hydra-bus/1"
@@ -146,12 +147,43 @@ class Goodbye(_Msg):
     reason: str = Field("", max_length=512)
 
 
+class Alternative(BaseModel):
+    """A token and its log-probability; its bytes in hex (a token can end inside a UTF-8 character,
+    which a JSON string cannot carry)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    id: int = Field(ge=0, le=2**31 - 1)
+    piece: str = Field("", max_length=2048, pattern=r"^(?:[0-9a-f]{2})*$")
+    logprob: float = Field(ge=lp.FLOOR, le=0)
+
+    def alternative(self) -> lp.Alternative:
+        return lp.Alternative(self.id, bytes.fromhex(self.piece), self.logprob)
+
+
+class TokenLogprob(Alternative):
+    """A generated token's log-probability and the most likely tokens at its position."""
+
+    top: list[Alternative] = Field(default_factory=list, max_length=lp.MAX_TOP_LOGPROBS)
+
+    @classmethod
+    def of(cls, tok: lp.TokenLogprob) -> TokenLogprob:
+        return cls(id=tok.id, piece=tok.piece.hex(), logprob=tok.logprob,
+                   top=[Alternative(id=a.id, piece=a.piece.hex(), logprob=a.logprob) for a in tok.top])
+
+    def token(self) -> lp.TokenLogprob:
+        return lp.TokenLogprob(self.id, bytes.fromhex(self.piece), self.logprob,
+                               tuple(a.alternative() for a in self.top))
+
+
 class Tokens(_Msg):
     """Text generated since the last TOKENS of a request: one message per engine step, not per token."""
 
     KIND = b"TOKENS"
     req: str = Field(pattern=REQ_PATTERN)
     texts: list[str] = Field(min_length=1)
+    logprobs: list[TokenLogprob] | None = Field(None, max_length=65536, description=(
+        "The log-probabilities of the tokens these texts were made of, when the GENERATE asked for them; "
+        "absent otherwise."))
 
 
 class Done(_Msg):
@@ -176,6 +208,9 @@ class Error(_Msg):
     status: int = Field(500, ge=100, le=599)
     code: str = Field("engine_error", max_length=64)
     engine_failed: bool = False
+    n_prompt_tokens: int | None = Field(None, ge=0, description="A prompt longer than the context: its tokens "
+                                                                "(llama-server's error field).")
+    n_ctx: int | None = Field(None, ge=0, description="... and the context it did not fit.")
 
 
 class ConfigureReply(_Msg):
@@ -246,17 +281,19 @@ class Generate(_Msg):
     sampling: Sampling = Field(default_factory=Sampling)
     ignore_eos: bool = False
     slot: int | None = Field(None, ge=0)
+    logprobs: int | None = Field(None, ge=0, le=lp.MAX_TOP_LOGPROBS, description=(
+        "Report each token's log-probability and this many most likely tokens in TOKENS; absent: none."))
 
     @classmethod
     def from_request(cls, req: str, gen: GenRequest, model: str | None) -> Generate:
         return cls(req=req, model=model, prompt=gen.prompt, messages=gen.messages, max_tokens=gen.max_tokens,
                    stop=list(gen.stop), ignore_eos=gen.ignore_eos, slot=gen.slot,
-                   sampling=gen.sampling)
+                   sampling=gen.sampling, logprobs=gen.logprobs)
 
     def to_request(self) -> GenRequest:
         return GenRequest(prompt=self.prompt, messages=self.messages, max_tokens=self.max_tokens, stop=list(self.stop),
                           sampling=self.sampling, ignore_eos=self.ignore_eos,
-                          slot=self.slot)
+                          slot=self.slot, logprobs=self.logprobs)
 
 
 class Cancel(_Msg):

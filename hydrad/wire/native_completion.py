@@ -7,20 +7,26 @@ the same grammar checks) plus what only this endpoint has: a prompt given as tok
 ``return_tokens`` and a per-request ``cache_prompt``. Both doors parse here, so a request the
 front door lets through is one the engine accepts.
 
+``n_probs`` (up to :data:`hydrad.wire.logprobs.MAX_N_PROBS`) adds llama-server's
+``completion_probabilities``: log-probabilities over the full vocabulary, before the sampling chain;
+``post_sampling_probs: true`` (probabilities after the chain) is refused by name.
+
 Deliberate differences from llama-server: one prompt per request (llama-server also takes a list
-of prompts, mixed tokens and strings, and multimodal objects); ``n_probs`` is refused until
-the engine computes probabilities; ``truncated`` is always false (the engine never shifts the
-context, it stops at its end, with ``stop_type`` ``limit``).
+of prompts, mixed tokens and strings, and multimodal objects); ``truncated`` is always false (the
+engine never shifts the context, it stops at its end, with ``stop_type`` ``limit``); the tokens
+reported in ``completion_probabilities`` are those of ``content`` (no entry for the end-of-generation
+token, none for a token wholly inside the stop string that ended it).
 """
 
 from __future__ import annotations
 
 from typing import Any, Mapping
 
-from pydantic import ValidationError
+from pydantic import Field, StrictInt, ValidationError
 
 from hydrad.common import jsonbody
 from hydrad.common.params import validation_message
+from hydrad.wire import logprobs as lp
 from hydrad.wire.openai import INT32_MAX, ApiError, _Common, checked_sampling, sse
 from hydrad.wire.requests import GenRequest
 
@@ -35,9 +41,15 @@ _UNSUPPORTED: dict[str, tuple[Any, ...]] = {
 
 
 class NativeCompletionRequest(_Common):
+    OTHER_DOORS_FIELDS = {"logprobs": (None, False), "top_logprobs": (None, 0)}
     prompt: Any
     cache_prompt: bool | None = None
     return_tokens: bool = False
+    n_probs: StrictInt | None = Field(None, ge=0, le=lp.MAX_N_PROBS)
+
+    def wants_logprobs(self) -> int | None:
+        """llama-server reports probabilities only for ``n_probs`` above 0."""
+        return self.n_probs or None
 
     def limit(self) -> int | None:
         """``n_predict: -1`` asks for "until end of generation or the context is full", not the
@@ -99,7 +111,7 @@ def parse(raw: bytes, n_vocab: int | None = None) -> tuple[NativeCompletionReque
     text, ids = _prompt(req.prompt, n_vocab)
     gen = GenRequest(prompt=text, prompt_ids=ids, max_tokens=req.limit(), stop=req.stops(), sampling=sampling,
                      ignore_eos=req.ignore_eos, slot=req.slot(), cache_prompt=req.cache_prompt,
-                     return_tokens=req.return_tokens or req.stream)
+                     return_tokens=req.return_tokens or req.stream, logprobs=req.wants_logprobs())
     return req, gen
 
 
@@ -121,22 +133,30 @@ def generation_settings(req: NativeCompletionRequest, defaults: Mapping[str, Any
     out.update(n_ctx=n_ctx, n_predict=defaults.get("n_predict", -1) if limit is None else -1 if limit == INT32_MAX
                else limit, repeat_last_n=defaults.get("repeat_last_n"), presence_penalty=s.presence_penalty,
                frequency_penalty=s.frequency_penalty, stop=req.stops(), ignore_eos=req.ignore_eos, stream=req.stream,
-               n_probs=0, cache_prompt=defaults.get("cache_prompt") if req.cache_prompt is None else req.cache_prompt,
+               n_probs=req.n_probs or 0, cache_prompt=defaults.get("cache_prompt") if req.cache_prompt is None else req.cache_prompt,
                model=model)
     return out
 
 
 def result(*, content: str, finish_reason: str, stop_word: str | None, tokens: list[int], prompt_tokens: int,
            cached_tokens: int, predicted: int, timings: dict[str, Any], model: str, slot: int | None,
-           settings: dict[str, Any]) -> dict[str, Any]:
-    """The whole answer (non-streamed), or with ``content`` empty the last event of a stream."""
-    return {"index": 0, "content": content, "tokens": tokens, "id_slot": -1 if slot is None else slot, "stop": True,
-            "model": model, "tokens_predicted": predicted, "tokens_evaluated": prompt_tokens,
-            "generation_settings": settings, "has_new_line": "\n" in content, "truncated": False,
-            "stop_type": stop_type(finish_reason, stop_word), "stopping_word": stop_word or "",
-            "tokens_cached": cached_tokens, "timings": timings}
+           settings: dict[str, Any], probs: list[lp.TokenLogprob] | None = None) -> dict[str, Any]:
+    """The whole answer (non-streamed), or with ``content`` empty the last event of a stream.
+    ``probs``: the tokens' ``completion_probabilities`` (None: not asked, or already streamed)."""
+    out = {"index": 0, "content": content, "tokens": tokens, "id_slot": -1 if slot is None else slot, "stop": True,
+           "model": model, "tokens_predicted": predicted, "tokens_evaluated": prompt_tokens,
+           "generation_settings": settings, "has_new_line": "\n" in content, "truncated": False,
+           "stop_type": stop_type(finish_reason, stop_word), "stopping_word": stop_word or "",
+           "tokens_cached": cached_tokens, "timings": timings}
+    if probs is not None:
+        out["completion_probabilities"] = lp.content(probs)
+    return out
 
 
-def chunk(content: str, tokens: tuple[int, ...]) -> bytes:
-    """One streamed piece: llama-server sends only these fields until the end."""
-    return sse({"index": 0, "content": content, "tokens": list(tokens), "stop": False})
+def chunk(content: str, tokens: tuple[int, ...], probs: tuple[lp.TokenLogprob, ...] | None = None) -> bytes:
+    """One streamed piece: llama-server sends only these fields until the end, and the probabilities
+    of the piece's tokens when the request asked (``n_probs``)."""
+    out: dict[str, Any] = {"index": 0, "content": content, "tokens": list(tokens), "stop": False}
+    if probs is not None:
+        out["completion_probabilities"] = lp.content(probs)
+    return sse(out)

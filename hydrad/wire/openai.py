@@ -1,7 +1,9 @@
 """OpenAI wire format: request validation, response and SSE chunk shapes, error JSON.
 
-Fields OpenAI defines but this engine cannot honour (n>1, logprobs, tools, ...) are refused
-with a 400 naming them, so a client never silently gets something other than it asked for.
+Fields OpenAI defines but this engine cannot honour (n>1, tools, ...) are refused with a 400
+naming them, so a client never silently gets something other than it asked for. ``logprobs``
+(chat: ``logprobs`` and ``top_logprobs``; legacy completions: an integer ``logprobs``) is
+honoured: the shapes are in :mod:`hydrad.wire.logprobs`.
 llama-server's extensions (top_k, min_p, repeat_penalty, n_predict, cache_prompt) are accepted,
 and so is constrained output: ``grammar`` (GBNF), ``json_schema`` and OpenAI's JSON
 ``response_format`` become one checked GBNF grammar (``hydrad.wire.grammar``).
@@ -13,11 +15,12 @@ import dataclasses
 import json
 import time
 import uuid
-from typing import Any, Callable, Literal, TypeVar
+from typing import Any, Callable, ClassVar, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError, field_validator
 
 from hydrad.common import jsonbody
+from hydrad.wire import logprobs as lp
 from hydrad.wire.grammar import GrammarError, check_gbnf, json_object_grammar, schema_grammar
 from hydrad.wire.requests import GenRequest, SamplingOverrides
 from hydrad.wire.requests import MAX_STOP_CHARS, MAX_STOPS
@@ -29,22 +32,32 @@ MAX_MODEL_NAME = 256
 
 
 class ApiError(Exception):
-    """Rendered as ``{"error": {"message", "type", "code", "param"}}`` with an HTTP status."""
+    """Rendered as ``{"error": {"message", "type", "code", "param"}}`` with an HTTP status.
+    ``details`` are further members of ``error`` (llama-server's ``n_prompt_tokens`` and ``n_ctx``
+    when a prompt does not fit the context)."""
 
     def __init__(self, status: int, message: str, code: str = "invalid_request_error",
-                 param: str | None = None, headers: dict[str, str] | None = None) -> None:
+                 param: str | None = None, headers: dict[str, str] | None = None,
+                 details: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.code = code
         self.param = param
         self.headers = headers or {}
+        self.details = details or {}
 
     def body(self) -> dict[str, Any]:
         kind = "invalid_request_error" if self.status < 500 else "server_error"
         if self.status == 503:
             kind = "unavailable_error"
-        return {"error": {"message": self.message, "type": kind, "code": self.code, "param": self.param}}
+        error = {"message": self.message, "type": kind, "code": self.code, "param": self.param}
+        return {"error": {**error, **{k: v for k, v in self.details.items() if k not in error}}}
+
+
+def overflow_details(n_prompt_tokens: int | None, n_ctx: int | None) -> dict[str, int]:
+    """llama-server's numbers for a prompt longer than the context, as far as they are known."""
+    return {k: v for k, v in (("n_prompt_tokens", n_prompt_tokens), ("n_ctx", n_ctx)) if v is not None}
 
 
 class _Common(BaseModel):
@@ -108,10 +121,19 @@ class _Common(BaseModel):
     def include_usage(self) -> bool:
         return bool((self.stream_options or {}).get("include_usage"))
 
+    OTHER_DOORS_FIELDS: ClassVar[dict[str, tuple[Any, ...]]] = {}
+    """Fields another endpoint honours and this one does not (each endpoint reads its own
+    log-probability fields): refused by name unless neutral."""
+
+    def wants_logprobs(self) -> int | None:
+        """How many most likely tokens to report per generated token; None when the request asks
+        for no log-probabilities at all (each endpoint reads its own fields)."""
+        return None
+
 
 # Defined by OpenAI, not served here: refused when set to anything but their neutral value.
 _UNSUPPORTED: dict[str, Any] = {
-    "logprobs": (None, False), "top_logprobs": (None, 0), "tools": (None, []), "tool_choice": (None, "none"),
+    "tools": (None, []), "tool_choice": (None, "none"),
     "functions": (None, []), "function_call": (None, "none"), "logit_bias": (None, {}), "best_of": (None, 1),
     "echo": (None, False), "suffix": (None, ""), "parallel_tool_calls": (None,), "audio": (None,),
     "modalities": (None, ["text"]), "prediction": (None,),
@@ -119,7 +141,7 @@ _UNSUPPORTED: dict[str, Any] = {
     # chain. Each is refused by name when set to anything but its llama-server default, so a client
     # asking for, say, a lazy grammar never gets unconstrained text with a 200.
     "grammar_lazy": (None, False), "grammar_triggers": (None, []),
-    "preserved_tokens": (None, []), "n_probs": (None, 0), "post_sampling_probs": (None, False),
+    "preserved_tokens": (None, []), "post_sampling_probs": (None, False),
     "mirostat": (None, 0), "typical_p": (None, 1, 1.0), "top_n_sigma": (None, -1, -1.0),
     "xtc_probability": (None, 0, 0.0), "dry_multiplier": (None, 0, 0.0), "dynatemp_range": (None, 0, 0.0),
     "repeat_last_n": (None, 64), "penalty_last_n": (None, 64), "samplers": (None,), "lora": (None, []),
@@ -127,7 +149,9 @@ _UNSUPPORTED: dict[str, Any] = {
 
 
 def _refuse_unsupported(req: _Common) -> None:
-    bad = [k for k, neutral in _UNSUPPORTED.items() if k in (req.model_extra or {}) and req.model_extra[k] not in neutral]
+    extra = req.model_extra or {}
+    refused = {**_UNSUPPORTED, **req.OTHER_DOORS_FIELDS}
+    bad = [k for k, neutral in refused.items() if k in extra and extra[k] not in neutral]
     if req.n != 1:
         bad.insert(0, "n")
     if bad:
@@ -200,11 +224,27 @@ def checked_sampling(req: _Common) -> SamplingOverrides:
 
 
 class ChatRequest(_Common):
+    OTHER_DOORS_FIELDS = {"n_probs": (None, 0)}
     messages: list[dict[str, Any]]
+    logprobs: StrictBool | None = None
+    top_logprobs: StrictInt | None = Field(None, ge=0, le=lp.MAX_TOP_LOGPROBS)
+
+    def wants_logprobs(self) -> int | None:
+        """OpenAI's rule, as llama-server applies it: ``top_logprobs`` needs ``logprobs: true``."""
+        if not self.logprobs:
+            if self.top_logprobs:
+                raise ApiError(400, "top_logprobs requires logprobs to be true", "invalid_field", "top_logprobs")
+            return None
+        return self.top_logprobs or 0
 
 
 class CompletionRequest(_Common):
+    OTHER_DOORS_FIELDS = {"top_logprobs": (None, 0), "n_probs": (None, 0)}
     prompt: str | list[str]
+    logprobs: StrictInt | None = Field(None, ge=0, le=lp.MAX_LEGACY_LOGPROBS)
+
+    def wants_logprobs(self) -> int | None:
+        return self.logprobs
 
 
 def _text_of(content: Any, where: str) -> str:
@@ -246,7 +286,7 @@ def parse(kind: Literal["chat", "completion"], raw: bytes) -> tuple[_Common, Gen
                                f"messages[{i}].role")
             msgs.append({"role": "system" if role == "developer" else role, "content": _text_of(m.get("content"), f"messages[{i}]")})
         gen = GenRequest(messages=msgs, max_tokens=req.limit(), stop=req.stops(), sampling=sampling,
-                         ignore_eos=req.ignore_eos, slot=req.slot())
+                         ignore_eos=req.ignore_eos, slot=req.slot(), logprobs=req.wants_logprobs())
     else:
         assert isinstance(req, CompletionRequest)
         prompt = req.prompt
@@ -255,7 +295,7 @@ def parse(kind: Literal["chat", "completion"], raw: bytes) -> tuple[_Common, Gen
                 raise ApiError(400, "prompt: one prompt per request (a list of several is not supported)", "unsupported_field", "prompt")
             prompt = prompt[0]
         gen = GenRequest(prompt=prompt, max_tokens=req.limit(), stop=req.stops(), sampling=sampling,
-                         ignore_eos=req.ignore_eos, slot=req.slot())
+                         ignore_eos=req.ignore_eos, slot=req.slot(), logprobs=req.wants_logprobs())
     return req, gen
 
 
@@ -264,31 +304,35 @@ def new_id(kind: str) -> str:
 
 
 def full_response(kind: str, rid: str, model: str, text: str, finish: str, usage: dict[str, Any],
-                  fingerprint: str, timings: dict[str, Any]) -> dict[str, Any]:
+                  fingerprint: str, timings: dict[str, Any], logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A whole answer; ``logprobs`` is its choice's (:func:`hydrad.wire.logprobs.render`), null when
+    the request asked for none."""
     created = int(time.time())
     if kind == "chat":
         choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text},
-                                  "finish_reason": finish, "logprobs": None}
+                                  "finish_reason": finish, "logprobs": logprobs}
         obj = "chat.completion"
     else:
-        choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
+        choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": logprobs}
         obj = "text_completion"
     return {"id": rid, "object": obj, "created": created, "model": model, "system_fingerprint": fingerprint,
             "choices": [choice], "usage": usage, "timings": timings}
 
 
 def chunk(kind: str, rid: str, model: str, created: int, text: str | None, finish: str | None,
-          fingerprint: str, first: bool = False, timings: dict[str, Any] | None = None) -> bytes:
+          fingerprint: str, first: bool = False, timings: dict[str, Any] | None = None,
+          logprobs: dict[str, Any] | None = None) -> bytes:
+    """One SSE chunk; ``logprobs`` are those of the tokens whose text it carries."""
     if kind == "chat":
         delta: dict[str, Any] = {}
         if first:
             delta["role"] = "assistant"
         if text is not None:
             delta["content"] = text
-        choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+        choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}
         obj = "chat.completion.chunk"
     else:
-        choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
+        choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": logprobs}
         obj = "text_completion"
     body = {"id": rid, "object": obj, "created": created, "model": model, "system_fingerprint": fingerprint,
             "choices": [choice]}
