@@ -24,6 +24,7 @@ from hydrad.engine.requests import Done, Failed, RequestHandle, Token, Usage
 from hydrad.engine.stats import EngineStats
 from hydrad.engine.textstream import StopMatcher, Utf8Detokenizer
 from hydrad.wire.kvdigest import tokens_digest
+from hydrad.wire.logprobs import TokenLogprob
 from hydrad.wire.requests import GenRequest
 
 log = logging.getLogger("hydrad.engine")
@@ -38,14 +39,27 @@ MAX_CHARS_PER_TOKEN = 64
 supported families averages more than a few characters a token): refused before tokenizing."""
 
 class PromptTooLong(ValueError):
-    """A prompt refused by its length before tokenizing (400 ``context_length_exceeded``)."""
+    """A prompt refused by its length before tokenizing (400 ``context_length_exceeded``).
+    ``n_prompt_tokens`` is a lower bound (its characters / MAX_CHARS_PER_TOKEN), not a count."""
+
+    def __init__(self, message: str, n_prompt_tokens: int, n_ctx: int) -> None:
+        super().__init__(message)
+        self.n_prompt_tokens = n_prompt_tokens
+        self.n_ctx = n_ctx
 
 
 class _RequestError(Exception):
-    def __init__(self, message: str, status: int, code: str) -> None:
+    def __init__(self, message: str, status: int, code: str, n_prompt_tokens: int | None = None,
+                 n_ctx: int | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
+        self.n_prompt_tokens = n_prompt_tokens
+        self.n_ctx = n_ctx
+
+    def failed(self) -> Failed:
+        return Failed(str(self), status=self.status, code=self.code, n_prompt_tokens=self.n_prompt_tokens,
+                      n_ctx=self.n_ctx)
 
 
 @dataclass
@@ -67,6 +81,9 @@ class _Active:
     unsent: list[int] = field(default_factory=list)  # sampled, not yet turned into text (text_overlap)
     ids: list[int] | None = None  # return_tokens: turned into text, not yet sent with a Token
     faulty: frozenset[str] = frozenset()  # fault-injection tests: stages at which this request fails
+    probs: llama.Logprobs | None = None  # logprobs: measures each row before sampling
+    probs_unsent: deque[TokenLogprob] = field(default_factory=deque)  # one per token of ``unsent``
+    probs_made: list[TokenLogprob] = field(default_factory=list)  # made into text, not yet sent with a Token
 
 
 
@@ -76,6 +93,15 @@ def _take_ids(a: _Active) -> tuple[int, ...]:
         return ()
     ids, a.ids = tuple(a.ids), []
     return ids
+
+
+def _token(a: _Active, text: str) -> Token:
+    """A Token event for ``text``, with the ids and log-probabilities of the tokens made into text
+    since the last one (when the request asked for them)."""
+    if a.probs is None:
+        return Token(text, _take_ids(a))
+    probs, a.probs_made = tuple(a.probs_made), []
+    return Token(text, _take_ids(a), probs)
 
 
 class Batching:
@@ -106,7 +132,7 @@ class Batching:
         limit = gen.ctx.n_ctx_seq
         if chars > limit * MAX_CHARS_PER_TOKEN:
             raise PromptTooLong(f"the prompt has {chars} characters, more than this engine's context of {limit} "
-                                "tokens can hold")
+                                "tokens can hold", chars // MAX_CHARS_PER_TOKEN, limit)
         from_store = self.prefix.wants_lookup(chars) and request.slot is None
         if chars < PRETOKENIZE_CHARS and not from_store:
             return
@@ -177,7 +203,7 @@ class Batching:
             try:
                 self._start(gen, handle)
             except _RequestError as exc:
-                self._emit(handle, Failed(str(exc), status=exc.status, code=exc.code))
+                self._emit(handle, exc.failed())
             except Exception as exc:  # the request's own failure: it alone ends, the engine goes on
                 self._request_failed(gen, handle, "admitting", exc)
         self._waiting = deferred
@@ -199,7 +225,7 @@ class Batching:
         limit = gen.ctx.n_ctx_seq
         if len(tokens) >= limit:
             raise _RequestError(f"the prompt has {len(tokens)} tokens; this engine's context holds {limit}",
-                                400, "context_length_exceeded")
+                                400, "context_length_exceeded", n_prompt_tokens=len(tokens), n_ctx=limit)
         cache = params.cache_prompt if req.cache_prompt is None else req.cache_prompt
         slot = gen.slots[req.slot] if req.slot is not None else gen.pick_slot(
             tokens if cache else None,
@@ -237,10 +263,11 @@ class Batching:
         except ValueError as exc:
             sampler.free()
             raise _RequestError(str(exc), 400, "invalid_stop") from None
+        probs = None if req.logprobs is None else llama.Logprobs(model.n_vocab, req.logprobs, model.piece)
         slot.active = _Active(handle=handle, prompt_len=len(tokens), cached=keep, pending=tokens[keep:],
                               max_tokens=max_tokens, sampler=sampler, detok=Utf8Detokenizer(),
                               stopper=stopper, t_start=time.monotonic(), faulty=faulty,
-                              ids=[] if req.return_tokens else None)
+                              ids=[] if req.return_tokens else None, probs=probs)
         gen.n_active += 1
         self.stats.prompt_tokens_total += len(tokens) - keep
         self.stats.cached_tokens_total += keep
@@ -299,6 +326,8 @@ class Batching:
             try:
                 if a.faulty:  # per token: no call unless a test armed this request
                     self._fault("sample", a.faulty)
+                if a.probs is not None:  # the raw row, before the sampler (the argmax masks banned tokens in it)
+                    a.probs.measure(ctx, idx)
                 tok = a.sampler.sample(ctx, idx)
                 if a.n_gen == 0:
                     a.t_first = now
@@ -321,6 +350,8 @@ class Batching:
         a.n_gen += 1
         self.stats.tokens_predicted_total += 1
         a.unsent.append(tok)
+        if a.probs is not None:
+            a.probs_unsent.append(a.probs.entry(tok))
         if a.n_gen >= a.max_tokens or len(slot.cache) + 1 >= gen.ctx.n_ctx_seq:
             self._finish(gen, slot, "length")
             return
@@ -340,6 +371,8 @@ class Batching:
                 self._fault("detokenize", a.faulty)
             if a.ids is not None:
                 a.ids.append(tok)
+            if a.probs is not None:
+                a.probs_made.append(a.probs_unsent.popleft())
             text = a.detok.push(model.piece(tok))
             if not text:
                 continue
@@ -347,7 +380,7 @@ class Batching:
                 self._fault("stop", a.faulty)
             out, stopped = a.stopper.push(text)
             if out:
-                self._emit(a.handle, Token(out, _take_ids(a)))
+                self._emit(a.handle, _token(a, out))
             if stopped:
                 self._finish(gen, slot, "stop", flush=False)
                 return True
@@ -375,7 +408,7 @@ class Batching:
             out, stopped = a.stopper.push(tail) if tail else ("", False)
             out += "" if stopped else a.stopper.flush()
             if out:
-                self._emit(a.handle, Token(out, _take_ids(a)))
+                self._emit(a.handle, _token(a, out))
             if stopped:
                 reason = "stop"
         now = time.monotonic()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import logging
+import math
 import os
 import re
 import threading
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from hydrad.common.params import RuntimeParams
+from hydrad.wire.logprobs import FLOOR, Alternative, TokenLogprob
 
 if TYPE_CHECKING:
     import llama_cpp as L
@@ -670,3 +672,69 @@ class Sampler:
         if self.ptr:
             lib().llama_sampler_free(self.ptr)
             self.ptr = None
+
+
+def _logprob(x: float) -> float:
+    """A log-probability JSON can carry: at most 0 (rounding), at least FLOOR (a logit of -inf; NaN
+    from a broken row)."""
+    return 0.0 if x > 0.0 else x if x >= FLOOR else FLOOR
+
+
+class Logprobs:
+    """Log-probabilities of one request's tokens over the full vocabulary, from the raw logits row
+    before its sampler reads it: what OpenAI and llama-server report, before top-k, top-p, penalties,
+    a grammar or banned tokens change anything. Built only for a request that asks, so the others
+    pay nothing. The most likely tokens are found by partial selection among the few near the
+    maximum, not by sorting the vocabulary (262,144 logits for Gemma-3)."""
+
+    def __init__(self, n_vocab: int, top: int, piece: Callable[[int], bytes]) -> None:
+        import numpy as np  # after libllama (preload_native): a request is admitted once a model is loaded
+
+        self._np = np
+        self.n_vocab = n_vocab
+        self.top = min(top, n_vocab)
+        self._piece = piece
+        self._scratch = np.empty(n_vocab, dtype=np.float32)
+        self._row: Any = None
+        self._lse = 0.0
+        self._alts: tuple[Alternative, ...] = ()
+
+    def measure(self, ctx: Context, idx: int) -> None:
+        """Read batch row ``idx``: its log-sum-exp and its most likely tokens. Called before sampling,
+        since the argmax shortcut masks banned tokens in the row itself."""
+        np = self._np
+        ptr = lib().llama_get_logits_ith(ctx.ptr, idx)
+        if not ptr:
+            raise RuntimeError(f"no logits for batch row {idx}")
+        row = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+        with np.errstate(all="ignore"):
+            m = float(row.max())
+            np.subtract(row, m, out=self._scratch)
+            np.exp(self._scratch, out=self._scratch)
+            total = float(self._scratch.sum())
+        lse = m + math.log(total) if total > 0.0 else math.inf
+        self._row, self._lse = row, lse
+        self._alts = tuple(Alternative(t, self._piece(t), _logprob(float(row[t]) - lse)) for t in self._top_ids(row, m))
+
+    def _top_ids(self, row: Any, m: float) -> list[int]:
+        """The ``top`` largest logits' ids, largest first (the lower id first among equals, as the
+        argmax picks). Only logits within a few units of the maximum are candidates, widened when too
+        few are; a row without a finite maximum falls back to the whole row."""
+        k = self.top
+        if k <= 0:
+            return []
+        np = self._np
+        ids: Any = None
+        if math.isfinite(m):
+            for width in (4.0, 16.0):
+                near = np.flatnonzero(row >= m - width)
+                if len(near) >= k:
+                    ids = near if len(near) == k else near[np.argpartition(row[near], -k)[-k:]]
+                    break
+        if ids is None:
+            ids = np.argpartition(row, -k)[-k:] if k < self.n_vocab else np.arange(self.n_vocab)
+        return ids[np.lexsort((ids, -row[ids]))].tolist()
+
+    def entry(self, token: int) -> TokenLogprob:
+        """The sampled token of the row last measured, with that row's most likely tokens."""
+        return TokenLogprob(token, self._piece(token), _logprob(float(self._row[token]) - self._lse), self._alts)

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from hydrad.wire.logprobs import TokenLogprob
 from hydrad.wire.requests import GenRequest
 
 
@@ -50,6 +51,7 @@ class GenerationTag:
 class Token:
     text: str
     ids: tuple[int, ...] = ()  # the tokens this text was made of, when the request asked (return_tokens)
+    probs: tuple[TokenLogprob, ...] = ()  # their log-probabilities, when the request asked (logprobs)
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,8 @@ class Failed:
     engine_failed: bool = False  # True: the engine, not the request, is at fault
     status: int = 500
     code: str = "engine_error"
+    n_prompt_tokens: int | None = None  # a prompt longer than the context: its tokens and the context
+    n_ctx: int | None = None
 
 
 Event = Token | Done | Failed

@@ -55,6 +55,15 @@ from hydrad.engine.settings import EngineSettings
 
 log = logging.getLogger("hydrad.bus")
 
+
+def _tokens(req: str, batch: list[Any], texts: list[str], logprobs: bool) -> M.Tokens:
+    """TOKENS for a step's events, with the log-probabilities of their tokens when the request asked
+    for them (absent otherwise: a request that did not ask sends what it always sent)."""
+    if not logprobs:
+        return M.Tokens(req=req, texts=texts)
+    probs = [M.TokenLogprob.of(p) for ev in batch if isinstance(ev, Token) for p in ev.probs]
+    return M.Tokens(req=req, texts=texts, logprobs=probs)
+
 LIVENESS = 3  # intervals of silence before the other side counts as gone
 BACKOFF_MAX_S = 10.0
 SNDHWM = 10_000  # messages queued towards the coordinator before a send fails (then the request is cancelled)
@@ -398,7 +407,8 @@ class EngineLink:
             try:
                 await self.core.prepare(request)  # a long prompt is tokenized off the engine thread
             except PromptTooLong as exc:
-                self._send(M.Error(req=req, status=400, code="context_length_exceeded", message=str(exc)))
+                self._send(M.Error(req=req, status=400, code="context_length_exceeded", message=str(exc),
+                                   n_prompt_tokens=exc.n_prompt_tokens, n_ctx=exc.n_ctx))
                 return
             handle = self.core.submit(request)
             try:
@@ -407,7 +417,7 @@ class EngineLink:
                     while not isinstance(batch[-1], (Done, Failed)) and not handle.queue.empty():
                         batch.append(handle.queue.get_nowait())
                     texts = [ev.text for ev in batch if isinstance(ev, Token) and ev.text]
-                    if texts and not self._send(M.Tokens(req=req, texts=texts)):
+                    if texts and not self._send(_tokens(req, batch, texts, request.logprobs is not None)):
                         return  # nobody to stream to: the finally cancels it in the core
                     last = batch[-1]
                     if isinstance(last, Done):
@@ -424,7 +434,8 @@ class EngineLink:
                     if isinstance(last, Failed):
                         handle.finished = True
                         self._send(M.Error(req=req, message=last.message[:8192], status=min(599, max(100, last.status)),
-                                           code=last.code[:64], engine_failed=last.engine_failed))
+                                           code=last.code[:64], engine_failed=last.engine_failed,
+                                           n_prompt_tokens=last.n_prompt_tokens, n_ctx=last.n_ctx))
                         return
             finally:
                 if not handle.finished:

@@ -17,6 +17,7 @@ from hydrad.engine.http.context import HttpContext, ctx_of
 from hydrad.engine.http.generation import SSE_HEADERS, gather, start, timings
 from hydrad.engine.requests import Done, Failed, RequestHandle, Token
 from hydrad.wire import native_completion as native
+from hydrad.wire.logprobs import TokenLogprob
 from hydrad.wire.openai import ApiError, sse
 
 
@@ -38,7 +39,8 @@ async def completion(request: Request) -> Response:
         return Response(status_code=499)
     tokens, done = got
     ids = [i for t in tokens for i in t.ids] + list(done.ids) if req.return_tokens else []
-    body = _result(done, "".join(t.text for t in tokens), ids, model_id, settings, lag)
+    probs = None if greq.logprobs is None else [p for t in tokens for p in t.probs]
+    body = _result(done, "".join(t.text for t in tokens), ids, model_id, settings, lag, probs)
     return JSONResponse(body, headers={"X-Hydra-Generation": done.generation.fingerprint})
 
 
@@ -52,21 +54,22 @@ def _settings(ctx: HttpContext, req: native.NativeCompletionRequest, model_id: s
 
 
 def _result(done: Done, content: str, ids: list[int], model_id: str, settings: dict[str, Any],
-            lag: dict[str, Any]) -> dict[str, Any]:
+            lag: dict[str, Any], probs: list[TokenLogprob] | None = None) -> dict[str, Any]:
     u = done.usage
     return native.result(content=content, finish_reason=done.finish_reason, stop_word=done.stop_word, tokens=ids,
                          prompt_tokens=u.prompt_tokens, cached_tokens=u.cached_tokens,
                          predicted=u.completion_tokens, timings={**timings(done), **lag}, model=model_id,
-                         slot=done.slot, settings=settings)
+                         slot=done.slot, settings=settings, probs=probs)
 
 
 async def _stream(core: EngineCore, handle: RequestHandle, first: Any, model_id: str, settings: dict[str, Any],
                   lag: dict[str, Any]) -> AsyncIterator[bytes]:
+    asked = handle.request.logprobs is not None
     try:
         ev = first
         while True:
             if isinstance(ev, Token):
-                yield native.chunk(ev.text, ev.ids)
+                yield native.chunk(ev.text, ev.ids, ev.probs if asked else None)
             elif isinstance(ev, Done):
                 handle.finished = True
                 yield sse(_result(ev, "", list(ev.ids), model_id, settings, lag))

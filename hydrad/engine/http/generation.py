@@ -16,8 +16,9 @@ from hydrad.common.serving import until_disconnected
 from hydrad.engine.core import EngineCore, PromptTooLong
 from hydrad.engine.http.context import HttpContext, ctx_of
 from hydrad.engine.requests import Done, Failed, RequestHandle, Token
+from hydrad.wire import logprobs as lp
 from hydrad.wire import openai
-from hydrad.wire.openai import ApiError
+from hydrad.wire.openai import ApiError, overflow_details
 from hydrad.wire.requests import GenRequest
 
 log = logging.getLogger("hydrad.http")
@@ -48,9 +49,10 @@ async def generate(request: Request, kind: str) -> Response:
     if got is None:
         return Response(status_code=499)
     tokens, ev = got
+    probs = None if greq.logprobs is None else lp.render(kind, [p for t in tokens for p in t.probs])
     return JSONResponse(openai.full_response(
         kind, rid, model_id, "".join(t.text for t in tokens), ev.finish_reason, ev.usage.openai(),
-        ev.generation.fingerprint, {**timings(ev), **lag}),
+        ev.generation.fingerprint, {**timings(ev), **lag}, probs),
         headers={"X-Hydra-Generation": ev.generation.fingerprint})
 
 
@@ -66,7 +68,8 @@ async def start(ctx: HttpContext, greq: GenRequest, prompt_field: str,
     try:
         await core.prepare(greq)
     except PromptTooLong as exc:
-        raise ApiError(400, str(exc), "context_length_exceeded", prompt_field) from None
+        raise ApiError(400, str(exc), "context_length_exceeded", prompt_field,
+                       details=overflow_details(exc.n_prompt_tokens, exc.n_ctx)) from None
     handle = core.submit(greq)
     try:
         first = await handle.queue.get()
@@ -80,7 +83,8 @@ async def start(ctx: HttpContext, greq: GenRequest, prompt_field: str,
     if isinstance(first, Failed):
         handle.finished = True
         raise ApiError(first.status, first.message, first.code,
-                       headers={"Retry-After": "1"} if first.status == 503 else None)
+                       headers={"Retry-After": "1"} if first.status == 503 else None,
+                       details=overflow_details(first.n_prompt_tokens, first.n_ctx))
     return handle, first, lag
 
 
@@ -120,13 +124,15 @@ async def _stream(core: EngineCore, kind: str, rid: str, model_id: str, req: ope
                   first: Any, lag: dict[str, Any]) -> AsyncIterator[bytes]:
     created = int(time.time())
     fp = handle.generation.fingerprint if handle.generation else ""
+    offsets = lp.TextOffsets() if handle.request.logprobs is not None else None
     try:
         if kind == "chat":
             yield openai.chunk(kind, rid, model_id, created, "", None, fp, first=True)
         ev = first
         while True:
             if isinstance(ev, Token):
-                yield openai.chunk(kind, rid, model_id, created, ev.text, None, fp)
+                probs = None if offsets is None else lp.render(kind, ev.probs, offsets)
+                yield openai.chunk(kind, rid, model_id, created, ev.text, None, fp, logprobs=probs)
             elif isinstance(ev, Done):
                 handle.finished = True
                 fp = ev.generation.fingerprint
