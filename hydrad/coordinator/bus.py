@@ -192,7 +192,7 @@ class CoordinatorBus:
         except M.BusEncodeError as exc:
             raise RequestUnsendable(exc.reason, too_large=exc.too_large) from None
         self._send_to(rec.ident, engine, frames)
-        stream = RequestStream(msg.req, engine)
+        stream = RequestStream(msg.req, engine, msg.logprobs)
         self._streams[msg.req] = stream
         return stream
 

@@ -62,9 +62,10 @@ StreamEvent = M.Tokens | M.Done | M.Error | EngineLost
 class RequestStream:
     """The events of one GENERATE, pushed by the reader task, pulled by one front-door handler."""
 
-    def __init__(self, req: str, engine: str) -> None:
+    def __init__(self, req: str, engine: str, logprobs: int | None = None) -> None:
         self.req = req
         self.engine = engine
+        self.logprobs = logprobs  # what its GENERATE asked: the reply renders log-probabilities when not None
         self.t0 = time.monotonic()
         self._items: deque[StreamEvent] = deque()
         self._wake = asyncio.Event()

@@ -19,9 +19,10 @@ from starlette.responses import JSONResponse, Response
 from hydrad.common.logs import log_event
 from hydrad.coordinator.bus import CoordinatorBus
 from hydrad.coordinator.records import EngineLost, RequestStream
+from hydrad.wire import logprobs as lp
 from hydrad.wire import messages as M
 from hydrad.wire import openai
-from hydrad.wire.openai import ApiError
+from hydrad.wire.openai import ApiError, overflow_details
 
 log = logging.getLogger("hydra.coordinator")
 
@@ -48,20 +49,33 @@ def timings(usage: M.UsageInfo) -> dict[str, Any]:
             if usage.predicted_ms else None}
 
 
+def api_error(ev: M.Error) -> ApiError:
+    """An engine's ERROR as the client gets it, with llama-server's numbers of a prompt that does not
+    fit the context when the engine sent them."""
+    return ApiError(ev.status, ev.message, ev.code, details=overflow_details(ev.n_prompt_tokens, ev.n_ctx))
+
+
+def _probs(ev: M.Tokens) -> list[lp.TokenLogprob]:
+    return [p.token() for p in ev.logprobs or ()]
+
+
 async def collect(bus: CoordinatorBus, token_timeout_s: float, turn: Turn, stream: RequestStream, first: Any,
                   headers: dict[str, str], record: Callable[[Turn, str, M.Done], None]) -> Response:
     """The whole answer of a non-streaming request."""
     texts: list[str] = []
+    probs: list[lp.TokenLogprob] = []
     ev = first
     try:
         while True:
             if isinstance(ev, M.Tokens):
                 texts.extend(ev.texts)
+                probs.extend(_probs(ev))
             elif isinstance(ev, M.Done):
                 text = "".join(texts)
                 record(turn, text, ev)
+                rendered = None if stream.logprobs is None else lp.render(turn.kind, probs)
                 body = openai.full_response(turn.kind, turn.rid, turn.model, text, ev.finish_reason, ev.usage.openai(),
-                                            ev.fingerprint, timings(ev.usage))
+                                            ev.fingerprint, timings(ev.usage), rendered)
                 return JSONResponse(body, headers={**headers, "X-Hydra-Generation": ev.fingerprint})
             elif isinstance(ev, EngineLost):
                 # Lost after it started generating: the request itself may be what killed it,
@@ -71,7 +85,7 @@ async def collect(bus: CoordinatorBus, token_timeout_s: float, turn: Turn, strea
             elif isinstance(ev, M.Error):
                 if ev.engine_failed:
                     raise Lost(f"engine {turn.engine} failed during the request: {ev.message}")
-                raise ApiError(ev.status, ev.message, ev.code)
+                raise api_error(ev)
             ev = await stream.next(token_timeout_s)
             if ev is None:
                 raise ApiError(504, f"engine {turn.engine} sent nothing for {token_timeout_s:g} s", "timeout")
@@ -87,6 +101,7 @@ async def relay(bus: CoordinatorBus, token_timeout_s: float, turn: Turn, stream:
     fp = fingerprint()
     k, rid, model = turn.kind, turn.rid, turn.model
     texts: list[str] = []
+    offsets = None if stream.logprobs is None else lp.TextOffsets()
     try:
         if k == "chat":
             yield openai.chunk(k, rid, model, created, "", None, fp, first=True)
@@ -95,7 +110,8 @@ async def relay(bus: CoordinatorBus, token_timeout_s: float, turn: Turn, stream:
             if isinstance(ev, M.Tokens):
                 text = "".join(ev.texts)
                 texts.append(text)
-                yield openai.chunk(k, rid, model, created, text, None, fp)
+                probs = None if offsets is None else lp.render(k, _probs(ev), offsets)
+                yield openai.chunk(k, rid, model, created, text, None, fp, logprobs=probs)
             elif isinstance(ev, M.Done):
                 fp = ev.fingerprint or fp
                 yield openai.chunk(k, rid, model, created, None, ev.finish_reason, fp)
@@ -105,7 +121,7 @@ async def relay(bus: CoordinatorBus, token_timeout_s: float, turn: Turn, stream:
                 record(turn, "".join(texts), ev)
                 return
             elif isinstance(ev, M.Error):
-                yield openai.sse(ApiError(ev.status, ev.message, ev.code).body())
+                yield openai.sse(api_error(ev).body())
                 yield openai.DONE
                 return
             elif isinstance(ev, EngineLost):
