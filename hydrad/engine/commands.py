@@ -61,6 +61,14 @@ class StatePut:
 
 
 @dataclass(frozen=True)
+class StateErase:
+    """Empty an idle slot's KV (llama-server's ``?action=erase``); answers how many tokens it held."""
+
+    slot_id: int
+    fut: cf.Future[Any] = field(default_factory=cf.Future)
+
+
+@dataclass(frozen=True)
 class Rebuild:
     """T2: rebuild the context with ``params`` once no slot is active; answers seconds and carried slots."""
 
@@ -123,5 +131,5 @@ class Stop:
 Swap = Union[Rebuild, Install, Unload]
 """The commands that replace or free the generation; one at a time is pending."""
 
-Command = Union[Submit, Cancel, SetDefaults, StateGet, StatePut, Rebuild, Install, Unload, Drain, Abandon,
+Command = Union[Submit, Cancel, SetDefaults, StateGet, StatePut, StateErase, Rebuild, Install, Unload, Drain, Abandon,
                 SwitchStandby, Resume, Stop]

@@ -29,8 +29,8 @@ from hydrad.common.params import RuntimeParams
 from hydrad.engine import faults
 from hydrad.engine.batching import MAX_CHARS_PER_TOKEN, PRETOKENIZE_CHARS, Batching, PromptTooLong, _Active
 from hydrad.engine.commands import (
-    Abandon, Cancel, Command, Drain, Install, Rebuild, Resume, SetDefaults, StateGet, StatePut, Stop, Submit, Swap,
-    SwitchStandby, Unload,
+    Abandon, Cancel, Command, Drain, Install, Rebuild, Resume, SetDefaults, StateErase, StateGet, StatePut, Stop,
+    Submit, Swap, SwitchStandby, Unload,
 )
 from hydrad.engine.generation import Generation, Slot
 from hydrad.engine.kvops import KvOps, StateError, carry_slots, sibling_problem
@@ -348,6 +348,8 @@ class EngineCore(Loading, Batching, KvOps):
                 self._state_get(cmd)
             case StatePut():
                 self._state_put(cmd)  # cmd.trusted: untrusted KV marks the slot foreign
+            case StateErase():
+                self._state_erase(cmd)
             case Rebuild() | Install() | Unload():
                 self._pending_swap = cmd
             case Drain():

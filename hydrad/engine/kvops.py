@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from hydrad.common.logs import log_event
-from hydrad.engine.commands import StateGet, StatePut
+from hydrad.engine.commands import StateErase, StateGet, StatePut
 from hydrad.engine.generation import Generation, Slot
 
 log = logging.getLogger("hydrad.engine")
@@ -66,6 +66,15 @@ class KvOps:
         except Exception as exc:
             fut.set_exception(exc)
 
+    def _state_erase(self, cmd: StateErase) -> None:
+        try:
+            gen, slot = self._idle_slot(cmd.slot_id)
+            n = len(slot.cache)
+            gen.reset_slot(slot)
+            cmd.fut.set_result(n)
+        except Exception as exc:
+            cmd.fut.set_exception(exc)
+
     def check_put(self, slot_id: int, meta: Any, max_bytes: int) -> StateError | None:
         """Cheap checks before any state byte is accepted, so a doomed upload is refused up front."""
         gen = self.gen
@@ -93,6 +102,11 @@ class KvOps:
         self._cmds.put(cmd)
         return await asyncio.wrap_future(cmd.fut)
 
+    async def state_erase(self, slot_id: int) -> int:
+        """Empty an idle slot's KV between steps; how many tokens it held."""
+        cmd = StateErase(slot_id)
+        self._cmds.put(cmd)
+        return await asyncio.wrap_future(cmd.fut)
 
 
 def sibling_problem(old: Generation, new: Generation) -> str | None:

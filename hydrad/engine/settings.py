@@ -158,6 +158,13 @@ class EngineSettings(BaseModel):
                                    "prefix copied from another slot or restored from the pool's Store instead of "
                                    "prefilled again.")
     bus: BusSettings = Field(default_factory=BusSettings, description="Link to the coordinator's bus.")
+    slot_save_dir: Path | None = Field(
+        None, description="Directory of slot files, llama-server's --slot-save-path: POST /slots/{id}?action=save, "
+                          "restore and erase are served only when it is set (501 otherwise). Relative to the config "
+                          "file; created (mode 0700) on the first save. Only this engine's user should be able to "
+                          "write it.")
+    slot_file_max_bytes: int = Field(8 << 30, ge=4096, description="Largest slot file saved or restored; a bigger "
+                                     "one is refused (413) before it is written or read.")
     defaults: dict[str, Any] = Field(default_factory=dict, description="Runtime parameter defaults (the YAML layer); a model here is loaded at boot.")
 
     @field_validator("control_allow_from")
@@ -232,6 +239,7 @@ def load_config(path: str | Path | None) -> LoadedConfig:
     updates["http"] = resolve_api_key(p, settings.http)
     updates["models_dir"] = beside(base, settings.models_dir)
     updates["registry"] = beside(base, settings.registry, "models.yaml")
+    updates["slot_save_dir"] = beside(base, settings.slot_save_dir)
     if settings.prefix.store is not None:
         store = settings.prefix.store.model_copy(update={"dir": beside(base, settings.prefix.store.dir)})
         updates["prefix"] = settings.prefix.model_copy(update={"store": store})

@@ -5,8 +5,8 @@ engine core. Every failure a client can see is OpenAI error JSON, never a traceb
 
 Each handler is a module-level function of the request alone; what it needs (settings, control,
 core) is the ``HttpContext`` on ``app.state.ctx``. Generation is in ``generation.py`` (llama-server's
-``/completion`` in ``completion.py``), slot state in ``slotstate.py``, the Prometheus collector in
-``metrics.py``.
+``/completion`` in ``completion.py``), slot state in ``slotstate.py``, llama-server's slot files in
+``slotfiles.py``, the Prometheus collector in ``metrics.py``.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from hydrad.engine.http import metrics, native
 from hydrad.engine.http.completion import completion
 from hydrad.engine.http.context import HttpContext, ctx_of
 from hydrad.engine.http.generation import chat, completions
+from hydrad.engine.http.slotfiles import slot_action
 from hydrad.engine.http.slotstate import state_get, state_meta, state_put
 from hydrad.engine.settings import EngineSettings
 from hydrad.wire.openai import ApiError
@@ -219,7 +220,7 @@ ROUTES = [
     Route("/control/loads/{load_id}", load_status),
     Route("/control/swap_quant", swap_quant, methods=["POST"]),
     Route("/control/set_expert_mode", set_expert_mode, methods=["POST"]),
-    Route("/slots", slots), Route("/slots/{slot}/state", state_get),
+    Route("/slots", slots), Route("/slots/{slot}", slot_action, methods=["POST"]), Route("/slots/{slot}/state", state_get),
     Route("/slots/{slot}/state", state_put, methods=["PUT"]), Route("/slots/{slot}/state/meta", state_meta),
 ]
 
