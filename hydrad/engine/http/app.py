@@ -1,18 +1,20 @@
 """The engine's HTTP plane: OpenAI API, health, metrics and /control/*.
 
 Handlers only translate; configure semantics live in EngineControl and generation in the
-engine core. Every failure a client can see is OpenAI error JSON, never a traceback.
+engine core. Every failure a client can see is OpenAI error JSON (Anthropic's on /v1/messages), never a
+traceback.
 
 Each handler is a module-level function of the request alone; what it needs (settings, control,
 core) is the ``HttpContext`` on ``app.state.ctx``. Generation is in ``generation.py`` (llama-server's
-``/completion`` in ``completion.py``), slot state in ``slotstate.py``, llama-server's slot files in
-``slotfiles.py``, the Prometheus collector in ``metrics.py``.
+``/completion`` in ``completion.py``, Anthropic's ``/v1/messages`` in ``anthropic.py``), slot state in
+``slotstate.py``, llama-server's slot files in ``slotfiles.py``, the Prometheus collector in ``metrics.py``.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 from typing import Any
 
 from prometheus_client import generate_latest
@@ -26,6 +28,7 @@ from hydrad.common.logs import log_event
 from hydrad.engine.control import EngineControl
 from hydrad.engine.refusals import refusal
 from hydrad.engine.http import metrics, native
+from hydrad.engine.http.anthropic import messages
 from hydrad.engine.http.completion import completion
 from hydrad.engine.http.context import HttpContext, ctx_of
 from hydrad.engine.http.generation import chat, completions
@@ -90,7 +93,10 @@ async def models(request: Request) -> Response:
     data = []
     m = ctx_of(request).core.snapshot().model
     if m is not None:
+        # llama-server's ``aliases``: every name a request's ``model`` may use (never the file's directory)
+        file = Path(m.path)
         data.append({"id": m.id, "object": "model", "created": int(m.loaded_at), "owned_by": "hydra",
+                     "aliases": sorted({m.id, file.name, file.stem}),
                      "meta": {"path": m.path, "arch": m.arch, "desc": m.desc, "size": m.size_bytes,
                               "n_params": m.n_params, "n_ctx_train": m.n_ctx_train, "n_vocab": m.n_vocab,
                               "n_ctx": m.n_ctx, "n_parallel": m.n_parallel}})
@@ -213,6 +219,7 @@ ROUTES = [
     Route("/v1/models", models), Route("/models", models),
     Route("/v1/chat/completions", chat, methods=["POST"]), Route("/chat/completions", chat, methods=["POST"]),
     Route("/v1/completions", completions, methods=["POST"]), Route("/completions", completions, methods=["POST"]),
+    Route("/v1/messages", messages, methods=["POST"]),
     Route("/completion", completion, methods=["POST"]),
     Route("/tokenize", native.tokenize, methods=["POST"]), Route("/detokenize", native.detokenize, methods=["POST"]),
     Route("/apply-template", native.apply_template, methods=["POST"]), Route("/props", native.props),
