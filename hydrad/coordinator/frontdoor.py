@@ -1,4 +1,5 @@
-"""The OpenAI front door: ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``, ``/health``.
+"""The OpenAI front door: ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``, ``/health``,
+and Anthropic's ``/v1/messages`` served as the chat completion it translates to.
 
 A request is parsed exactly as an engine parses it (``hydrad.wire.openai``), routed over a
 snapshot of the engines (``routing.route``), and sent as GENERATE over the bus; TOKENS come
@@ -26,12 +27,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import re
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, AsyncIterator, Callable
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -54,7 +56,7 @@ from hydrad.coordinator.switcher import LoadFailed, ProfileSwitcher
 from hydrad.wire.requests import GenRequest, SamplingOverrides
 from hydrad.wire.rpcclient import RpcError
 from hydrad.wire.stages import INCOMING_STAGES, SERVING_STAGES
-from hydrad.wire import openai
+from hydrad.wire import anthropic, openai
 from hydrad.wire.openai import ApiError
 from hydrad.common.logs import log_event
 from hydrad.common.registry import Registry
@@ -71,6 +73,10 @@ MAX_SESSION_ID = 256
 # A session id travels back in the X-Session-Id header and into logs and events: printable ASCII
 # only (no control characters, nothing a header cannot carry), no leading or trailing space.
 _SESSION_RE = re.compile(r"[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?")  # fullmatch: "$" would let a trailing newline through
+BUS_KNOWS_STOP_WORD = "stop_word" in M.Done.model_fields
+"""Whether DONE says which stop string ended a generation. Anthropic's answer names it
+(``stop_sequence``); while the bus cannot, a Messages request with stop sequences is forwarded to an
+engine's own ``/v1/messages`` over HTTP, as ``/completion`` is (``native.py``)."""
 
 
 def _estimate_tokens(gen: GenRequest) -> int:
@@ -307,12 +313,12 @@ class FrontDoor:
         return response
 
     async def _watched(self, request: Request, kind: str, req: Any, greq: GenRequest, session: str | None,
-                       outcome: "_Outcome") -> Response:
+                       outcome: "_Outcome", record: Callable[[Turn, str, M.Done], None] | None = None) -> Response:
         rid = openai.new_id(kind)
         # From here on the request waits on engines: watch the client meanwhile, and cancel the
         # request on its engine the moment the client goes (a non-streaming request has no
         # send that would fail; without this it would generate to max_tokens for nobody).
-        work = asyncio.ensure_future(self._generate(kind, req, greq, session, outcome, rid))
+        work = asyncio.ensure_future(self._generate(kind, req, greq, session, outcome, rid, record or self._record))
         gone = asyncio.ensure_future(disconnected(request))
         try:
             await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
@@ -330,7 +336,7 @@ class FrontDoor:
         return Response(status_code=499)  # nobody reads it; uvicorn drops it
 
     async def _generate(self, kind: str, req: Any, greq: GenRequest, session: str | None, outcome: "_Outcome",
-                        rid: str) -> Response:
+                        rid: str, record: Callable[[Turn, str, M.Done], None]) -> Response:
         rr = self.route_request(greq, outcome.model, session)
         exclude: set[str] = set()
         failures: list[str] = []
@@ -393,10 +399,10 @@ class FrontDoor:
             if req.stream:
                 headers.update({"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
                 events = relay(self.bus, self.settings.token_timeout_s, turn, stream, first,
-                               lambda: self._fingerprint(engine), self._record)
+                               lambda: self._fingerprint(engine), record)
                 return StreamingResponse(events, media_type="text/event-stream", headers=headers)
             try:
-                return await collect(self.bus, self.settings.token_timeout_s, turn, stream, first, headers, self._record)
+                return await collect(self.bus, self.settings.token_timeout_s, turn, stream, first, headers, record)
             except Lost as exc:  # engine_failed part-way: the engine's fault, and nothing was sent
                 failures.append(str(exc))
                 exclude.add(engine)
@@ -497,7 +503,10 @@ class FrontDoor:
         ASCII (a header decoded as Latin-1 that held UTF-8 shows up here as non-ASCII, a newline
         would split a header or a log line): anything else is a 400, not a broken response.
         """
-        value = (req.model_extra or {}).get("session_id")
+        return self._session_of((req.model_extra or {}).get("session_id"), request)
+
+    def _session_of(self, value: Any, request: Request) -> str | None:
+        """``value`` (a body's ``session_id``), else the ``X-Session-Id`` header, checked as :meth:`_session` says."""
         if value is None:
             value = request.headers.get("x-session-id")
         if value is None or value == "":
@@ -600,9 +609,13 @@ class FrontDoor:
         for model, engines in sorted(self.served().items()):
             entry = self.registry.entries.get(model)
             meta: dict[str, Any] = {"engines": sorted(engines)}
+            aliases = {model}
             if entry is not None:
                 meta.update(arch=entry.arch, quant=entry.quant, size=entry.size_bytes, description=entry.description)
-            data.append({"id": model, "object": "model", "created": 0, "owned_by": "hydra", "meta": meta})
+                file = Path(entry.path)
+                aliases |= {file.name, file.stem}  # what _model accepts, but never a directory
+            data.append({"id": model, "object": "model", "created": 0, "owned_by": "hydra",
+                         "aliases": sorted(aliases), "meta": meta})
         return JSONResponse({"object": "list", "data": data})
 
     async def health(self, _: Request) -> Response:
@@ -624,6 +637,51 @@ class FrontDoor:
     async def completions(self, request: Request) -> Response:
         return await self.generate(request, "completion")
 
+    async def messages(self, request: Request) -> Response:
+        """Anthropic's Messages API: parsed into the request its chat completion makes, then routed,
+        kept as a session and retried exactly as that chat completion; the OpenAI answer is put in
+        Anthropic's shapes, errors included."""
+        outcome = _Outcome(time.monotonic())
+        try:
+            if not self.admitting:
+                raise ApiError(503, "the coordinator is shutting down", "shutting_down", headers={"Retry-After": "5"})
+            raw = await request.body()
+            req, greq = anthropic.parse(raw)
+            session = self._session_of(req.session_id, request)
+            outcome.model = self._model(req.model)
+            if greq.stop and not BUS_KNOWS_STOP_WORD:
+                response = await self.native.messages(request, raw, req.model, req.stream)
+            else:
+                response = await self._messages(request, req, greq, session, outcome)
+        except ApiError as exc:
+            self.metrics.request(outcome.model, outcome.engine, exc.status)
+            return JSONResponse(anthropic.error_of(exc), status_code=exc.status, headers=exc.headers)
+        except Exception as exc:
+            self.metrics.request(outcome.model, outcome.engine, 500)
+            log_event(log, logging.ERROR, "request failed", path=request.url.path, error=repr(exc), exc_info=True)
+            return JSONResponse(anthropic.error_body(500, "internal error (see the coordinator log)"), status_code=500)
+        self.metrics.request(outcome.model, outcome.engine, response.status_code)
+        return response
+
+    async def _messages(self, request: Request, req: anthropic.MessagesRequest, greq: GenRequest,
+                        session: str | None, outcome: "_Outcome") -> Response:
+        dones: list[M.Done] = []
+
+        def record(turn: Turn, text: str, done: M.Done) -> None:
+            dones.append(done)
+            self._record(turn, text, done)
+
+        rid = anthropic.new_id()
+        response = await self._watched(request, "chat", _AsChat(req.stream), greq, session, outcome, record)
+        if response.status_code != 200:
+            return response
+        headers = {k: v for k, v in response.headers.items() if k not in ("content-type", "content-length")}
+        if isinstance(response, StreamingResponse):
+            events = _anthropic_events(response.body_iterator, rid, dones)  # type: ignore[arg-type]
+            return StreamingResponse(events, media_type="text/event-stream", headers=headers)
+        body = anthropic.from_openai(json.loads(bytes(response.body)), rid, _stop_word(dones))
+        return JSONResponse(body, headers=headers)
+
     async def native_completion(self, request: Request) -> Response:
         if not self.admitting:
             raise ApiError(503, "the coordinator is shutting down", "shutting_down", headers={"Retry-After": "5"})
@@ -637,6 +695,7 @@ class FrontDoor:
             Route("/v1/completions", self.completions, methods=["POST"]),
             Route("/completions", self.completions, methods=["POST"]),
             Route("/completion", self.native_completion, methods=["POST"]),
+            Route("/v1/messages", self.messages, methods=["POST"]),
             *(Route(path, self.native.forward, methods=["POST"]) for path in NATIVE_PATHS),
         ]
 
@@ -648,6 +707,41 @@ def _generate_message(req: str, greq: GenRequest, model: str | None) -> M.Genera
     except ValueError as exc:  # pydantic's ValidationError, e.g. more stop strings than the bus carries
         raise ApiError(400, f"the request cannot be sent to an engine: {M._first_error(exc)}",
                        "invalid_request") from None
+
+
+class _AsChat:
+    """What the chat path reads of its parsed request, for a Messages request: whether it streams,
+    and usage always (Anthropic's last event carries the totals)."""
+
+    def __init__(self, stream: bool) -> None:
+        self.stream = stream
+
+    @staticmethod
+    def include_usage() -> bool:
+        return True
+
+
+def _stop_word(dones: list[M.Done]) -> str | None:
+    return getattr(dones[-1], "stop_word", None) if dones else None
+
+
+async def _anthropic_events(chunks: AsyncIterator[bytes], rid: str, dones: list[M.Done]) -> AsyncIterator[bytes]:
+    """A chat stream's chunks as Anthropic's events. Its end waits for the chat stream to be over:
+    DONE (and the stop string it names) is recorded only after its last chunk."""
+    out = anthropic.StreamFromOpenAI(rid, "")
+    try:
+        async for piece in chunks:
+            events = out.feed(piece if isinstance(piece, bytes) else str(piece).encode())
+            if events:
+                yield events
+        yield out.close(_stop_word(dones))
+    except Exception as exc:  # headers are out: a bug here must still end the stream properly
+        log_event(log, logging.ERROR, "stream failed", req=rid, error=repr(exc), exc_info=True)
+        yield anthropic.stream_error(500, "internal error (see the coordinator log)")
+    finally:
+        aclose = getattr(chunks, "aclose", None)
+        if aclose is not None:
+            await aclose()  # the chat stream's own cleanup cancels the request on its engine
 
 
 class _Outcome:

@@ -1,5 +1,5 @@
 """llama-server's native endpoints at the front door: ``/tokenize``, ``/detokenize``,
-``/apply-template`` and ``/completion``.
+``/apply-template`` and ``/completion`` (and ``/v1/messages`` while the bus cannot carry its stop word).
 
 The first three generate nothing, so they do not go over the bus as GENERATE does: the body is
 forwarded over HTTP to an engine that serves the model, and its answer (or its 4xx) comes back as
@@ -15,6 +15,11 @@ generated ids of ``return_tokens``, the stopping word, a per-request ``cache_pro
 until the bus carries them: the engine is the least busy one serving the model, without session
 affinity, on-demand loading or a retry elsewhere; a client that goes away still cancels the
 request on its engine (the forwarded connection closes).
+
+An Anthropic ``/v1/messages`` request normally goes over the bus like a chat completion
+(``frontdoor``); one with stop sequences comes this way while DONE does not say which stop string
+ended the generation, since Anthropic's answer names it. The engine's answer, in Anthropic's
+shapes, comes back as it is.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from starlette.responses import Response, StreamingResponse
 
 from hydrad.common import jsonbody
 from hydrad.coordinator.replies import disconnected
-from hydrad.wire import native_completion
+from hydrad.wire import anthropic, native_completion
 from hydrad.wire.openai import ApiError
 
 PATHS = ("/tokenize", "/detokenize", "/apply-template")
@@ -37,6 +42,10 @@ TIMEOUT_S = 60.0
 GENERATION_S = 600.0
 """Longest a whole non-streamed /completion may take past its first token (its engine sends
 nothing before the end, so no per-token bound applies)."""
+
+
+def _data_event(exc: ApiError) -> bytes:
+    return b"data: " + json.dumps(exc.body()).encode() + b"\n\n"
 
 
 class NativeDoor:
@@ -106,11 +115,22 @@ class NativeDoor:
         req, _ = native_completion.parse(raw)
         body = self._body(raw, request.url.path)
         base = self._engine_url(body.pop("model", None))
+        return await self._generation(request, base + "/completion", json.dumps(body).encode(), req.stream)
+
+    async def messages(self, request: Request, raw: bytes, model: str | None, stream: bool) -> Response:
+        """``POST /v1/messages`` (already parsed by the caller), generated on an engine serving the model."""
+        return await self._generation(request, self._engine_url(model) + "/v1/messages", raw, stream,
+                                      lambda e: anthropic.stream_error(e.status, e.message))
+
+    async def _generation(self, request: Request, url: str, content: bytes, stream: bool,
+                          broken: Callable[[ApiError], bytes] = _data_event) -> Response:
+        """A generating request forwarded to ``url``, its answer or stream passed back as the engine writes
+        it; the client going away closes the forwarded connection, which cancels it on the engine. A
+        stream the engine breaks off ends with ``broken`` of the error, in the endpoint's own shape."""
         first, between = self.settings.first_token_timeout_s, self.settings.token_timeout_s
-        timeout = httpx.Timeout(TIMEOUT_S, read=max(first, between) if req.stream else first + GENERATION_S)
-        sent = self.client.build_request("POST", base + "/completion", content=json.dumps(body).encode(),
-                                         headers=self._headers(request), timeout=timeout)
-        answer = asyncio.ensure_future(self._answer(sent, req.stream))
+        timeout = httpx.Timeout(TIMEOUT_S, read=max(first, between) if stream else first + GENERATION_S)
+        sent = self.client.build_request("POST", url, content=content, headers=self._headers(request), timeout=timeout)
+        answer = asyncio.ensure_future(self._answer(sent, stream, broken))
         gone = asyncio.ensure_future(disconnected(request))
         try:
             await asyncio.wait({answer, gone}, return_when=asyncio.FIRST_COMPLETED)
@@ -121,7 +141,7 @@ class NativeDoor:
             return Response(status_code=499)
         return answer.result()
 
-    async def _answer(self, sent: httpx.Request, stream: bool) -> Response:
+    async def _answer(self, sent: httpx.Request, stream: bool, broken: Callable[[ApiError], bytes]) -> Response:
         try:
             r = await self.client.send(sent, stream=True)
         except httpx.HTTPError as exc:
@@ -130,7 +150,7 @@ class NativeDoor:
         passed = {k: v for k, v in r.headers.items() if k.lower().startswith("x-hydra-")}
         if stream and r.status_code == 200 and ctype.startswith("text/event-stream"):
             passed.update({"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-            return StreamingResponse(self._relay(r), media_type="text/event-stream", headers=passed)
+            return StreamingResponse(self._relay(r, broken), media_type="text/event-stream", headers=passed)
         try:
             content = await r.aread()
         except httpx.HTTPError as exc:
@@ -139,13 +159,13 @@ class NativeDoor:
             await r.aclose()
         return Response(content, status_code=r.status_code, media_type=ctype, headers=passed)
 
-    async def _relay(self, r: httpx.Response) -> AsyncIterator[bytes]:
+    async def _relay(self, r: httpx.Response, broken: Callable[[ApiError], bytes]) -> AsyncIterator[bytes]:
         """The engine's events as they come; a stream the engine breaks off ends with an error event."""
         try:
             async for piece in r.aiter_raw():
                 yield piece
         except httpx.HTTPError as exc:
-            yield b"data: " + json.dumps(_unreachable(exc).body()).encode() + b"\n\n"
+            yield broken(_unreachable(exc))
         finally:
             await r.aclose()
 
