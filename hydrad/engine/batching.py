@@ -40,7 +40,8 @@ supported families averages more than a few characters a token): refused before 
 
 class PromptTooLong(ValueError):
     """A prompt refused by its length before tokenizing (400 ``context_length_exceeded``).
-    ``n_prompt_tokens`` is a lower bound (its characters / MAX_CHARS_PER_TOKEN), not a count."""
+    ``n_prompt_tokens`` is a lower bound (its characters / MAX_CHARS_PER_TOKEN, rounded up, so above
+    the context), not a count."""
 
     def __init__(self, message: str, n_prompt_tokens: int, n_ctx: int) -> None:
         super().__init__(message)
@@ -132,7 +133,7 @@ class Batching:
         limit = gen.ctx.n_ctx_seq
         if chars > limit * MAX_CHARS_PER_TOKEN:
             raise PromptTooLong(f"the prompt has {chars} characters, more than this engine's context of {limit} "
-                                "tokens can hold", chars // MAX_CHARS_PER_TOKEN, limit)
+                                "tokens can hold", -(-chars // MAX_CHARS_PER_TOKEN), limit)
         from_store = self.prefix.wants_lookup(chars) and request.slot is None
         if chars < PRETOKENIZE_CHARS and not from_store:
             return

@@ -78,7 +78,7 @@ def test_native_completion_through_the_front_door(pool: tuple[Coordinator, Engin
     evs = [json.loads(b[len("data: "):]) for b in raw.split("\n\n") if b.strip()]
     assert evs[-1]["stop"] is True and all(ev["stop"] is False for ev in evs[:-1])
     assert "".join(ev["content"] for ev in evs) == direct["content"]
-    for bad, field, status in (({"prompt": [-1]}, "prompt", 400), ({"prompt": "x", "n_probs": 2}, "n_probs", 400),
+    for bad, field, status in (({"prompt": [-1]}, "prompt", 400), ({"prompt": "x", "n_probs": -1}, "n_probs", 400),
                                ({"prompt": "x", "temperature": "hot"}, "temperature", 400),
                                ({"prompt": [10**6]}, "prompt", 400),  # past the vocabulary: the engine's refusal
                                ({"prompt": "x", "model": "nope"}, "model", 404), ({}, "prompt", 400)):

@@ -102,7 +102,7 @@ def test_stop_types_and_cache(smollm_engine: Engine) -> None:
     ({"prompt": ["a", "b"]}, "prompt"), ({"prompt": [-1]}, "prompt"), ({"prompt": [10**9]}, "prompt"),
     ({"prompt": [True]}, "prompt"), ({"prompt": [1.5]}, "prompt"), ({"prompt": [49152]}, "prompt"),
     ({"prompt": {"prompt_string": "x"}}, "prompt"),
-    ({"prompt": "x", "n_probs": 3}, "n_probs"), ({"prompt": "x", "n_predict": -2}, "n_predict"),
+    ({"prompt": "x", "n_probs": 101}, "n_probs"), ({"prompt": "x", "n_predict": -2}, "n_predict"),
     ({"prompt": "x", "n_predict": "eight"}, "n_predict"), ({"prompt": "x", "temperature": -1}, "temperature"),
     ({"prompt": "x", "top_k": -1}, "top_k"), ({"prompt": "x", "return_tokens": [1]}, "return_tokens"),
     ({"prompt": "x", "cache_prompt": "maybe"}, "cache_prompt"), ({"prompt": "x", "id_slot": 99}, None),
