@@ -277,7 +277,10 @@ class EngineScreen(Screen[None]):
         self.slot_rows = rows
         for r in rows:
             table.add_row(*(Text(c, style="bold" if c == "busy" else "") for c in r))
-        box = self.query_one("#slots-box", Vertical)
+        found = self.query("#slots-box")
+        if not found:  # the screen is still composing or already being removed: its box comes or goes
+            return
+        box = found.first(Vertical)
         if d is not None and d.slots_error:
             box.border_subtitle = "counts from the coordinator"
         else:
