@@ -212,15 +212,18 @@ VALID: dict[str, st.SearchStrategy[Any]] = {
                                            valid_schemas)),
     "grammar": st.one_of(st.none(), valid_grammars),
     "json_schema": st.one_of(st.none(), valid_schemas),
-    "logprobs": st.one_of(st.none(), st.just(False)),
-    "top_logprobs": st.one_of(st.none(), st.just(0)),
+    # each endpoint reads its own: chat a boolean (and top_logprobs), legacy completions an integer,
+    # /completion n_probs; the others' fields are refused by name unless neutral
+    "logprobs": st.one_of(st.none(), st.booleans(), st.integers(0, 5)),
+    "top_logprobs": st.one_of(st.none(), st.integers(0, 20)),
+    "post_sampling_probs": st.one_of(st.none(), st.just(False)),
     "tools": st.one_of(st.none(), st.just([])),
     "tool_choice": st.one_of(st.none(), st.just("none")),
     "logit_bias": st.one_of(st.none(), st.just({})),
     "session_id": st.one_of(short_text, st.none(), st.just(""), text),
     "cache_prompt": st.booleans(),
     "return_tokens": st.booleans(),
-    "n_probs": st.one_of(st.none(), st.just(0)),
+    "n_probs": st.one_of(st.none(), st.integers(0, 20), st.just(100)),
 }
 HOSTILE: dict[str, st.SearchStrategy[Any]] = {
     "model": any_json,
@@ -234,8 +237,9 @@ HOSTILE: dict[str, st.SearchStrategy[Any]] = {
     "response_format": st.one_of(response_formats, any_json),
     "grammar": hostile_grammars,
     "json_schema": hostile_schemas,
-    "logprobs": st.one_of(st.just(True), any_json),
-    "top_logprobs": st.one_of(st.integers(1, 20), any_json),
+    "logprobs": st.one_of(st.sampled_from([-1, 6, 21, "yes", "1", 1e9, 2**31, 2**64, 1.5, math.nan]), any_json),
+    "top_logprobs": st.one_of(st.sampled_from([-1, 21, "x", "3", 1e9, 2**63, True, 2.0, math.inf]), any_json),
+    "post_sampling_probs": st.one_of(st.just(True), any_json),
     "tools": st.one_of(st.lists(tool, min_size=1, max_size=2), any_json),
     "tool_choice": st.one_of(st.sampled_from(["auto", "required"]),
                              st.fixed_dictionaries({"type": st.just("function"),
@@ -245,7 +249,8 @@ HOSTILE: dict[str, st.SearchStrategy[Any]] = {
     "id_slot": st.one_of(st.integers(max_value=-2), st.integers(2, 64), any_json),
     "return_tokens": any_json,
     "cache_prompt": any_json,
-    "n_probs": st.one_of(st.integers(1, 20), any_json),
+    "n_probs": st.one_of(st.sampled_from([-1, 101, "x", "5", 1e9, 2**63, True, 2.5, math.nan]),
+                         st.integers(101, 2**40), any_json),
 }
 # /completion's prompt: a string, token ids (some past the vocabulary, negative or huge), or one of
 # those in a list; and what it refuses (several prompts, mixed, multimodal objects).
@@ -483,6 +488,51 @@ def _check_usage(usage: Any) -> str | None:
 STOP_TYPES = ("eos", "limit", "word")
 
 
+def _is_logprob(v: Any) -> bool:
+    return type(v) in (int, float) and math.isfinite(v) and v <= 0
+
+
+def _check_token_entries(entries: Any, where: str) -> str | None:
+    """OpenAI chat's ``logprobs.content`` and llama-server's ``completion_probabilities``: per token
+    ``{id, token, bytes, logprob, top_logprobs}``, the alternatives sorted, most likely first."""
+    if not isinstance(entries, list):
+        return f"{where} is not a list: {str(entries)[:300]}"
+    for e in entries:
+        alts = e.get("top_logprobs") if isinstance(e, dict) else None
+        for item in ([e] + alts) if isinstance(alts, list) else [e]:
+            if not (isinstance(item, dict) and type(item.get("id")) is int and isinstance(item.get("token"), str)
+                    and isinstance(item.get("bytes"), list) and all(type(b) is int and 0 <= b < 256 for b in item["bytes"])
+                    and _is_logprob(item.get("logprob"))):
+                return f"{where} has a malformed token: {str(item)[:300]}"
+        if not isinstance(alts, list):
+            return f"{where} has a token without top_logprobs: {str(e)[:300]}"
+        values = [a["logprob"] for a in alts]
+        if values != sorted(values, reverse=True):
+            return f"{where}: top_logprobs not sorted: {values}"
+    return None
+
+
+def _check_logprobs(lp: Any, chat: bool, where: str) -> str | None:
+    """A choice's ``logprobs``: null, or the chat or legacy shape."""
+    if lp is None:
+        return None
+    if chat:
+        if not isinstance(lp, dict) or set(lp) != {"content"}:
+            return f"{where}: chat logprobs is not {{content}}: {str(lp)[:300]}"
+        return _check_token_entries(lp["content"], f"{where}.content")
+    keys = ("tokens", "token_logprobs", "top_logprobs", "text_offset")
+    if not isinstance(lp, dict) or set(lp) != set(keys) or not all(isinstance(lp[k], list) for k in keys):
+        return f"{where}: legacy logprobs is not {{{', '.join(keys)}}}: {str(lp)[:300]}"
+    if len({len(lp[k]) for k in keys}) != 1:
+        return f"{where}: legacy logprobs lists differ in length: {str(lp)[:300]}"
+    if not (all(isinstance(t, str) for t in lp["tokens"]) and all(_is_logprob(v) for v in lp["token_logprobs"])
+            and all(isinstance(d, dict) and all(isinstance(k, str) and _is_logprob(v) for k, v in d.items())
+                    for d in lp["top_logprobs"])
+            and all(type(o) is int and o >= 0 for o in lp["text_offset"]) and lp["text_offset"] == sorted(lp["text_offset"])):
+        return f"{where}: malformed legacy logprobs: {str(lp)[:300]}"
+    return None
+
+
 def _check_native(obj: Any) -> str | None:
     """llama-server's /completion answer, or the last event of its stream."""
     if not isinstance(obj, dict):
@@ -496,6 +546,10 @@ def _check_native(obj: Any) -> str | None:
         return f"/completion answer has stop={obj.get('stop')!r} stop_type={obj['stop_type']!r}"
     if not all(type(t) is int for t in obj["tokens"]):
         return f"/completion tokens are not token ids: {str(obj['tokens'])[:300]}"
+    if "completion_probabilities" in obj:
+        problem = _check_token_entries(obj["completion_probabilities"], "completion_probabilities")
+        if problem:
+            return problem
     if min(obj["tokens_predicted"], obj["tokens_evaluated"], obj["tokens_cached"]) < 0:
         return f"/completion counts are negative: {str(obj)[:300]}"
     return None
@@ -524,6 +578,10 @@ def _check_native_stream(events: list[str]) -> Violation | None:
             return None
         if not isinstance(obj, dict) or not isinstance(obj.get("content"), str) or not isinstance(obj.get("tokens"), list):
             return MalformedStream(f"event {i} is not a /completion piece: {ev[:300]}")
+        if not last and "completion_probabilities" in obj:
+            problem = _check_token_entries(obj["completion_probabilities"], f"event {i} completion_probabilities")
+            if problem:
+                return MalformedStream(problem)
         if obj.get("stop") is not last:
             return MalformedStream(f"event {i} of {len(events)} has stop={obj.get('stop')!r}")
         if last:
@@ -554,7 +612,7 @@ def _check_completion(obj: Any, path: str) -> str | None:
             return f"choice.message is not an assistant message: {str(msg)[:300]}"
     elif not isinstance(c.get("text"), str):
         return f"choice.text is not a string: {str(c)[:300]}"
-    return _check_usage(obj.get("usage"))
+    return _check_logprobs(c.get("logprobs"), chat, "choice.logprobs") or _check_usage(obj.get("usage"))
 
 
 def _check_stream(data: bytes, path: str) -> Violation | None:
@@ -601,6 +659,9 @@ def _check_stream(data: bytes, path: str) -> Violation | None:
         c = obj["choices"][0]
         if not isinstance(c, dict) or (c.get("finish_reason") not in (None, "stop", "length")):
             return MalformedStream(f"event {i} has a bad choice: {payload[:300]}")
+        problem = _check_logprobs(c.get("logprobs"), path == CHAT, f"event {i} logprobs")
+        if problem:
+            return MalformedStream(problem)
         if c.get("finish_reason") is not None:
             finished = True
     if not finished:

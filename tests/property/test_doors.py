@@ -181,3 +181,27 @@ def test_the_native_strategies_reach_the_engine(door: Door, stream: bool) -> Non
     out = door.check(case)
     kept(door, case, out)
     assert out.status == 200 and out.kind == ("sse" if stream else "json"), out
+
+
+LOGPROBS_BODIES = [
+    (doors.CHAT, {"messages": [{"role": "user", "content": "Hi \U0001f600"}], "logprobs": True, "top_logprobs": 20}),
+    (doors.COMPLETIONS, {"prompt": "Once upon a time", "logprobs": 5}),
+    (doors.NATIVE, {"prompt": [1, 504, 3458, 314], "n_probs": 100}),
+]
+
+
+@pytest.mark.parametrize("stream", [True, False])
+@pytest.mark.parametrize("path,fields", LOGPROBS_BODIES, ids=["chat", "completions", "native"])
+def test_the_logprobs_strategies_reach_the_engine(door: Door, path: str, fields: dict[str, object],
+                                                  stream: bool) -> None:
+    """Log-probabilities at their largest per endpoint are served, whole and streamed, and their
+    shapes hold (checked by the invariant, which checks every answer that carries them)."""
+    body = {**fields, "max_tokens": 4, "stream": stream, "temperature": 0}
+    case = doors.Case(path, json.dumps(body).encode(), {})
+    out = door.check(case)
+    kept(door, case, out)
+    assert out.status == 200 and out.kind == ("sse" if stream else "json"), out
+    if not stream:  # present when asked (the invariant checks the shape of whatever is there)
+        got = door.client.post(door.url + path, json=body, timeout=60).json()
+        probs = got["completion_probabilities"] if path == doors.NATIVE else got["choices"][0]["logprobs"]
+        assert probs, got
