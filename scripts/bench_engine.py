@@ -14,6 +14,9 @@ Workloads (prompt tokens are exact, counted with the model's own tokenizer):
   b  8 streams,  128-token prompt, 256 generated   (continuous batching; aggregate tok/s)
   c  1 stream,  2048-token prompt,  32 generated   (prefill-bound)
   d  1 stream,   512-token prompt,   1 generated   (time to first token)
+  e  1 stream,   128-token prompt, 256 generated, ``logprobs: 5``   (decode with the log-probabilities
+     of each token and its 5 most likely alternatives; llama-server reads ``logprobs`` as its
+     ``n_probs``; not in the default set)
 
 Before the workloads, each server is also asked for the same 4 streams (32-token prompt, 64
 generated) one after another and then all at once: the ratio of the two wall times is what
@@ -88,11 +91,13 @@ class Workload:
     n_prompt: int
     n_gen: int
     streams: int
+    logprobs: int | None = None  # each request asks for its tokens' log-probabilities and this many alternatives
 
     @property
     def label(self) -> str:
         s = f"{self.streams}×" if self.streams > 1 else "1×"
-        return f"({self.key}) {s}{self.n_prompt}→{self.n_gen}"
+        extra = f", top-{self.logprobs} logprobs" if self.logprobs is not None else ""
+        return f"({self.key}) {s}{self.n_prompt}→{self.n_gen}{extra}"
 
 
 WORKLOADS: dict[str, Workload] = {
@@ -100,6 +105,7 @@ WORKLOADS: dict[str, Workload] = {
     "b": Workload("b", 128, 256, 8),
     "c": Workload("c", 2048, 32, 1),
     "d": Workload("d", 512, 1, 1),
+    "e": Workload("e", 128, 256, 1, logprobs=5),
 }
 
 BATCHING = Workload("batching", 32, 64, 4)  # streams one after another, then all at once
@@ -111,6 +117,7 @@ METRICS: dict[str, list[tuple[str, str, bool]]] = {
           ("prefill_tps", "prefill tok/s (all prompts)", True), ("decode_tps", "decode tok/s (median stream)", True)],
     "c": [("ttft_ms", "TTFT ms", False), ("prefill_tps", "prefill tok/s", True), ("decode_tps", "decode tok/s", True)],
     "d": [("ttft_ms", "TTFT ms", False), ("prefill_tps", "prefill tok/s", True)],
+    "e": [("ttft_ms", "TTFT ms", False), ("prefill_tps", "prefill tok/s", True), ("decode_tps", "decode tok/s", True)],
 }
 
 
@@ -487,6 +494,7 @@ class Stream:
     text_events: int = 0
     prompt_tokens: int | None = None  # as the server reports them
     completion_tokens: int | None = None
+    logprob_tokens: int = 0  # tokens whose log-probabilities the stream carried
 
 
 async def stream_completion(client: httpx.AsyncClient, url: str, payload: dict[str, Any]) -> Stream:
@@ -507,6 +515,7 @@ async def stream_completion(client: httpx.AsyncClient, url: str, payload: dict[s
                 raise RuntimeError(f"{url}: stream error: {ev['error']}")
             choices = ev.get("choices") or []
             if choices:
+                st.logprob_tokens += _logprob_tokens(choices[0].get("logprobs"))
                 if not st.t_first:
                     st.t_first = now
                 if choices[0].get("text"):
@@ -525,11 +534,22 @@ async def stream_completion(client: httpx.AsyncClient, url: str, payload: dict[s
     return st
 
 
-def request_payload(prompt: str, n_gen: int, seed: int, slot: int) -> dict[str, Any]:
+def _logprob_tokens(logprobs: Any) -> int:
+    """Tokens a chunk's ``logprobs`` covers: OpenAI's legacy shape (hydrad) or the chat-like
+    ``content`` list llama-server sends on ``/v1/completions``."""
+    if not isinstance(logprobs, dict):
+        return 0
+    return len(logprobs.get("tokens") or logprobs.get("content") or ())
+
+
+def request_payload(prompt: str, n_gen: int, seed: int, slot: int, logprobs: int | None = None) -> dict[str, Any]:
     """Stream ``slot`` of a workload runs in slot ``slot`` on both servers (``id_slot``): each slot then
     holds at most its last request's KV, so idle caches never crowd the unified KV pool."""
-    return {"prompt": prompt, "max_tokens": n_gen, "temperature": 0, "ignore_eos": True, "seed": seed,
-            "stream": True, "stream_options": {"include_usage": True}, "cache_prompt": False, "id_slot": slot}
+    payload = {"prompt": prompt, "max_tokens": n_gen, "temperature": 0, "ignore_eos": True, "seed": seed,
+               "stream": True, "stream_options": {"include_usage": True}, "cache_prompt": False, "id_slot": slot}
+    if logprobs is not None:
+        payload["logprobs"] = logprobs
+    return payload
 
 
 class Disturbed(Exception):
@@ -560,7 +580,7 @@ def run_workload(url: str, w: Workload, prompts: list[str], seed: int,
     ``disturbed`` is asked about once a second; when it says so the run is abandoned
     (:class:`Disturbed`) instead of crawling on under foreign load.
     """
-    payloads = [request_payload(p, w.n_gen, seed, i) for i, p in enumerate(prompts)]
+    payloads = [request_payload(p, w.n_gen, seed, i, w.logprobs) for i, p in enumerate(prompts)]
     t0, streams = asyncio.run(_run_streams(url, payloads, disturbed))
     per: list[dict[str, Any]] = []
     for st in streams:
@@ -570,13 +590,17 @@ def run_workload(url: str, w: Workload, prompts: list[str], seed: int,
                   file=sys.stderr)
         if n_gen != w.n_gen:
             print(f"bench: warning: {url} generated {n_gen} tokens, expected {w.n_gen}", file=sys.stderr)
+        if w.logprobs is not None and st.logprob_tokens != n_gen:
+            print(f"bench: warning: {url} sent log-probabilities for {st.logprob_tokens} of {n_gen} tokens",
+                  file=sys.stderr)
         ttft = st.t_first - st.t_send
         decode = None
         if n_gen > 1 and st.t_tok_last > st.t_tok_first:
             decode = (n_gen - 1) / (st.t_tok_last - st.t_tok_first)
         per.append({"ttft_ms": ttft * 1000, "prefill_tps": w.n_prompt / ttft if ttft > 0 else None,
                     "decode_tps": decode, "completion_tokens": n_gen, "prompt_tokens_reported": st.prompt_tokens,
-                    "text_events": st.text_events, "total_ms": (st.t_end - st.t_send) * 1000})
+                    "text_events": st.text_events, "total_ms": (st.t_end - st.t_send) * 1000,
+                    "logprob_tokens": st.logprob_tokens})
     out: dict[str, Any] = {"streams": per}
     if w.streams == 1:
         out.update({k: per[0][k] for k in ("ttft_ms", "prefill_tps", "decode_tps")})
@@ -962,7 +986,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", default=DEFAULT_MODELS, help=f"comma-separated registry aliases or GGUF paths "
                     f"(default: {DEFAULT_MODELS})")
     ap.add_argument("--runs", type=int, default=5, help="paired runs per workload (default: 5)")
-    ap.add_argument("--workloads", default="a,b,c,d", help="which of a,b,c,d (default: all)")
+    ap.add_argument("--workloads", default="a,b,c,d", help="which of a,b,c,d,e (default: a,b,c,d)")
     ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
                     help="CPU threads for both servers (generation and batch; default: all cores)")
     ap.add_argument("--n-ctx", type=int, default=8192, help="context size of both servers (default: 8192)")
@@ -1001,7 +1025,7 @@ def main(argv: list[str] | None = None) -> int:
     keys = [k.strip() for k in args.workloads.split(",") if k.strip()]
     bad = [k for k in keys if k not in WORKLOADS]
     if bad or not keys:
-        ap.error(f"--workloads: unknown {','.join(bad) or '(none)'}; choose from a,b,c,d")
+        ap.error(f"--workloads: unknown {','.join(bad) or '(none)'}; choose from {','.join(WORKLOADS)}")
     if args.runs < 1:
         ap.error("--runs must be at least 1")
     workloads = [WORKLOADS[k] for k in keys]
