@@ -718,18 +718,24 @@ class Logprobs:
 
     def _top_ids(self, row: Any, m: float) -> list[int]:
         """The ``top`` largest logits' ids, largest first (the lower id first among equals, as the
-        argmax picks). Only logits within a few units of the maximum are candidates, widened when too
-        few are; a row without a finite maximum falls back to the whole row."""
+        argmax picks). The candidates are the logits within a band below the maximum, the band
+        widened until it holds ``top`` of them (each try a compare and a count over the row, about
+        20 µs for Gemma-3's 262,144 logits; listing the indices is what costs, so it is done once,
+        for the few that the narrowest band holds), then a partial selection among them. A row
+        without enough within the widest band, or without a finite maximum, falls back to a
+        selection over the whole row (about 15 times slower)."""
         k = self.top
         if k <= 0:
             return []
         np = self._np
         ids: Any = None
         if math.isfinite(m):
-            for width in (4.0, 16.0):
-                near = np.flatnonzero(row >= m - width)
-                if len(near) >= k:
-                    ids = near if len(near) == k else near[np.argpartition(row[near], -k)[-k:]]
+            for width in (4.0, 8.0, 16.0, 32.0):
+                band = row >= m - width
+                n = int(np.count_nonzero(band))
+                if n >= k:
+                    near = np.flatnonzero(band)
+                    ids = near if n == k else near[np.argpartition(row[near], -k)[-k:]]
                     break
         if ids is None:
             ids = np.argpartition(row, -k)[-k:] if k < self.n_vocab else np.arange(self.n_vocab)
