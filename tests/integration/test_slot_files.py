@@ -242,3 +242,14 @@ def test_size_limits(smollm_path: Path, slot_dir: Path, start_engine: Callable[.
     r = action(e, 0, "restore", {"filename": "big.bin"})
     assert r.status_code == 413 and r.json()["error"]["param"] == "filename", r.text
     assert e.http.get("/livez").status_code == 200
+
+
+def test_outside_control_allow_from_is_forbidden(smollm_path: Path, slot_dir: Path,
+                                                 start_engine: Callable[..., Engine]) -> None:
+    e = start_engine(defaults=SMOL, extra={"slot_save_dir": str(slot_dir), "control_allow_from": ["10.0.0.0/8"]})
+    e.wait_ready()
+    complete(e, 0)
+    for what, body in (("save", {"filename": "t.bin"}), ("restore", {"filename": "t.bin"}), ("erase", None)):
+        r = action(e, 0, what, body)
+        assert r.status_code == 403 and r.json()["error"]["code"] == "forbidden", (what, r.text)
+    assert not slot_dir.exists() and slot_tokens(e, 0) > 0
