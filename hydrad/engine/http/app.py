@@ -227,7 +227,8 @@ ROUTES = [
     Route("/control/loads/{load_id}", load_status),
     Route("/control/swap_quant", swap_quant, methods=["POST"]),
     Route("/control/set_expert_mode", set_expert_mode, methods=["POST"]),
-    Route("/slots", slots), Route("/slots/{slot}", slot_action, methods=["POST"]), Route("/slots/{slot}/state", state_get),
+    Route("/slots", slots), Route("/slots/{slot}", slot_action, methods=["POST"]),
+    Route("/slots/{slot}/state", state_get),
     Route("/slots/{slot}/state", state_put, methods=["PUT"]), Route("/slots/{slot}/state/meta", state_meta),
 ]
 

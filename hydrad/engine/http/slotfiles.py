@@ -131,7 +131,8 @@ async def _restore(ctx: HttpContext, sid: int, directory: Path, name: str, trust
         raise ApiError(413 if exc.too_large else 400, f"{exc}; the slot is unchanged",
                        "too_large" if exc.too_large else "bad_slot_file", "filename") from None
     except OSError as exc:
-        raise ApiError(500, f"slot file '{name}' could not be opened: {exc.strerror or exc}", "restore_failed") from None
+        raise ApiError(500, f"slot file '{name}' could not be opened: {exc.strerror or exc}",
+                       "restore_failed") from None
     try:
         meta, data = await _read_state(ctx, sid, name, f, limit)
     finally:
