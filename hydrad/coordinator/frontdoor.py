@@ -50,7 +50,7 @@ from hydrad.coordinator.sessions import SessionKeeper
 from hydrad.coordinator.kvmove import TransferMeter, stream_slot
 from hydrad.coordinator.pdsplit import SplitPlan, TransferRates, plan_split
 from hydrad.coordinator.routing import (
-    Decision, EngineView, ModelSpec, RouteRequest, route,
+    DEFAULT_POLICY, Decision, EngineView, ModelSpec, RouteRequest, route,
 )
 from hydrad.coordinator.switcher import LoadFailed, ProfileSwitcher
 from hydrad.wire.requests import GenRequest, SamplingOverrides
@@ -353,7 +353,7 @@ class FrontDoor:
                 await self._ensure(engine, served)
                 msg.slot = await self._restore(session, engine)
                 split = None
-                if msg.slot is None and attempt == 1 and self.settings.pd_split:
+                if msg.slot is None and attempt == 1 and self.settings.pd_split and greq.cache_prompt is not False:
                     split, _ = self._plan(rr, decision)
                     if split is not None:
                         msg.slot = await self._split(split, greq, rid)
@@ -589,6 +589,11 @@ class FrontDoor:
         home = self.affinity.engine_of(session)
         if not self.sessions.has(session) or home == engine:
             return None
+        model = self.sessions.model_of(session)
+        if not self._transfer_pays(self.sessions.kept_tokens(session, model), engine, model):
+            log_event(log, logging.INFO, "session prefilled: the engine computes it faster than its KV moves",
+                      session=session, engine=engine)
+            return None
         src = self.bus.engines.get(home) if home is not None else None
         if src is not None and src.alive and src.status.stage == "ready":
             # routing passed over the engine holding the session (its wait was too long): move the KV
@@ -603,6 +608,23 @@ class FrontDoor:
                 return moved.slot
         restored = await self.sessions.restore(session, engine)  # type: ignore[arg-type]
         return restored.slot if restored is not None else None
+
+    def _transfer_pays(self, tokens: int, engine: str, model: str | None) -> bool:
+        """Whether bringing ``tokens`` of KV to ``engine`` (moved or restored) beats prefilling them there,
+        by the engine's measured prefill speed and the measured transfers (routing's estimate for the
+        split and for lukewarm candidates). A small model on a fast GPU prefills faster than its KV
+        moves: below that crossover the turn just prefills. Unmeasured speeds keep the KV."""
+        rec = self.bus.engines.get(engine)
+        tps = rec.status.prefill_tps if rec is not None else 0.0
+        spec = self.specs.get(model or "")
+        per_token = self.meter.bytes_per_token(rec.status.kv_family if rec is not None else None) or (
+            spec.kv_bytes_per_token if spec is not None else 0)
+        if tokens <= 0 or tps <= 0 or per_token <= 0:
+            return True
+        rates = TransferRates.of(self.meter)
+        bandwidth = rates.bytes_per_s if rates.bytes_per_s > 0 else DEFAULT_POLICY.restore_bytes_per_s
+        fixed = rates.fixed_s if rates.transfers > 0 else DEFAULT_POLICY.transfer_fixed_s
+        return fixed + tokens * per_token / bandwidth < tokens / tps
 
     async def models(self, _: Request) -> Response:
         data = []

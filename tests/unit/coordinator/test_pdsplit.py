@@ -6,11 +6,18 @@ Q8_0 sibling, unless a test says otherwise."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
+from hydrad.common.registry import ModelEntry
+from hydrad.coordinator.frontdoor import FrontDoor
 from hydrad.coordinator.kvmove import Moved, TransferMeter
 from hydrad.coordinator.pdsplit import TransferRates, plan_split
+from hydrad.coordinator.records import EngineRecord
 from hydrad.coordinator.routing import DEFAULT_POLICY, EngineView, ModelSpec, RouteRequest, route
+from hydrad.coordinator.settings import CoordinatorSettings
+from hydrad.wire import messages as M
 
 Q4, Q8 = "smol", "smol-q8"
 FAMILY = "fam-smol"
@@ -143,3 +150,27 @@ def test_the_meter_learns_a_fixed_part_from_small_transfers() -> None:
     slow, fast = eng("slow", prefill_tps=200.0), eng("fast", Q8, prefill_tps=4000.0)
     p, why = plan([slow, fast], prompt=10, rates=TransferRates.of(meter))
     assert p is None and "no split pays" in why
+
+
+# ----- the same estimate on a session's turn: move its KV, or prefill it ------------------------
+
+
+def _front(prefill_tps: float) -> FrontDoor:
+    rec = EngineRecord(name="gpu", info=M.Register(engine="gpu", instance="p.1", version="t", rpc="127.0.0.1:1"),
+                       status=M.EngineStatus(stage="ready", model=Q4, prefill_tps=prefill_tps, kv_family=FAMILY))
+    bus = SimpleNamespace(engines={"gpu": rec}, listeners=[], inflight=lambda name: 0, inflight_total=lambda: 0)
+    switcher = SimpleNamespace(locked=lambda name: False, placed=lambda name: (False, None))
+    registry = SimpleNamespace(entries={Q4: ModelEntry(path="m.gguf", kv_bytes_per_token=23_040)})
+    return FrontDoor(CoordinatorSettings(), bus, switcher, registry)  # type: ignore[arg-type]
+
+
+def test_a_session_moves_only_when_its_transfer_beats_prefilling_it() -> None:
+    """A CPU engine prefills 300 tokens/s: 2,000 tokens of KV (46 MB) move far faster. A GPU engine prefilling
+    50,000 tokens/s computes them in 40 ms, less than the transfer's fixed part plus 46 MB at 1 GB/s."""
+    assert _front(300.0)._transfer_pays(2000, "gpu", Q4)
+    assert not _front(50_000.0)._transfer_pays(2000, "gpu", Q4)
+    front = _front(50_000.0)
+    front.meter.record(Moved(slot=0, n_tokens=4000, n_bytes=92_160_000, seconds=0.0092), FAMILY)  # 10 GB/s, no fixed part
+    assert front._transfer_pays(2000, "gpu", Q4)  # 4.6 ms against 40 ms
+    assert _front(0.0)._transfer_pays(2000, "gpu", Q4)  # unmeasured: keep the KV
+    assert _front(300.0)._transfer_pays(2000, "nowhere", Q4)
