@@ -103,7 +103,7 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     reg["models"][Q8] = {**reg["models"][Q4], "path": str(q8), "quant": "Q8_0", "size_bytes": q8.stat().st_size}
     reg_path = tmp / "models.yaml"
     reg_path.write_text(yaml.safe_dump(reg))
-    n_ctx = 2 * (max(args.sizes) + args.max_tokens + 256)
+    n_ctx = 4 * (int(max(args.sizes) * 1.5) + args.max_tokens + 256)  # two slots' worth of prompts, with room
     c = Coordinator(tmp, extra={"registry": str(reg_path), "first_token_timeout_s": 600}, heartbeat_interval_s=0.5)
     engines: list[Engine] = []
     try:
@@ -156,7 +156,8 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         es = c.engines()
         speeds = {n: {"prefill_tps": es[n]["prefill_tps"], "decode_tps": es[n]["decode_tps"]} for n in ("fast", "slow")}
         transfers = c.http.post("/admin/route", json={"model": Q4, "prompt": "x"}).json()["split"]["transfers"]
-        return {"rows": rows, "speeds": speeds, "transfers": transfers}
+        abandoned = [line for line in c.log().splitlines() if "split abandoned" in line]
+        return {"rows": rows, "speeds": speeds, "transfers": transfers, "abandoned": abandoned}
     finally:
         for e in engines:
             e.stop()

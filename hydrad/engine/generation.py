@@ -166,6 +166,8 @@ class Generation:
         """Replace the slot's KV with ``data`` and its token list with ``tokens``; ``foreign`` marks a state
         nobody trusted vouched for (see ``Slot.foreign``).
 
+        With one KV pool for all slots, idle slots' caches are evicted (oldest first) to make room, as
+        for a prompt; busy slots are never touched, and a state that still does not fit is refused.
         On failure the slot keeps what it had: llama.cpp clears the sequence before it parses a state,
         so the old KV is read out first (when the slot holds any) and written back if the new one is
         refused. Only when even that restore fails does the slot end up empty, never half-written."""
@@ -177,23 +179,30 @@ class Generation:
         backup = self.read_state(slot) if old_tokens else None
         self.ctx.seq_rm(slot.id, -1, -1)
         slot.cache.clear()
-        n = C.llama_state_seq_set_data(self.ctx.ptr, arr.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), len(arr), slot.id)
-        if n == 0:
+        self.ensure_room(len(tokens), exclude=slot)
+        used = sum(len(s.cache) for s in self.slots)
+        if self.params.kv_unified and used + len(tokens) > self.ctx.n_ctx:
+            why = (f"no room in the KV cache for {len(tokens)} tokens: busy slots hold {used} of its "
+                   f"{self.ctx.n_ctx} cells")
+        elif C.llama_state_seq_set_data(self.ctx.ptr, arr.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)),
+                                        len(arr), slot.id) == 0:
+            why = "llama.cpp refused the state data (corrupt, from another build, or no room in the KV cache)"
+        else:
+            slot.cache.extend(tokens)
+            slot.foreign = foreign
+            return
+        self.ctx.seq_rm(slot.id, -1, -1)
+        slot.foreign = False
+        if backup is None:
+            raise RuntimeError(f"{why}; the slot is unchanged")
+        back = C.llama_state_seq_set_data(self.ctx.ptr, backup.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)),
+                                          len(backup), slot.id)
+        if back == 0:
             self.ctx.seq_rm(slot.id, -1, -1)
-            slot.foreign = False
-            if backup is None:
-                raise RuntimeError("llama.cpp refused the state data (corrupt or from another build); the slot is unchanged")
-            back = C.llama_state_seq_set_data(self.ctx.ptr, backup.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)),
-                                              len(backup), slot.id)
-            if back == 0:
-                self.ctx.seq_rm(slot.id, -1, -1)
-                raise RuntimeError("llama.cpp refused the state data (corrupt or from another build), and the slot's "
-                                   "previous KV could not be put back; the slot is empty")
-            slot.cache.extend(old_tokens)
-            slot.foreign = old_foreign
-            raise RuntimeError("llama.cpp refused the state data (corrupt or from another build); the slot is unchanged")
-        slot.cache.extend(tokens)
-        slot.foreign = foreign
+            raise RuntimeError(f"{why}, and the slot's previous KV could not be put back; the slot is empty")
+        slot.cache.extend(old_tokens)
+        slot.foreign = old_foreign
+        raise RuntimeError(f"{why}; the slot is unchanged")
 
     def free_slot_exists(self) -> bool:
         return self.n_active < len(self.slots)

@@ -153,3 +153,25 @@ def test_coordinator_prefills_on_the_fast_sibling_and_decodes_on_the_slow_engine
         assert r.status_code == 200 and r.headers["x-hydra-route"] != "split"
     finally:
         c.stop()
+
+
+def test_a_state_put_makes_room_in_a_shared_kv_pool_by_evicting_idle_caches(
+        smollm_path: Path, start_engine: Callable[..., Engine]) -> None:
+    """One KV pool for all slots (kv_unified, the default) of 1,024 cells: an idle slot's ~670-token cache is
+    evicted so that a ~670-token state fits, as a prompt would evict it; the pool never overflows."""
+    src = start_engine(name="src", defaults={"model": Q4, "temperature": 0, "n_ctx": 1024, "n_parallel": 2})
+    dst = start_engine(name="dst", defaults={"model": Q4, "temperature": 0, "n_ctx": 1024, "n_parallel": 2})
+    src.wait_ready()
+    dst.wait_ready()
+    big = long_prompt("room", 25)
+    n = complete(src, big, slot=0, max_tokens=1)["usage"]["prompt_tokens"]
+    assert 600 < n < 1024 - 300, n
+    complete(dst, long_prompt("other", 25), slot=0, max_tokens=1)  # dst's slot 0 now holds as many cells
+    with RpcClient(rpc_addr(src)) as a:
+        meta, data = a.state_get_bytes(0)
+    with RpcClient(rpc_addr(dst)) as b:
+        assert b.state_put(1, meta, data)["n_tokens"] == n
+        slots = {s["id"]: s["n_tokens"] for s in b.info()["slots"]}
+    assert slots == {0: 0, 1: n}
+    cont = complete(dst, big, slot=1)
+    assert cont["usage"]["prompt_tokens_details"]["cached_tokens"] == n - 1
