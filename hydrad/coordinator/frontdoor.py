@@ -45,7 +45,7 @@ from hydrad.coordinator.bus import CoordinatorBus
 from hydrad.coordinator.records import EngineLost, EngineRecord, EngineUnreachable, RequestUnsendable, pairs
 from hydrad.coordinator.metrics import CONTENT_TYPE, CoordinatorMetrics
 from hydrad.coordinator.native import PATHS as NATIVE_PATHS, NativeDoor
-from hydrad.coordinator.replies import Lost, Turn, collect, disconnected, relay
+from hydrad.coordinator.replies import Lost, Turn, api_error, collect, disconnected, relay
 from hydrad.coordinator.sessions import SessionKeeper
 from hydrad.coordinator.kvmove import TransferMeter, stream_slot
 from hydrad.coordinator.pdsplit import SplitPlan, TransferRates, plan_split
@@ -388,7 +388,7 @@ class FrontDoor:
             self.metrics.queue.labels(*labels).observe(t_sent - outcome.t0)
             self.metrics.ttft.labels(*labels).observe(time.monotonic() - outcome.t0)
             if isinstance(first, M.Error):  # the request's own fault: the same answer anywhere
-                raise ApiError(first.status, first.message, first.code)
+                raise api_error(first)
             headers = {"X-Hydra-Engine": engine, "X-Hydra-Route": decision.step}
             if split is not None:
                 headers.update({"X-Hydra-Route": "split", "X-Hydra-Prefill-Engine": split.prefill})

@@ -330,8 +330,6 @@ def test_context_overflow_names_the_sizes_at_the_front_door_on_completion(pools:
     _overflow(http.post("/completion", json={"prompt": HUGE, "n_predict": 2}), None)
 
 
-@pytest.mark.xfail(strict=True, reason="the front door raises an engine's first-event ERROR without its "
-                                        "n_prompt_tokens and n_ctx until it uses replies.api_error")
 def test_context_overflow_names_the_sizes_at_the_front_door(pools: dict[str, Pool]) -> None:
     pool = pools["smollm"]
     http = pool.coordinator.http
