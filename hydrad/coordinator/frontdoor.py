@@ -73,10 +73,6 @@ MAX_SESSION_ID = 256
 # A session id travels back in the X-Session-Id header and into logs and events: printable ASCII
 # only (no control characters, nothing a header cannot carry), no leading or trailing space.
 _SESSION_RE = re.compile(r"[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?")  # fullmatch: "$" would let a trailing newline through
-BUS_KNOWS_STOP_WORD = "stop_word" in M.Done.model_fields
-"""Whether DONE says which stop string ended a generation. Anthropic's answer names it
-(``stop_sequence``); while the bus cannot, a Messages request with stop sequences is forwarded to an
-engine's own ``/v1/messages`` over HTTP, as ``/completion`` is (``native.py``)."""
 
 
 def _estimate_tokens(gen: GenRequest) -> int:
@@ -671,10 +667,7 @@ class FrontDoor:
             req, greq = anthropic.parse(raw)
             session = self._session_of(req.session_id, request)
             outcome.model = self._model(req.model)
-            if greq.stop and not BUS_KNOWS_STOP_WORD:
-                response = await self.native.messages(request, raw, req.model, req.stream)
-            else:
-                response = await self._messages(request, req, greq, session, outcome)
+            response = await self._messages(request, req, greq, session, outcome)
         except ApiError as exc:
             self.metrics.request(outcome.model, outcome.engine, exc.status)
             return JSONResponse(anthropic.error_of(exc), status_code=exc.status, headers=exc.headers)
@@ -744,7 +737,8 @@ class _AsChat:
 
 
 def _stop_word(dones: list[M.Done]) -> str | None:
-    return getattr(dones[-1], "stop_word", None) if dones else None
+    """The stop string that ended the generation (Anthropic's ``stop_sequence``), as DONE names it."""
+    return dones[-1].stop_word if dones else None
 
 
 async def _anthropic_events(chunks: AsyncIterator[bytes], rid: str, dones: list[M.Done]) -> AsyncIterator[bytes]:

@@ -34,7 +34,7 @@ from starlette.responses import Response, StreamingResponse
 
 from hydrad.common import jsonbody
 from hydrad.coordinator.replies import disconnected
-from hydrad.wire import anthropic, native_completion
+from hydrad.wire import native_completion
 from hydrad.wire.openai import ApiError
 
 PATHS = ("/tokenize", "/detokenize", "/apply-template")
@@ -116,11 +116,6 @@ class NativeDoor:
         body = self._body(raw, request.url.path)
         base = self._engine_url(body.pop("model", None))
         return await self._generation(request, base + "/completion", json.dumps(body).encode(), req.stream)
-
-    async def messages(self, request: Request, raw: bytes, model: str | None, stream: bool) -> Response:
-        """``POST /v1/messages`` (already parsed by the caller), generated on an engine serving the model."""
-        return await self._generation(request, self._engine_url(model) + "/v1/messages", raw, stream,
-                                      lambda e: anthropic.stream_error(e.status, e.message))
 
     async def _generation(self, request: Request, url: str, content: bytes, stream: bool,
                           broken: Callable[[ApiError], bytes] = _data_event) -> Response:

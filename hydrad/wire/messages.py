@@ -197,6 +197,8 @@ class Done(_Msg):
                                                      "keeper's STATE_GET); absent from older engines.")
     kv_tokens: int = Field(0, ge=0, description="How many tokens that slot's KV holds after the turn.")
     kv_hash: str = Field("", max_length=32, description="hydrad.wire.kvdigest of those tokens.")
+    stop_word: str | None = Field(None, max_length=8192, description="The stop string that ended the generation, "
+                                                                      "if one did (Anthropic's stop_sequence).")
 
 
 class Error(_Msg):

@@ -425,7 +425,7 @@ class EngineLink:
                         u = last.usage
                         self._send(M.Done(req=req, finish_reason=last.finish_reason, model=last.generation.model,
                                           fingerprint=last.generation.fingerprint, slot=last.slot,
-                                          kv_tokens=last.kv_tokens, kv_hash=last.kv_hash,
+                                          kv_tokens=last.kv_tokens, kv_hash=last.kv_hash, stop_word=last.stop_word,
                                           usage=M.UsageInfo(prompt_tokens=u.prompt_tokens,
                                                             completion_tokens=u.completion_tokens,
                                                             cached_tokens=u.cached_tokens, prompt_ms=u.prompt_ms,
