@@ -322,12 +322,13 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser, rpc_auth: argparse.Ar
     ro = sub.add_parser("route", parents=[common], help="which engine a request would go to, and why",
                         description="Ask the coordinator where a chat request with PROMPT as its user message would\n"
                                     "be routed now (POST /admin/route; nothing is generated). Prints the engine;\n"
-                                    "--explain adds the step, the reason, every candidate's cost and every\n"
-                                    "rejected engine with why. Exit 0 when an engine was chosen, 3 when none.",
+                                    "--explain adds the step, the reason, every candidate's cost, every\n"
+                                    "rejected engine with why, and the prefill/decode split's plan (or why\n"
+                                    "there is none). Exit 0 when an engine was chosen, 3 when none.",
                         epilog="example:\n  hydractl route --explain --model smollm2-135m --session s1 'Hello there'",
                         formatter_class=argparse.RawDescriptionHelpFormatter)
     ro.add_argument("args", nargs="*", metavar="[URL] PROMPT", help=f"the prompt, after an optional {coord_help}")
-    ro.add_argument("--explain", action="store_true", help="show step, reason, candidates and rejections")
+    ro.add_argument("--explain", action="store_true", help="show step, reason, candidates, rejections and the split")
     ro.add_argument("--model", metavar="M", help="model to route for (default: the pool's default model)")
     ro.add_argument("--session", metavar="S", help="session id (session affinity)")
     ro.add_argument("--max-tokens", type=int, metavar="N", help="max_tokens of the request (default 256)")
