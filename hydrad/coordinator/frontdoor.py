@@ -583,7 +583,7 @@ class FrontDoor:
         if pinned is not None:
             return pinned
         home = self.affinity.engine_of(session)
-        if not self.sessions.has(session) or home == engine:
+        if not self.sessions.knows(session) or home == engine:
             return None
         model = self.sessions.model_of(session)
         if not self._transfer_pays(self.sessions.kept_tokens(session, model), engine, model):

@@ -88,6 +88,18 @@ class Kept:
 
 
 @dataclass
+class Latest:
+    """Where a session's newest turn left its KV (DONE's slot and digest), kept or not: a session taking
+    turns back to back is often not kept (its slot is busy with the next turn when the keeper reads
+    it), but its KV can still move engine to engine from there."""
+
+    engine: str
+    slot: int
+    kv_hash: str
+    model: str
+
+
+@dataclass
 class Restored:
     slot: int
     n_tokens: int
@@ -105,6 +117,7 @@ class SessionKeeper:
         self._index: OrderedDict[str, Kept] = OrderedDict()
         self._pending: dict[str, tuple[str, M.Done]] = {}  # session -> newest turn waiting to be kept
         self._pins: dict[str, tuple[str, int]] = {}  # session -> (engine, slot) it was moved into
+        self._latest: OrderedDict[str, Latest] = OrderedDict()  # session -> where its newest turn's KV is
         self._running: set[str] = set()
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="hydra-sessions")
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -149,7 +162,12 @@ class SessionKeeper:
         return kept.n_tokens if kept is not None and model is not None and kept.model == model else 0
 
     def has(self, session: str | None) -> bool:
+        """The session has a turn kept in the Store."""
         return bool(session) and session in self._index
+
+    def knows(self, session: str | None) -> bool:
+        """The session has a turn kept, or a newest turn whose KV may still be in its slot."""
+        return bool(session) and (session in self._index or session in self._latest)
 
     def public(self) -> dict[str, Any]:
         return {"sessions": len(self._index), "queued": len(self._pending), **self.stats}
@@ -160,6 +178,10 @@ class SessionKeeper:
         """A session's turn finished on ``engine``: queue a snapshot of its slot (newest turn wins)."""
         if not session or done is None or done.slot is None or not done.kv_hash:
             return
+        self._latest[session] = Latest(engine, done.slot, done.kv_hash, done.model)
+        self._latest.move_to_end(session)
+        while len(self._latest) > self.settings.max_sessions:
+            self._latest.popitem(last=False)
         self._loop = asyncio.get_running_loop()
         self._pending[session] = (engine, done)
         if session not in self._running:
@@ -303,33 +325,36 @@ class SessionKeeper:
     # ----- engine to engine: before an engine reloads or stops --------------------------------
 
     def sessions_on(self, engine: str) -> list[str]:
-        return [s for s, k in self._index.items() if k.engine == engine and k.slot is not None]
+        return [s for s, at in self._latest.items() if at.engine == engine]
 
     def model_of(self, session: str) -> str | None:
-        kept = self._index.get(session)
-        return kept.model if kept is not None else None
+        at, kept = self._latest.get(session), self._index.get(session)
+        return at.model if at is not None else kept.model if kept is not None else None
 
     async def move(self, session: str, dst: str) -> Moved | None:
         """Stream the session's KV from the slot it was left in straight into an idle slot of ``dst``
         (merged ports, no Store in between), checked against the turn's digest; the next turn on
         ``dst`` is pinned to that slot (:meth:`pinned`). None when the KV is no longer there."""
-        kept = self._index.get(session)
-        src = self.engines.get(kept.engine) if kept is not None else None
+        at = self._latest.get(session)
+        src = self.engines.get(at.engine) if at is not None else None
         target = self.engines.get(dst)
-        if kept is None or kept.slot is None or src is None or not src.info.rpc or target is None or not target.info.rpc:
+        if at is None or src is None or not src.info.rpc or target is None or not target.info.rpc:
             return None
         loop = asyncio.get_running_loop()
         try:
             moved = await asyncio.wait_for(asyncio.shield(loop.run_in_executor(
-                self._pool, self._move, src.info.rpc, kept, target.info.rpc)), self.settings.io_timeout_s)
+                self._pool, self._move, src.info.rpc, at, target.info.rpc)), self.settings.io_timeout_s)
         except (asyncio.TimeoutError, OSError, RpcError, ValueError) as exc:
             log_event(log, logging.WARNING, "session not moved; its next turn restores it from the store",
-                      session=session, src=kept.engine, dst=dst, error=str(exc) or "timeout")
+                      session=session, src=at.engine, dst=dst, error=str(exc) or "timeout")
             return None
         if moved is None:
             return None
         self.pin(session, dst, moved.slot)
-        kept.engine, kept.slot = dst, moved.slot
+        self._latest[session] = Latest(dst, moved.slot, at.kv_hash, at.model)
+        kept = self._index.get(session)
+        if kept is not None and kept.kv_hash == at.kv_hash:
+            kept.engine, kept.slot = dst, moved.slot
         self.stats["moved"] += 1
         log_event(log, logging.INFO, "session moved", session=session, dst=dst, slot=moved.slot,
                   tokens=moved.n_tokens, seconds=round(moved.seconds, 4))
@@ -337,9 +362,8 @@ class SessionKeeper:
                      seconds=round(moved.seconds, 4))
         return moved
 
-    def _move(self, src: str, kept: Kept, dst: str) -> Moved | None:
-        return stream_slot(src, int(kept.slot), dst, self.token, self.settings.io_timeout_s,  # type: ignore[arg-type]
-                           digest=kept.kv_hash)
+    def _move(self, src: str, at: Latest, dst: str) -> Moved | None:
+        return stream_slot(src, at.slot, dst, self.token, self.settings.io_timeout_s, digest=at.kv_hash)
 
     def pin(self, session: str, engine: str, slot: int) -> None:
         """The session's next turn on ``engine`` goes to ``slot`` (where its KV was just put)."""
@@ -354,6 +378,7 @@ class SessionKeeper:
         return pin[1]
 
     def forget(self, session: str) -> None:
+        self._latest.pop(session, None)
         kept = self._index.pop(session, None)
         self._pool.submit(self._write_entry, session, None)
         self._drop_unused(kept, None)
@@ -362,4 +387,4 @@ class SessionKeeper:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
-__all__ = ["Kept", "Restored", "SessionKeeper", "SessionSettings", "default_store_dir"]
+__all__ = ["Kept", "Latest", "Restored", "SessionKeeper", "SessionSettings", "default_store_dir"]

@@ -184,6 +184,10 @@ def test_a_reload_moves_the_session_engine_to_engine(cluster: Callable[..., Clus
     r1 = chat(c, "smollm2-135m", "", messages=conv, max_tokens=12, session="s-move")
     assert r1.status_code == 200 and r1.headers["x-hydra-engine"] == "dev-a", r1.text
     eventually(lambda: sessions(cl)["kept"] >= 1, 30, "the turn kept", context=c.log)
+    a = cl.engines["dev-a"]
+    held = [s["id"] for s in a.http.get("/slots").json() if s.get("n_tokens")]
+    with RpcClient(rpc_addr(a)) as src:  # the session's KV as dev-a holds it, for the reference below
+        original = src.state_get_bytes(held[0])
     cl.engine("dev-b")
     c.wait_serving({"dev-a": "smollm2-135m", "dev-b": "smollm2-135m"})
     switched = c.http.post("/admin/profile", json={"name": "mixed"})
@@ -199,6 +203,16 @@ def test_a_reload_moves_the_session_engine_to_engine(cluster: Callable[..., Clus
     assert usage["prompt_tokens_details"]["cached_tokens"] >= kv_tokens - 1, usage
     st = sessions(cl)
     assert st["moved"] == 1 and st["restored"] == 0, st  # moved engine to engine, not restored from the store
+    # the answer is the one the original KV gives: dev-a's bytes put back into the same slot of dev-b (the
+    # same cells), the same turn asked there directly
+    b, slot = cl.engines["dev-b"], int(moved["data"]["slot"])
+    with RpcClient(rpc_addr(b)) as dst:
+        dst.state_put(slot, *original)
+    direct = b.http.post("/v1/chat/completions", json={"messages": conv2, "max_tokens": 8, "temperature": 0,
+                                                      "id_slot": slot})
+    assert direct.status_code == 200, direct.text
+    assert direct.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == usage["prompt_tokens_details"]["cached_tokens"]
+    assert direct.json()["choices"][0]["message"]["content"] == r2.json()["choices"][0]["message"]["content"]
 
 
 def test_drain_of_an_engine_holding_four_sessions(cluster: Callable[..., Cluster]) -> None:
