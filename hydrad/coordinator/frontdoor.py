@@ -583,7 +583,9 @@ class FrontDoor:
         if pinned is not None:
             return pinned
         home = self.affinity.engine_of(session)
-        if not self.sessions.knows(session) or home == engine:
+        if home == engine:  # its KV is there; pinned when the engine holds it as foreign (see Latest.placed)
+            return self.sessions.slot_of(session, engine)
+        if not self.sessions.knows(session):
             return None
         model = self.sessions.model_of(session)
         if not self._transfer_pays(self.sessions.kept_tokens(session, model), engine, model):

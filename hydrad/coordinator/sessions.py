@@ -97,6 +97,10 @@ class Latest:
     slot: int
     kv_hash: str
     model: str
+    # The coordinator put this KV there (a move or a restore) without the engines' token: the engine
+    # holds it as foreign, and only a turn pinned to the slot reuses it (docs/engine.md, trust of KV
+    # state). So every later turn of the session on that engine is pinned there too.
+    placed: bool = False
 
 
 @dataclass
@@ -178,7 +182,9 @@ class SessionKeeper:
         """A session's turn finished on ``engine``: queue a snapshot of its slot (newest turn wins)."""
         if not session or done is None or done.slot is None or not done.kv_hash:
             return
-        self._latest[session] = Latest(engine, done.slot, done.kv_hash, done.model)
+        prev = self._latest.get(session)
+        placed = prev is not None and prev.placed and prev.engine == engine and prev.slot == done.slot
+        self._latest[session] = Latest(engine, done.slot, done.kv_hash, done.model, placed)
         self._latest.move_to_end(session)
         while len(self._latest) > self.settings.max_sessions:
             self._latest.popitem(last=False)
@@ -298,6 +304,7 @@ class SessionKeeper:
             log_event(log, logging.INFO, "session not restored: no idle slot", session=session, engine=engine)
             return None
         self.stats["restored"] += 1
+        self._latest[session] = Latest(engine, restored.slot, kept.kv_hash, kept.model, placed=self.token is None)
         log_event(log, logging.INFO, "session restored", session=session, engine=engine, slot=restored.slot,
                   tokens=restored.n_tokens, seconds=round(restored.seconds, 4))
         self.publish("session.restored", session=session, engine=engine, slot=restored.slot,
@@ -351,7 +358,7 @@ class SessionKeeper:
         if moved is None:
             return None
         self.pin(session, dst, moved.slot)
-        self._latest[session] = Latest(dst, moved.slot, at.kv_hash, at.model)
+        self._latest[session] = Latest(dst, moved.slot, at.kv_hash, at.model, placed=self.token is None)
         kept = self._index.get(session)
         if kept is not None and kept.kv_hash == at.kv_hash:
             kept.engine, kept.slot = dst, moved.slot
@@ -364,6 +371,12 @@ class SessionKeeper:
 
     def _move(self, src: str, at: Latest, dst: str) -> Moved | None:
         return stream_slot(src, at.slot, dst, self.token, self.settings.io_timeout_s, digest=at.kv_hash)
+
+    def slot_of(self, session: str, engine: str) -> int | None:
+        """The slot every turn of the session on ``engine`` is pinned to, while the KV there is one the
+        coordinator placed without the engines' token (see :class:`Latest`); else None."""
+        at = self._latest.get(session)
+        return at.slot if at is not None and at.placed and at.engine == engine else None
 
     def pin(self, session: str, engine: str, slot: int) -> None:
         """The session's next turn on ``engine`` goes to ``slot`` (where its KV was just put)."""

@@ -213,6 +213,11 @@ def test_a_reload_moves_the_session_engine_to_engine(cluster: Callable[..., Clus
     assert direct.status_code == 200, direct.text
     assert direct.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == usage["prompt_tokens_details"]["cached_tokens"]
     assert direct.json()["choices"][0]["message"]["content"] == r2.json()["choices"][0]["message"]["content"]
+    # and the turn after: the KV the coordinator placed is foreign to dev-b (no engine token here), so the
+    # session's turns stay pinned to its slot and keep reusing it
+    r3 = chat(c, "smollm2-135m", "", messages=next_turn(conv2, r2.json(), "Item 5?"), max_tokens=8, session="s-move")
+    assert r3.status_code == 200 and r3.headers["x-hydra-engine"] == "dev-b", r3.text
+    assert r3.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= usage["prompt_tokens"], r3.json()["usage"]
 
 
 def test_drain_of_an_engine_holding_four_sessions(cluster: Callable[..., Cluster]) -> None:
