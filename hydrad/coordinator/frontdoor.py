@@ -428,7 +428,7 @@ class FrontDoor:
         why = ""
         try:
             stream = self.bus.generate(plan.prefill, _generate_message(self.bus.new_id("gen"), first, plan.prefill_model))
-        except (RequestUnsendable, EngineUnreachable) as exc:
+        except (RequestUnsendable, EngineUnreachable, ApiError) as exc:  # the prefill half only: D still serves
             stream, why = None, str(exc)
         try:
             while stream is not None:

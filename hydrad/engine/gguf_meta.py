@@ -60,18 +60,24 @@ def _value(f: BinaryIO, vtype: int) -> Any:
     raise GgufError(f"value type {vtype}")
 
 
+def _open_header(f: BinaryIO, path: Path) -> int:
+    """Check the magic and version; the number of header values that follow."""
+    if _read(f, 4) != b"GGUF":
+        raise GgufError(f"{path} is not a GGUF file")
+    (version,) = struct.unpack("<I", _read(f, 4))
+    if version < 2:
+        raise GgufError(f"GGUF version {version}")
+    _n_tensors, n_kv = struct.unpack("<QQ", _read(f, 16))
+    if n_kv > MAX_KV:
+        raise GgufError(f"{n_kv} header values")
+    return n_kv
+
+
 def metadata(path: Path, keys: set[str] | None = None) -> dict[str, Any]:
     """Scalar and string header values (arrays are skipped), all or only ``keys``."""
     out: dict[str, Any] = {}
     with open(path, "rb") as f:
-        if _read(f, 4) != b"GGUF":
-            raise GgufError(f"{path} is not a GGUF file")
-        (version,) = struct.unpack("<I", _read(f, 4))
-        if version < 2:
-            raise GgufError(f"GGUF version {version}")
-        _n_tensors, n_kv = struct.unpack("<QQ", _read(f, 16))
-        if n_kv > MAX_KV:
-            raise GgufError(f"{n_kv} header values")
+        n_kv = _open_header(f, path)
         for _ in range(n_kv):
             key = _string(f).decode("utf-8", "replace")
             (vtype,) = struct.unpack("<I", _read(f, 4))
@@ -87,14 +93,7 @@ def vocab_digest(path: Path) -> str:
     token ids of one means the same on the other. The token list is hashed in place, not decoded."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
-        if _read(f, 4) != b"GGUF":
-            raise GgufError(f"{path} is not a GGUF file")
-        (version,) = struct.unpack("<I", _read(f, 4))
-        if version < 2:
-            raise GgufError(f"GGUF version {version}")
-        _n_tensors, n_kv = struct.unpack("<QQ", _read(f, 16))
-        if n_kv > MAX_KV:
-            raise GgufError(f"{n_kv} header values")
+        n_kv = _open_header(f, path)
         for _ in range(n_kv):
             key = _string(f).decode("utf-8", "replace")
             (vtype,) = struct.unpack("<I", _read(f, 4))

@@ -27,10 +27,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from hydrad.common import jsonbody
 from hydrad.common.params import validation_message
-from hydrad.wire.openai import INT32_MAX, MAX_MODEL_NAME, ApiError
-from hydrad.wire.requests import MAX_STOP_CHARS, MAX_STOPS, GenRequest, SamplingOverrides
+from hydrad.wire.openai import INT32_MAX, MAX_MODEL_NAME, ApiError, check_stops, json_object
+from hydrad.wire.requests import GenRequest, SamplingOverrides
 
 # Defined by Anthropic, not served here: refused by name unless absent or set to a value that asks
 # for nothing. ``service_tier`` only picks capacity, which a self-hosted engine does not sell.
@@ -62,12 +61,7 @@ class MessagesRequest(BaseModel):
     @field_validator("stop_sequences")
     @classmethod
     def _stops(cls, v: list[str] | None) -> list[str] | None:
-        stops = [s for s in v or [] if s]
-        if len(stops) > MAX_STOPS:
-            raise ValueError(f"at most {MAX_STOPS} stop sequences (this engine matches each one as text arrives)")
-        longest = max((len(s) for s in stops), default=0)
-        if longest > MAX_STOP_CHARS:
-            raise ValueError(f"a stop sequence may have at most {MAX_STOP_CHARS} characters (got {longest})")
+        check_stops([s for s in v or [] if s])
         return v
 
     def stops(self) -> list[str]:
@@ -143,12 +137,7 @@ def _messages(req: MessagesRequest) -> list[dict[str, str]]:
 def parse(raw: bytes) -> tuple[MessagesRequest, GenRequest]:
     """A Messages API body → the request and the GenRequest its equivalent chat completion makes;
     ApiError (400) naming the field for anything malformed or not served."""
-    try:
-        data = jsonbody.loads(raw)
-    except jsonbody.BodyError as exc:
-        raise ApiError(400, str(exc), exc.code, exc.param) from None
-    if not isinstance(data, dict):
-        raise ApiError(400, "request body must be a JSON object", "invalid_json")
+    data = json_object(raw)
     try:
         req = MessagesRequest(**data)
     except ValidationError as exc:

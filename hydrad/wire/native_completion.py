@@ -24,10 +24,9 @@ from typing import Any, Mapping
 
 from pydantic import Field, StrictInt, ValidationError
 
-from hydrad.common import jsonbody
 from hydrad.common.params import validation_message
 from hydrad.wire import logprobs as lp
-from hydrad.wire.openai import INT32_MAX, ApiError, _Common, checked_sampling, sse
+from hydrad.wire.openai import INT32_MAX, ApiError, _Common, checked_sampling, json_object, sse
 from hydrad.wire.requests import GenRequest
 
 # llama-server's own fields that change what is generated or returned, which the engine does not
@@ -90,12 +89,7 @@ def parse(raw: bytes, n_vocab: int | None = None) -> tuple[NativeCompletionReque
     """A /completion body as the request and its GenRequest; ApiError 400 naming the field.
     ``n_vocab`` (the engine's, when it has a model) bounds token-id prompts here; the engine
     thread checks them again against the model that takes the request."""
-    try:
-        data = jsonbody.loads(raw)
-    except jsonbody.BodyError as exc:
-        raise ApiError(400, str(exc), exc.code, exc.param) from None
-    if not isinstance(data, dict):
-        raise ApiError(400, "request body must be a JSON object", "invalid_json")
+    data = json_object(raw)
     if "prompt" not in data:
         raise ApiError(400, "prompt is required", "invalid_field", "prompt")
     try:

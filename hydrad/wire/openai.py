@@ -88,12 +88,7 @@ class _Common(BaseModel):
     @field_validator("stop")
     @classmethod
     def _stop(cls, v: str | list[str] | None) -> str | list[str] | None:
-        stops = [v] if isinstance(v, str) else [s for s in v or [] if s]
-        if len(stops) > MAX_STOPS:
-            raise ValueError(f"at most {MAX_STOPS} stop sequences")
-        longest = max((len(s) for s in stops), default=0)
-        if longest > MAX_STOP_CHARS:
-            raise ValueError(f"a stop sequence may have at most {MAX_STOP_CHARS} characters (got {longest})")
+        check_stops([v] if isinstance(v, str) else [s for s in v or [] if s])
         return v
 
     def stops(self) -> list[str]:
@@ -262,13 +257,28 @@ def _text_of(content: Any, where: str) -> str:
     raise ApiError(400, f"{where}.content must be a string or a list of text parts", "invalid_content", where)
 
 
-def parse(kind: Literal["chat", "completion"], raw: bytes) -> tuple[_Common, GenRequest]:
+def json_object(raw: bytes) -> dict[str, Any]:
+    """A request body as a JSON object (the doors' own JSON checks), else a 400 saying what is wrong."""
     try:
         data = jsonbody.loads(raw)
     except jsonbody.BodyError as exc:
         raise ApiError(400, str(exc), exc.code, exc.param) from None
     if not isinstance(data, dict):
         raise ApiError(400, "request body must be a JSON object", "invalid_json")
+    return data
+
+
+def check_stops(stops: list[str]) -> None:
+    """The bounds every door puts on stop strings (the engine matches each one as text arrives)."""
+    if len(stops) > MAX_STOPS:
+        raise ValueError(f"at most {MAX_STOPS} stop sequences")
+    longest = max((len(s) for s in stops), default=0)
+    if longest > MAX_STOP_CHARS:
+        raise ValueError(f"a stop sequence may have at most {MAX_STOP_CHARS} characters (got {longest})")
+
+
+def parse(kind: Literal["chat", "completion"], raw: bytes) -> tuple[_Common, GenRequest]:
+    data = json_object(raw)
     try:
         req: _Common = ChatRequest(**data) if kind == "chat" else CompletionRequest(**data)
     except ValidationError as exc:
