@@ -1,0 +1,151 @@
+"""Hostile load generators, each run as its own process under limits (nice, prlimit) by the
+reliability program, so that the attacker competes with the daemons the way a remote one would
+(through the kernel's sockets) and cannot exhaust the machine.
+
+    python -m tests.support.floods control --port P --rate 1000 --seconds 10
+    python -m tests.support.floods halfopen --port P --count 10000 --hold 10
+
+Each prints one JSON object with what it did and what it met.
+
+* ``control``: connections to an engine's merged port at a fixed rate; each sends either junk bytes or
+  a valid INFO frame, reads what comes back for a moment, and closes.
+* ``halfopen``: connections to an HTTP door that send the start of a request and never finish it,
+  held open for a while (a slowloris); how many the server closed by itself is counted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import resource
+import select
+import socket
+import sys
+import threading
+import time
+from collections import Counter
+
+from hydrad.wire import protocol as P
+
+INFO = P.encode_json(P.Op.INFO, {})
+
+
+def _one_control(port: int, rng: random.Random, counts: Counter[str], lock: threading.Lock) -> None:
+    what = "info" if rng.random() < 0.5 else "junk"
+    try:
+        s = socket.create_connection(("127.0.0.1", port), timeout=2)
+    except OSError as exc:
+        with lock:
+            counts[f"connect_failed:{type(exc).__name__}"] += 1
+        return
+    try:
+        s.settimeout(0.5)
+        s.sendall(INFO if what == "info" else os.urandom(rng.randint(1, 64)))
+        got = b""
+        try:
+            while len(got) < P.HEADER.size:
+                b = s.recv(65536)
+                if not b:
+                    break
+                got += b
+        except OSError:
+            pass
+        if len(got) >= P.HEADER.size:
+            code = got[0]
+            result = "ok" if code == P.Status.OK else "busy" if code == P.Status.BUSY else "error_status"
+        else:
+            result = "closed" if not got else "short"
+        with lock:
+            counts[f"{what}:{result}"] += 1
+    except OSError as exc:
+        with lock:
+            counts[f"{what}:{type(exc).__name__}"] += 1
+    finally:
+        s.close()
+
+
+def control(port: int, rate: float, seconds: float, workers: int = 32) -> dict[str, object]:
+    """``rate`` connections per second for ``seconds``, spread over ``workers`` threads, each paced."""
+    counts: Counter[str] = Counter()
+    lock = threading.Lock()
+    t0 = time.monotonic()
+    per = rate / workers
+
+    def run(i: int) -> None:
+        rng = random.Random(i)
+        n = 0
+        while True:
+            due = t0 + n / per
+            now = time.monotonic()
+            if due - t0 >= seconds:
+                return
+            if due > now:
+                time.sleep(due - now)
+            _one_control(port, rng, counts, lock)
+            n += 1
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(seconds + 30)
+    took = time.monotonic() - t0
+    total = sum(counts.values())
+    return {"kind": "control", "connections": total, "seconds": round(took, 2),
+            "rate": round(total / took, 1), "outcomes": dict(sorted(counts.items()))}
+
+
+def halfopen(port: int, count: int, hold: float) -> dict[str, object]:
+    """``count`` connections that each send a request line and one header, then nothing."""
+    socks: list[socket.socket] = []
+    failed: Counter[str] = Counter()
+    t0 = time.monotonic()
+    for i in range(count):
+        try:
+            s = socket.create_connection(("127.0.0.1", port), timeout=2)
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: app")
+            s.setblocking(False)
+            socks.append(s)
+        except OSError as exc:
+            failed[type(exc).__name__] += 1
+    opened = time.monotonic() - t0
+    time.sleep(max(0.0, hold - opened))
+    closed = 0  # by the server: readable with EOF, or reset
+    poller = select.poll()
+    by_fd = {s.fileno(): s for s in socks}
+    for fd in by_fd:
+        poller.register(fd, select.POLLIN)
+    for fd, _ in poller.poll(0):
+        try:
+            if by_fd[fd].recv(4096) == b"":
+                closed += 1
+        except OSError:
+            closed += 1
+    for s in socks:
+        s.close()
+    return {"kind": "halfopen", "asked": count, "opened": len(socks), "open_seconds": round(opened, 2),
+            "held_seconds": round(time.monotonic() - t0, 2), "closed_by_server": closed,
+            "connect_failed": dict(failed), "fd_limit": resource.getrlimit(resource.RLIMIT_NOFILE)[0]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="kind", required=True)
+    c = sub.add_parser("control")
+    c.add_argument("--port", type=int, required=True)
+    c.add_argument("--rate", type=float, default=1000)
+    c.add_argument("--seconds", type=float, default=10)
+    h = sub.add_parser("halfopen")
+    h.add_argument("--port", type=int, required=True)
+    h.add_argument("--count", type=int, default=10000)
+    h.add_argument("--hold", type=float, default=10)
+    a = ap.parse_args(argv)
+    res = control(a.port, a.rate, a.seconds) if a.kind == "control" else halfopen(a.port, a.count, a.hold)
+    print(json.dumps(res))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
