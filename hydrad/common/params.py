@@ -64,6 +64,14 @@ class RuntimeParams(BaseModel):
         "RPC0[host:port], or RPC / RPC<i> for a peer's device), e.g. '\\.ffn_(up|down|gate)_exps=RPC'.",
         max_length=64)
     use_mmap: bool = _f(True, Tier.T3, "Map the GGUF instead of reading it into memory.")
+    embeddings: bool = _f(
+        False, Tier.T3, "Serve /v1/embeddings and llama-server's /embedding: a second, small llama.cpp context on "
+        "the same weights computes them between generation steps (its size: n_ubatch tokens, the longest input). "
+        "Off: those endpoints answer 501 saying how to turn this on.")
+    pooling: Literal["model", "none", "mean", "cls", "last"] = _f(
+        "model", Tier.T3, "How an input's token vectors become its embedding (llama.cpp's --pooling): mean, cls "
+        "(first token), last, none (one vector per token: /embedding only), model = as the GGUF says (none for a "
+        "generative model). rank (reranking) is not served.")
 
     # --- T2: the context
     n_ctx: int = _f(8192, Tier.T2, "Context size in tokens, shared by all slots (unified KV cache); 0 = the model's training context.", ge=0)

@@ -44,7 +44,7 @@ from hydrad.coordinator.affinity import Affinity, prefix_of
 from hydrad.coordinator.bus import CoordinatorBus
 from hydrad.coordinator.records import EngineLost, EngineRecord, EngineUnreachable, RequestUnsendable, pairs
 from hydrad.coordinator.metrics import CONTENT_TYPE, CoordinatorMetrics
-from hydrad.coordinator.native import PATHS as NATIVE_PATHS, NativeDoor
+from hydrad.coordinator.native import EMBEDDING_PATHS, PATHS as NATIVE_PATHS, NativeDoor
 from hydrad.coordinator.replies import Lost, Turn, api_error, collect, disconnected, relay
 from hydrad.coordinator.sessions import SessionKeeper
 from hydrad.coordinator.kvmove import TransferMeter, stream_slot
@@ -704,6 +704,11 @@ class FrontDoor:
             raise ApiError(503, "the coordinator is shutting down", "shutting_down", headers={"Retry-After": "5"})
         return await self.native.completion(request)
 
+    async def embeddings(self, request: Request) -> Response:
+        if not self.admitting:
+            raise ApiError(503, "the coordinator is shutting down", "shutting_down", headers={"Retry-After": "5"})
+        return await self.native.embeddings(request)
+
     def routes(self) -> list[Route]:
         return [
             Route("/health", self.health), Route("/metrics", self.prom), Route("/v1/models", self.models), Route("/models", self.models),
@@ -714,6 +719,7 @@ class FrontDoor:
             Route("/completion", self.native_completion, methods=["POST"]),
             Route("/v1/messages", self.messages, methods=["POST"]),
             *(Route(path, self.native.forward, methods=["POST"]) for path in NATIVE_PATHS),
+            *(Route(path, self.embeddings, methods=["POST"]) for path in EMBEDDING_PATHS),
         ]
 
 

@@ -1,5 +1,6 @@
 """llama-server's native endpoints at the front door: ``/tokenize``, ``/detokenize``,
-``/apply-template`` and ``/completion`` (and ``/v1/messages`` while the bus cannot carry its stop word).
+``/apply-template`` and ``/completion`` (and ``/v1/messages`` while the bus cannot carry its stop word),
+and the embeddings (OpenAI's ``/v1/embeddings``, llama-server's ``/embedding``).
 
 The first three generate nothing, so they do not go over the bus as GENERATE does: the body is
 forwarded over HTTP to an engine that serves the model, and its answer (or its 4xx) comes back as
@@ -15,6 +16,10 @@ generated ids of ``return_tokens``, the stopping word, a per-request ``cache_pro
 until the bus carries them: the engine is the least busy one serving the model, without session
 affinity, on-demand loading or a retry elsewhere; a client that goes away still cancels the
 request on its engine (the forwarded connection closes).
+
+Embeddings are forwarded the same way (the bus carries text, not vectors), checked here first
+(:mod:`hydrad.wire.embeddings`); an engine whose model is loaded without embeddings passes them on
+to the next engine serving the model.
 
 An Anthropic ``/v1/messages`` request normally goes over the bus like a chat completion
 (``frontdoor``); one with stop sequences comes this way while DONE does not say which stop string
@@ -34,10 +39,11 @@ from starlette.responses import Response, StreamingResponse
 
 from hydrad.common import jsonbody
 from hydrad.coordinator.replies import disconnected
-from hydrad.wire import native_completion
+from hydrad.wire import embeddings, native_completion
 from hydrad.wire.openai import ApiError
 
 PATHS = ("/tokenize", "/detokenize", "/apply-template")
+EMBEDDING_PATHS = ("/v1/embeddings", "/embeddings", "/embedding")
 TIMEOUT_S = 60.0
 GENERATION_S = 600.0
 """Longest a whole non-streamed /completion may take past its first token (its engine sends
@@ -62,6 +68,10 @@ class NativeDoor:
         self._client: httpx.AsyncClient | None = None
 
     def _engine_url(self, model_field: object) -> str:
+        return self._engine_urls(model_field)[0]
+
+    def _engine_urls(self, model_field: object) -> list[str]:
+        """The HTTP addresses of the engines serving the request's model, least busy first."""
         if model_field is not None and not isinstance(model_field, str):
             raise ApiError(400, "model must be a string", "invalid_field", "model")
         model = self.model_of(model_field)
@@ -74,10 +84,11 @@ class NativeDoor:
         engines = served.get(model or "", [])
         if not engines:
             raise ApiError(503, f"no engine serves {model or 'a model'} now", "no_engine", headers={"Retry-After": "1"})
-        rec = min((self.engines[n] for n in engines), key=lambda r: (r.status.slots_busy + r.status.queued, r.name))
-        if not rec.info.http:
-            raise ApiError(503, f"engine {rec.name} has no HTTP address", "no_engine")
-        return f"http://{rec.info.http}"
+        recs = sorted((self.engines[n] for n in engines), key=lambda r: (r.status.slots_busy + r.status.queued, r.name))
+        urls = [f"http://{r.info.http}" for r in recs if r.info.http]
+        if not urls:
+            raise ApiError(503, f"engine {recs[0].name} has no HTTP address", "no_engine")
+        return urls
 
     @staticmethod
     def _body(raw: bytes, path: str) -> dict[str, Any]:
@@ -108,6 +119,29 @@ class NativeDoor:
         except httpx.HTTPError as exc:
             raise _unreachable(exc) from None
         return Response(r.content, status_code=r.status_code, media_type="application/json")
+
+    async def embeddings(self, request: Request) -> Response:
+        """``POST /v1/embeddings`` and llama-server's ``/embedding``: checked here as the engine will
+        check them, then computed by an engine serving the model. Whether an engine has embeddings
+        turned on is its own parameter, which the front door does not see: one that answers 501
+        (embeddings off) passes the request to the next engine serving the model."""
+        raw = await request.body()
+        path = request.url.path
+        (embeddings.parse_openai if path == "/v1/embeddings" else embeddings.parse_native)(raw)
+        body = self._body(raw, path)
+        urls = self._engine_urls(body.pop("model", None))
+        content = json.dumps(body).encode()
+        answer: Response | None = None
+        for url in urls:
+            try:
+                r = await self.client.post(url + path, content=content, headers=self._headers(request))
+            except httpx.HTTPError as exc:
+                raise _unreachable(exc) from None
+            answer = Response(r.content, status_code=r.status_code, media_type="application/json")
+            if not (r.status_code == 501 and embeddings.DISABLED.encode() in r.content):
+                break
+        assert answer is not None
+        return answer
 
     async def completion(self, request: Request) -> Response:
         """``POST /completion``: checked here, generated on an engine serving the model."""

@@ -69,6 +69,16 @@ class StateErase:
 
 
 @dataclass(frozen=True)
+class Embed:
+    """Embed ``inputs`` (token lists, each checked against the embedding context's size) with the
+    embedding context of generation ``gen_id``; answers one array per input (``engine/embedjobs.py``)."""
+
+    gen_id: int
+    inputs: list[list[int]]
+    fut: cf.Future[Any] = field(default_factory=cf.Future)
+
+
+@dataclass(frozen=True)
 class Rebuild:
     """T2: rebuild the context with ``params`` once no slot is active; answers seconds and carried slots."""
 
@@ -131,5 +141,5 @@ class Stop:
 Swap = Union[Rebuild, Install, Unload]
 """The commands that replace or free the generation; one at a time is pending."""
 
-Command = Union[Submit, Cancel, SetDefaults, StateGet, StatePut, StateErase, Rebuild, Install, Unload, Drain, Abandon,
-                SwitchStandby, Resume, Stop]
+Command = Union[Submit, Cancel, SetDefaults, StateGet, StatePut, StateErase, Embed, Rebuild, Install, Unload, Drain,
+                Abandon, SwitchStandby, Resume, Stop]

@@ -29,9 +29,10 @@ from hydrad.common.params import RuntimeParams
 from hydrad.engine import faults
 from hydrad.engine.batching import MAX_CHARS_PER_TOKEN, PRETOKENIZE_CHARS, Batching, PromptTooLong, _Active
 from hydrad.engine.commands import (
-    Abandon, Cancel, Command, Drain, Install, Rebuild, Resume, SetDefaults, StateErase, StateGet, StatePut, Stop,
-    Submit, Swap, SwitchStandby, Unload,
+    Abandon, Cancel, Command, Drain, Embed, Install, Rebuild, Resume, SetDefaults, StateErase, StateGet, StatePut,
+    Stop, Submit, Swap, SwitchStandby, Unload,
 )
+from hydrad.engine.embedjobs import EmbedJobs
 from hydrad.engine.generation import Generation, Slot
 from hydrad.engine.kvops import KvOps, StateError, carry_slots, sibling_problem
 from hydrad.engine.loader import LoadRecord
@@ -56,7 +57,7 @@ class SlotsBusy(RuntimeError):
     """An expert-mode switch asked for while requests decode (it is refused, not queued)."""
 
 
-class EngineCore(Loading, Batching, KvOps):
+class EngineCore(Loading, Batching, KvOps, EmbedJobs):
     def __init__(self, on_status: Callable[[EngineSnapshot], None] | None = None, max_queue: int = 64,
                  drain_timeout_s: float = 30.0, device: str | None = None, prefix: PrefixSettings | None = None) -> None:
         self.stats = EngineStats()
@@ -79,6 +80,7 @@ class EngineCore(Loading, Batching, KvOps):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._cmds: queue.SimpleQueue[Command] = queue.SimpleQueue()
         self._waiting: deque[RequestHandle] = deque()
+        self._embeds: deque[Any] = deque()  # embedding requests (embedjobs), computed between steps
         self._out: list[tuple[RequestHandle, Any]] = []
         self.state_buffers = StateBuffers()  # KV state snapshots and uploads; any thread may take one
         self._deferred: list[tuple[Generation, Slot, _Active]] = []  # text to make while the device computes
@@ -252,6 +254,7 @@ class EngineCore(Loading, Batching, KvOps):
                 self._drain_step()
                 self._expire_waiting()
                 self._admit()
+                self._embed_step()
                 for old in [g for g in self.retiring if g.n_active]:
                     self._step(old)
                 if self.gen is not None and self.gen.n_active:
@@ -263,6 +266,7 @@ class EngineCore(Loading, Batching, KvOps):
             log.exception("engine thread died")
             self.last_error = f"engine thread died: {exc}"
             self._fail_all(f"engine failed: {exc}", engine_failed=True)
+            self._fail_embeds(f"engine failed: {exc}", status=500, code="engine_failed")
             self._flush()
             raise
         finally:
@@ -272,7 +276,7 @@ class EngineCore(Loading, Batching, KvOps):
 
     def _busy(self) -> bool:
         gen = self.gen
-        if any(g.n_active for g in self.retiring):
+        if any(g.n_active for g in self.retiring) or self._embeds:
             return True
         if gen is None:
             return False
@@ -350,6 +354,8 @@ class EngineCore(Loading, Batching, KvOps):
                 self._state_put(cmd)  # cmd.trusted: untrusted KV marks the slot foreign
             case StateErase():
                 self._state_erase(cmd)
+            case Embed():
+                self._queue_embed(cmd)
             case Rebuild() | Install() | Unload():
                 self._pending_swap = cmd
             case Drain():
@@ -362,6 +368,7 @@ class EngineCore(Loading, Batching, KvOps):
                 pass  # wakes the loop so queued requests are re-examined
             case Stop():
                 self._fail_all("engine is shutting down", engine_failed=True, status=503, code="shutting_down")
+                self._fail_embeds("engine is shutting down")
                 self._flush()
                 return False
             case _:

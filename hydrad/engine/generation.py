@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from hydrad.engine import ggml, gguf_meta, llama
+from hydrad.engine.embedder import Embedder
 from hydrad.engine.peer_watch import PeerWatch
 from hydrad.engine.placement import Placement, PlacementError, plan
 from hydrad.engine.requests import GenerationTag
@@ -98,6 +99,7 @@ class Generation:
         self.placement: Placement | None = None  # devices, peers and overrides, when not llama.cpp's defaults
         self.watch: PeerWatch | None = None  # the watch of the placement's peers, while installed
         self.abandoned = False  # a peer died: never free (freeing talks to it, and llama.cpp aborts)
+        self.embedder: Embedder | None = None  # the embedding context, when params.embeddings
 
     @property
     def n_expert(self) -> int:
@@ -292,6 +294,14 @@ class Generation:
             else:
                 dropped += 1
         new_ctx = llama.Context(self.model, params)
+        if self.embedder is not None:  # its size follows n_ubatch
+            try:
+                embedder = Embedder(self.model, params)
+            except Exception:
+                new_ctx.free()
+                raise
+            self.embedder.free()
+            self.embedder = embedder
         self.batch.free()
         self.ctx.free()
         self.ctx = new_ctx
@@ -327,6 +337,8 @@ class Generation:
         for s in self.slots:
             if s.active is not None and getattr(s.active, "sampler", None) is not None:
                 s.active.sampler.free()
+        if self.embedder is not None:
+            self.embedder.free()
         self.batch.free()
         self.ctx.free()
         self.model.free()
@@ -352,6 +364,12 @@ def build_generation(resolved: ResolvedModel, params: RuntimeParams, progress: C
         model.free()
         raise
     gen = Generation(gen_id, resolved, params, model, ctx, 0.0)
+    if params.embeddings:
+        try:
+            gen.embedder = Embedder(model, params)
+        except Exception:
+            gen.free()
+            raise
     gen.placement = placement
     gen.fingerprint = file_fingerprint(resolved.path)
     gen.family = kv_family(model.info, resolved.path)

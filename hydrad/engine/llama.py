@@ -365,15 +365,23 @@ class Model:
 
 
 class Context:
-    """A llama_context with its KV cache, sized for n_parallel slots."""
+    """A llama_context with its KV cache, sized for n_parallel slots; or, with ``pooling`` (a
+    ``POOLING`` value), an embedding context of ``n_tokens`` (its context and both batch sizes) for
+    ``n_seq`` inputs at once, which outputs embeddings instead of sampling (``engine/embedder.py``)."""
 
-    def __init__(self, model: Model, params: RuntimeParams) -> None:
+    def __init__(self, model: Model, params: RuntimeParams, pooling: int | None = None, n_tokens: int = 0,
+                 n_seq: int = 1) -> None:
         C = lib()
         cp = C.llama_context_default_params()
         cp.n_ctx = params.n_ctx
         cp.n_batch = params.n_batch
         cp.n_ubatch = min(params.n_ubatch, params.n_batch)
         cp.n_seq_max = params.n_parallel
+        if pooling is not None:
+            cp.n_ctx = cp.n_batch = cp.n_ubatch = n_tokens
+            cp.n_seq_max = n_seq
+            cp.embeddings = True
+            cp.pooling_type = pooling
         threads = params.n_threads or (os.cpu_count() or 1)
         cp.n_threads = threads
         cp.n_threads_batch = params.n_threads_batch or threads
@@ -388,7 +396,7 @@ class Context:
         cp.yarn_beta_fast = params.yarn_beta_fast
         cp.yarn_beta_slow = params.yarn_beta_slow
         cp.yarn_orig_ctx = params.yarn_orig_ctx
-        cp.kv_unified = params.kv_unified
+        cp.kv_unified = params.kv_unified or pooling is not None  # an input may take the whole embedding context
         cp.no_perf = True
         ptr = C.llama_init_from_model(model.ptr, cp)
         if not ptr:
@@ -398,7 +406,7 @@ class Context:
         self.n_ctx = C.llama_n_ctx(ptr)
         self.n_ctx_seq = C.llama_n_ctx_seq(ptr)
         self.n_batch = C.llama_n_batch(ptr)
-        self.n_seq = params.n_parallel
+        self.n_seq = cp.n_seq_max
 
     def seq_rm(self, seq: int, p0: int, p1: int = -1) -> bool:
         return bool(lib().llama_memory_seq_rm(self.mem, seq, p0, p1))
@@ -456,13 +464,14 @@ class Batch:
         self.n = i + 1
         return i
 
-    def add_run(self, tokens: list[int], pos0: int, seq: int, logits_last: bool) -> int:
-        """Add consecutive positions of one sequence; returns the index of the last token."""
+    def add_run(self, tokens: list[int], pos0: int, seq: int, logits_last: bool, output_all: bool = False) -> int:
+        """Add consecutive positions of one sequence; returns the index of the last token. ``output_all``:
+        every token is an output (an embedding context pools over them)."""
         i, k = self.n, len(tokens)
         self._np_token[i:i + k] = tokens
         self._np_pos[i:i + k] = self._np_arange[:k] + pos0
         self._np_nseq[i:i + k] = 1
-        self._np_logits[i:i + k] = 0
+        self._np_logits[i:i + k] = 1 if output_all else 0
         self._seq_own[i:i + k] = seq
         if logits_last:
             self._np_logits[i + k - 1] = 1

@@ -7,7 +7,8 @@ traceback.
 Each handler is a module-level function of the request alone; what it needs (settings, control,
 core) is the ``HttpContext`` on ``app.state.ctx``. Generation is in ``generation.py`` (llama-server's
 ``/completion`` in ``completion.py``, Anthropic's ``/v1/messages`` in ``anthropic.py``), slot state in
-``slotstate.py``, llama-server's slot files in ``slotfiles.py``, the Prometheus collector in ``metrics.py``.
+``slotstate.py``, llama-server's slot files in ``slotfiles.py``, embeddings in ``embeddings.py``, the Prometheus
+collector in ``metrics.py``.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from hydrad.engine.http import metrics, native
 from hydrad.engine.http.anthropic import messages
 from hydrad.engine.http.completion import completion
 from hydrad.engine.http.context import HttpContext, ctx_of
+from hydrad.engine.http.embeddings import embedding, embeddings
 from hydrad.engine.http.generation import chat, completions
 from hydrad.engine.http.slotfiles import slot_action
 from hydrad.engine.http.slotstate import state_get, state_meta, state_put
@@ -223,6 +225,8 @@ ROUTES = [
     Route("/completion", completion, methods=["POST"]),
     Route("/tokenize", native.tokenize, methods=["POST"]), Route("/detokenize", native.detokenize, methods=["POST"]),
     Route("/apply-template", native.apply_template, methods=["POST"]), Route("/props", native.props),
+    Route("/v1/embeddings", embeddings, methods=["POST"]), Route("/embeddings", embedding, methods=["POST"]),
+    Route("/embedding", embedding, methods=["POST"]),
     Route("/control/config", get_config), Route("/control/configure", configure, methods=["POST"]),
     Route("/control/loads/{load_id}", load_status),
     Route("/control/swap_quant", swap_quant, methods=["POST"]),

@@ -22,7 +22,7 @@ from hydrad.common.params import (
 FIELDS = list(RuntimeParams.model_fields)
 
 T3_KEY = ["model", "n_gpu_layers", "split_mode", "tensor_split", "main_gpu", "use_mmap", "rpc_servers",
-          "override_tensors"]
+          "override_tensors", "embeddings", "pooling"]
 T2_KEY = ["n_ctx", "n_batch", "n_ubatch", "n_parallel", "kv_unified", "cache_type_k", "cache_type_v", "flash_attn",
           "n_threads", "n_threads_batch", "rope_scaling", "rope_freq_base", "rope_freq_scale", "yarn_ext_factor",
           "yarn_attn_factor", "yarn_beta_fast", "yarn_beta_slow", "yarn_orig_ctx"]
@@ -480,3 +480,12 @@ def test_combine_fields_accept_what_the_docs_show() -> None:
                       override_tensors=[r"\.ffn_(up|down|gate)_exps=RPC", "blk\\.0\\.=CPU"])
     assert p.rpc_servers == ["127.0.0.1:9503", "[::1]:9503"] and len(p.override_tensors or []) == 2
     assert RuntimeParams(rpc_servers=[], override_tensors=[]).rpc_servers is None  # empty = none
+
+
+def test_embedding_params_default_off_and_refuse_rank() -> None:
+    """Embeddings are opt-in (a second context); reranking's pooling is not served, so not accepted."""
+    p = RuntimeParams()
+    assert p.embeddings is False and p.pooling == "model"
+    assert RuntimeParams(embeddings=True, pooling="mean").pooling == "mean"
+    with pytest.raises(ValidationError):
+        RuntimeParams(pooling="rank")

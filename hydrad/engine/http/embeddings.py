@@ -1,0 +1,107 @@
+"""Embeddings: OpenAI's ``POST /v1/embeddings`` and llama-server's native ``POST /embedding`` (also
+``/embeddings``), with their request and answer shapes (:mod:`hydrad.wire.embeddings`).
+
+The texts are tokenized on a worker thread (as ``/tokenize`` does: the vocabulary is read-only);
+the vectors are computed on the engine thread by the generation's embedding context, between
+generation steps (``engine/embedjobs.py``), and normalised here. An engine whose model is loaded
+without embeddings answers 501 saying which parameters turn them on, as llama-server answers
+without ``--embeddings``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Callable
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from hydrad.engine.embedder import Embedder, as_base64, normalized
+from hydrad.engine.embedjobs import EmbedRefused
+from hydrad.engine.generation import Generation
+from hydrad.engine.http.context import HttpContext, ctx_of
+from hydrad.engine.llama import ModelFreed
+from hydrad.wire import embeddings as wire
+from hydrad.wire.openai import ApiError
+
+
+
+async def embeddings(request: Request) -> Response:
+    """OpenAI's shape: pooled, normalised vectors (as floats or base64) and the usage."""
+    ctx = ctx_of(request)
+    gen, embedder = _serving(ctx)
+    req = wire.parse_openai(await ctx.body_of(request), gen.model.n_vocab)
+    _check_model(ctx, gen, req)
+    if not embedder.pooled:
+        raise ApiError(400, "this engine's pooling is none (one vector per token), which OpenAI's embeddings cannot "
+                       "carry; load the model with pooling: mean (or cls, last), or use /embedding",
+                       "pooling_none", "input")
+    tokens, vectors = await _compute(ctx, gen, embedder, req)
+    encode: Callable[[Any], Any] = as_base64 if req.base64 else _floats
+    data = [encode(normalized(v, req.normalize)) for v in vectors]
+    return JSONResponse(wire.openai_answer(gen.resolved.id, data, sum(len(t) for t in tokens)))
+
+
+async def embedding(request: Request) -> Response:
+    """llama-server's native shape: per input a list of vectors, one when pooled (normalised), one per
+    token when the pooling is none (raw, as llama-server returns them)."""
+    ctx = ctx_of(request)
+    gen, embedder = _serving(ctx)
+    req = wire.parse_native(await ctx.body_of(request), gen.model.n_vocab)
+    _check_model(ctx, gen, req)
+    _, vectors = await _compute(ctx, gen, embedder, req)
+    if embedder.pooled:
+        out = [[_floats(normalized(v, req.normalize))] for v in vectors]
+    else:
+        out = [[_floats(row) for row in matrix] for matrix in vectors]
+    return JSONResponse(wire.native_answer(out))
+
+
+def _serving(ctx: HttpContext) -> tuple[Generation, Embedder]:
+    core = ctx.core
+    if not core.admitting:
+        raise ApiError(503, "engine is shutting down", "shutting_down", headers={"Retry-After": "5"})
+    gen = core.gen
+    if gen is None:
+        if core.current_load is not None:
+            raise ApiError(503, "the model is loading; retry", "loading", headers={"Retry-After": "1"})
+        raise ApiError(503, "no model is loaded; configure one with POST /control/configure", "no_model")
+    if gen.embedder is None:
+        raise ApiError(501, f"this engine does not serve embeddings: its model ({gen.resolved.id}) is loaded without "
+                       "them; configure embeddings: true and pooling: mean (a model reload) to turn them on", wire.DISABLED)
+    return gen, gen.embedder
+
+
+def _check_model(ctx: HttpContext, gen: Generation, req: wire.EmbedRequest) -> None:
+    if not ctx.control.serves(req.model):
+        raise ApiError(404, f"model '{req.model}' is not served by this engine (it serves '{gen.resolved.id}')",
+                       "model_not_found", "model")
+
+
+async def _compute(ctx: HttpContext, gen: Generation, embedder: Embedder,
+                   req: wire.EmbedRequest) -> tuple[list[list[int]], list[Any]]:
+    """The inputs' tokens and their vectors, after every bound that needs the model is checked."""
+    texts = [(i, x) for i, x in enumerate(req.inputs) if isinstance(x, str)]
+    tokens: list[list[int]] = [x if isinstance(x, list) else [] for x in req.inputs]
+    if texts:
+        try:
+            made = await asyncio.to_thread(lambda: [gen.model.tokenize(x, True, True) for _, x in texts])
+        except ModelFreed:
+            raise ApiError(503, "the model was replaced while tokenizing; retry", "reloading",
+                           headers={"Retry-After": "1"}) from None
+        for (i, _), t in zip(texts, made):
+            tokens[i] = t
+    wire.check_sizes(req, tokens, embedder.n_tokens, embedder.n_embd, embedder.pooled)
+    try:
+        vectors = await ctx.core.embed(gen.id, tokens)
+    except EmbedRefused as exc:
+        raise ApiError(exc.status, str(exc), exc.code,
+                       headers={"Retry-After": "1"} if exc.status == 503 else None) from None
+    return tokens, vectors
+
+
+def _floats(vector: Any) -> list[float]:
+    """A vector as JSON numbers; a non-finite value (a broken model) becomes 0 rather than invalid JSON."""
+    import numpy as np
+
+    return np.nan_to_num(vector, nan=0.0, posinf=0.0, neginf=0.0).tolist()  # type: ignore[no-any-return]

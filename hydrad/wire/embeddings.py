@@ -1,0 +1,179 @@
+"""Embedding requests and answers: OpenAI's ``POST /v1/embeddings`` and llama-server's native
+``POST /embedding`` (also ``/embeddings``).
+
+Both doors parse here, so a request the front door lets through is one the engine accepts; the
+checks that need the model (token ids in its vocabulary, an input's length against the embedding
+context, ``dimensions``) are the engine's, with the same messages (:func:`check_sizes`).
+
+Inputs take llama-server's shapes: a string, a list of token ids, or a list of those (several
+inputs, answered in order). What llama-server also takes and this does not: one input mixing text
+and token ids, and multimodal objects; an empty string is refused (llama-server refuses it only when
+the model adds no BOS token). Vectors are normalised as llama-server does (``embd_normalize``, default
+2: Euclidean) when pooled; per-token vectors (pooling ``none``, ``/embedding`` only) are raw.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from hydrad.wire.openai import INT32_MAX, MAX_MODEL_NAME, ApiError, json_object
+
+MAX_INPUTS = 2048
+"""Most inputs in one request (OpenAI's own limit)."""
+MAX_TOTAL_TOKENS = 65536
+"""Most tokens of all inputs of one request together: about 128 embedding decodes of 512 tokens."""
+MAX_OUTPUT_FLOATS = 4 << 20
+"""Most numbers one answer may carry (per-token vectors grow with the input: about 80 MB of JSON)."""
+MAX_NORM = 32
+"""Largest ``embd_normalize`` p-norm taken."""
+DISABLED = "embeddings_disabled"
+"""The error code of an engine whose model is loaded without embeddings (501); the front door then
+tries another engine serving the model."""
+
+_OPENAI_FIELDS = {"input", "model", "encoding_format", "dimensions", "user", "embd_normalize"}
+_NATIVE_FIELDS = {"content", "input", "model", "embd_normalize"}
+_MODEL = re.compile(r"^[^\x00-\x1f\x7f]+$")
+
+
+@dataclass(frozen=True)
+class EmbedRequest:
+    """A checked request: ``inputs`` (strings or token-id lists, in order) read from ``field``."""
+
+    inputs: list[str | list[int]]
+    field: str
+    model: str | None = None
+    base64: bool = False
+    normalize: int = 2
+    dimensions: int | None = None
+
+
+def _is_id(value: Any) -> bool:
+    return type(value) is int and 0 <= value <= INT32_MAX
+
+
+def _inputs(value: Any, name: str, n_vocab: int | None) -> list[str | list[int]]:
+    """llama-server's prompt shapes: a string, token ids, or a non-empty list of strings and token-id lists."""
+    if isinstance(value, str) or (isinstance(value, list) and value and all(type(t) is int for t in value)):
+        items: list[Any] = [value]
+    elif isinstance(value, list) and value:
+        items = value
+    else:
+        raise ApiError(400, f"{name} must be a string, a list of token ids, or a non-empty list of those",
+                       "invalid_field", name)
+    if len(items) > MAX_INPUTS:
+        raise ApiError(400, f"{name}: at most {MAX_INPUTS} inputs per request (got {len(items)})", "invalid_field", name)
+    out: list[str | list[int]] = []
+    for i, item in enumerate(items):
+        where = name if len(items) == 1 and item is value else f"{name}[{i}]"
+        if isinstance(item, str):
+            if not item:
+                raise ApiError(400, f"{where} is empty", "invalid_field", name)
+            out.append(item)
+            continue
+        if not isinstance(item, list) or not item:
+            raise ApiError(400, f"{where} must be a non-empty string or a non-empty list of token ids (one input "
+                           "mixing text and token ids is not supported)", "invalid_field", name)
+        if not all(_is_id(t) for t in item):
+            raise ApiError(400, f"{where}: token ids must be non-negative integers", "invalid_field", name)
+        if n_vocab is not None:
+            bad = next((t for t in item if t >= n_vocab), None)
+            if bad is not None:
+                raise ApiError(400, f"{where}: token {bad} is not in this model's vocabulary (0..{n_vocab - 1})",
+                               "invalid_field", name)
+        out.append(list(item))
+    return out
+
+
+def _model(data: dict[str, Any]) -> str | None:
+    model = data.get("model")
+    if model is None:
+        return None
+    if not isinstance(model, str) or not 1 <= len(model) <= MAX_MODEL_NAME or not _MODEL.match(model):
+        raise ApiError(400, f"model must be a name of 1 to {MAX_MODEL_NAME} printable characters", "invalid_field",
+                       "model")
+    return model
+
+
+def _normalize(data: dict[str, Any]) -> int:
+    value = data.get("embd_normalize", 2)
+    if type(value) is not int or not -1 <= value <= MAX_NORM:
+        raise ApiError(400, f"embd_normalize must be an integer from -1 to {MAX_NORM} (-1 none, 0 int16 range, "
+                       "1 taxicab, 2 Euclidean, p > 2 the p-norm)", "invalid_field", "embd_normalize")
+    return value
+
+
+def parse_openai(raw: bytes, n_vocab: int | None = None) -> EmbedRequest:
+    """A /v1/embeddings body (fields OpenAI defines, plus llama-server's ``embd_normalize``; others are
+    ignored, as on the other OpenAI endpoints). ``n_vocab`` bounds token ids when known."""
+    data = json_object(raw)
+    if "input" not in data:
+        raise ApiError(400, "input is required", "invalid_field", "input")
+    fmt = data.get("encoding_format")
+    if fmt not in (None, "float", "base64"):
+        raise ApiError(400, 'encoding_format must be "float" or "base64"', "invalid_field", "encoding_format")
+    dims = data.get("dimensions")
+    if dims is not None and (type(dims) is not int or not 1 <= dims <= INT32_MAX):
+        raise ApiError(400, "dimensions must be a positive integer", "invalid_field", "dimensions")
+    user = data.get("user")
+    if user is not None and (not isinstance(user, str) or len(user) > 256):
+        raise ApiError(400, "user must be a string of at most 256 characters", "invalid_field", "user")
+    model = _model(data)
+    return EmbedRequest(_inputs(data["input"], "input", n_vocab), "input", model, fmt == "base64", _normalize(data),
+                        dims)
+
+
+def parse_native(raw: bytes, n_vocab: int | None = None) -> EmbedRequest:
+    """An /embedding body: ``content`` (or ``input``, which llama-server reads first), ``embd_normalize``
+    and, for a pool, ``model``; any other field is refused by name."""
+    data = json_object(raw)
+    extra = sorted(set(data) - _NATIVE_FIELDS)
+    if extra:
+        raise ApiError(400, f"unknown field(s): {', '.join(extra)} ({', '.join(sorted(_NATIVE_FIELDS))})",
+                       "unsupported_field", extra[0])
+    if "input" in data and "content" in data:
+        raise ApiError(400, "give either input or content, not both", "invalid_field", "content")
+    name = "input" if "input" in data else "content"
+    if name not in data:
+        raise ApiError(400, "content is required", "invalid_field", "content")
+    model = _model(data)
+    return EmbedRequest(_inputs(data[name], name, n_vocab), name, model, False, _normalize(data))
+
+
+def check_sizes(req: EmbedRequest, tokens: list[list[int]], max_tokens: int, n_embd: int, pooled: bool) -> None:
+    """The bounds that need the model: each input within the embedding context (``max_tokens``, its
+    n_ubatch), all of them within MAX_TOTAL_TOKENS, the answer within MAX_OUTPUT_FLOATS, ``dimensions``
+    the model's own."""
+    name = req.field
+    for i, t in enumerate(tokens):
+        if not t:
+            raise ApiError(400, f"{name}[{i}] has no tokens", "invalid_field", name)
+        if len(t) > max_tokens:
+            raise ApiError(400, f"{name}[{i}] has {len(t)} tokens; this engine embeds at most {max_tokens} tokens per "
+                           "input (its n_ubatch; raise it to take longer inputs)", "input_too_long", name,
+                           details={"n_prompt_tokens": len(t), "n_ubatch": max_tokens})
+    total = sum(len(t) for t in tokens)
+    if total > MAX_TOTAL_TOKENS:
+        raise ApiError(400, f"{name}: {total} tokens in all; at most {MAX_TOTAL_TOKENS} per request", "input_too_long",
+                       name)
+    floats = (len(tokens) if pooled else total) * n_embd
+    if floats > MAX_OUTPUT_FLOATS:
+        raise ApiError(400, f"{name}: the answer would hold {floats} numbers (one vector of {n_embd} per "
+                       f"{'input' if pooled else 'token'}); at most {MAX_OUTPUT_FLOATS}", "input_too_long", name)
+    if req.dimensions is not None and req.dimensions != n_embd:
+        raise ApiError(400, f"dimensions: this model's embeddings have {n_embd} dimensions and cannot be shortened",
+                       "unsupported_field", "dimensions")
+
+
+def openai_answer(model: str, vectors: list[Any], n_tokens: int) -> dict[str, Any]:
+    """OpenAI's list of embeddings (each a list of floats, or a base64 string), with the usage."""
+    return {"object": "list", "model": model,
+            "data": [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vectors)],
+            "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}}
+
+
+def native_answer(vectors: list[list[list[float]]]) -> list[dict[str, Any]]:
+    """llama-server's /embedding answer: per input its index and a list of vectors (one when pooled,
+    one per token when not)."""
+    return [{"index": i, "embedding": v} for i, v in enumerate(vectors)]
