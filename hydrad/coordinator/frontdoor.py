@@ -593,9 +593,11 @@ class FrontDoor:
                       session=session, engine=engine)
             return None
         src = self.bus.engines.get(home) if home is not None else None
-        if src is not None and src.alive and src.status.stage == "ready":
-            # routing passed over the engine holding the session (its wait was too long): move the KV
-            # from there, engine to engine, rather than reading the last kept turn from the Store
+        if src is not None and src.alive and (src.status.stage == "ready" or src.status.stage in LEAVING_STAGES):
+            # routing passed over the engine holding the session (its wait was too long, or it is
+            # reloading or stopping and still holds the KV of the turn that just ended there, which
+            # the evacuation could not move while that turn ran): move the KV from there, engine to
+            # engine, rather than reading the last kept turn from the Store
             moved = await self.sessions.move(session, engine)
             if moved is not None:
                 dst = self.bus.engines.get(engine)

@@ -21,7 +21,7 @@ from hydrad.coordinator.bus import CoordinatorBus
 from hydrad.coordinator.records import EngineLost, RequestStream
 from hydrad.wire import logprobs as lp
 from hydrad.wire import messages as M
-from hydrad.wire import openai
+from hydrad.wire import openai, toolcalls
 from hydrad.wire.openai import ApiError, overflow_details
 
 log = logging.getLogger("hydra.coordinator")
@@ -59,23 +59,29 @@ def _probs(ev: M.Tokens) -> list[lp.TokenLogprob]:
     return [p.token() for p in ev.logprobs or ()]
 
 
+def _calls(ev: M.Tokens) -> list[toolcalls.ToolCall]:
+    return [c.call() for c in ev.tool_calls or ()]
+
+
 async def collect(bus: CoordinatorBus, token_timeout_s: float, turn: Turn, stream: RequestStream, first: Any,
                   headers: dict[str, str], record: Callable[[Turn, str, M.Done], None]) -> Response:
     """The whole answer of a non-streaming request."""
     texts: list[str] = []
     probs: list[lp.TokenLogprob] = []
+    calls: list[toolcalls.ToolCall] = []
     ev = first
     try:
         while True:
             if isinstance(ev, M.Tokens):
                 texts.extend(ev.texts)
                 probs.extend(_probs(ev))
+                calls.extend(_calls(ev))
             elif isinstance(ev, M.Done):
                 text = "".join(texts)
                 record(turn, text, ev)
                 rendered = None if stream.logprobs is None else lp.render(turn.kind, probs)
                 body = openai.full_response(turn.kind, turn.rid, turn.model, text, ev.finish_reason, ev.usage.openai(),
-                                            ev.fingerprint, timings(ev.usage), rendered)
+                                            ev.fingerprint, timings(ev.usage), rendered, calls)
                 return JSONResponse(body, headers={**headers, "X-Hydra-Generation": ev.fingerprint})
             elif isinstance(ev, EngineLost):
                 # Lost after it started generating: the request itself may be what killed it,
@@ -102,6 +108,7 @@ async def relay(bus: CoordinatorBus, token_timeout_s: float, turn: Turn, stream:
     k, rid, model = turn.kind, turn.rid, turn.model
     texts: list[str] = []
     offsets = None if stream.logprobs is None else lp.TextOffsets()
+    n_calls = 0
     try:
         if k == "chat":
             yield openai.chunk(k, rid, model, created, "", None, fp, first=True)
@@ -111,7 +118,10 @@ async def relay(bus: CoordinatorBus, token_timeout_s: float, turn: Turn, stream:
                 text = "".join(ev.texts)
                 texts.append(text)
                 probs = None if offsets is None else lp.render(k, _probs(ev), offsets)
-                yield openai.chunk(k, rid, model, created, text, None, fp, logprobs=probs)
+                calls = _calls(ev)
+                yield openai.chunk(k, rid, model, created, text, None, fp, logprobs=probs,
+                                   calls=toolcalls.delta(calls, n_calls))
+                n_calls += len(calls)
             elif isinstance(ev, M.Done):
                 fp = ev.fingerprint or fp
                 yield openai.chunk(k, rid, model, created, None, ev.finish_reason, fp)

@@ -17,15 +17,17 @@ from typing import Any, Callable
 
 from hydrad.common.logs import log_event
 from hydrad.common.params import RuntimeParams
-from hydrad.engine import faults, llama
+from hydrad.engine import chatprompt, faults, llama
 from hydrad.engine.generation import Generation, Slot
 from hydrad.engine.prefixshare import PrefixShare
 from hydrad.engine.requests import Done, Failed, RequestHandle, Token, Usage
 from hydrad.engine.stats import EngineStats
 from hydrad.engine.textstream import StopMatcher, Utf8Detokenizer
 from hydrad.wire.kvdigest import tokens_digest
+from hydrad.wire.grammar import GrammarError
 from hydrad.wire.logprobs import TokenLogprob
 from hydrad.wire.requests import GenRequest
+from hydrad.wire.toolcalls import ToolStream
 
 log = logging.getLogger("hydrad.engine")
 
@@ -85,6 +87,7 @@ class _Active:
     probs: llama.Logprobs | None = None  # logprobs: measures each row before sampling
     probs_unsent: deque[TokenLogprob] = field(default_factory=deque)  # one per token of ``unsent``
     probs_made: list[TokenLogprob] = field(default_factory=list)  # made into text, not yet sent with a Token
+    tools: ToolStream | None = None  # a request offering tools: its text read into content and calls
 
 
 
@@ -96,13 +99,22 @@ def _take_ids(a: _Active) -> tuple[int, ...]:
     return ids
 
 
-def _token(a: _Active, text: str) -> Token:
+def _token(a: _Active, text: str, end: bool = False) -> Token | None:
     """A Token event for ``text``, with the ids and log-probabilities of the tokens made into text
-    since the last one (when the request asked for them)."""
-    if a.probs is None:
-        return Token(text, _take_ids(a))
-    probs, a.probs_made = tuple(a.probs_made), []
-    return Token(text, _take_ids(a), probs)
+    since the last one (when the request asked for them). A request offering tools sends the
+    content and calls its text makes (``end``: the rest, at its end); None when there is nothing
+    to send."""
+    calls: tuple[Any, ...] = ()
+    if a.tools is not None:
+        text, made = a.tools.finish() if end else a.tools.feed(text)
+        calls = tuple(made)
+    probs: tuple[TokenLogprob, ...] = ()
+    if a.probs is not None:
+        probs, a.probs_made = tuple(a.probs_made), []
+    ids = _take_ids(a)
+    if not (text or calls or ids or probs):
+        return None
+    return Token(text, ids, probs, calls)
 
 
 class Batching:
@@ -159,7 +171,7 @@ class Batching:
             return list(request.prompt_ids)
         if request.messages is not None:
             try:
-                tokens = gen.model.chat_tokens(request.messages, params.chat_template)
+                tokens = chatprompt.chat_tokens(gen.model, params.chat_template, request)
             except ValueError as exc:
                 raise _RequestError(str(exc), 400, "template_error") from None
         else:
@@ -237,6 +249,12 @@ class Batching:
         req.stored_prefix = None
         gen.ensure_room(len(tokens) - keep, exclude=slot)
         s = req.sampling
+        grammar = s.grammar
+        if req.tools is not None:
+            try:
+                grammar = chatprompt.grammar(model, params.chat_template, req.tools)
+            except GrammarError as exc:
+                raise _RequestError(f"tools: {exc}", 400, "invalid_field") from None
         try:
             sampler = llama.Sampler(llama.Sampling(
                 temperature=params.temperature if s.temperature is None else s.temperature,
@@ -248,7 +266,7 @@ class Batching:
                 frequency_penalty=s.frequency_penalty, presence_penalty=s.presence_penalty,
                 seed=params.seed if s.seed is None else s.seed,
                 ban=tuple(model.eog_tokens()) if req.ignore_eos else (),
-                grammar=s.grammar), model.n_vocab, limit, model.vocab)
+                grammar=grammar), model.n_vocab, limit, model.vocab)
         except llama.GrammarRefused as exc:
             raise _RequestError(str(exc), 400, "invalid_field") from None
         room = limit - len(tokens)
@@ -268,7 +286,9 @@ class Batching:
         slot.active = _Active(handle=handle, prompt_len=len(tokens), cached=keep, pending=tokens[keep:],
                               max_tokens=max_tokens, sampler=sampler, detok=Utf8Detokenizer(),
                               stopper=stopper, t_start=time.monotonic(), faulty=faulty,
-                              ids=[] if req.return_tokens else None, probs=probs)
+                              ids=[] if req.return_tokens else None, probs=probs,
+                              tools=None if req.tools is None else ToolStream(chatprompt.tool_format(
+                                  model, params.chat_template)))
         gen.n_active += 1
         self.stats.prompt_tokens_total += len(tokens) - keep
         self.stats.cached_tokens_total += keep
@@ -381,11 +401,16 @@ class Batching:
                 self._fault("stop", a.faulty)
             out, stopped = a.stopper.push(text)
             if out:
-                self._emit(a.handle, _token(a, out))
+                self._send(a, out)
             if stopped:
                 self._finish(gen, slot, "stop", flush=False)
                 return True
         return False
+
+    def _send(self, a: _Active, text: str, end: bool = False) -> None:
+        ev = _token(a, text, end)
+        if ev is not None:
+            self._emit(a.handle, ev)
 
     def _settle_text(self) -> None:
         """The deferred text of the last step, for requests still running (a cancelled one's is dropped)."""
@@ -409,9 +434,13 @@ class Batching:
             out, stopped = a.stopper.push(tail) if tail else ("", False)
             out += "" if stopped else a.stopper.flush()
             if out:
-                self._emit(a.handle, _token(a, out))
+                self._send(a, out)
             if stopped:
                 reason = "stop"
+        if a.tools is not None:
+            self._send(a, "", end=True)
+            if a.tools.n_calls and reason == "stop":
+                reason = "tool_calls"
         now = time.monotonic()
         t_first = a.t_first or now
         usage = Usage(prompt_tokens=a.prompt_len, completion_tokens=a.n_gen, cached_tokens=a.cached,

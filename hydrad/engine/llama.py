@@ -279,8 +279,10 @@ class Model:
                 self._readers -= 1
                 self._readers_cv.notify_all()
 
-    def chat_tokens(self, messages: list[dict[str, str]], template: str | None = None) -> list[int]:
-        """Tokens of the chat prompt for ``messages``, formatted with the model's template.
+    def chat_tokens(self, messages: list[dict[str, str]], template: str | None = None,
+                    render: Callable[[list[dict[str, str]]], str] | None = None) -> list[int]:
+        """Tokens of the chat prompt for ``messages``, formatted with the model's template (or by
+        ``render``, which formats a list of messages some other way: a jinja template with tools).
 
         The template's own markers (``<|im_start|>``, ``<start_of_turn>``, ...) are special tokens;
         the same characters typed by a user are text. Tokenizing the whole prompt with special
@@ -289,13 +291,14 @@ class Model:
         common case, the same tokens llama-server makes). Otherwise the template is applied to
         placeholders, its pieces are tokenized with special parsing and each message body without,
         and the pieces are spliced in order."""
+        fmt = render or (lambda ms: self.apply_chat_template(ms, template))
         contents = [m["content"] for m in messages]
-        if not any(self._has_special_text(c) for c in contents):
-            return self.tokenize(self.apply_chat_template(messages, template), add_special=True, parse_special=True)
-        probe = self.apply_chat_template([{"role": "user", "content": " \x1aP\x1a "}], template)
+        if not any(self.has_special_text(c) for c in contents):
+            return self.tokenize(fmt(messages), add_special=True, parse_special=True)
+        probe = fmt([{"role": "user", "content": " \x1aP\x1a "}])
         trims = " \x1aP\x1a " not in probe  # some templates strip each body (gemma, llama3)
         marked = [{**m, "content": f"\x1a{i}\x1a"} for i, m in enumerate(messages)]
-        parts = _PLACEHOLDER.split(self.apply_chat_template(marked, template))
+        parts = _PLACEHOLDER.split(fmt(marked))
         tokens: list[int] = []
         for j, part in enumerate(parts):
             if j % 2 == 0:
@@ -306,7 +309,7 @@ class Model:
                 tokens += self.tokenize(body.strip() if trims else body, add_special=False, parse_special=False)
         return tokens
 
-    def _has_special_text(self, content: str) -> bool:
+    def has_special_text(self, content: str) -> bool:
         if "<" not in content and "[" not in content and "|" not in content:
             return False  # every special-token text of the supported families has one of these
         return (self.tokenize(content, add_special=False, parse_special=True)

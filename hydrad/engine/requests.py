@@ -14,6 +14,7 @@ from typing import Any
 
 from hydrad.wire.logprobs import TokenLogprob
 from hydrad.wire.requests import GenRequest
+from hydrad.wire.toolcalls import ToolCall
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,7 @@ class Token:
     text: str
     ids: tuple[int, ...] = ()  # the tokens this text was made of, when the request asked (return_tokens)
     probs: tuple[TokenLogprob, ...] = ()  # their log-probabilities, when the request asked (logprobs)
+    calls: tuple[ToolCall, ...] = ()  # tool calls completed by this text (then ``text`` is content only)
 
 
 @dataclass(frozen=True)

@@ -417,21 +417,55 @@ def json_object_grammar() -> str:
 
 def schema_grammar(schema: Any) -> str:
     """The GBNF for a JSON schema (an object), as llama-server makes it; GrammarError otherwise."""
+    return _schema_gbnf(schema, "")
+
+
+def framed_schema_grammar(schema: Any, opening: str, closing: str, many: bool) -> str:
+    """The GBNF for JSON matching ``schema`` between two literals (a tool call's tags), once or,
+    with ``many``, one or more times. The schema's rules are made under their own name and the
+    root frames them, so nothing of the converter's text is rewritten."""
+    rules = _schema_gbnf(schema, "framed", check=False)
+    one = f"{_literal(opening)} framed {_literal(closing)}"
+    gbnf = f"{rules}\nroot ::= {'(' + one + ' space)+' if many else one}"
+    try:
+        check_gbnf(gbnf)
+    except GrammarError as exc:
+        raise GrammarError(f"the grammar made from the schema is not usable: {exc}") from None
+    return gbnf
+
+
+def _literal(text: str) -> str:
+    """A GBNF literal: its escapes (``\\n``, ``\\"``, ``\\uXXXX``) are JSON's."""
+    return json.dumps(text, ensure_ascii=False)
+
+
+def _schema_gbnf(schema: Any, name: str, check: bool = True) -> str:
     if not isinstance(schema, dict):
         raise GrammarError("a JSON schema must be an object")
     text = json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
     if len(text) > MAX_SCHEMA_CHARS:
         raise GrammarError(f"the schema has {len(text)} characters as JSON; at most {MAX_SCHEMA_CHARS} are accepted")
     try:
-        gbnf = str(_converter().json_schema_to_gbnf(text))
+        gbnf = _convert(text, name)
     except GrammarError:
         raise
     except RecursionError:
         raise GrammarError("the schema nests too deeply to convert") from None
     except Exception as exc:  # the converter raises what it meets: KeyError, ValueError, TypeError ...
         raise GrammarError(f"the schema cannot be converted to a grammar ({type(exc).__name__}: {exc})"[:500]) from None
+    if not check:
+        return gbnf
     try:
         check_gbnf(gbnf)
     except GrammarError as exc:
         raise GrammarError(f"the grammar made from the schema is not usable: {exc}") from None
     return gbnf
+
+
+def _convert(text: str, name: str) -> str:
+    """The converter's grammar for a schema (JSON text) whose top rule is ``name`` (``""``: root),
+    as its ``json_schema_to_gbnf`` makes it."""
+    module = _converter()
+    converter = module.SchemaConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+    converter.visit(converter.resolve_refs(json.loads(text), "stdin"), name)
+    return str(converter.format_grammar())

@@ -20,7 +20,9 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
 from hydrad.wire import logprobs as lp
+from hydrad.wire import toolcalls
 from hydrad.wire.requests import GenRequest, SamplingOverrides
+from hydrad.wire.tools import MAX_CALL_ID, NAME_RE, ToolSpec
 
 PROTOCOL = b"hydra-bus/1"
 NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"  # an engine name is its DEALER identity and its systemd instance
@@ -175,6 +177,22 @@ class TokenLogprob(Alternative):
                                tuple(a.alternative() for a in self.top))
 
 
+class ToolCall(BaseModel):
+    """A tool call the engine read from the model's answer (:class:`hydrad.wire.toolcalls.ToolCall`)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    id: str = Field(min_length=1, max_length=MAX_CALL_ID)
+    name: str = Field(pattern=NAME_RE.pattern.join("^$"))
+    arguments: str
+
+    @classmethod
+    def of(cls, call: toolcalls.ToolCall) -> ToolCall:
+        return cls(id=call.id, name=call.name, arguments=call.arguments)
+
+    def call(self) -> toolcalls.ToolCall:
+        return toolcalls.ToolCall(self.id, self.name, self.arguments)
+
+
 class Tokens(_Msg):
     """Text generated since the last TOKENS of a request: one message per engine step, not per token."""
 
@@ -184,6 +202,9 @@ class Tokens(_Msg):
     logprobs: list[TokenLogprob] | None = Field(None, max_length=65536, description=(
         "The log-probabilities of the tokens these texts were made of, when the GENERATE asked for them; "
         "absent otherwise."))
+    tool_calls: list[ToolCall] | None = Field(None, max_length=4096, description=(
+        "Tool calls completed in this step, when the GENERATE offered tools (the texts are then content "
+        "only); absent otherwise."))
 
 
 class Done(_Msg):
@@ -278,6 +299,7 @@ class Generate(_Msg):
     model: str | None = Field(None, max_length=512, description="What the router chose this engine for; checked by the engine.")
     prompt: str | None = None
     messages: list[dict[str, str]] | None = None
+    tools: ToolSpec | None = Field(None, description="Functions the model may call (chat only); absent: none.")
     max_tokens: int | None = Field(None, ge=0)
     stop: list[str] = Field(default_factory=list, max_length=16)
     sampling: Sampling = Field(default_factory=Sampling)
@@ -288,12 +310,14 @@ class Generate(_Msg):
 
     @classmethod
     def from_request(cls, req: str, gen: GenRequest, model: str | None) -> Generate:
-        return cls(req=req, model=model, prompt=gen.prompt, messages=gen.messages, max_tokens=gen.max_tokens,
+        return cls(req=req, model=model, prompt=gen.prompt, messages=gen.messages, tools=gen.tools,
+                   max_tokens=gen.max_tokens,
                    stop=list(gen.stop), ignore_eos=gen.ignore_eos, slot=gen.slot,
                    sampling=gen.sampling, logprobs=gen.logprobs)
 
     def to_request(self) -> GenRequest:
-        return GenRequest(prompt=self.prompt, messages=self.messages, max_tokens=self.max_tokens, stop=list(self.stop),
+        return GenRequest(prompt=self.prompt, messages=self.messages, tools=self.tools, max_tokens=self.max_tokens,
+                          stop=list(self.stop),
                           sampling=self.sampling, ignore_eos=self.ignore_eos,
                           slot=self.slot, logprobs=self.logprobs)
 

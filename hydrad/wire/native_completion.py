@@ -26,7 +26,7 @@ from pydantic import Field, StrictInt, ValidationError
 
 from hydrad.common.params import validation_message
 from hydrad.wire import logprobs as lp
-from hydrad.wire.openai import INT32_MAX, ApiError, _Common, checked_sampling, json_object, sse
+from hydrad.wire.openai import INT32_MAX, ApiError, ChatRequest, _Common, checked_sampling, json_object, sse
 from hydrad.wire.requests import GenRequest
 
 # llama-server's own fields that change what is generated or returned, which the engine does not
@@ -40,7 +40,7 @@ _UNSUPPORTED: dict[str, tuple[Any, ...]] = {
 
 
 class NativeCompletionRequest(_Common):
-    OTHER_DOORS_FIELDS = {"logprobs": (None, False), "top_logprobs": (None, 0)}
+    OTHER_DOORS_FIELDS = {"logprobs": (None, False), "top_logprobs": (None, 0), **ChatRequest.TOOL_FIELDS}
     prompt: Any
     cache_prompt: bool | None = None
     return_tokens: bool = False

@@ -1,7 +1,9 @@
 """OpenAI wire format: request validation, response and SSE chunk shapes, error JSON.
 
-Fields OpenAI defines but this engine cannot honour (n>1, tools, ...) are refused with a 400
-naming them, so a client never silently gets something other than it asked for. ``logprobs``
+Fields OpenAI defines but this engine cannot honour (n>1, audio, ...) are refused with a 400
+naming them, so a client never silently gets something other than it asked for. Tool calls
+(``tools``, ``tool_choice``, ``parallel_tool_calls``; chat only) are read by
+:mod:`hydrad.wire.tools` and answered as ``message.tool_calls`` / ``delta.tool_calls``. ``logprobs``
 (chat: ``logprobs`` and ``top_logprobs``; legacy completions: an integer ``logprobs``) is
 honoured: the shapes are in :mod:`hydrad.wire.logprobs`.
 llama-server's extensions (top_k, min_p, repeat_penalty, n_predict, cache_prompt) are accepted,
@@ -21,6 +23,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Valida
 
 from hydrad.common import jsonbody
 from hydrad.wire import logprobs as lp
+from hydrad.wire import tools as tl
+from hydrad.wire.toolcalls import ToolCall
 from hydrad.wire.grammar import GrammarError, check_gbnf, json_object_grammar, schema_grammar
 from hydrad.wire.requests import GenRequest, SamplingOverrides
 from hydrad.wire.requests import MAX_STOP_CHARS, MAX_STOPS
@@ -128,9 +132,8 @@ class _Common(BaseModel):
 
 # Defined by OpenAI, not served here: refused when set to anything but their neutral value.
 _UNSUPPORTED: dict[str, Any] = {
-    "tools": (None, []), "tool_choice": (None, "none"),
     "functions": (None, []), "function_call": (None, "none"), "logit_bias": (None, {}), "best_of": (None, 1),
-    "echo": (None, False), "suffix": (None, ""), "parallel_tool_calls": (None,), "audio": (None,),
+    "echo": (None, False), "suffix": (None, ""), "audio": (None,),
     "modalities": (None, ["text"]), "prediction": (None,),
     # llama-server's own, not honoured here (yet): lazy grammars and samplers beyond the engine's
     # chain. Each is refused by name when set to anything but its llama-server default, so a client
@@ -220,6 +223,9 @@ def checked_sampling(req: _Common) -> SamplingOverrides:
 
 class ChatRequest(_Common):
     OTHER_DOORS_FIELDS = {"n_probs": (None, 0)}
+    TOOL_FIELDS: ClassVar[dict[str, tuple[Any, ...]]] = {
+        "tools": (None, []), "tool_choice": (None, "none", "auto"), "parallel_tool_calls": (None, False, True)}
+    """Read by :func:`tool_spec`; on the other doors they are refused like any field not served."""
     messages: list[dict[str, Any]]
     logprobs: StrictBool | None = None
     top_logprobs: StrictInt | None = Field(None, ge=0, le=lp.MAX_TOP_LOGPROBS)
@@ -234,7 +240,7 @@ class ChatRequest(_Common):
 
 
 class CompletionRequest(_Common):
-    OTHER_DOORS_FIELDS = {"top_logprobs": (None, 0), "n_probs": (None, 0)}
+    OTHER_DOORS_FIELDS = {"top_logprobs": (None, 0), "n_probs": (None, 0), **ChatRequest.TOOL_FIELDS}
     prompt: str | list[str]
     logprobs: StrictInt | None = Field(None, ge=0, le=lp.MAX_LEGACY_LOGPROBS)
 
@@ -277,6 +283,39 @@ def check_stops(stops: list[str]) -> None:
         raise ValueError(f"a stop sequence may have at most {MAX_STOP_CHARS} characters (got {longest})")
 
 
+def tool_spec(fields: dict[str, Any], grammar: str | None) -> tl.ToolSpec | None:
+    """A chat request's tools (None: it offers none, or forbids calls); a 400 naming the field for
+    a bad one. As llama-server, tools take no grammar, schema or JSON response format besides."""
+    try:
+        spec = tl.parse(fields)
+    except tl.ToolError as exc:
+        raise ApiError(400, str(exc), "invalid_field", exc.param) from None
+    if spec is not None and grammar is not None:
+        asked = next(k for k, neutral in _CONSTRAINTS.items() if fields.get(k) not in neutral)
+        raise ApiError(400, f"{asked} cannot be combined with tools", "invalid_field", asked)
+    return spec
+
+
+def chat_messages(messages: list[Any]) -> list[dict[str, str]]:
+    """A chat request's messages as they travel: role, text content, and the tool fields."""
+    if not messages:
+        raise ApiError(400, "messages must not be empty", "invalid_field", "messages")
+    msgs = []
+    for i, m in enumerate(messages):
+        role = m.get("role") if isinstance(m, dict) else None
+        if role not in ("system", "user", "assistant", "developer", "tool"):
+            raise ApiError(400, f"messages[{i}].role must be system, user, assistant, developer or tool", "invalid_field",
+                           f"messages[{i}].role")
+        assert isinstance(m, dict)
+        try:
+            extra = tl.message_fields(m, role, f"messages[{i}]")
+        except tl.ToolError as exc:
+            raise ApiError(400, str(exc), "invalid_field", exc.param) from None
+        msgs.append({"role": "system" if role == "developer" else role,
+                     "content": _text_of(m.get("content"), f"messages[{i}]"), **extra})
+    return msgs
+
+
 def parse(kind: Literal["chat", "completion"], raw: bytes) -> tuple[_Common, GenRequest]:
     data = json_object(raw)
     try:
@@ -286,16 +325,9 @@ def parse(kind: Literal["chat", "completion"], raw: bytes) -> tuple[_Common, Gen
         raise ApiError(400, msg, "invalid_field", names[0] if names else None) from None
     sampling = checked_sampling(req)
     if isinstance(req, ChatRequest):
-        if not req.messages:
-            raise ApiError(400, "messages must not be empty", "invalid_field", "messages")
-        msgs = []
-        for i, m in enumerate(req.messages):
-            role = m.get("role") if isinstance(m, dict) else None
-            if role not in ("system", "user", "assistant", "developer", "tool"):
-                raise ApiError(400, f"messages[{i}].role must be system, user, assistant, developer or tool", "invalid_field",
-                               f"messages[{i}].role")
-            msgs.append({"role": "system" if role == "developer" else role, "content": _text_of(m.get("content"), f"messages[{i}]")})
-        gen = GenRequest(messages=msgs, max_tokens=req.limit(), stop=req.stops(), sampling=sampling,
+        tools = tool_spec(req.model_extra or {}, sampling.grammar)
+        gen = GenRequest(messages=chat_messages(req.messages), tools=tools, max_tokens=req.limit(), stop=req.stops(),
+                         sampling=sampling,
                          ignore_eos=req.ignore_eos, slot=req.slot(), logprobs=req.wants_logprobs())
     else:
         assert isinstance(req, CompletionRequest)
@@ -314,13 +346,18 @@ def new_id(kind: str) -> str:
 
 
 def full_response(kind: str, rid: str, model: str, text: str, finish: str, usage: dict[str, Any],
-                  fingerprint: str, timings: dict[str, Any], logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+                  fingerprint: str, timings: dict[str, Any], logprobs: dict[str, Any] | None = None,
+                  calls: list[ToolCall] | None = None) -> dict[str, Any]:
     """A whole answer; ``logprobs`` is its choice's (:func:`hydrad.wire.logprobs.render`), null when
-    the request asked for none."""
+    the request asked for none. An answer that made ``calls`` has them in ``message.tool_calls``
+    and, as OpenAI's, a null content unless the model also wrote text."""
     created = int(time.time())
     if kind == "chat":
-        choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text},
-                                  "finish_reason": finish, "logprobs": logprobs}
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if calls:
+            message = {"role": "assistant", "content": text.strip() or None,
+                       "tool_calls": [c.openai() for c in calls]}
+        choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish, "logprobs": logprobs}
         obj = "chat.completion"
     else:
         choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": logprobs}
@@ -331,14 +368,26 @@ def full_response(kind: str, rid: str, model: str, text: str, finish: str, usage
 
 def chunk(kind: str, rid: str, model: str, created: int, text: str | None, finish: str | None,
           fingerprint: str, first: bool = False, timings: dict[str, Any] | None = None,
-          logprobs: dict[str, Any] | None = None) -> bytes:
-    """One SSE chunk; ``logprobs`` are those of the tokens whose text it carries."""
+          logprobs: dict[str, Any] | None = None, calls: list[dict[str, Any]] | None = None) -> bytes:
+    """SSE for one step of an answer; ``logprobs`` are those of the tokens whose text it carries.
+    ``calls`` are ``delta.tool_calls`` entries (:func:`hydrad.wire.toolcalls.delta`), each in a
+    chunk of its own as OpenAI streams them, after the text's chunk (none when the step made only
+    calls)."""
+    if not calls:
+        return _chunk(kind, rid, model, created, {"content": text}, finish, fingerprint, first, timings, logprobs)
+    head = _chunk(kind, rid, model, created, {"content": text}, None, fingerprint, first, None, logprobs) if text else b""
+    return head + b"".join(_chunk(kind, rid, model, created, {"tool_calls": [c]}, None, fingerprint,
+                                  logprobs=None if text or i else logprobs) for i, c in enumerate(calls))
+
+
+def _chunk(kind: str, rid: str, model: str, created: int, delta: dict[str, Any], finish: str | None,
+           fingerprint: str, first: bool = False, timings: dict[str, Any] | None = None,
+           logprobs: dict[str, Any] | None = None) -> bytes:
+    text = delta.get("content")
     if kind == "chat":
-        delta: dict[str, Any] = {}
+        delta = {k: v for k, v in delta.items() if v is not None}
         if first:
-            delta["role"] = "assistant"
-        if text is not None:
-            delta["content"] = text
+            delta = {"role": "assistant", **delta}
         choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}
         obj = "chat.completion.chunk"
     else:

@@ -14,6 +14,7 @@ from typing import Annotated
 from pydantic import AfterValidator
 
 from hydrad.wire.grammar import check_gbnf
+from hydrad.wire.tools import ToolSpec
 
 MAX_STOPS = 4
 """The OpenAI API accepts at most four stop sequences per request."""
@@ -58,6 +59,7 @@ class GenRequest:
     prompt: str | None = None
     prompt_ids: list[int] | None = None  # the prompt as token ids, used as given (no BOS added)
     messages: list[dict[str, str]] | None = None
+    tools: ToolSpec | None = None  # functions the model may call (chat only; hydrad.wire.tools)
     max_tokens: int | None = None
     stop: list[str] = field(default_factory=list)
     sampling: SamplingOverrides = field(default_factory=SamplingOverrides)

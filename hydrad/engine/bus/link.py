@@ -56,13 +56,15 @@ from hydrad.engine.settings import EngineSettings
 log = logging.getLogger("hydrad.bus")
 
 
-def _tokens(req: str, batch: list[Any], texts: list[str], logprobs: bool) -> M.Tokens:
+def _tokens(req: str, batch: list[Any], texts: list[str], logprobs: bool) -> M.Tokens | None:
     """TOKENS for a step's events, with the log-probabilities of their tokens when the request asked
-    for them (absent otherwise: a request that did not ask sends what it always sent)."""
-    if not logprobs:
-        return M.Tokens(req=req, texts=texts)
-    probs = [M.TokenLogprob.of(p) for ev in batch if isinstance(ev, Token) for p in ev.probs]
-    return M.Tokens(req=req, texts=texts, logprobs=probs)
+    for them and the tool calls they completed (each absent otherwise: a request that asked for
+    neither sends what it always sent); None when the step made nothing to send."""
+    calls = [M.ToolCall.of(c) for ev in batch if isinstance(ev, Token) for c in ev.calls] or None
+    if not texts and not calls:
+        return None
+    probs = [M.TokenLogprob.of(p) for ev in batch if isinstance(ev, Token) for p in ev.probs] if logprobs else None
+    return M.Tokens(req=req, texts=texts or [""], logprobs=probs, tool_calls=calls)
 
 LIVENESS = 3  # intervals of silence before the other side counts as gone
 BACKOFF_MAX_S = 10.0
@@ -417,7 +419,8 @@ class EngineLink:
                     while not isinstance(batch[-1], (Done, Failed)) and not handle.queue.empty():
                         batch.append(handle.queue.get_nowait())
                     texts = [ev.text for ev in batch if isinstance(ev, Token) and ev.text]
-                    if texts and not self._send(_tokens(req, batch, texts, request.logprobs is not None)):
+                    step = _tokens(req, batch, texts, request.logprobs is not None)
+                    if step is not None and not self._send(step):
                         return  # nobody to stream to: the finally cancels it in the core
                     last = batch[-1]
                     if isinstance(last, Done):

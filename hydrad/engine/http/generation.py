@@ -17,7 +17,7 @@ from hydrad.engine.core import EngineCore, PromptTooLong
 from hydrad.engine.http.context import HttpContext, ctx_of
 from hydrad.engine.requests import Done, Failed, RequestHandle, Token
 from hydrad.wire import logprobs as lp
-from hydrad.wire import openai
+from hydrad.wire import openai, toolcalls
 from hydrad.wire.openai import ApiError, overflow_details
 from hydrad.wire.requests import GenRequest
 
@@ -52,7 +52,7 @@ async def generate(request: Request, kind: str) -> Response:
     probs = None if greq.logprobs is None else lp.render(kind, [p for t in tokens for p in t.probs])
     return JSONResponse(openai.full_response(
         kind, rid, model_id, "".join(t.text for t in tokens), ev.finish_reason, ev.usage.openai(),
-        ev.generation.fingerprint, {**timings(ev), **lag}, probs),
+        ev.generation.fingerprint, {**timings(ev), **lag}, probs, [c for t in tokens for c in t.calls]),
         headers={"X-Hydra-Generation": ev.generation.fingerprint})
 
 
@@ -125,6 +125,7 @@ async def _stream(core: EngineCore, kind: str, rid: str, model_id: str, req: ope
     created = int(time.time())
     fp = handle.generation.fingerprint if handle.generation else ""
     offsets = lp.TextOffsets() if handle.request.logprobs is not None else None
+    n_calls = 0
     try:
         if kind == "chat":
             yield openai.chunk(kind, rid, model_id, created, "", None, fp, first=True)
@@ -132,7 +133,9 @@ async def _stream(core: EngineCore, kind: str, rid: str, model_id: str, req: ope
         while True:
             if isinstance(ev, Token):
                 probs = None if offsets is None else lp.render(kind, ev.probs, offsets)
-                yield openai.chunk(kind, rid, model_id, created, ev.text, None, fp, logprobs=probs)
+                yield openai.chunk(kind, rid, model_id, created, ev.text, None, fp, logprobs=probs,
+                                   calls=toolcalls.delta(list(ev.calls), n_calls))
+                n_calls += len(ev.calls)
             elif isinstance(ev, Done):
                 handle.finished = True
                 fp = ev.generation.fingerprint

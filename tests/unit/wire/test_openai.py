@@ -217,10 +217,9 @@ def test_n_2_refused() -> None:
 
 
 @pytest.mark.parametrize(("field", "value"), [
-    ("tools", [{"type": "function", "function": {"name": "f"}}]),
-    ("tool_choice", "auto"), ("functions", [{"name": "f"}]), ("function_call", "auto"),
+    ("functions", [{"name": "f"}]), ("function_call", "auto"),
     ("logit_bias", {"50256": -100}), ("best_of", 2), ("echo", True), ("suffix", "end"),
-    ("parallel_tool_calls", True), ("audio", {"voice": "x"}), ("modalities", ["text", "audio"]),
+    ("audio", {"voice": "x"}), ("modalities", ["text", "audio"]),
     ("prediction", {"type": "content", "content": "x"}),
 ])
 def test_unsupported_field_refused(field: str, value: Any) -> None:
@@ -229,10 +228,20 @@ def test_unsupported_field_refused(field: str, value: Any) -> None:
     assert err.param == field and field in err.message
 
 
+@pytest.mark.parametrize(("field", "value"), [
+    ("tools", [{"type": "function", "function": {"name": "f"}}]), ("tool_choice", "required"),
+    ("parallel_tool_calls", "yes"),
+])
+def test_tool_fields_refused_by_completions(field: str, value: Any) -> None:
+    """Tools are a chat feature: the legacy completions door refuses them by name."""
+    err = completion_refused(**{field: value})
+    assert err.code == "unsupported_field" and err.param == field
+
+
 def test_several_unsupported_fields_listed_n_first() -> None:
     err = completion_refused(echo=True, n=2, tools=[{}])
     assert err.param == "n"
-    assert "n, tools, echo" in err.message
+    assert "n, echo, tools" in err.message
 
 
 @pytest.mark.parametrize("rf", ["json", {"type": "xml"}, {"type": "json_schema"}, {"type": "json_schema", "json_schema": 1},

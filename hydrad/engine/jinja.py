@@ -1,0 +1,58 @@
+"""Chat templates rendered with jinja, as transformers and llama-server's ``--jinja`` render them:
+the way a template that knows tools receives ``tools`` and messages carrying calls, which
+llama.cpp's built-in formatter (role and content only) cannot pass.
+
+Used only for requests with tools on a template that speaks a tool-call format
+(:mod:`hydrad.wire.toolformats`); every other prompt keeps llama.cpp's formatter. The template is
+the engine's configuration, not a client's, but it still runs in jinja's sandbox: a template may
+read what it is given and call the helpers below, nothing else.
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import json
+from typing import Any
+
+from jinja2 import TemplateError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+
+class TemplateFailed(ValueError):
+    """The template would not render these messages (its own ``raise_exception`` included)."""
+
+
+def _raise(message: str) -> None:
+    raise TemplateFailed(f"the chat template refused the messages: {message}")
+
+
+def _tojson(value: Any, indent: int | None = None, ensure_ascii: bool = False, sort_keys: bool = False) -> str:
+    """transformers' ``tojson``: plain JSON (jinja's own escapes HTML and sorts keys)."""
+    return json.dumps(value, indent=indent, ensure_ascii=ensure_ascii, sort_keys=sort_keys)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.datetime.now().strftime(fmt)
+
+
+@functools.lru_cache(maxsize=8)
+def _compiled(text: str) -> Any:
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise
+    env.globals["strftime_now"] = _strftime_now
+    return env.from_string(text)
+
+
+def render(template: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+           bos_token: str, eos_token: str) -> str:
+    """The prompt for ``messages`` with the assistant's turn opened; TemplateFailed if the
+    template does not compile or refuses to render."""
+    try:
+        return str(_compiled(template).render(messages=messages, tools=tools, add_generation_prompt=True,
+                                              bos_token=bos_token, eos_token=eos_token))
+    except TemplateFailed:
+        raise
+    except (TemplateError, TypeError, ValueError, KeyError, AttributeError, RecursionError) as exc:
+        raise TemplateFailed(f"the chat template failed: {type(exc).__name__}: {exc}"[:500]) from None
