@@ -177,7 +177,8 @@ def parse(fields: dict[str, Any]) -> ToolSpec | None:
     parallel = fields.get("parallel_tool_calls")
     if parallel is not None and not isinstance(parallel, bool):
         raise ToolError("must be true or false", "parallel_tool_calls")
-    tools = check_tools(fields.get("tools") or [])
+    given = fields.get("tools")
+    tools = check_tools([] if given is None else given)
     choice, function = _choice(fields.get("tool_choice"), {t["function"]["name"] for t in tools})
     if not tools:
         if fields.get("tool_choice") not in _NEUTRAL_CHOICES:
