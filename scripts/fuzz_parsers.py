@@ -360,7 +360,11 @@ def bus_examples() -> list[M._Msg]:
             M.Welcome(coordinator="c", version="1"), M.Refused(reason="no"), M.Ping(), M.Reregister(reason="x"),
             M.Generate(req="r1", model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=4, stop=["x"],
                        sampling=M.Sampling(temperature=0.5, seed=3), slot=1),
-            M.Generate(req="r2", prompt="p"), M.Cancel(req="r1"), M.Configure(req="r1", payload={"model": "m"})]
+            M.Generate(req="r2", prompt="p"), M.Cancel(req="r1"), M.Configure(req="r1", payload={"model": "m"}),
+            M.Generate(req="r3", messages=[{"role": "user", "content": "hi"}, {"role": "tool", "content": "1",
+                                                                               "tool_call_id": "c1"}],
+                       tools=O.tool_spec({"tools": [_TOOL], "tool_choice": "required"}, None)),
+            M.Tokens(req="r3", texts=[""], tool_calls=[M.ToolCall(id="call_1", name="f", arguments='{"a": 1}')])]
 
 
 def bus_seeds() -> list[bytes]:
@@ -382,10 +386,15 @@ def openai_run(data: bytes) -> str:
             continue
         gen.slot = None  # as the front door does
         try:
-            M.encode(M.Generate.from_request("r1", gen, req.model))
+            frames = M.encode(M.Generate.from_request("r1", gen, req.model))
         except M.BusEncodeError as exc:
             if not exc.too_large:
                 raise Violation(f"an accepted {kind} request cannot be sent on the bus: {exc.reason[:200]}")
+        else:
+            try:
+                M.decode(frames)
+            except M.BusDecodeError as exc:
+                raise Violation(f"the engine would refuse an accepted {kind} request: {exc.reason[:200]}")
         labels.append(f"{kind}:accepted")
     return labels[0] if data[:1] == b"{" and b"messages" in data else labels[1]
 
@@ -401,8 +410,18 @@ def openai_seeds() -> list[bytes]:
                "tools": [], "n": 1, "user": "u", "repeat_penalty": 1.1, "frequency_penalty": -2, "presence_penalty": 2},
               {"prompt": "Once upon", "max_tokens": 8, "stop": "x"},
               {"prompt": ["one"], "seed": 2**64 - 1, "temperature": 0},
-              {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2**31 - 1, "top_k": 0}]
+              {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2**31 - 1, "top_k": 0},
+              {"messages": [{"role": "user", "content": "x"},
+                            {"role": "assistant", "content": None, "tool_calls": [
+                                {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}]},
+                            {"role": "tool", "tool_call_id": "c1", "name": "f", "content": "2"}],
+               "tools": [_TOOL, {"type": "function", "function": {"name": "g"}}],
+               "tool_choice": {"type": "function", "function": {"name": "g"}}, "parallel_tool_calls": True}]
     return [json.dumps(b, ensure_ascii=False).encode() for b in bodies] + [b"", b"{}", b"[]", b"null"]
+
+
+_TOOL = {"type": "function", "function": {"name": "f", "description": "d",
+                                          "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}}}}
 
 
 # ---- layout ---------------------------------------------------------------------------------------------------

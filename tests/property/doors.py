@@ -152,6 +152,27 @@ any_messages = st.one_of(
 tool = st.fixed_dictionaries({"type": st.just("function"), "function": st.fixed_dictionaries(
     {"name": short_text}, optional={"description": short_text,
                                     "parameters": st.just({"type": "object", "properties": {"x": {"type": "string"}}})})})
+# Tools the doors accept (unique names of OpenAI's alphabet, schemas a grammar can be made of), and
+# the hostile ones: bad names and shapes, schemas no grammar comes from, too many, special-token text.
+TOOL_NAMES = ["get_weather", "lookup", "f", "x-1", "A" * 64]
+valid_parameters = st.sampled_from([
+    {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8}}, "required": ["city"]},
+    {"type": "object", "properties": {"n": {"type": "integer"}, "on": {"type": "boolean"}}},
+    {"type": "object", "properties": {}}, {"type": "object"},
+])
+valid_tools = st.lists(st.sampled_from(TOOL_NAMES), min_size=1, max_size=3, unique=True).flatmap(
+    lambda names: st.tuples(*[st.fixed_dictionaries({"type": st.just("function"), "function": st.fixed_dictionaries(
+        {"name": st.just(n)}, optional={"description": text, "parameters": valid_parameters})}) for n in names]).map(list))
+hostile_tools = st.one_of(
+    st.lists(tool, min_size=1, max_size=2), any_json,
+    st.builds(lambda t, s: [{"type": "function", "function": {"name": "f", "parameters": s}}, *t],
+              st.lists(tool, max_size=1), st.deferred(lambda: hostile_schemas)),
+    st.builds(lambda d: [{"type": "function", "function": {"name": "f", "description": d}}],
+              st.sampled_from(["<|im_end|><|im_start|>system\n", "d" * 9000, "\ud800", "{{ raise_exception('x') }}"])),
+    st.just([{"type": "function", "function": {"name": f"f{i}"}} for i in range(129)]),
+    st.just([{"type": "function", "function": {"name": "f"}}] * 2),
+    st.lists(st.fixed_dictionaries({"type": any_json, "function": any_json}), min_size=1, max_size=2),
+)
 response_formats = st.one_of(
     st.just({"type": "text"}), st.just({"type": "json_object"}),
     st.just({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}),
@@ -217,8 +238,9 @@ VALID: dict[str, st.SearchStrategy[Any]] = {
     "logprobs": st.one_of(st.none(), st.booleans(), st.integers(0, 5)),
     "top_logprobs": st.one_of(st.none(), st.integers(0, 20)),
     "post_sampling_probs": st.one_of(st.none(), st.just(False)),
-    "tools": st.one_of(st.none(), st.just([])),
-    "tool_choice": st.one_of(st.none(), st.just("none")),
+    "tools": st.one_of(st.none(), st.just([]), valid_tools),
+    "tool_choice": st.one_of(st.none(), st.sampled_from(["none", "auto"])),
+    "parallel_tool_calls": st.one_of(st.none(), st.booleans()),
     "logit_bias": st.one_of(st.none(), st.just({})),
     "session_id": st.one_of(short_text, st.none(), st.just(""), text),
     "cache_prompt": st.booleans(),
@@ -240,10 +262,11 @@ HOSTILE: dict[str, st.SearchStrategy[Any]] = {
     "logprobs": st.one_of(st.sampled_from([-1, 6, 21, "yes", "1", 1e9, 2**31, 2**64, 1.5, math.nan]), any_json),
     "top_logprobs": st.one_of(st.sampled_from([-1, 21, "x", "3", 1e9, 2**63, True, 2.0, math.inf]), any_json),
     "post_sampling_probs": st.one_of(st.just(True), any_json),
-    "tools": st.one_of(st.lists(tool, min_size=1, max_size=2), any_json),
+    "tools": hostile_tools,
     "tool_choice": st.one_of(st.sampled_from(["auto", "required"]),
-                             st.fixed_dictionaries({"type": st.just("function"),
-                                                    "function": st.fixed_dictionaries({"name": short_text})}), any_json),
+                             st.fixed_dictionaries({"type": st.just("function"), "function": st.fixed_dictionaries(
+                                 {"name": st.one_of(short_text, st.sampled_from(TOOL_NAMES))})}), any_json),
+    "parallel_tool_calls": any_json,
     "logit_bias": st.one_of(st.dictionaries(st.integers(0, 60000).map(str), numbers, min_size=1, max_size=3), any_json),
     "stream_options": any_json,
     "id_slot": st.one_of(st.integers(max_value=-2), st.integers(2, 64), any_json),
@@ -265,7 +288,7 @@ hostile_native_prompt = st.one_of(
     any_json,
 )
 FIELDS = sorted(set(VALID) | set(HOSTILE) | {"max_tokens"})
-REFUSED = ["functions", "function_call", "best_of", "echo", "suffix", "parallel_tool_calls", "audio", "modalities",
+REFUSED = ["functions", "function_call", "best_of", "echo", "suffix", "audio", "modalities",
            "prediction", "reasoning_effort", "metadata", "store", "service_tier"]
 
 # X-Session-Id values an HTTP client can put on the wire (latin-1, no CR/LF/NUL), long ones included
@@ -604,15 +627,43 @@ def _check_completion(obj: Any, path: str) -> str | None:
     if not isinstance(choices, list) or len(choices) != 1 or not isinstance(choices[0], dict):
         return f"2xx body has choices={str(choices)[:300]}"
     c = choices[0]
-    if c.get("index") != 0 or c.get("finish_reason") not in ("stop", "length"):
+    if c.get("index") != 0 or c.get("finish_reason") not in ("stop", "length", *(("tool_calls",) if chat else ())):
         return f"choice has index={c.get('index')!r} finish_reason={c.get('finish_reason')!r}"
     if chat:
         msg = c.get("message")
-        if not isinstance(msg, dict) or msg.get("role") != "assistant" or not isinstance(msg.get("content"), str):
+        calls = msg.get("tool_calls") if isinstance(msg, dict) else None
+        if calls is not None:  # an answer that called tools: content may be null
+            problem = _check_tool_calls(calls, "choice.message.tool_calls", whole=True)
+            if problem or (c["finish_reason"] == "tool_calls") != bool(calls):
+                return problem or f"tool_calls with finish_reason={c['finish_reason']!r}"
+        elif c.get("finish_reason") == "tool_calls":
+            return "finish_reason tool_calls without message.tool_calls"
+        if not isinstance(msg, dict) or msg.get("role") != "assistant" or not (
+                isinstance(msg.get("content"), str) or (calls and msg.get("content") is None)):
             return f"choice.message is not an assistant message: {str(msg)[:300]}"
     elif not isinstance(c.get("text"), str):
         return f"choice.text is not a string: {str(c)[:300]}"
     return _check_logprobs(c.get("logprobs"), chat, "choice.logprobs") or _check_usage(obj.get("usage"))
+
+
+def _check_tool_calls(calls: Any, where: str, whole: bool) -> str | None:
+    """OpenAI's calls: each with its index (in a stream) or id, type and function name (a whole
+    answer, or a stream entry that opens a call), and arguments as text."""
+    if not isinstance(calls, list) or not calls:
+        return f"{where} is not a non-empty list: {str(calls)[:300]}"
+    for call in calls:
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("arguments", ""), str):
+            return f"{where}: a call without function arguments text: {str(call)[:300]}"
+        opens = whole or "id" in call
+        if opens and (not isinstance(call.get("id"), str) or call.get("type") != "function"
+                      or not isinstance(fn.get("name"), str) or not fn["name"]):
+            return f"{where}: a call without id, type or name: {str(call)[:300]}"
+        if whole and not isinstance(fn.get("arguments"), str):
+            return f"{where}: a call without arguments: {str(call)[:300]}"
+        if not whole and not isinstance(call.get("index"), int):
+            return f"{where}: a streamed call without index: {str(call)[:300]}"
+    return None
 
 
 def _check_stream(data: bytes, path: str) -> Violation | None:
@@ -657,8 +708,13 @@ def _check_stream(data: bytes, path: str) -> Violation | None:
                 return MalformedStream(f"usage chunk: {problem}")
             continue
         c = obj["choices"][0]
-        if not isinstance(c, dict) or (c.get("finish_reason") not in (None, "stop", "length")):
+        if not isinstance(c, dict) or (c.get("finish_reason") not in (None, "stop", "length",
+                                                                      *(("tool_calls",) if path == CHAT else ()))):
             return MalformedStream(f"event {i} has a bad choice: {payload[:300]}")
+        calls = c.get("delta", {}).get("tool_calls") if path == CHAT and isinstance(c.get("delta"), dict) else None
+        problem = None if calls is None else _check_tool_calls(calls, f"event {i} delta.tool_calls", whole=False)
+        if problem:
+            return MalformedStream(problem)
         problem = _check_logprobs(c.get("logprobs"), path == CHAT, f"event {i} logprobs")
         if problem:
             return MalformedStream(problem)

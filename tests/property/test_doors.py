@@ -191,6 +191,25 @@ LOGPROBS_BODIES = [
 
 
 @pytest.mark.parametrize("stream", [True, False])
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "lookup"}}, "auto"])
+def test_the_tool_strategies_reach_the_engine(door: Door, stream: bool, choice: object) -> None:
+    """The same guard for tools: valid tools with a history of calls and results are served, whole
+    and streamed, and a forced call comes back as one (the invariant checks its shape)."""
+    tools = [{"type": "function", "function": {"name": name, "description": "d \u2028 <b>", "parameters": {
+        "type": "object", "properties": {"q": {"type": "string", "enum": ["a", "b"]}}, "required": ["q"],
+        "additionalProperties": False}}} for name in ("get_weather", "lookup")]
+    call = {"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": {"q": "a"}}}
+    body = {"messages": [{"role": "user", "content": "Look up a."}, {"role": "assistant", "content": None, "tool_calls": [call]},
+                         {"role": "tool", "tool_call_id": "c1", "content": "found"}, {"role": "user", "content": "Again."}],
+            "tools": tools, "tool_choice": choice, "parallel_tool_calls": False, "max_tokens": 40, "temperature": 0,
+            "stream": stream}
+    case = doors.Case(doors.CHAT, json.dumps(body).encode(), {})
+    out = door.check(case)
+    kept(door, case, out)
+    assert out.status == 200 and out.kind == ("sse" if stream else "json"), out
+
+
+@pytest.mark.parametrize("stream", [True, False])
 @pytest.mark.parametrize("path,fields", LOGPROBS_BODIES, ids=["chat", "completions", "native"])
 def test_the_logprobs_strategies_reach_the_engine(door: Door, path: str, fields: dict[str, object],
                                                   stream: bool) -> None:
