@@ -97,7 +97,9 @@ def _model(data: dict[str, Any]) -> str | None:
 
 
 def _normalize(data: dict[str, Any]) -> int:
-    value = data.get("embd_normalize", 2)
+    value = data.get("embd_normalize")
+    if value is None:
+        return 2
     if type(value) is not int or not -1 <= value <= MAX_NORM:
         raise ApiError(400, f"embd_normalize must be an integer from -1 to {MAX_NORM} (-1 none, 0 int16 range, "
                        "1 taxicab, 2 Euclidean, p > 2 the p-norm)", "invalid_field", "embd_normalize")

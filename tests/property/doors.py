@@ -23,8 +23,10 @@ alphabet here adds them (and control characters) explicitly.
 
 from __future__ import annotations
 
+import base64
 import json
 import math
+import struct
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
@@ -44,6 +46,9 @@ ROLES = ["system", "user", "assistant", "developer", "tool"]
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 NATIVE = "/completion"
+EMBEDDINGS = "/v1/embeddings"
+NATIVE_EMBEDDING = "/embedding"
+N_EMBD = 576  # SmolLM2's embedding width
 N_VOCAB = 49152  # SmolLM2's: token-id prompts are drawn on both sides of it
 
 
@@ -347,6 +352,49 @@ def bodies(draw: st.DrawFn, kind: str) -> Case:
     return Case({"chat": CHAT, "completion": COMPLETIONS}.get(kind, NATIVE), raw, draw(headers))
 
 
+# The embedding endpoints (the doors' engines load SmolLM2 with embeddings: true, pooling: mean):
+# inputs in every shape llama-server takes, each field valid or hostile.
+embed_input = st.one_of(text, token_ids, st.lists(st.one_of(text, token_ids), min_size=1, max_size=4))
+hostile_embed_input = st.one_of(
+    hostile_native_prompt, st.lists(st.one_of(text, token_ids), min_size=0, max_size=3),
+    st.integers(2049, 2300).map(lambda n: ["a"] * n),  # more inputs than a request may carry
+    st.integers(1, 3).map(lambda n: ["word " * 700] * n),  # longer than the embedding context
+    st.lists(st.lists(st.integers(-5, N_VOCAB + 5), max_size=4), min_size=1, max_size=3), any_json,
+)
+VALID_EMBED: dict[str, st.SearchStrategy[Any]] = {
+    "model": VALID["model"], "user": VALID["user"],
+    "encoding_format": st.sampled_from(["float", "base64", None]),
+    "dimensions": st.sampled_from([None, N_EMBD]),
+    "embd_normalize": st.one_of(st.none(), st.integers(-1, 4), st.just(32)),
+}
+HOSTILE_EMBED: dict[str, st.SearchStrategy[Any]] = {
+    "model": any_json, "user": any_json, "encoding_format": st.one_of(short_text, any_json),
+    "dimensions": st.one_of(st.integers(-3, 4096), st.sampled_from(HUGE_INTS), any_json),
+    "embd_normalize": st.one_of(st.integers(-(2**40), 2**40), st.sampled_from(HUGE_INTS + ODD_FLOATS), any_json),
+}
+
+
+@st.composite
+def embedding_bodies(draw: st.DrawFn, kind: str) -> Case:
+    """A body for OpenAI's /v1/embeddings ("openai") or llama-server's /embedding ("native", whose
+    text is ``content`` and which takes no ``encoding_format``, ``dimensions`` or ``user``): valid
+    fields, then 0-2 replaced by hostile values, unknown fields included."""
+    name = "input" if kind == "openai" or draw(st.booleans()) else "content"
+    fields = VALID_EMBED if kind == "openai" else {k: VALID_EMBED[k] for k in ("model", "embd_normalize")}
+    body: dict[str, Any] = draw(st.fixed_dictionaries({name: embed_input}, optional=fields))
+    for _ in range(draw(st.sampled_from([0, 0, 1, 2]))):
+        field_ = draw(st.sampled_from(sorted(HOSTILE_EMBED) + [name, "<unknown>"]))
+        if field_ == "<unknown>":
+            body[draw(short_text)] = draw(any_json)
+        elif field_ == name:
+            body[name] = draw(hostile_embed_input)
+        else:
+            body[field_] = draw(HOSTILE_EMBED[field_])
+    raw = encode(body)
+    assume(len(raw) <= MAX_BODY)
+    return Case(EMBEDDINGS if kind == "openai" else NATIVE_EMBEDDING, raw, draw(headers))
+
+
 def _nest(depth: int, inner: str = "1") -> str:
     return "[" * depth + inner + "]" * depth
 
@@ -613,9 +661,54 @@ def _check_native_stream(events: list[str]) -> Violation | None:
     return MalformedStream("stream ends without an event with stop: true or an error event")
 
 
+def _check_vector(v: Any, where: str) -> str | None:
+    if not (isinstance(v, list) and len(v) == N_EMBD and all(type(x) is float and math.isfinite(x) for x in v)):
+        return f"{where} is not {N_EMBD} finite floats: {str(v)[:200]}"
+    return None
+
+
+def _check_embeddings(obj: Any, path: str) -> str | None:
+    """OpenAI's list of embeddings (floats or base64 of float32), or llama-server's /embedding list."""
+    if path == NATIVE_EMBEDDING:
+        if not isinstance(obj, list) or not obj:
+            return f"/embedding answer is not a non-empty list: {str(obj)[:300]}"
+        for i, item in enumerate(obj):
+            if not isinstance(item, dict) or item.get("index") != i or not isinstance(item.get("embedding"), list) \
+                    or len(item["embedding"]) != 1:
+                return f"/embedding item {i} is not {{index, embedding: [vector]}}: {str(item)[:300]}"
+            problem = _check_vector(item["embedding"][0], f"/embedding item {i}")
+            if problem:
+                return problem
+        return None
+    if not isinstance(obj, dict) or obj.get("object") != "list" or not isinstance(obj.get("model"), str):
+        return f"2xx body is not an embedding list: {str(obj)[:300]}"
+    data, usage = obj.get("data"), obj.get("usage")
+    if not isinstance(data, list) or not data:
+        return f"2xx body has data={str(data)[:300]}"
+    for i, item in enumerate(data):
+        if not isinstance(item, dict) or item.get("index") != i or item.get("object") != "embedding":
+            return f"data[{i}] is not an embedding: {str(item)[:300]}"
+        v = item.get("embedding")
+        if isinstance(v, str):
+            try:
+                raw = base64.b64decode(v, validate=True)
+            except ValueError as exc:
+                return f"data[{i}].embedding is not base64 ({exc})"
+            v = list(struct.unpack(f"<{len(raw) // 4}f", raw)) if len(raw) % 4 == 0 else None
+        problem = _check_vector(v, f"data[{i}].embedding")
+        if problem:
+            return problem
+    if not (isinstance(usage, dict) and type(usage.get("prompt_tokens")) is int and usage["prompt_tokens"] >= len(data)
+            and usage.get("total_tokens") == usage["prompt_tokens"]):
+        return f"usage is not {{prompt_tokens, total_tokens}}: {usage!r}"
+    return None
+
+
 def _check_completion(obj: Any, path: str) -> str | None:
     if path == NATIVE:
         return _check_native(obj)
+    if path in (EMBEDDINGS, NATIVE_EMBEDDING):
+        return _check_embeddings(obj, path)
     chat = path == CHAT
     if not isinstance(obj, dict):
         return f"2xx body is not an object: {str(obj)[:300]}"

@@ -35,7 +35,8 @@ def _as_limit() -> int:
 AS_LIMIT = _as_limit()
 # One thread each (CI machines have few cores). A small context bounds every answer: a request
 # without a limit, or with a huge one, ends when the context is full, which takes seconds here.
-ENGINE_DEFAULTS = {"n_ctx": 512, "n_parallel": 2, "n_threads": 1}
+# Embeddings on (a small second context), so that the embedding endpoints are served at both doors.
+ENGINE_DEFAULTS = {"n_ctx": 512, "n_parallel": 2, "n_threads": 1, "embeddings": True, "pooling": "mean"}
 INTERVAL = 0.5
 POOL_ENGINE = "prop-a"
 PROFILES = {"profiles": {"prop": {"description": "one SmolLM2 engine",

@@ -8,7 +8,8 @@ connection; afterwards every engine alive, no slot busy, nothing queued, nothing
 the coordinator, and a normal request served.
 
 ``HYDRA_PROPERTY_EXAMPLES`` sets the examples per door (default 150, shared out between the
-tests below as 40/25/20/15 %, and 15 % more for ``/completion``); ``scripts/fuzz_doors.py`` is the long run.
+tests below as 40/25/20/15 %, and 15 % more for ``/completion``, 15 % for ``/v1/embeddings`` and 10 % for
+``/embedding``); ``scripts/fuzz_doors.py`` is the long run.
 """
 
 from __future__ import annotations
@@ -60,6 +61,51 @@ def test_completions_any_body(door: Door, case: doors.Case) -> None:
 @given(case=doors.bodies("native"))
 def test_native_completion_any_body(door: Door, case: doors.Case) -> None:
     kept(door, case, door.check(case))
+
+
+@share(0.15)
+@given(case=doors.embedding_bodies("openai"))
+def test_embeddings_any_body(door: Door, case: doors.Case) -> None:
+    kept(door, case, door.check(case))
+
+
+@share(0.10)
+@given(case=doors.embedding_bodies("native"))
+def test_native_embedding_any_body(door: Door, case: doors.Case) -> None:
+    kept(door, case, door.check(case))
+
+
+EMBED_RAW = [
+    (b'{"input":' + b"[" * 5_000 + b'"hi"' + b"]" * 5_000 + b"}", "deep input"),
+    (b'{"input":"' + b"a" * (doors.MAX_BODY - 20) + b'"}', "1 MiB input"),
+    (b'{"input":[' + b",".join([b'"x"'] * 100_000) + b"]}", "100,000 inputs"),
+    (b'{"input":[' + b",".join([b"1"] * 200_000) + b"]}", "200,000 token ids"),
+    (b'{"input":"\\ud800"}', "escaped lone surrogate"), (b'{"input":"\xff\xfe"}', "invalid UTF-8"),
+    (b'{"input":"hi","embd_normalize":NaN}', "NaN embd_normalize"),
+    (b'{"input":"hi","dimensions":1e999}', "huge float dimensions"),
+    (b'{"input":"hi","encoding_format":"base64","encoding_format":"x"}', "duplicate key"),
+    (b'{"content":["a",' + b"[" * 3_000 + b"]" * 3_000 + b"]}", "deep content"),
+]
+
+
+@pytest.mark.parametrize("path", [doors.EMBEDDINGS, doors.NATIVE_EMBEDDING])
+@pytest.mark.parametrize("body,note", EMBED_RAW, ids=[n for _, n in EMBED_RAW])
+def test_each_known_hostile_body_at_embeddings(door: Door, path: str, body: bytes, note: str) -> None:
+    case = doors.Case(path, body, {}, note)
+    kept(door, case, door.check(case))
+
+
+@pytest.mark.parametrize("path,body", [
+    (doors.EMBEDDINGS, {"input": ["Hi \U0001f600 \x01", [1, 504, 3458]], "encoding_format": "base64",
+                        "dimensions": doors.N_EMBD, "user": "x", "embd_normalize": 2, "unknown": [1]}),
+    (doors.NATIVE_EMBEDDING, {"content": ["Hi \u2028", [1, 504]], "embd_normalize": -1}),
+], ids=["openai", "native"])
+def test_the_embedding_strategies_reach_the_engine(door: Door, path: str, body: dict[str, object]) -> None:
+    """Valid embedding bodies with hostile content are served (200) and their shapes hold."""
+    case = doors.Case(path, json.dumps(body).encode(), {})
+    out = door.check(case)
+    kept(door, case, out)
+    assert out.status == 200 and out.kind == "json", out
 
 
 NATIVE_RAW = [(body, note) for body, note in doors.RAW_BODIES if b'"prompt"' in body]
@@ -172,25 +218,6 @@ def test_the_strategies_reach_the_engine(door: Door) -> None:
 
 
 @pytest.mark.parametrize("stream", [True, False])
-def test_the_native_strategies_reach_the_engine(door: Door, stream: bool) -> None:
-    """The same guard for /completion: a token-id prompt with the fields llama-server clients send is
-    served, whole and streamed, in llama-server's shape (checked by the invariant)."""
-    body = {"prompt": [1, 504, 3458, 314], "n_predict": 3, "stream": stream, "return_tokens": True,
-            "cache_prompt": False, "n_probs": 0, "stop": ["\n\n"], "temperature": 0, "id_slot": -1}
-    case = doors.Case(doors.NATIVE, json.dumps(body).encode(), {})
-    out = door.check(case)
-    kept(door, case, out)
-    assert out.status == 200 and out.kind == ("sse" if stream else "json"), out
-
-
-LOGPROBS_BODIES = [
-    (doors.CHAT, {"messages": [{"role": "user", "content": "Hi \U0001f600"}], "logprobs": True, "top_logprobs": 20}),
-    (doors.COMPLETIONS, {"prompt": "Once upon a time", "logprobs": 5}),
-    (doors.NATIVE, {"prompt": [1, 504, 3458, 314], "n_probs": 100}),
-]
-
-
-@pytest.mark.parametrize("stream", [True, False])
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "lookup"}}, "auto"])
 def test_the_tool_strategies_reach_the_engine(door: Door, stream: bool, choice: object) -> None:
     """The same guard for tools: valid tools with a history of calls and results are served, whole
@@ -207,6 +234,25 @@ def test_the_tool_strategies_reach_the_engine(door: Door, stream: bool, choice: 
     out = door.check(case)
     kept(door, case, out)
     assert out.status == 200 and out.kind == ("sse" if stream else "json"), out
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_the_native_strategies_reach_the_engine(door: Door, stream: bool) -> None:
+    """The same guard for /completion: a token-id prompt with the fields llama-server clients send is
+    served, whole and streamed, in llama-server's shape (checked by the invariant)."""
+    body = {"prompt": [1, 504, 3458, 314], "n_predict": 3, "stream": stream, "return_tokens": True,
+            "cache_prompt": False, "n_probs": 0, "stop": ["\n\n"], "temperature": 0, "id_slot": -1}
+    case = doors.Case(doors.NATIVE, json.dumps(body).encode(), {})
+    out = door.check(case)
+    kept(door, case, out)
+    assert out.status == 200 and out.kind == ("sse" if stream else "json"), out
+
+
+LOGPROBS_BODIES = [
+    (doors.CHAT, {"messages": [{"role": "user", "content": "Hi \U0001f600"}], "logprobs": True, "top_logprobs": 20}),
+    (doors.COMPLETIONS, {"prompt": "Once upon a time", "logprobs": 5}),
+    (doors.NATIVE, {"prompt": [1, 504, 3458, 314], "n_probs": 100}),
+]
 
 
 @pytest.mark.parametrize("stream", [True, False])
