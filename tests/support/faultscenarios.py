@@ -463,14 +463,14 @@ def _flood(pool: FaultPool, name: str, goal: str, probe_url: str, baseline_s: fl
     return res
 
 
-def control_flood(pool: FaultPool, rate: float = 1000, seconds: float = 10) -> Result:
+def control_flood(pool: FaultPool, rate: float = 1000, seconds: float = 10, latency_goal: bool = True) -> Result:
     target = ENGINES[0]
     port = pool.engine_rpc[target]
     return _flood(pool, f"{rate:.0f} control connections/s at the merged port, {seconds:.0f} s",
                   f"{target} keeps serving; its own door's p99 latency during ≤ 2x without; no fd kept",
                   pool.engine_http[target], min(10.0, seconds),
                   lambda: _flood_proc(["control", "--port", str(port), "--rate", str(rate), "--seconds", str(seconds)],
-                                      4096, seconds))
+                                      4096, seconds), latency_goal=latency_goal)
 
 
 def halfopen_flood(pool: FaultPool, count: int = 10_000, hold: float = 10) -> Result:

@@ -1,0 +1,74 @@
+"""The reliability program in small (scripts/reliability --quick runs more of each): real faults
+against a real pool of a coordinator and two SmolLM2 engines, restarted on the same config and ports
+as systemd's Restart= would.
+
+Not repeated here, because tests/integration/test_coordinator.py already checks them on one fault
+each: the retry of a request whose engine died before its first token, the error event of one killed
+mid-stream, and SIGSTOP past the heartbeat timeout with re-admission after SIGCONT. What is new:
+repeated kills, each followed by the pool coming back; the coordinator killed with SIGKILL mid-stream
+and the engines re-registering; kills landing on the coordinator's Store writes and on STATE_PUT; and
+a flood of connections at the merged port."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from tests.support import faultscenarios as S
+from tests.support.faultpool import FaultPool
+
+pytestmark = pytest.mark.model
+
+
+@pytest.fixture(scope="module")
+def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FaultPool]:
+    from tests.conftest import _need
+    from tests.support.engine import SMOLLM
+    _need(SMOLLM)
+    p = FaultPool(tmp_path_factory.mktemp("faults"))
+    try:
+        p.start()
+        yield p
+    finally:
+        p.close()
+
+
+def _passed(r: S.Result) -> None:
+    assert r.passed, f"{r.name}: {r.failures}\n{r.figures}"
+
+
+def test_engines_killed_mid_stream_end_cleanly_and_the_pool_comes_back(pool: FaultPool) -> None:
+    r = S.engine_kills(pool, 4)  # the fourth is killed mid-prefill: retried on the other engine
+    _passed(r)
+    f = r.figures
+    assert f["kills"] == 4 and f["pool_back"] == 4 and f["hangs"] == 0 and f["garbled"] == 0
+    assert f["coordinator_crashes"] == 0
+    assert f["killed_stream"].get("clean_error", 0) >= 1  # after a token: an error event, then [DONE]
+
+
+def test_coordinator_killed_mid_stream_engines_serve_and_reregister(pool: FaultPool) -> None:
+    r = S.coordinator_kills(pool, 1)
+    _passed(r)
+    assert r.figures["own_door_status"] == {200: 2}
+    assert r.figures["client"].get("hang", 0) == 0
+
+
+def test_kills_during_store_writes_and_state_put_corrupt_nothing(pool: FaultPool) -> None:
+    r = S.store_kills(pool, 4)
+    _passed(r)
+    st = r.figures["store"]
+    assert st["objects"] >= 1 and st["bad_chunks"] == 0 and st["bad_manifests"] == 0
+    assert st["index_unreadable"] == 0
+    assert r.figures["final_turns"] == {200: 3}
+
+
+def test_a_flood_of_control_connections_leaves_the_engine_serving(pool: FaultPool) -> None:
+    # 200 connections in 1 s; the latency goal is the full run's (on shared CI cores it is noise)
+    r = S.control_flood(pool, rate=200, seconds=1, latency_goal=False)
+    _passed(r)
+    out = r.figures["attack"]["outcomes"]
+    assert sum(out.values()) >= 190
+    assert out.get("info:ok", 0) >= 1
+    assert not [k for k in out if k.split(":")[1] not in ("ok", "busy", "closed", "error_status")], out
