@@ -477,10 +477,15 @@ def halfopen_flood(pool: FaultPool, count: int = 10_000, hold: float = 10) -> Re
     import resource
     nofile = min(resource.getrlimit(resource.RLIMIT_NOFILE)[1], count + 1024)
     res = _flood(pool, f"{count:,} half-open HTTP connections at the front door, held {hold:.0f} s",
-                 "the coordinator keeps serving; front-door p99 latency during ≤ 2x without; no fd kept",
+                 "the coordinator keeps serving; front-door p99 latency during ≤ 2x without; every connection held "
+                 "past the 10 s header deadline closed by the server; no fd kept",
                  pool.url, min(10.0, hold),
                  lambda: _flood_proc(["halfopen", "--port", str(pool.port), "--count", str(count), "--hold", str(hold)],
                                      nofile, hold))
+    a = res.figures["attack"]
+    if a.get("past_deadline") and a["closed_past_deadline"] < a["past_deadline"]:
+        res.fail(f"{a['past_deadline'] - a['closed_past_deadline']} of {a['past_deadline']} connections held past the "
+                 "10 s header deadline were still open")
     res.figures["flood_fd_limit"] = nofile
     res.figures["coordinator_fd_limit"] = _fd_limit(pool.coordinator.pid) if pool.coordinator.alive() else None
     return res

@@ -97,9 +97,12 @@ def control(port: int, rate: float, seconds: float, workers: int = 32) -> dict[s
             "rate": round(total / took, 1), "outcomes": dict(sorted(counts.items()))}
 
 
-def halfopen(port: int, count: int, hold: float) -> dict[str, object]:
-    """``count`` connections that each send a request line and one header, then nothing."""
+def halfopen(port: int, count: int, hold: float, deadline: float = 10.0) -> dict[str, object]:
+    """``count`` connections that each send a request line and one header, then nothing. Those held
+    longer than ``deadline`` + 1 s (the server's header timeout, plus slack) should have been closed
+    by the server: ``closed_past_deadline`` of ``past_deadline``."""
     socks: list[socket.socket] = []
+    opened_at: dict[int, float] = {}
     failed: Counter[str] = Counter()
     t0 = time.monotonic()
     for i in range(count):
@@ -108,25 +111,31 @@ def halfopen(port: int, count: int, hold: float) -> dict[str, object]:
             s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: app")
             s.setblocking(False)
             socks.append(s)
+            opened_at[s.fileno()] = time.monotonic()
         except OSError as exc:
             failed[type(exc).__name__] += 1
     opened = time.monotonic() - t0
     time.sleep(max(0.0, hold - opened))
-    closed = 0  # by the server: readable with EOF, or reset
+    closed = closed_old = 0  # by the server: readable with EOF, or reset
+    now = time.monotonic()
+    old = {fd for fd, t in opened_at.items() if now - t > deadline + 1}
     poller = select.poll()
     by_fd = {s.fileno(): s for s in socks}
     for fd in by_fd:
         poller.register(fd, select.POLLIN)
     for fd, _ in poller.poll(0):
         try:
-            if by_fd[fd].recv(4096) == b"":
-                closed += 1
+            gone = by_fd[fd].recv(4096) == b""
         except OSError:
+            gone = True
+        if gone:
             closed += 1
+            closed_old += fd in old
     for s in socks:
         s.close()
     return {"kind": "halfopen", "asked": count, "opened": len(socks), "open_seconds": round(opened, 2),
             "held_seconds": round(time.monotonic() - t0, 2), "closed_by_server": closed,
+            "past_deadline": len(old), "closed_past_deadline": closed_old,
             "connect_failed": dict(failed), "fd_limit": resource.getrlimit(resource.RLIMIT_NOFILE)[0]}
 
 
