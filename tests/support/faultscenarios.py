@@ -174,7 +174,8 @@ def engine_kills(pool: FaultPool, n: int, seed: int = 1, budget: float = 60.0,
             res.fail(f"kill {i + 1}: the pool did not come back: {exc}")
             heal(pool)
         log(f"kill {i + 1}/{n}: {victim} after {'prefill' if pre else 'token'}: client {out.kind}"
-            f"{' (' + str(out.error_code) + ')' if out.error_code else ''}, pool back in {time.monotonic() - t0:.1f}s")
+            f"{' (' + str(out.error_code) + ': ' + out.detail + ')' if out.error_code else ''}, "
+            f"pool back in {time.monotonic() - t0:.1f}s")
     kills = sum(victims.values())
     all_kinds = killed_kinds + bystander_kinds
     res.figures = {"kills": kills, "asked": n, "killed_before_first_token": pre_token_kills,

@@ -57,7 +57,7 @@ def check_lines(lines: list[str]) -> tuple[str, str, str | None, int]:
         return GARBLED, f"no [DONE] at the end ({len(datas)} events)", None, 0
     if datas.count("[DONE]") != 1:
         return GARBLED, "[DONE] twice", None, 0
-    chunks, finished, code = 0, False, None
+    chunks, finished, code, message = 0, False, None, ""
     for d in datas[:-1]:
         try:
             ev = json.loads(d)
@@ -70,6 +70,7 @@ def check_lines(lines: list[str]) -> tuple[str, str, str | None, int]:
             if d is not datas[-2]:
                 return GARBLED, "events after an error event", None, 0
             code = str(err.get("code") or err.get("type"))
+            message = str(err.get("message"))[:300]
             continue
         for ch in ev.get("choices") or []:
             if (ch.get("delta") or {}).get("content"):
@@ -77,7 +78,7 @@ def check_lines(lines: list[str]) -> tuple[str, str, str | None, int]:
             if ch.get("finish_reason"):
                 finished = True
     if code is not None:
-        return ERROR, "error event, then [DONE]", code, chunks
+        return ERROR, f"error event after {chunks} chunks, then [DONE]: {message}", code, chunks
     if not finished:
         return GARBLED, "[DONE] without a finish_reason", None, chunks
     return COMPLETE, "", None, chunks
