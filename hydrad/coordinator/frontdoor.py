@@ -46,11 +46,12 @@ from hydrad.coordinator.records import EngineLost, EngineRecord, EngineUnreachab
 from hydrad.coordinator.metrics import CONTENT_TYPE, CoordinatorMetrics
 from hydrad.coordinator.native import EMBEDDING_PATHS, PATHS as NATIVE_PATHS, NativeDoor
 from hydrad.coordinator.replies import Lost, Turn, api_error, collect, disconnected, relay
+from hydrad.coordinator.mobility import LEAVING_STAGES, SessionMobility
 from hydrad.coordinator.sessions import SessionKeeper
-from hydrad.coordinator.kvmove import TransferMeter, stream_slot
+from hydrad.coordinator.kvmove import Placements, TransferMeter, stream_slot
 from hydrad.coordinator.pdsplit import SplitPlan, TransferRates, plan_split
 from hydrad.coordinator.routing import (
-    DEFAULT_POLICY, Decision, EngineView, ModelSpec, RouteRequest, route,
+    Decision, EngineView, ModelSpec, RouteRequest, route,
 )
 from hydrad.coordinator.switcher import LoadFailed, ProfileSwitcher
 from hydrad.wire.requests import GenRequest, SamplingOverrides
@@ -66,7 +67,6 @@ log = logging.getLogger("hydra.coordinator")
 
 # 503 codes by which an engine says "not now" (no model yet, reloading, full, stopping): the same
 # request may well succeed elsewhere. Any other error is the request's and is passed on as is.
-LEAVING_STAGES = frozenset({"reloading", "stopping"})  # the engine's KV goes soon: move its sessions first
 RETRY_CODES = frozenset({"no_model", "reloading", "queue_full", "shutting_down", "context_full",
                          "model_not_loaded", "busy"})
 MAX_SESSION_ID = 256
@@ -76,9 +76,12 @@ _SESSION_RE = re.compile(r"[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?")  # fullmatc
 
 
 def _estimate_tokens(gen: GenRequest) -> int:
-    """The coordinator has no tokenizer: about 4 characters per token, plus a few per chat message."""
+    """The coordinator has no tokenizer: about 4 characters per token, plus a few per chat message
+    (and the tools, which the prompt lists)."""
     if gen.messages is not None:
-        return sum(len(m.get("content") or "") for m in gen.messages) // 4 + 4 * len(gen.messages)
+        tools = len(json.dumps(gen.tools.tools)) if gen.tools is not None else 0
+        return (sum(len(m.get("content") or "") + len(m.get("tool_calls") or "") for m in gen.messages) + tools) // 4 \
+            + 4 * len(gen.messages)
     return len(gen.prompt or "") // 4 + 1
 
 
@@ -92,9 +95,11 @@ class FrontDoor:
         self.affinity = affinity or Affinity()
         self.sessions = sessions  # keeps sessions' KV in the Store (None: sessions.keep is off)
         self.meter = TransferMeter()  # engine-to-engine KV transfers, for the split's plans
+        self.placements = sessions.placements if sessions is not None else Placements()
         token_file = settings.sessions.engine_token_file
         self.engine_token = read_token(token_file) if token_file else None
         self.specs = {alias: ModelSpec.from_entry(alias, e) for alias, e in registry.entries.items()}
+        self.mobility = SessionMobility(bus, sessions, self.affinity, self.meter, self.specs)
         self.admitting = True
         self._models: dict[str, str | None] = {}
         self._stages: dict[str, tuple[bool, str]] = {}
@@ -120,7 +125,7 @@ class FrontDoor:
         self._models[rec.name] = model
         leaving = rec.status.stage in LEAVING_STAGES and self._stages.get(rec.name, (True, ""))[1] not in LEAVING_STAGES
         if self.sessions is not None and kind == "status" and rec.alive and leaving:
-            asyncio.get_running_loop().create_task(self._evacuate(rec.name, rec.status.stage))
+            asyncio.get_running_loop().create_task(self.mobility.evacuate(rec.name, rec.status.stage))
         state = (rec.alive, rec.status.stage)
         if kind != "status" or self._stages.get(rec.name) != state:
             self._stages[rec.name] = state
@@ -347,7 +352,7 @@ class FrontDoor:
             msg = _generate_message(self.bus.new_id("gen"), greq, served)
             try:
                 await self._ensure(engine, served)
-                msg.slot = await self._restore(session, engine)
+                msg.slot = await self.mobility.restore(session, engine)
                 split = None
                 if msg.slot is None and attempt == 1 and self.settings.pd_split and greq.cache_prompt is not False:
                     split, _ = self._plan(rr, decision)
@@ -446,9 +451,10 @@ class FrontDoor:
         moved = None
         if done is not None and done.slot is not None:
             try:
-                moved = await asyncio.get_running_loop().run_in_executor(
-                    None, stream_slot, src.info.rpc, done.slot, dst.info.rpc, self.engine_token,
-                    self.settings.sessions.io_timeout_s, done.kv_hash)
+                async with self.placements.lock(dst.name):
+                    moved = await asyncio.get_running_loop().run_in_executor(
+                        None, stream_slot, src.info.rpc, done.slot, dst.info.rpc, self.engine_token,
+                        self.settings.sessions.io_timeout_s, done.kv_hash)
             except (OSError, RpcError, ValueError) as exc:
                 why = f"the KV did not move: {exc}"
             else:
@@ -520,111 +526,10 @@ class FrontDoor:
         self.affinity.record(turn.engine, turn.session, turn.messages, reply)
         if self.sessions is not None:
             self.sessions.after_turn(turn.session, turn.engine, done)
+            self.mobility.after_turn(turn.session, turn.engine)
 
     async def move_session(self, session: str, engine: str) -> dict[str, Any]:
-        """``hydractl migrate SESSION ENGINE``: the session's KV to ``engine`` now; 4xx/409 say why not."""
-        if self.sessions is None:
-            raise ApiError(409, "sessions are not kept (sessions.keep is false)", "sessions_off")
-        model = self.sessions.model_of(session)
-        if model is None:
-            raise ApiError(404, f"no session {session!r} is kept", "session_not_found", "session")
-        rec = self.bus.engines.get(engine)
-        if rec is None or not rec.alive:
-            raise ApiError(404, f"no live engine {engine!r}", "engine_not_found", "engine")
-        if rec.status.model != model or rec.status.stage != "ready":
-            raise ApiError(409, f"{engine} does not serve {model} now (it serves {rec.status.model or 'nothing'}, "
-                           f"stage {rec.status.stage})", "incompatible", "engine")
-        if self.affinity.engine_of(session) == engine:
-            return {"session": session, "engine": engine, "moved": False, "why": "already there"}
-        moved: Any = await self.sessions.move(session, engine)
-        if moved is not None:
-            self.meter.record(moved, rec.status.kv_family)
-            how = "engine"
-        else:
-            restored = await self.sessions.restore(session, engine)  # its KV left its slot: from the Store
-            if restored is None:
-                raise ApiError(409, f"session {session!r} could not be moved to {engine} (no idle slot, or its "
-                               "KV is gone from its engine and the Store)", "not_moved")
-            self.sessions.pin(session, engine, restored.slot)
-            moved, how = restored, "store"
-        self.affinity.record(engine, session, None, None)
-        return {"session": session, "engine": engine, "moved": True, "from": how, "slot": moved.slot,
-                "n_tokens": moved.n_tokens, "seconds": round(moved.seconds, 6)}
-
-    async def _evacuate(self, engine: str, stage: str) -> None:
-        """``engine`` is about to lose its KV (a reload, a stop): move every session it holds to the least
-        busy other engine serving the same model, engine to engine, so their next turns prefill nothing."""
-        assert self.sessions is not None
-        moved = 0
-        for session in self.sessions.sessions_on(engine):
-            if self.affinity.engine_of(session) != engine:
-                continue
-            model = self.sessions.model_of(session)
-            targets = sorted((r for r in self.bus.engines.values()
-                              if r.name != engine and r.alive and r.status.stage == "ready" and r.status.model == model),
-                             key=lambda r: (self.bus.inflight(r.name), r.heard_load(), r.name))
-            if not targets:
-                continue
-            moved_kv = await self.sessions.move(session, targets[0].name)
-            if moved_kv is not None:
-                self.meter.record(moved_kv, targets[0].status.kv_family)
-                self.affinity.record(targets[0].name, session, None, None)
-                moved += 1
-        if moved:
-            log_event(log, logging.INFO, "sessions moved off a leaving engine", engine=engine, stage=stage, sessions=moved)
-
-    async def _restore(self, session: str | None, engine: str) -> int | None:
-        """The slot to pin a turn to when the session's KV was moved to ``engine`` or has to be brought
-        there from the Store; None when the engine holds it already, nothing is kept, or the restore
-        did not work."""
-        if self.sessions is None or not session:
-            return None
-        pinned = self.sessions.pinned(session, engine)
-        if pinned is not None:
-            return pinned
-        home = self.affinity.engine_of(session)
-        if home == engine:  # its KV is there; pinned when the engine holds it as foreign (see Latest.placed)
-            return self.sessions.slot_of(session, engine)
-        if not self.sessions.knows(session):
-            return None
-        model = self.sessions.model_of(session)
-        if not self._transfer_pays(self.sessions.kept_tokens(session, model), engine, model):
-            log_event(log, logging.INFO, "session prefilled: the engine computes it faster than its KV moves",
-                      session=session, engine=engine)
-            return None
-        src = self.bus.engines.get(home) if home is not None else None
-        if src is not None and src.alive and (src.status.stage == "ready" or src.status.stage in LEAVING_STAGES):
-            # routing passed over the engine holding the session (its wait was too long, or it is
-            # reloading or stopping and still holds the KV of the turn that just ended there, which
-            # the evacuation could not move while that turn ran): move the KV from there, engine to
-            # engine, rather than reading the last kept turn from the Store
-            moved = await self.sessions.move(session, engine)
-            if moved is not None:
-                dst = self.bus.engines.get(engine)
-                self.meter.record(moved, dst.status.kv_family if dst is not None else None)
-                self.sessions.pinned(session, engine)  # this turn takes the slot now
-                log_event(log, logging.INFO, "session moved off a busy engine", session=session, src=home,
-                          dst=engine)
-                return moved.slot
-        restored = await self.sessions.restore(session, engine)  # type: ignore[arg-type]
-        return restored.slot if restored is not None else None
-
-    def _transfer_pays(self, tokens: int, engine: str, model: str | None) -> bool:
-        """Whether bringing ``tokens`` of KV to ``engine`` (moved or restored) beats prefilling them there,
-        by the engine's measured prefill speed and the measured transfers (routing's estimate for the
-        split and for lukewarm candidates). A small model on a fast GPU prefills faster than its KV
-        moves: below that crossover the turn just prefills. Unmeasured speeds keep the KV."""
-        rec = self.bus.engines.get(engine)
-        tps = rec.status.prefill_tps if rec is not None else 0.0
-        spec = self.specs.get(model or "")
-        per_token = self.meter.bytes_per_token(rec.status.kv_family if rec is not None else None) or (
-            spec.kv_bytes_per_token if spec is not None else 0)
-        if tokens <= 0 or tps <= 0 or per_token <= 0:
-            return True
-        rates = TransferRates.of(self.meter)
-        bandwidth = rates.bytes_per_s if rates.bytes_per_s > 0 else DEFAULT_POLICY.restore_bytes_per_s
-        fixed = rates.fixed_s if rates.transfers > 0 else DEFAULT_POLICY.transfer_fixed_s
-        return fixed + tokens * per_token / bandwidth < tokens / tps
+        return await self.mobility.move_session(session, engine)
 
     async def models(self, _: Request) -> Response:
         data = []

@@ -13,6 +13,7 @@ family) before any byte is written, so an incompatible pair is refused and its s
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from dataclasses import dataclass
@@ -56,6 +57,20 @@ def stream_slot(src: str, slot: int, dst: str, token: str | None, timeout: float
         r = b.state_put(int(idle[0]["id"]), st.meta, st.chunks)
     return Moved(int(r.get("slot", idle[0]["id"])), int(r.get("n_tokens", len(tokens))),
                  int(st.meta.get("bytes") or 0), time.monotonic() - t0)
+
+
+class Placements:
+    """One KV placement into an engine at a time. Every placement (a move, a restore from the Store, the
+    split's transfer) reads the destination's idle slots and writes into the emptiest: two at once would
+    pick the same slot, and the second would overwrite the first (its session's pinned turn would find
+    another conversation's tokens there and prefill). Placements into different engines run in
+    parallel. Owned by the event loop."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    def lock(self, engine: str) -> asyncio.Lock:
+        return self._locks.setdefault(engine, asyncio.Lock())
 
 
 LARGE_TRANSFER = 4 << 20  # bytes from which a transfer's time is mostly bandwidth, not its fixed part

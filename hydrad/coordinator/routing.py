@@ -357,7 +357,8 @@ def cost(
     rate = _rate(e.prefill_tps, policy.default_prefill_tps)
     prefill = uncached / rate
     restore, lukewarm = 0.0, False
-    if not warm and req.stored_tokens > 0 and req.model is not None:
+    if not warm and req.stored_tokens > 0 and req.model is not None and e.stage == "ready":
+        # (a reloading engine would drop KV placed there with its old generation: no lukewarm there)
         # lukewarm: the kept tokens are restored (bytes ÷ restore speed) and only the rest is prefilled,
         # when that is the cheaper way (an engine makes the same choice by its own measurements)
         stored = min(prompt, req.stored_tokens)

@@ -40,7 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from hydrad.common.logs import log_event
 from hydrad.common.tokenfile import read_token
-from hydrad.coordinator.kvmove import Moved, stream_slot
+from hydrad.coordinator.kvmove import Moved, Placements, stream_slot
 from hydrad.coordinator.records import EngineRecord
 from hydrad.store import Store, StoreError, StoreSettings
 from hydrad.store.files import atomic_write
@@ -124,6 +124,7 @@ class SessionKeeper:
         self._latest: OrderedDict[str, Latest] = OrderedDict()  # session -> where its newest turn's KV is
         self._running: set[str] = set()
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="hydra-sessions")
+        self.placements = Placements()  # shared with the front door's split: one placement per engine at a time
         self._loop: asyncio.AbstractEventLoop | None = None
         self.stats = {"kept": 0, "keep_skipped": 0, "keep_failed": 0, "restored": 0, "restore_failed": 0,
                       "moved": 0}
@@ -279,9 +280,10 @@ class SessionKeeper:
             return None
         self._index.move_to_end(session)
         loop = asyncio.get_running_loop()
-        fut = loop.run_in_executor(self._pool, self._restore, rec.info.rpc, kept)
         try:
-            restored = await asyncio.wait_for(asyncio.shield(fut), self.settings.restore_timeout_s)
+            async with self.placements.lock(engine):
+                fut = loop.run_in_executor(self._pool, self._restore, rec.info.rpc, kept)
+                restored = await asyncio.wait_for(asyncio.shield(fut), self.settings.restore_timeout_s)
         except asyncio.TimeoutError:
             self.stats["restore_failed"] += 1
             log_event(log, logging.WARNING, "session restore too slow; the turn prefills", session=session,
@@ -347,11 +349,22 @@ class SessionKeeper:
         target = self.engines.get(dst)
         if at is None or src is None or not src.info.rpc or target is None or not target.info.rpc:
             return None
+        if src.status.model != at.model:  # the engine reloaded another model since: the slot's KV is gone
+            return None
         loop = asyncio.get_running_loop()
         try:
-            moved = await asyncio.wait_for(asyncio.shield(loop.run_in_executor(
-                self._pool, self._move, src.info.rpc, at, target.info.rpc)), self.settings.io_timeout_s)
-        except (asyncio.TimeoutError, OSError, RpcError, ValueError) as exc:
+            async with self.placements.lock(dst):
+                moved = await asyncio.wait_for(asyncio.shield(loop.run_in_executor(
+                    self._pool, self._move, src.info.rpc, at, target.info.rpc)), self.settings.io_timeout_s)
+        except RpcError as exc:
+            if exc.code == "conflict":  # a turn of it runs there now; the next turn moves what that one leaves
+                log_event(log, logging.INFO, "session not moved yet: a turn of it is running",
+                          session=session, src=at.engine, dst=dst)
+            else:
+                log_event(log, logging.WARNING, "session not moved; its next turn restores it from the store",
+                          session=session, src=at.engine, dst=dst, error=str(exc))
+            return None
+        except (asyncio.TimeoutError, OSError, ValueError) as exc:
             log_event(log, logging.WARNING, "session not moved; its next turn restores it from the store",
                       session=session, src=at.engine, dst=dst, error=str(exc) or "timeout")
             return None

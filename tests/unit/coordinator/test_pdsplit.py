@@ -167,10 +167,10 @@ def _front(prefill_tps: float) -> FrontDoor:
 def test_a_session_moves_only_when_its_transfer_beats_prefilling_it() -> None:
     """A CPU engine prefills 300 tokens/s: 2,000 tokens of KV (46 MB) move far faster. A GPU engine prefilling
     50,000 tokens/s computes them in 40 ms, less than the transfer's fixed part plus 46 MB at 1 GB/s."""
-    assert _front(300.0)._transfer_pays(2000, "gpu", Q4)
-    assert not _front(50_000.0)._transfer_pays(2000, "gpu", Q4)
+    assert _front(300.0).mobility.transfer_pays(2000, "gpu", Q4)
+    assert not _front(50_000.0).mobility.transfer_pays(2000, "gpu", Q4)
     front = _front(50_000.0)
     front.meter.record(Moved(slot=0, n_tokens=4000, n_bytes=92_160_000, seconds=0.0092), FAMILY)  # 10 GB/s, no fixed part
-    assert front._transfer_pays(2000, "gpu", Q4)  # 4.6 ms against 40 ms
-    assert _front(0.0)._transfer_pays(2000, "gpu", Q4)  # unmeasured: keep the KV
-    assert _front(300.0)._transfer_pays(2000, "nowhere", Q4)
+    assert front.mobility.transfer_pays(2000, "gpu", Q4)  # 4.6 ms against 40 ms
+    assert _front(0.0).mobility.transfer_pays(2000, "gpu", Q4)  # unmeasured: keep the KV
+    assert _front(300.0).mobility.transfer_pays(2000, "nowhere", Q4)
