@@ -20,7 +20,7 @@ from hydrad.common.registry import Registry
 from hydrad.common.serving import run_loop
 from hydrad.engine import llama
 from hydrad.engine.daemon import Daemon
-from hydrad.engine.gpu import bind_devices
+from hydrad.engine.gpu import bind_devices, set_cuda_graphs
 from hydrad.engine.settings import ConfigError, EngineSettings, LoadedConfig, load_config
 from hydrad.store import StoreError
 
@@ -121,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     setup_logging(loaded.settings.logging.level)
     bind_devices(loaded.settings.device, os.environ)
+    set_cuda_graphs(loaded.settings.cuda_graphs, os.environ)
     # The engine thread and the event loop hand work to each other every decode step; a shorter GIL
     # switch interval keeps the loop from waiting up to 5 ms for the engine thread's Python parts.
     sys.setswitchinterval(0.0005)

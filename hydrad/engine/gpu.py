@@ -86,6 +86,13 @@ def bind_devices(device: str | None, environ: MutableMapping[str, str]) -> None:
         environ.setdefault(name, device)
 
 
+def set_cuda_graphs(enabled: bool, environ: MutableMapping[str, str]) -> None:
+    """``cuda_graphs: false`` → GGML_CUDA_DISABLE_GRAPHS=1, which ggml's CUDA back end reads when it
+    creates a context; like the device binding, an operator's own variable wins."""
+    if not enabled:
+        environ.setdefault("GGML_CUDA_DISABLE_GRAPHS", "1")
+
+
 def bound_device(setting: str | None, environ: Mapping[str, str] | None = None) -> str | None:
     """The GPU binding in force, as the bus (REGISTER) and the merged port (INFO) report it.
 

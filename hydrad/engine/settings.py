@@ -151,6 +151,11 @@ class EngineSettings(BaseModel):
         description="GPU(s) this engine may use: an index as nvidia-smi counts them (\"0\", \"0,1\") or a GPU UUID. "
                     "The others stay invisible to llama.cpp, so hydrad@a and hydrad@b on one host each get their own. "
                     "None = every GPU of the host.")
+    cuda_graphs: bool = Field(
+        True, description="Let llama.cpp's CUDA back end replay decode steps as CUDA graphs (about 1.9x single-stream "
+                          "decode on an H200 with a small model). false sets GGML_CUDA_DISABLE_GRAPHS=1 for this engine: "
+                          "the way around a CUDA-graph fault of the bundled llama.cpp seen with 32-64 concurrent streams "
+                          "(docs/benchmarks.md). Read at start; ignored without CUDA.")
     drain_timeout_s: float = Field(30.0, gt=0, description="On SIGTERM, how long in-flight requests may run before they are ended.")
     max_queue: int = Field(64, ge=0, description="Requests that may wait for a free slot; beyond that new ones get 503.")
     logging: LogSettings = Field(default_factory=LogSettings, description="Logging.")

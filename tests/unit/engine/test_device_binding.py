@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from hydrad.engine.gpu import DEVICE_ENV, bind_devices
+from hydrad.engine.gpu import DEVICE_ENV, bind_devices, set_cuda_graphs
 from hydrad.engine.settings import EngineSettings
 
 
@@ -42,3 +42,15 @@ def test_bad_device_names_the_field(bad: str) -> None:
 @pytest.mark.parametrize("good", ["0", "0,1", "12"])
 def test_good_devices(good: str) -> None:
     assert EngineSettings(device=good).device == good
+
+
+def test_cuda_graphs_off_sets_the_variable_ggml_reads_and_on_leaves_it_alone() -> None:
+    env: dict[str, str] = {}
+    set_cuda_graphs(True, env)
+    assert env == {}
+    set_cuda_graphs(False, env)
+    assert env == {"GGML_CUDA_DISABLE_GRAPHS": "1"}
+    operator = {"GGML_CUDA_DISABLE_GRAPHS": ""}  # an operator's own value wins
+    set_cuda_graphs(False, operator)
+    assert operator == {"GGML_CUDA_DISABLE_GRAPHS": ""}
+    assert EngineSettings().cuda_graphs is True
