@@ -17,6 +17,11 @@ Workloads (prompt tokens are exact, counted with the model's own tokenizer):
   e  1 stream,   128-token prompt, 256 generated, ``logprobs: 5``   (decode with the log-probabilities
      of each token and its 5 most likely alternatives; llama-server reads ``logprobs`` as its
      ``n_probs``; not in the default set)
+  f  as (a), sampled: ``temperature 0.8, top_k 40, top_p 0.95`` (what most clients send), seed fixed
+  g  as (b), sampled likewise
+  h  32 streams, 128-token prompt, 128 generated   (many streams; needs ``--n-parallel 32`` or more)
+  i  64 streams, 128-token prompt, 128 generated   (needs ``--n-parallel 64`` and ``--n-ctx`` ≥ 16384)
+  (f to i are not in the default set)
 
 Before the workloads, each server is also asked for the same 4 streams (32-token prompt, 64
 generated) one after another and then all at once: the ratio of the two wall times is what
@@ -92,12 +97,19 @@ class Workload:
     n_gen: int
     streams: int
     logprobs: int | None = None  # each request asks for its tokens' log-probabilities and this many alternatives
+    sampled: bool = False  # SAMPLED's temperature/top-k/top-p instead of greedy decoding
 
     @property
     def label(self) -> str:
         s = f"{self.streams}×" if self.streams > 1 else "1×"
         extra = f", top-{self.logprobs} logprobs" if self.logprobs is not None else ""
+        extra += ", sampled" if self.sampled else ""
         return f"({self.key}) {s}{self.n_prompt}→{self.n_gen}{extra}"
+
+
+# What most clients send: sampling, not argmax. The seed is fixed per request, so both servers draw
+# from the same distribution shapes; the tokens themselves may differ (their samplers differ).
+SAMPLED = {"temperature": 0.8, "top_k": 40, "top_p": 0.95}
 
 
 WORKLOADS: dict[str, Workload] = {
@@ -106,6 +118,10 @@ WORKLOADS: dict[str, Workload] = {
     "c": Workload("c", 2048, 32, 1),
     "d": Workload("d", 512, 1, 1),
     "e": Workload("e", 128, 256, 1, logprobs=5),
+    "f": Workload("f", 128, 256, 1, sampled=True),
+    "g": Workload("g", 128, 256, 8, sampled=True),
+    "h": Workload("h", 128, 128, 32),
+    "i": Workload("i", 128, 128, 64),
 }
 
 BATCHING = Workload("batching", 32, 64, 4)  # streams one after another, then all at once
@@ -119,6 +135,8 @@ METRICS: dict[str, list[tuple[str, str, bool]]] = {
     "d": [("ttft_ms", "TTFT ms", False), ("prefill_tps", "prefill tok/s", True)],
     "e": [("ttft_ms", "TTFT ms", False), ("prefill_tps", "prefill tok/s", True), ("decode_tps", "decode tok/s", True)],
 }
+METRICS["f"] = METRICS["a"]
+METRICS["g"] = METRICS["h"] = METRICS["i"] = METRICS["b"]
 
 
 # ----- prompts with an exact token count -----------------------------------------------------
@@ -542,13 +560,16 @@ def _logprob_tokens(logprobs: Any) -> int:
     return len(logprobs.get("tokens") or logprobs.get("content") or ())
 
 
-def request_payload(prompt: str, n_gen: int, seed: int, slot: int, logprobs: int | None = None) -> dict[str, Any]:
+def request_payload(prompt: str, n_gen: int, seed: int, slot: int, logprobs: int | None = None,
+                    sampled: bool = False) -> dict[str, Any]:
     """Stream ``slot`` of a workload runs in slot ``slot`` on both servers (``id_slot``): each slot then
     holds at most its last request's KV, so idle caches never crowd the unified KV pool."""
     payload = {"prompt": prompt, "max_tokens": n_gen, "temperature": 0, "ignore_eos": True, "seed": seed,
                "stream": True, "stream_options": {"include_usage": True}, "cache_prompt": False, "id_slot": slot}
     if logprobs is not None:
         payload["logprobs"] = logprobs
+    if sampled:
+        payload.update(SAMPLED, seed=seed + slot)
     return payload
 
 
@@ -580,7 +601,7 @@ def run_workload(url: str, w: Workload, prompts: list[str], seed: int,
     ``disturbed`` is asked about once a second; when it says so the run is abandoned
     (:class:`Disturbed`) instead of crawling on under foreign load.
     """
-    payloads = [request_payload(p, w.n_gen, seed, i, w.logprobs) for i, p in enumerate(prompts)]
+    payloads = [request_payload(p, w.n_gen, seed, i, w.logprobs, w.sampled) for i, p in enumerate(prompts)]
     t0, streams = asyncio.run(_run_streams(url, payloads, disturbed))
     per: list[dict[str, Any]] = []
     for st in streams:
@@ -1017,6 +1038,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--env-lib", metavar="PATH", help="run hydrad with LLAMA_CPP_LIB_PATH=PATH (e.g. a CUDA build)")
     ap.add_argument("--profile", metavar="FILE", help="sample hydrad with py-spy during the timed runs "
                     "(.svg flamegraph, .json speedscope, .txt collapsed stacks)")
+    ap.add_argument("--check", type=float, nargs="?", const=0.02, default=None, metavar="SLACK",
+                    help="exit 1 when a pair-median ratio misses parity with llama-server by more than SLACK "
+                         "(default 0.02: throughput ≥ 0.98×, times ≤ 1.02×); needs llama-server")
     ap.add_argument("--json", metavar="FILE", help="write every measurement as JSON")
     ap.add_argument("--markdown", action="store_true", help=f"append a dated section to {DOC.relative_to(REPO)}")
     args = ap.parse_args(argv)
@@ -1036,6 +1060,8 @@ def main(argv: list[str] | None = None) -> int:
     for w in workloads:
         if w.n_prompt + w.n_gen >= per_seq or w.streams * (w.n_prompt + w.n_gen) > args.n_ctx:
             ap.error(f"--n-ctx {args.n_ctx} is too small for workload {w.label}")
+    if args.check is not None and args.hydrad_only:
+        ap.error("--check compares with llama-server: drop --hydrad-only")
     settings = ServerSettings(args.n_ctx, args.n_batch, args.n_ubatch, args.n_parallel, args.kv_unified,
                               args.threads, args.flash_attn, args.gpu_layers, args.hydrad_params)
     binary = None if args.hydrad_only else llama_server_binary(args.llama_server)
@@ -1075,7 +1101,30 @@ def main(argv: list[str] | None = None) -> int:
             DOC.parent.mkdir(parents=True, exist_ok=True)
             DOC.write_text("# Benchmarks\n\n" + section)
         log(f"appended a section to {DOC.relative_to(REPO)}")
+    if args.check is not None:
+        failed = check_goals(report, args.check)
+        for line in failed:
+            print(f"bench: below goal: {line}", file=sys.stderr)
+        log(f"--check: {len(failed)} ratio(s) below goal (slack {args.check:.2f})")
+        return 1 if failed else 0
     return 0
+
+
+def check_goals(report: dict[str, Any], slack: float) -> list[str]:
+    """The pair-median ratios that miss parity by more than ``slack``: throughput ÷ llama-server below
+    ``1 - slack``, or times (TTFT) above ``1 + slack``. A regression guard, not a statistic: it reads
+    the medians of the alternating pairs, which ride out most of the noise of a shared machine."""
+    failed = []
+    for res in report["results"]:
+        for key, s in res.get("summary", {}).items():
+            for row in s["rows"]:
+                r = row["pair_ratio_median"]
+                if r is None:
+                    continue
+                bad = r < 1 - slack if row["higher_is_better"] else r > 1 + slack
+                if bad:
+                    failed.append(f"{res['model']} {s['label']} {row['unit']}: {r:.3f}")
+    return failed
 
 
 if __name__ == "__main__":

@@ -109,10 +109,12 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     try:
         c.wait_ready()
         common = {"temperature": 0, "n_ctx": n_ctx, "n_parallel": 2}
-        fast = Engine(tmp, name="fast", defaults={"model": Q8, "n_threads": args.fast_threads, **common},
+        fast = Engine(tmp, name="fast", defaults={"model": Q8, "n_threads": args.fast_threads,
+                                                  "n_gpu_layers": args.fast_gpu_layers, **common},
                       extra={"registry": str(reg_path), "bus": c.engine_bus(heartbeat_interval_s=0.5)})
         engines.append(fast)
-        slow = Engine(tmp, name="slow", defaults={"model": Q4, "n_threads": args.slow_threads, **common},
+        slow = Engine(tmp, name="slow", defaults={"model": Q4, "n_threads": args.slow_threads,
+                                                  "n_gpu_layers": args.slow_gpu_layers, **common},
                       extra={"registry": str(reg_path), "bus": c.engine_bus(heartbeat_interval_s=0.5)})
         engines.append(slow)
         for e in engines:
@@ -166,11 +168,18 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
 
 def markdown(rep: dict[str, Any]) -> str:
     s = rep["settings"]
-    lines = [f"## {rep['date']}: the prefill/decode split against the slow engine alone (CPU)", "",
+    gpu_host = rep.get("where") == "GPU host"
+
+    def where(n: str) -> str:
+        layers = s.get(f"{n}_gpu_layers", -1)
+        if not gpu_host:
+            return ""
+        return ", all layers on the GPU" if layers == -1 else ", on the CPU" if layers == 0 else f", {layers} layers on the GPU"
+    lines = [f"## {rep['date']}: the prefill/decode split against the slow engine alone ({rep['where']})", "",
              f"Command: `{rep['command']}` ({rep['elapsed_s']:.0f} s)", "",
              f"Machine: {describe_machine(rep['machine'])}. hydrad: commit {rep['commit']}. Pool: coordinator + "
-             f"engine *fast* ({s['fast_threads']} threads, SmolLM2-135M requantized to Q8_0 with llama.cpp's "
-             f"quantizer) + engine *slow* ({s['slow_threads']} thread(s), SmolLM2-135M Q4_1, the model asked for). "
+             f"engine *fast* ({s['fast_threads']} threads{where('fast')}, SmolLM2-135M requantized to Q8_0 with llama.cpp's "
+             f"quantizer) + engine *slow* ({s['slow_threads']} thread(s){where('slow')}, SmolLM2-135M Q4_1, the model asked for). "
              f"Streaming completions of {s['max_tokens']} tokens (`ignore_eos`), greedy; {s['runs']} rounds per "
              f"size, order alternating, a fresh prompt every request. Speeds the engines measured: fast "
              f"{rep['speeds']['fast']['prefill_tps']:.0f} prompt tok/s, {rep['speeds']['fast']['decode_tps']:.0f} "
@@ -202,6 +211,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=32, help="tokens generated per request (default 32)")
     ap.add_argument("--fast-threads", type=int, default=2, help="the fast engine's n_threads (default 2)")
     ap.add_argument("--slow-threads", type=int, default=1, help="the slow engine's n_threads (default 1)")
+    ap.add_argument("--fast-gpu-layers", type=int, default=-1,
+                    help="the fast engine's n_gpu_layers (default -1: all, on a GPU build; CPU builds ignore it)")
+    ap.add_argument("--slow-gpu-layers", type=int, default=-1,
+                    help="the slow engine's n_gpu_layers; 0 on a GPU host makes it a CPU engine beside a GPU one")
     ap.add_argument("--seed", type=int, default=1, help="prompt seed (default 1)")
     ap.add_argument("--json", metavar="PATH", help="write every measurement as JSON")
     ap.add_argument("--markdown", action="store_true", help="print a section for docs/benchmarks.md")
@@ -212,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         result = run(args, Path(tmp))
     rep = {"date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "machine": machine(),
            "commit": git_describe(), "elapsed_s": time.monotonic() - t0,
+           "where": "GPU host" if (machine().get("gpus") or []) else "CPU",
            "command": ".venv/bin/python scripts/bench_split.py " + shlex.join(argv if argv is not None else sys.argv[1:]),
            "settings": {k: v for k, v in vars(args).items() if k not in ("json", "markdown")}, **result}
     for r in rep["rows"]:

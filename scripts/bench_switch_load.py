@@ -63,17 +63,25 @@ def profiles(slots: int, n_ctx: int) -> dict[str, Any]:
 class Client(threading.Thread):
     """One session: turns back to back until told to stop; every turn recorded."""
 
-    def __init__(self, url: str, session: str, max_tokens: int, stop: threading.Event, t0: float) -> None:
+    def __init__(self, url: str, session: str, max_tokens: int, stop: threading.Event, t0: float,
+                 max_session_tokens: int) -> None:
         super().__init__(daemon=True)
         self.http = httpx.Client(base_url=url, timeout=300)
-        self.session, self.max_tokens, self.stop_flag, self.t0 = session, max_tokens, stop, t0
+        self.name_, self.max_tokens, self.stop_flag, self.t0 = session, max_tokens, stop, t0
+        self.max_session_tokens = max_session_tokens
+        self.session = session
         self.turns: list[dict[str, Any]] = []
 
     def run(self) -> None:
         conv = [{"role": "system", "content": SYSTEM}]
         prev_prompt = 0
-        i = 0
+        i = chats = 0
         while not self.stop_flag.is_set():
+            if prev_prompt > self.max_session_tokens:
+                # a user starting a new chat: what a fast engine reaches within the run would otherwise
+                # outgrow the pool's context (every session on one engine in the mixed profile)
+                chats += 1
+                self.session, conv, prev_prompt = f"{self.name_}.{chats}", conv[:1], 0
             i += 1
             conv.append({"role": "user", "content": f"Item {i}?"})
             started = time.monotonic()
@@ -123,7 +131,8 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         c.http.timeout = httpx.Timeout(600)
         c.wait_serving({"dev-a": SMOL, "dev-b": SMOL}, timeout=300)
         t0 = time.monotonic()
-        clients = [Client(c.url, f"s-{i}", args.max_tokens, stop, t0) for i in range(args.sessions)]
+        clients = [Client(c.url, f"s-{i}", args.max_tokens, stop, t0, args.max_session_tokens)
+                   for i in range(args.sessions)]
         for cl in clients:
             cl.start()
         log(f"{args.sessions} sessions running; first switch in {args.period:.0f} s")
@@ -142,6 +151,8 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         for cl in clients:
             cl.join(300)
         sessions = c.http.get("/admin/sessions").json()
+        if args.log:
+            Path(args.log).write_text(c.log())
     finally:
         stop.set()
         for e in engines:
@@ -165,7 +176,8 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
 def markdown(rep: dict[str, Any]) -> str:
     s, st, sw, al = rep["settings"], rep["steady"], rep["switching"], rep["all"]
     ses = rep["sessions"]
-    lines = [f"## {rep['date']}: a profile switch under load, with sessions moving (CPU)", "",
+    where = "GPU host, both engines on the one GPU" if rep["machine"].get("gpus") else "CPU"
+    lines = [f"## {rep['date']}: a profile switch under load, with sessions moving ({where})", "",
              f"Command: `{rep['command']}` ({rep['elapsed_s']:.0f} s)", "",
              f"Machine: {describe_machine(rep['machine'])}. hydrad: commit {rep['commit']}. Coordinator + dev-a + dev-b "
              f"(one thread each, {s['slots']} slots, n_ctx {s['n_ctx']}); {s['sessions']} chat sessions taking turns "
@@ -191,9 +203,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--slots", type=int, default=4, help="slots per engine (default 4)")
     ap.add_argument("--n-ctx", type=int, default=16384, help="engines' n_ctx (default 16384)")
     ap.add_argument("--max-tokens", type=int, default=12, help="tokens per answer (default 12)")
+    ap.add_argument("--max-session-tokens", type=int, default=3000,
+                    help="a session whose prompt passes this many tokens is replaced by a new one, as a user starts "
+                         "a new chat, so that all sessions fit one engine's n_ctx (default 3000)")
     ap.add_argument("--switches", type=int, default=4, help="profile switches (default 4)")
     ap.add_argument("--period", type=float, default=30.0, help="seconds between switches (default 30)")
     ap.add_argument("--json", metavar="PATH", help="write every turn as JSON")
+    ap.add_argument("--log", metavar="PATH", help="write the coordinator's log there (what moved, what did not and why)")
     ap.add_argument("--markdown", action="store_true", help="print a section for docs/benchmarks.md")
     args = ap.parse_args(argv)
     t0 = time.monotonic()
