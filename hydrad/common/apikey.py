@@ -1,7 +1,7 @@
 """An optional API key for the inference endpoints of both daemons (llama-server's ``--api-key``).
 
-Inference (the OpenAI and llama-server endpoints) then needs ``Authorization: Bearer <key>``,
-compared in constant time; a missing or wrong key is a 401 in OpenAI's error shape. Left open, as
+Inference (the OpenAI and llama-server endpoints) then needs ``Authorization: Bearer <key>`` or
+Anthropic's ``x-api-key: <key>``, compared in constant time; a missing or wrong key is a 401 in OpenAI's error shape. Left open, as
 llama-server leaves them: the health and model-list endpoints and ``/metrics``. The control
 surfaces keep their own credentials (an engine's token, the coordinator's admin token), so the key
 is never asked there. The key comes from ``http.api_key_file`` or, when no file is configured, from
@@ -80,11 +80,15 @@ def with_api_key(app: Any, key: str | None) -> Any:
     if key is None:
         return app
     expected = f"Bearer {key}".encode()
+    raw = key.encode()
 
     async def asgi(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "http" and scope["method"] != "OPTIONS" and guarded(scope["path"]):
-            presented = next((v for k, v in scope.get("headers", []) if k == b"authorization"), b"")
-            if not hmac.compare_digest(presented, expected):
+            headers = scope.get("headers", [])
+            presented = next((v for k, v in headers if k == b"authorization"), b"")
+            # Anthropic's SDKs send the key as x-api-key; both are compared, each in constant time
+            anthropic = next((v for k, v in headers if k == b"x-api-key"), b"")
+            if not (hmac.compare_digest(presented, expected) | hmac.compare_digest(anthropic, raw)):
                 await send({"type": "http.response.start", "status": 401,
                             "headers": [(b"content-type", b"application/json"),
                                         (b"www-authenticate", b'Bearer realm="hydra"'),

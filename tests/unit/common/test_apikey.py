@@ -34,6 +34,9 @@ def test_inference_needs_the_key_and_nothing_else_does() -> None:
             assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key", (path, headers)
             assert r.headers["www-authenticate"].startswith("Bearer")
         assert c.post(path, headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
+        assert c.post(path, headers={"x-api-key": KEY}).status_code == 200  # Anthropic SDKs' header
+        for bad in ("", f"Bearer {KEY}", KEY + "x", KEY[:-1]):
+            assert c.post(path, headers={"x-api-key": bad}).status_code == 401, bad
         assert c.options(path).status_code == 200  # a browser's preflight carries no credentials
     for path in ("/health", "/v1/models", "/metrics", "/control/configure", "/slots/0/state", "/admin/engines"):
         assert c.post(path).status_code == 200, path
