@@ -208,7 +208,7 @@ def kv_run(data: bytes) -> str:
 
     def open_receiver(meta: dict[str, Any]) -> K.StateReceiver:
         size = meta.get("bytes")
-        if not isinstance(size, int) or not 0 < size <= KV_MAX_BYTES:
+        if isinstance(size, bool) or not isinstance(size, int) or not 0 < size <= KV_MAX_BYTES:
             raise _StateRefused()
         return K.StateReceiver(size)
 

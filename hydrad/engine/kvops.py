@@ -86,7 +86,7 @@ class KvOps:
         if problem:
             return StateError(problem, "incompatible")
         size = meta.get("bytes")
-        if not isinstance(size, int) or not 0 < size <= max_bytes:
+        if isinstance(size, bool) or not isinstance(size, int) or not 0 < size <= max_bytes:  # JSON true is no size
             return StateError(f"meta.bytes must be 1..{max_bytes}, got {size!r}", "too_large")
         return None
 

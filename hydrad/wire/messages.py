@@ -236,6 +236,21 @@ class Error(_Msg):
     n_ctx: int | None = Field(None, ge=0, description="... and the context it did not fit.")
 
 
+def only_finite(v: dict[str, Any]) -> dict[str, Any]:
+    """Free-form values too: JSON has no Infinity or NaN (1e999 and NaN parse as such), and a message
+    that cannot be encoded again must not be taken in."""
+    stack: list[Any] = [v]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            raise ValueError("a number that is not finite")
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return v
+
+
 class ConfigureReply(_Msg):
     """The answer to CONFIGURE, sent once the engine accepted or refused it (a T3 load is still running)."""
 
@@ -246,6 +261,8 @@ class ConfigureReply(_Msg):
     status: int = Field(200, ge=100, le=599)
     code: str | None = Field(None, max_length=64)
     message: str | None = Field(None, max_length=8192)
+
+    _finite = field_validator("result")(classmethod(lambda cls, v: only_finite(v)))
 
 
 class LoadDone(_Msg):
@@ -334,21 +351,7 @@ class Configure(_Msg):
     req: str = Field(pattern=REQ_PATTERN)
     payload: dict[str, Any]
 
-    @field_validator("payload")
-    @classmethod
-    def _finite(cls, v: dict[str, Any]) -> dict[str, Any]:
-        """Free-form values too: JSON has no Infinity or NaN (1e999 parses as one), and a message that
-        cannot be encoded again must not be taken in."""
-        stack: list[Any] = [v]
-        while stack:
-            item = stack.pop()
-            if isinstance(item, float) and not math.isfinite(item):
-                raise ValueError("a number that is not finite")
-            if isinstance(item, dict):
-                stack.extend(item.values())
-            elif isinstance(item, list):
-                stack.extend(item)
-        return v
+    _finite = field_validator("payload")(classmethod(lambda cls, v: only_finite(v)))
 
 
 Message = (Register | Heartbeat | Goodbye | Tokens | Done | Error | ConfigureReply | LoadDone

@@ -279,6 +279,12 @@ def test_http_state_twins_round_trip(smollm_engine: Engine) -> None:
     assert bad.status_code == 400 and "unchanged" in bad.json()["error"]["message"]
     assert e.http.get("/slots").json()[2]["n_tokens"] == 0
     assert e.http.get("/slots/9/state/meta").status_code == 404
+    # a meta whose size is JSON true (a bool is an int in Python) is refused by name, not a 500
+    forged = P.encode_json(P.Status.STATE_META, {**meta, "bytes": True}) + stream.content[len(P.encode_json(
+        P.Status.STATE_META, meta)):]
+    refused = e.http.put("/slots/2/state", content=forged)
+    assert refused.status_code == 413 and "meta.bytes" in refused.json()["error"]["message"], refused.text
+    assert e.http.get("/slots").json()[2]["n_tokens"] == 0
 
 
 def test_state_get_of_a_busy_slot_is_a_conflict(smollm_engine: Engine) -> None:

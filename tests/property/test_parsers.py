@@ -53,6 +53,18 @@ def test_oversized_declared_lengths_are_refused_from_the_header() -> None:
 SURROGATE_FRAME = fz.P.encode(fz.P.Status.OK, b'{"a":"\\ud800"}')
 
 
+def test_a_state_stream_whose_meta_says_bytes_true_is_refused() -> None:
+    """Found by this fuzzer (2026-12-02, seed 2): JSON ``true`` passed the ``meta.bytes`` check (a bool is
+    an int in Python) and the receiver then failed with a TypeError; the engine's own check had the
+    same hole. Now a refusal, like any other size that is not a positive integer."""
+    P = fz.P
+    data = (P.encode_json(P.Status.STATE_META, {"bytes": True, "n_tokens": 3, "req": [1, 2, 3]})
+            + P.HEADER.pack(P.Status.STATE_DATA, 1) + b"x")
+    out, bad, _ = fz.run_one(fz.TARGETS["kvstream"], data, 1.0)
+    assert bad is None, bad
+    assert out == "refused(meta.bytes)", out
+
+
 def test_frame_json_refuses_lone_surrogates() -> None:
     """Found by this fuzzer: Frame.json() took a lone UTF-16 surrogate, which encode_json/error_frame
     then could not encode (UnicodeEncodeError). Now a BAD_REQUEST ProtocolError."""
@@ -65,11 +77,12 @@ NON_FINITE_BUS = [
     b'hydra-bus/1\n\x1eLOADED\n\x1e{"req":"r1","load_id":1,"phase":"done","seconds":1e999}',
     b'hydra-bus/1\n\x1eHEARTBEAT\n\x1e{"status":{"decode_tps":Infinity}}',
     b'hydra-bus/1\n\x1eCONFIGURE\n\x1e{"req":"r1","payload":{"model":1e999}}',
+    b'hydra-bus/1\n\x1eCONFIGURED\n\x1e{"req":"r1","ok":true,"result":{"a":NaN}}',  # found 2026-12-02, seed 2
 ]
 
 
 @pytest.mark.parametrize("data", NON_FINITE_BUS, ids=["done-prompt_ms", "loaded-seconds", "heartbeat-decode_tps",
-                                                      "configure-payload"])
+                                                      "configure-payload", "configured-result"])
 def test_bus_decode_refuses_non_finite_numbers(data: bytes) -> None:
     """Found by this fuzzer: decode() took Infinity/NaN/1e999 in float and free-form fields; encode()
     then wrote null (or Infinity) and the message no longer decoded. Now a BusDecodeError."""
