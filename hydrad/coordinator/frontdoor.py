@@ -624,6 +624,7 @@ class FrontDoor:
             Route("/v1/completions", self.completions, methods=["POST"]),
             Route("/completions", self.completions, methods=["POST"]),
             Route("/completion", self.native_completion, methods=["POST"]),
+            Route("/infill", self.native_completion, methods=["POST"]),
             Route("/v1/messages", self.messages, methods=["POST"]),
             *(Route(path, self.native.forward, methods=["POST"]) for path in NATIVE_PATHS),
             *(Route(path, self.embeddings, methods=["POST"]) for path in EMBEDDING_PATHS),

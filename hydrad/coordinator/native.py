@@ -1,5 +1,5 @@
 """llama-server's native endpoints at the front door: ``/tokenize``, ``/detokenize``,
-``/apply-template`` and ``/completion`` (and ``/v1/messages`` while the bus cannot carry its stop word),
+``/apply-template``, ``/completion`` and ``/infill`` (and ``/v1/messages`` while the bus cannot carry its stop word),
 and the embeddings (OpenAI's ``/v1/embeddings``, llama-server's ``/embedding``).
 
 The first three generate nothing, so they do not go over the bus as GENERATE does: the body is
@@ -15,7 +15,9 @@ DONE carry text only, and this endpoint needs what they do not carry (a prompt o
 generated ids of ``return_tokens``, the stopping word, a per-request ``cache_prompt``). The cost,
 until the bus carries them: the engine is the least busy one serving the model, without session
 affinity, on-demand loading or a retry elsewhere; a client that goes away still cancels the
-request on its engine (the forwarded connection closes).
+request on its engine (the forwarded connection closes). What the engine streams passes as is,
+so the ``prompt_progress`` events a ``return_progress`` request asks for come through too.
+``/infill`` goes the same way: its prompt is made of the model's FIM tokens, on the engine.
 
 Embeddings are forwarded the same way (the bus carries text, not vectors), checked here first
 (:mod:`hydrad.wire.embeddings`); an engine whose model is loaded without embeddings passes them on
@@ -39,7 +41,7 @@ from starlette.responses import Response, StreamingResponse
 
 from hydrad.common import jsonbody
 from hydrad.coordinator.replies import disconnected
-from hydrad.wire import embeddings, native_completion
+from hydrad.wire import embeddings, infill, native_completion
 from hydrad.wire.openai import ApiError
 
 PATHS = ("/tokenize", "/detokenize", "/apply-template")
@@ -144,12 +146,14 @@ class NativeDoor:
         return answer
 
     async def completion(self, request: Request) -> Response:
-        """``POST /completion``: checked here, generated on an engine serving the model."""
+        """``POST /completion`` and ``POST /infill``: checked here, generated on an engine serving
+        the model (whose vocabulary decides whether it can fill in the middle: its 501 comes back)."""
         raw = await request.body()
-        req, _ = native_completion.parse(raw)
-        body = self._body(raw, request.url.path)
+        path = request.url.path
+        req, _ = (infill.parse if path == "/infill" else native_completion.parse)(raw)
+        body = self._body(raw, path)
         base = self._engine_url(body.pop("model", None))
-        return await self._generation(request, base + "/completion", json.dumps(body).encode(), req.stream)
+        return await self._generation(request, base + path, json.dumps(body).encode(), req.stream)
 
     async def _generation(self, request: Request, url: str, content: bytes, stream: bool,
                           broken: Callable[[ApiError], bytes] = _data_event) -> Response:

@@ -20,7 +20,7 @@ from hydrad.common.params import RuntimeParams
 from hydrad.engine import chatprompt, faults, llama
 from hydrad.engine.generation import Generation, Slot
 from hydrad.engine.prefixshare import PrefixShare
-from hydrad.engine.requests import Done, Failed, RequestHandle, Token, Usage
+from hydrad.engine.requests import Done, Failed, Progress, RequestHandle, Token, Usage
 from hydrad.engine.stats import EngineStats
 from hydrad.engine.textstream import StopMatcher, Utf8Detokenizer
 from hydrad.wire.kvdigest import tokens_digest
@@ -290,6 +290,8 @@ class Batching:
                               tools=None if req.tools is None else ToolStream(chatprompt.tool_format(
                                   model, params.chat_template)))
         gen.n_active += 1
+        if req.return_progress:
+            self._progress(slot.id, slot.active)
         self.stats.prompt_tokens_total += len(tokens) - keep
         self.stats.cached_tokens_total += keep
         if max_tokens <= 0:
@@ -310,10 +312,13 @@ class Batching:
                 a.next_token = -1
                 budget -= 1
         n_prefill = 0
+        watched: list[tuple[int, _Active]] = []  # prefilled by this step and asking for progress
         for slot in gen.slots:
             a = slot.active
             if a is None or not a.pending or budget <= 0:
                 continue
+            if a.handle.request.return_progress:
+                watched.append((slot.id, a))
             take = a.pending[:budget]
             before.append((slot, len(slot.cache)))
             last = len(take) == len(a.pending)
@@ -338,6 +343,8 @@ class Batching:
         if rc != 0:
             self._decode_failed(gen, rc, before)
             return
+        for slot_id, a in watched:  # before this step's tokens: the last progress says the prompt is done
+            self._progress(slot_id, a)
         now = time.monotonic()
         overlap = self._text_overlap(gen)
         for slot, idx in outputs:
@@ -357,6 +364,10 @@ class Batching:
             except Exception as exc:  # this request's failure, not the step's: the other slots go on
                 if slot.active is a:
                     self._request_failed(gen, a.handle, "sampling", exc, slot)
+
+    def _progress(self, slot_id: int, a: _Active) -> None:
+        self._emit(a.handle, Progress(total=a.prompt_len, cache=a.cached, processed=a.prompt_len - len(a.pending),
+                                      time_ms=int((time.monotonic() - a.t_start) * 1000), slot=slot_id))
 
     def _text_overlap(self, gen: Generation) -> bool:
         mode = (self.params or gen.params).text_overlap

@@ -339,6 +339,18 @@ class Model:
     def is_eog(self, token: int) -> bool:
         return bool(lib().llama_vocab_is_eog(self.vocab, token))
 
+    def fim_tokens(self) -> dict[str, int | None]:
+        """The fill-in-the-middle tokens llama.cpp found in the vocabulary (``pre``, ``suf``,
+        ``mid``, ``rep``, ``sep``), None for each one it lacks; /infill needs the first three."""
+        C = lib()
+        ids = {k: getattr(C, f"llama_vocab_fim_{k}")(self.vocab) for k in ("pre", "suf", "mid", "rep", "sep")}
+        return {k: None if t < 0 else t for k, t in ids.items()}
+
+    def added_bos(self) -> int | None:
+        """The BOS token when the vocabulary adds one to a prompt (Gemma's does, SmolLM2's not)."""
+        C = lib()
+        return C.llama_vocab_bos(self.vocab) if C.llama_vocab_get_add_bos(self.vocab) else None
+
     def apply_chat_template(self, messages: list[dict[str, str]], template: str | None = None) -> str:
         """Format messages with llama.cpp's built-in template engine (the model's own template by default)."""
         C = lib()

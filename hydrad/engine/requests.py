@@ -78,7 +78,23 @@ class Failed:
     n_ctx: int | None = None
 
 
-Event = Token | Done | Failed
+@dataclass(frozen=True)
+class Progress:
+    """How far the prompt's prefill has got (llama-server's ``prompt_progress``): sent only to a
+    request that asked (``return_progress``), once when it takes a slot and after each step that
+    prefilled part of its prompt. ``processed`` counts the cached tokens too, up to ``total``."""
+
+    total: int
+    cache: int
+    processed: int
+    time_ms: int
+    slot: int
+
+    def body(self) -> dict[str, int]:
+        return {"total": self.total, "cache": self.cache, "processed": self.processed, "time_ms": self.time_ms}
+
+
+Event = Token | Done | Failed | Progress
 
 
 class RequestHandle:

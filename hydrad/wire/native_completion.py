@@ -10,6 +10,8 @@ front door lets through is one the engine accepts.
 ``n_probs`` (up to :data:`hydrad.wire.logprobs.MAX_N_PROBS`) adds llama-server's
 ``completion_probabilities``: log-probabilities over the full vocabulary, before the sampling chain;
 ``post_sampling_probs: true`` (probabilities after the chain) is refused by name.
+``return_progress: true`` on a stream adds llama-server's ``prompt_progress`` events while the prompt
+is prefilled (:func:`progress_chunk`); llama-server sends them only on a stream, and so does the engine.
 
 Deliberate differences from llama-server: one prompt per request (llama-server also takes a list
 of prompts, mixed tokens and strings, and multimodal objects); ``truncated`` is always false (the
@@ -22,19 +24,19 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from pydantic import Field, StrictInt, ValidationError
+from pydantic import Field, StrictBool, StrictInt, ValidationError
 
 from hydrad.common.params import validation_message
 from hydrad.wire import logprobs as lp
 from hydrad.wire.openai import INT32_MAX, ApiError, ChatRequest, _Common, checked_sampling, json_object, sse
-from hydrad.wire.requests import GenRequest
+from hydrad.wire.requests import GenRequest, SamplingOverrides
 
 # llama-server's own fields that change what is generated or returned, which the engine does not
 # do: refused by name unless set to llama-server's default (the OpenAI list in openai.py covers
 # n_probs, mirostat, typical_p, DRY, XTC and the rest).
 _UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "n_cmpl": (None, 1), "n_indent": (None, 0), "t_max_predict_ms": (None, 0), "min_keep": (None, 0),
-    "response_fields": (None, []), "return_progress": (None, False), "timings_per_token": (None, False),
+    "response_fields": (None, []), "timings_per_token": (None, False),
     "multimodal_data": (None, []),
 }
 
@@ -44,6 +46,7 @@ class NativeCompletionRequest(_Common):
     prompt: Any
     cache_prompt: bool | None = None
     return_tokens: bool = False
+    return_progress: StrictBool = False
     n_probs: StrictInt | None = Field(None, ge=0, le=lp.MAX_N_PROBS)
 
     def wants_logprobs(self) -> int | None:
@@ -92,8 +95,17 @@ def parse(raw: bytes, n_vocab: int | None = None) -> tuple[NativeCompletionReque
     data = json_object(raw)
     if "prompt" not in data:
         raise ApiError(400, "prompt is required", "invalid_field", "prompt")
+    req = validated(NativeCompletionRequest, data)
+    sampling = checked_sampling(req)
+    text, ids = _prompt(req.prompt, n_vocab)
+    return req, gen_request(req, sampling, text, ids)
+
+
+def validated(model: type[NativeCompletionRequest], data: dict[str, Any]) -> Any:
+    """``data`` read as ``model`` (this endpoint's request or one built on it, like /infill's),
+    with llama-server's fields the engine does not honour refused by name; ApiError 400."""
     try:
-        req = NativeCompletionRequest(**data)
+        req = model(**data)
     except ValidationError as exc:
         msg, names = validation_message(exc)
         raise ApiError(400, msg, "invalid_field", names[0] if names else None) from None
@@ -101,12 +113,18 @@ def parse(raw: bytes, n_vocab: int | None = None) -> tuple[NativeCompletionReque
     bad = [k for k, neutral in _UNSUPPORTED.items() if k in extra and extra[k] not in neutral]
     if bad:
         raise ApiError(400, f"unsupported field(s) for this engine: {', '.join(bad)}", "unsupported_field", bad[0])
-    sampling = checked_sampling(req)
-    text, ids = _prompt(req.prompt, n_vocab)
-    gen = GenRequest(prompt=text, prompt_ids=ids, max_tokens=req.limit(), stop=req.stops(), sampling=sampling,
-                     ignore_eos=req.ignore_eos, slot=req.slot(), cache_prompt=req.cache_prompt,
-                     return_tokens=req.return_tokens or req.stream, logprobs=req.wants_logprobs())
-    return req, gen
+    return req
+
+
+def gen_request(req: NativeCompletionRequest, sampling: SamplingOverrides, text: str | None,
+                ids: list[int] | None) -> GenRequest:
+    """The GenRequest of a validated request (``sampling``: its checked sampling) whose prompt is
+    ``text`` or the token ids ``ids``.
+    Prompt progress is sent only on a stream, as llama-server does."""
+    return GenRequest(prompt=text, prompt_ids=ids, max_tokens=req.limit(), stop=req.stops(),
+                      sampling=sampling, ignore_eos=req.ignore_eos, slot=req.slot(),
+                      cache_prompt=req.cache_prompt, return_tokens=req.return_tokens or req.stream,
+                      logprobs=req.wants_logprobs(), return_progress=req.stream and req.return_progress)
 
 
 def stop_type(finish_reason: str, stop_word: str | None) -> str:
@@ -154,3 +172,10 @@ def chunk(content: str, tokens: tuple[int, ...], probs: tuple[lp.TokenLogprob, .
     if probs is not None:
         out["completion_probabilities"] = lp.content(probs)
     return sse(out)
+
+
+def progress_chunk(progress: dict[str, int], slot: int, prompt_tokens: int) -> bytes:
+    """One ``prompt_progress`` event of a stream that asked (``return_progress``), in llama-server's
+    shape: a piece with no content, ``progress`` being ``{total, cache, processed, time_ms}``."""
+    return sse({"index": 0, "content": "", "tokens": [], "stop": False, "id_slot": slot, "tokens_predicted": 0,
+                "tokens_evaluated": prompt_tokens, "prompt_progress": progress})

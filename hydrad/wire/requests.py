@@ -68,6 +68,7 @@ class GenRequest:
     cache_prompt: bool | None = None  # reuse a slot's matching prefix; None: the engine's T1 cache_prompt
     return_tokens: bool = False  # the generated token ids travel with the text (Token.ids, Done.ids)
     logprobs: int | None = None  # each token's log-probability and this many most likely; None: not asked
+    return_progress: bool = False  # Progress events while the prompt is prefilled (a /completion stream)
     tokens: list[int] | None = None  # prompt tokens made off the engine thread (EngineCore.prepare) ...
     tokens_for: int | None = None  # ... for this generation id; another generation tokenizes again
     stored_prefix: object = None  # a prefix read from the Store off the engine thread (engine.prefixshare)

@@ -87,6 +87,27 @@ def test_native_completion_through_the_front_door(pool: tuple[Coordinator, Engin
     assert e.http.get("/livez").status_code == 200
 
 
+def test_infill_and_prompt_progress_through_the_front_door(pool: tuple[Coordinator, Engine]) -> None:
+    """/infill is checked at the front door and answered by the engine (SmolLM2 has no FIM tokens:
+    its 501 comes back); a /completion stream's prompt_progress events pass as the engine writes them."""
+    c, _ = pool
+    r = c.http.post("/infill", json={"input_prefix": "def f():", "input_suffix": "", "n_predict": 4})
+    assert r.status_code == 501 and "not supported by this model" in r.json()["error"]["message"], r.text
+    for bad, field in (({"input_suffix": ""}, "input_prefix"), ({"input_prefix": "", "input_suffix": "",
+                                                                 "input_extra": [{"file": "a"}]}, "input_extra")):
+        r = c.http.post("/infill", json=bad)
+        assert r.status_code == 400 and field in r.text, (bad, r.text)
+    body = {"prompt": "1, 2, 3, 4,", "n_predict": 4, "temperature": 0, "return_progress": True, "stream": True}
+    with c.http.stream("POST", "/completion", json=body) as r:
+        assert r.status_code == 200
+        raw = r.read().decode()
+    evs = [json.loads(b[len("data: "):]) for b in raw.split("\n\n") if b.strip()]
+    progress = [ev["prompt_progress"] for ev in evs if "prompt_progress" in ev]
+    assert progress and progress[-1]["processed"] == progress[-1]["total"] == evs[-1]["tokens_evaluated"]
+    r = c.http.post("/completion", json={**body, "return_progress": "yes"})
+    assert r.status_code == 400 and "return_progress" in r.text
+
+
 def test_one_api_key_for_the_pool(tmp_path: Path, smollm_path: Path, start_engine: Callable[..., Engine]) -> None:
     """HYDRA_API_KEY on the coordinator and its engine: inference at either door needs the key, the
     front door forwards the client's key to the engine, health and the control surfaces do not ask."""

@@ -46,6 +46,7 @@ ROLES = ["system", "user", "assistant", "developer", "tool"]
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 NATIVE = "/completion"
+INFILL = "/infill"  # llama-server's fill in the middle: /completion's fields and answers
 EMBEDDINGS = "/v1/embeddings"
 NATIVE_EMBEDDING = "/embedding"
 N_EMBD = 576  # SmolLM2's embedding width
@@ -250,6 +251,7 @@ VALID: dict[str, st.SearchStrategy[Any]] = {
     "session_id": st.one_of(short_text, st.none(), st.just(""), text),
     "cache_prompt": st.booleans(),
     "return_tokens": st.booleans(),
+    "return_progress": st.booleans(),
     "n_probs": st.one_of(st.none(), st.integers(0, 20), st.just(100)),
 }
 HOSTILE: dict[str, st.SearchStrategy[Any]] = {
@@ -276,6 +278,7 @@ HOSTILE: dict[str, st.SearchStrategy[Any]] = {
     "stream_options": any_json,
     "id_slot": st.one_of(st.integers(max_value=-2), st.integers(2, 64), any_json),
     "return_tokens": any_json,
+    "return_progress": st.one_of(st.sampled_from(["true", 1, 0, "false", None, [True]]), any_json),
     "cache_prompt": any_json,
     "n_probs": st.one_of(st.sampled_from([-1, 101, "x", "5", 1e9, 2**63, True, 2.5, math.nan]),
                          st.integers(101, 2**40), any_json),
@@ -293,6 +296,22 @@ hostile_native_prompt = st.one_of(
     any_json,
 )
 FIELDS = sorted(set(VALID) | set(HOSTILE) | {"max_tokens"})
+# /infill's own fields: the text around the gap (strings, or strings and token ids), the project's
+# other files, the start of the middle; and what each must refuse
+fim_text = st.one_of(text, st.lists(st.one_of(short_text, st.integers(0, N_VOCAB - 1)), max_size=6))
+extra_chunk = st.fixed_dictionaries({"text": text}, optional={"filename": short_text})
+INFILL_VALID: dict[str, st.SearchStrategy[Any]] = {
+    "input_extra": st.lists(extra_chunk, max_size=4),
+    "prompt": short_text,
+}
+INFILL_HOSTILE: dict[str, st.SearchStrategy[Any]] = {
+    "input_prefix": st.one_of(hostile_native_prompt, st.lists(st.integers(N_VOCAB, 2**40), min_size=1, max_size=3)),
+    "input_suffix": st.one_of(hostile_native_prompt, st.just([-1])),
+    "input_extra": st.one_of(st.lists(any_json, min_size=1, max_size=3), st.just([{"text": "x"}] * 1025),
+                             st.fixed_dictionaries({"text": any_json}, optional={"filename": any_json}).map(
+                                 lambda c: [c]), any_json),
+    "prompt": st.one_of(token_ids, any_json),
+}
 REFUSED = ["functions", "function_call", "best_of", "echo", "suffix", "audio", "modalities",
            "prediction", "reasoning_effort", "metadata", "store", "service_tier"]
 
@@ -331,13 +350,21 @@ def bodies(draw: st.DrawFn, kind: str) -> Case:
     fields (each present or not), max_tokens small (llama-server reads it as n_predict), then 0-2
     fields replaced by hostile values (none in half the bodies), unknown fields included."""
     base: dict[str, Any] = {"max_tokens": st.integers(0, SMALL_LIMIT)}
-    base["messages" if kind == "chat" else "prompt"] = (
-        valid_messages if kind == "chat" else valid_native_prompt if kind == "native"
-        else st.one_of(text, st.lists(text, min_size=1, max_size=1)))
-    body: dict[str, Any] = draw(st.fixed_dictionaries(base, optional=VALID))
+    optional, fields = VALID, FIELDS
+    if kind == "infill":
+        base.update(input_prefix=fim_text, input_suffix=fim_text)
+        optional = {**{k: v for k, v in VALID.items() if k != "prompt"}, **INFILL_VALID}
+        fields = sorted(set(FIELDS) | set(INFILL_HOSTILE))
+    else:
+        base["messages" if kind == "chat" else "prompt"] = (
+            valid_messages if kind == "chat" else valid_native_prompt if kind == "native"
+            else st.one_of(text, st.lists(text, min_size=1, max_size=1)))
+    body: dict[str, Any] = draw(st.fixed_dictionaries(base, optional=optional))
     for _ in range(draw(st.sampled_from([0, 0, 1, 2]))):  # half the bodies have no hostile field
-        name = draw(st.sampled_from(FIELDS + ["prompt" if kind == "chat" else "messages", "<refused>", "<unknown>"]))
-        if name == "<refused>":
+        name = draw(st.sampled_from(fields + ["prompt" if kind == "chat" else "messages", "<refused>", "<unknown>"]))
+        if kind == "infill" and name in INFILL_HOSTILE:
+            body[name] = draw(INFILL_HOSTILE[name])
+        elif name == "<refused>":
             body[draw(st.sampled_from(REFUSED))] = draw(any_json)
         elif name == "<unknown>":
             body[draw(short_text)] = draw(any_json)
@@ -349,7 +376,7 @@ def bodies(draw: st.DrawFn, kind: str) -> Case:
         body["prompt"] = draw(st.lists(text, min_size=0, max_size=3))
     raw = encode(body)
     assume(len(raw) <= MAX_BODY)  # rare: two long strings
-    return Case({"chat": CHAT, "completion": COMPLETIONS}.get(kind, NATIVE), raw, draw(headers))
+    return Case({"chat": CHAT, "completion": COMPLETIONS, "infill": INFILL}.get(kind, NATIVE), raw, draw(headers))
 
 
 # The embedding endpoints (the doors' engines load SmolLM2 with embeddings: true, pooling: mean):
@@ -626,6 +653,15 @@ def _check_native(obj: Any) -> str | None:
     return None
 
 
+def _check_progress(p: Any, where: str) -> str | None:
+    """llama-server's ``prompt_progress``: counts of the prompt's tokens, ``cache <= processed <= total``."""
+    keys = ("total", "cache", "processed", "time_ms")
+    if not (isinstance(p, dict) and set(p) == set(keys) and all(type(p[k]) is int and p[k] >= 0 for k in keys)
+            and p["cache"] <= p["processed"] <= p["total"]):
+        return f"{where} is not {{total, cache, processed, time_ms}} in order: {str(p)[:300]}"
+    return None
+
+
 def _check_native_stream(events: list[str]) -> Violation | None:
     """Data events of content pieces (``stop: false``), then one with ``stop: true`` or an error; no [DONE]."""
     for i, ev in enumerate(events):
@@ -649,6 +685,10 @@ def _check_native_stream(events: list[str]) -> Violation | None:
             return None
         if not isinstance(obj, dict) or not isinstance(obj.get("content"), str) or not isinstance(obj.get("tokens"), list):
             return MalformedStream(f"event {i} is not a /completion piece: {ev[:300]}")
+        if not last and "prompt_progress" in obj:
+            problem = _check_progress(obj["prompt_progress"], f"event {i} prompt_progress")
+            if problem:
+                return MalformedStream(problem)
         if not last and "completion_probabilities" in obj:
             problem = _check_token_entries(obj["completion_probabilities"], f"event {i} completion_probabilities")
             if problem:
@@ -705,7 +745,7 @@ def _check_embeddings(obj: Any, path: str) -> str | None:
 
 
 def _check_completion(obj: Any, path: str) -> str | None:
-    if path == NATIVE:
+    if path in (NATIVE, INFILL):
         return _check_native(obj)
     if path in (EMBEDDINGS, NATIVE_EMBEDDING):
         return _check_embeddings(obj, path)
@@ -764,7 +804,7 @@ def _check_stream(data: bytes, path: str) -> Violation | None:
         text_ = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         return MalformedStream(f"stream is not UTF-8: {exc}")
-    if path == NATIVE:
+    if path in (NATIVE, INFILL):
         return _check_native_stream([e for e in text_.split("\n\n") if e.strip()])
     if not text_.endswith("data: [DONE]\n\n"):
         return MalformedStream(f"stream does not end with 'data: [DONE]': ...{text_[-300:]!r}")
@@ -862,10 +902,11 @@ def exchange(client: httpx.Client, base_url: str, case: Case, timeout: float = C
                 out.problems.append(MalformedBody(problem))
         return out
     out.kind = "error"
-    if status >= 500 and status != 503:
+    unsupported = status == 501 and case.path == INFILL  # llama-server's answer for a model without FIM tokens
+    if status >= 500 and status != 503 and not unsupported:
         out.problems.append(ServerError(f"status {status}: {data[:500].decode('utf-8', 'replace')}"))
         return out
-    if not (400 <= status < 500 or status == 503):
+    if not (400 <= status < 500 or status == 503 or unsupported):
         out.problems.append(BadStatus(f"status {status}: {data[:300]!r}"))
         return out
     try:

@@ -8,8 +8,8 @@ connection; afterwards every engine alive, no slot busy, nothing queued, nothing
 the coordinator, and a normal request served.
 
 ``HYDRA_PROPERTY_EXAMPLES`` sets the examples per door (default 150, shared out between the
-tests below as 40/25/20/15 %, and 15 % more for ``/completion``, 15 % for ``/v1/embeddings`` and 10 % for
-``/embedding``); ``scripts/fuzz_doors.py`` is the long run.
+tests below as 40/25/20/15 %, and 15 % more for ``/completion``, 10 % for ``/infill``, 15 % for
+``/v1/embeddings`` and 10 % for ``/embedding``); ``scripts/fuzz_doors.py`` is the long run.
 """
 
 from __future__ import annotations
@@ -60,6 +60,12 @@ def test_completions_any_body(door: Door, case: doors.Case) -> None:
 @share(0.15)
 @given(case=doors.bodies("native"))
 def test_native_completion_any_body(door: Door, case: doors.Case) -> None:
+    kept(door, case, door.check(case))
+
+
+@share(0.10)
+@given(case=doors.bodies("infill"))
+def test_infill_any_body(door: Door, case: doors.Case) -> None:
     kept(door, case, door.check(case))
 
 
@@ -246,6 +252,22 @@ def test_the_native_strategies_reach_the_engine(door: Door, stream: bool) -> Non
     out = door.check(case)
     kept(door, case, out)
     assert out.status == 200 and out.kind == ("sse" if stream else "json"), out
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_the_progress_and_infill_strategies_reach_the_engine(door: Door, stream: bool) -> None:
+    """``return_progress`` is served (a stream's progress events checked by the invariant), and a
+    well-formed /infill reaches the engine, whose SmolLM2 has no FIM tokens: llama-server's 501."""
+    body = {"prompt": "Once upon a time", "n_predict": 2, "stream": stream, "return_progress": True}
+    case = doors.Case(doors.NATIVE, json.dumps(body).encode(), {})
+    out = door.check(case)
+    kept(door, case, out)
+    assert out.status == 200 and out.kind == ("sse" if stream else "json"), out
+    fim = {"input_prefix": ["def f(", 504], "input_suffix": "", "input_extra": [{"text": "x"}], "stream": stream}
+    case = doors.Case(doors.INFILL, json.dumps(fim).encode(), {})
+    out = door.check(case)
+    kept(door, case, out)
+    assert out.status == 501 and out.code == "not_supported", out
 
 
 LOGPROBS_BODIES = [

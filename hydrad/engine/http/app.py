@@ -6,7 +6,7 @@ traceback.
 
 Each handler is a module-level function of the request alone; what it needs (settings, control,
 core) is the ``HttpContext`` on ``app.state.ctx``. Generation is in ``generation.py`` (llama-server's
-``/completion`` in ``completion.py``, Anthropic's ``/v1/messages`` in ``anthropic.py``), slot state in
+``/completion`` and ``/infill`` in ``completion.py``, Anthropic's ``/v1/messages`` in ``anthropic.py``), slot state in
 ``slotstate.py``, llama-server's slot files in ``slotfiles.py``, embeddings in ``embeddings.py``, the Prometheus
 collector in ``metrics.py``.
 """
@@ -30,7 +30,7 @@ from hydrad.engine.control import EngineControl
 from hydrad.engine.refusals import refusal
 from hydrad.engine.http import metrics, native
 from hydrad.engine.http.anthropic import messages
-from hydrad.engine.http.completion import completion
+from hydrad.engine.http.completion import completion, infill
 from hydrad.engine.http.context import HttpContext, ctx_of
 from hydrad.engine.http.embeddings import embedding, embeddings
 from hydrad.engine.http.generation import chat, completions
@@ -222,7 +222,7 @@ ROUTES = [
     Route("/v1/chat/completions", chat, methods=["POST"]), Route("/chat/completions", chat, methods=["POST"]),
     Route("/v1/completions", completions, methods=["POST"]), Route("/completions", completions, methods=["POST"]),
     Route("/v1/messages", messages, methods=["POST"]),
-    Route("/completion", completion, methods=["POST"]),
+    Route("/completion", completion, methods=["POST"]), Route("/infill", infill, methods=["POST"]),
     Route("/tokenize", native.tokenize, methods=["POST"]), Route("/detokenize", native.detokenize, methods=["POST"]),
     Route("/apply-template", native.apply_template, methods=["POST"]), Route("/props", native.props),
     Route("/v1/embeddings", embeddings, methods=["POST"]), Route("/embeddings", embedding, methods=["POST"]),

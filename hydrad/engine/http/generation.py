@@ -15,7 +15,7 @@ from hydrad.common.logs import log_event
 from hydrad.common.serving import until_disconnected
 from hydrad.engine.core import EngineCore, PromptTooLong
 from hydrad.engine.http.context import HttpContext, ctx_of
-from hydrad.engine.requests import Done, Failed, RequestHandle, Token
+from hydrad.engine.requests import Done, Failed, Progress, RequestHandle, Token
 from hydrad.wire import logprobs as lp
 from hydrad.wire import openai, toolcalls
 from hydrad.wire.openai import ApiError, overflow_details
@@ -60,10 +60,11 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 async def start(ctx: HttpContext, greq: GenRequest, prompt_field: str,
-                t_arrival: float) -> tuple[RequestHandle, Token | Done, dict[str, Any]]:
+                t_arrival: float) -> tuple[RequestHandle, Token | Done | Progress, dict[str, Any]]:
     """Submit a parsed request and wait for its first event: the handle, that event, and where the
     time to it went, server side (parsing and queueing, prefill, hand-over to the loop). A failure
-    before any token is raised as the ApiError it stands for."""
+    before any token is raised as the ApiError it stands for. A request that asked for prompt
+    progress gets a :class:`Progress` first: its reader measures the lag again at its first token."""
     core = ctx.core
     try:
         await core.prepare(greq)
@@ -76,16 +77,20 @@ async def start(ctx: HttpContext, greq: GenRequest, prompt_field: str,
     except asyncio.CancelledError:
         core.cancel(handle)
         raise
-    t_first_event = time.monotonic()
-    lag = {"server_ttft_ms": round((t_first_event - t_arrival) * 1000, 3),
-           "first_token_handoff_ms": round((t_first_event - handle.t_first_token) * 1000, 3)
-           if handle.t_first_token else None}
+    lag = lag_of(handle, t_arrival, time.monotonic())
     if isinstance(first, Failed):
         handle.finished = True
         raise ApiError(first.status, first.message, first.code,
                        headers={"Retry-After": "1"} if first.status == 503 else None,
                        details=overflow_details(first.n_prompt_tokens, first.n_ctx))
     return handle, first, lag
+
+
+def lag_of(handle: RequestHandle, t_arrival: float, t_event: float) -> dict[str, Any]:
+    """Where the time to the first token (arriving at ``t_event``) went, server side."""
+    return {"server_ttft_ms": round((t_event - t_arrival) * 1000, 3),
+            "first_token_handoff_ms": round((t_event - handle.t_first_token) * 1000, 3)
+            if handle.t_first_token else None}
 
 
 async def gather(request: Request, core: EngineCore, handle: RequestHandle,
