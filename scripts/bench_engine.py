@@ -21,7 +21,10 @@ Workloads (prompt tokens are exact, counted with the model's own tokenizer):
   g  as (b), sampled likewise
   h  32 streams, 128-token prompt, 128 generated   (many streams; needs ``--n-parallel 32`` or more)
   i  64 streams, 128-token prompt, 128 generated   (needs ``--n-parallel 64`` and ``--n-ctx`` ≥ 16384)
-  (f to i are not in the default set)
+  j  as (a), held by a GBNF ``grammar`` (WORDS_GRAMMAR: a JSON-like list of lower-case words that
+     never has to end, so ``ignore_eos`` cannot meet a grammar whose only continuation is the end
+     and both servers generate exactly 256 tokens): the cost of constrained decoding
+  (f to j are not in the default set)
 
 Before the workloads, each server is also asked for the same 4 streams (32-token prompt, 64
 generated) one after another and then all at once: the ratio of the two wall times is what
@@ -98,12 +101,14 @@ class Workload:
     streams: int
     logprobs: int | None = None  # each request asks for its tokens' log-probabilities and this many alternatives
     sampled: bool = False  # SAMPLED's temperature/top-k/top-p instead of greedy decoding
+    grammar: str | None = None  # a GBNF grammar every request is held to
 
     @property
     def label(self) -> str:
         s = f"{self.streams}×" if self.streams > 1 else "1×"
         extra = f", top-{self.logprobs} logprobs" if self.logprobs is not None else ""
         extra += ", sampled" if self.sampled else ""
+        extra += ", grammar" if self.grammar is not None else ""
         return f"({self.key}) {s}{self.n_prompt}→{self.n_gen}{extra}"
 
 
@@ -111,6 +116,11 @@ class Workload:
 # from the same distribution shapes; the tokens themselves may differ (their samplers differ).
 SAMPLED = {"temperature": 0.8, "top_k": 40, "top_p": 0.95}
 
+
+# Words in an open list: "[" word ("," " "? word)*, no closing bracket. Every state can go on, so
+# banning the end of generation (ignore_eos) never leaves a grammar with nothing to sample, and the
+# token count is the workload's on both servers; the model is free within it (greedy).
+WORDS_GRAMMAR = 'root ::= "[\\"" word "\\"" ("," " "? "\\"" word "\\"")*\nword ::= [a-z]+'
 
 WORKLOADS: dict[str, Workload] = {
     "a": Workload("a", 128, 256, 1),
@@ -122,6 +132,7 @@ WORKLOADS: dict[str, Workload] = {
     "g": Workload("g", 128, 256, 8, sampled=True),
     "h": Workload("h", 128, 128, 32),
     "i": Workload("i", 128, 128, 64),
+    "j": Workload("j", 128, 256, 1, grammar=WORDS_GRAMMAR),
 }
 
 BATCHING = Workload("batching", 32, 64, 4)  # streams one after another, then all at once
@@ -135,7 +146,7 @@ METRICS: dict[str, list[tuple[str, str, bool]]] = {
     "d": [("ttft_ms", "TTFT ms", False), ("prefill_tps", "prefill tok/s", True)],
     "e": [("ttft_ms", "TTFT ms", False), ("prefill_tps", "prefill tok/s", True), ("decode_tps", "decode tok/s", True)],
 }
-METRICS["f"] = METRICS["a"]
+METRICS["f"] = METRICS["j"] = METRICS["a"]
 METRICS["g"] = METRICS["h"] = METRICS["i"] = METRICS["b"]
 
 
@@ -561,7 +572,7 @@ def _logprob_tokens(logprobs: Any) -> int:
 
 
 def request_payload(prompt: str, n_gen: int, seed: int, slot: int, logprobs: int | None = None,
-                    sampled: bool = False) -> dict[str, Any]:
+                    sampled: bool = False, grammar: str | None = None) -> dict[str, Any]:
     """Stream ``slot`` of a workload runs in slot ``slot`` on both servers (``id_slot``): each slot then
     holds at most its last request's KV, so idle caches never crowd the unified KV pool."""
     payload = {"prompt": prompt, "max_tokens": n_gen, "temperature": 0, "ignore_eos": True, "seed": seed,
@@ -570,6 +581,8 @@ def request_payload(prompt: str, n_gen: int, seed: int, slot: int, logprobs: int
         payload["logprobs"] = logprobs
     if sampled:
         payload.update(SAMPLED, seed=seed + slot)
+    if grammar is not None:
+        payload["grammar"] = grammar
     return payload
 
 
@@ -601,7 +614,8 @@ def run_workload(url: str, w: Workload, prompts: list[str], seed: int,
     ``disturbed`` is asked about once a second; when it says so the run is abandoned
     (:class:`Disturbed`) instead of crawling on under foreign load.
     """
-    payloads = [request_payload(p, w.n_gen, seed, i, w.logprobs, w.sampled) for i, p in enumerate(prompts)]
+    payloads = [request_payload(p, w.n_gen, seed, i, w.logprobs, w.sampled, w.grammar)
+                for i, p in enumerate(prompts)]
     t0, streams = asyncio.run(_run_streams(url, payloads, disturbed))
     per: list[dict[str, Any]] = []
     for st in streams:
