@@ -601,7 +601,8 @@ class FrontDoor:
             return response
         headers = {k: v for k, v in response.headers.items() if k not in ("content-type", "content-length")}
         if isinstance(response, StreamingResponse):
-            events = _anthropic_events(response.body_iterator, rid, dones)  # type: ignore[arg-type]
+            events = _anthropic_events(response.body_iterator, rid, dones,  # type: ignore[arg-type]
+                                       greq.tools is not None)
             return StreamingResponse(events, media_type="text/event-stream", headers=headers)
         body = anthropic.from_openai(json.loads(bytes(response.body)), rid, _stop_word(dones))
         return JSONResponse(body, headers=headers)
@@ -657,10 +658,11 @@ def _stop_word(dones: list[M.Done]) -> str | None:
     return dones[-1].stop_word if dones else None
 
 
-async def _anthropic_events(chunks: AsyncIterator[bytes], rid: str, dones: list[M.Done]) -> AsyncIterator[bytes]:
+async def _anthropic_events(chunks: AsyncIterator[bytes], rid: str, dones: list[M.Done],
+                            tools: bool) -> AsyncIterator[bytes]:
     """A chat stream's chunks as Anthropic's events. Its end waits for the chat stream to be over:
     DONE (and the stop string it names) is recorded only after its last chunk."""
-    out = anthropic.StreamFromOpenAI(rid, "")
+    out = anthropic.StreamFromOpenAI(rid, "", tools)
     try:
         async for piece in chunks:
             events = out.feed(piece if isinstance(piece, bytes) else str(piece).encode())

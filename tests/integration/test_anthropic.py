@@ -129,13 +129,13 @@ def stop_reasons(http: httpx.Client) -> None:
 
 
 HOSTILE: list[tuple[Any, int, tuple[str, ...]]] = [
-    (anthropic_body(tools=[{"name": "f", "input_schema": {"type": "object"}}]), 400, ("tools",)),
+    (anthropic_body(tools=[{"name": "f", "input_schema": {"type": "string"}}]), 400, ("tools[0].input_schema",)),
     (anthropic_body(thinking={"type": "enabled", "budget_tokens": 2048}), 400, ("thinking",)),
     (anthropic_body(messages=[{"role": "user", "content": [
         {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}]}]), 400,
      ("image",)),
     (anthropic_body(messages=[{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t"}]}]), 400,
-     ("tool_result",)),
+     ("tool_use_id",)),
     (anthropic_body(top_logprobs=3), 400, ("top_logprobs",)),
     (anthropic_body(max_tokens=None), 400, ("max_tokens",)),
     (anthropic_body(max_tokens=0), 400, ("max_tokens",)),

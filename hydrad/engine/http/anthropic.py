@@ -49,28 +49,31 @@ async def _messages(request: Request) -> Response:
         model_id = handle.generation.model
     rid = anthropic.new_id()
     if req.stream:
-        return StreamingResponse(_stream(ctx.core, rid, model_id, handle, first), media_type="text/event-stream",
+        events = anthropic.Stream(rid, model_id, tools=greq.tools is not None)
+        return StreamingResponse(_stream(ctx.core, events, handle, first), media_type="text/event-stream",
                                  headers=SSE_HEADERS)
     got = await gather(request, ctx.core, handle, first)
     if got is None:
         return Response(status_code=499)
     tokens, done = got
     body = anthropic.message(rid, model_id, "".join(t.text for t in tokens), done.finish_reason, done.stop_word,
-                             _counts(done.usage))
+                             _counts(done.usage), [c for t in tokens for c in t.calls])
     return JSONResponse(body, headers={"X-Hydra-Generation": done.generation.fingerprint})
 
 
-async def _stream(core: EngineCore, rid: str, model_id: str, handle: RequestHandle, first: Any) -> AsyncIterator[bytes]:
+async def _stream(core: EngineCore, events: anthropic.Stream, handle: RequestHandle,
+                  first: Any) -> AsyncIterator[bytes]:
     try:
-        yield anthropic.stream_start(rid, model_id)
+        yield events.start()
         ev = first
         while True:
             if isinstance(ev, Token):
-                if ev.text:
-                    yield anthropic.text_delta(ev.text)
+                out = events.text(ev.text) + events.calls(list(ev.calls))
+                if out:
+                    yield out
             elif isinstance(ev, Done):
                 handle.finished = True
-                yield anthropic.stream_end(ev.finish_reason, ev.stop_word, _counts(ev.usage))
+                yield events.end(ev.finish_reason, ev.stop_word, _counts(ev.usage))
                 return
             elif isinstance(ev, Failed):
                 handle.finished = True

@@ -66,16 +66,17 @@ def test_system_as_text_blocks_and_defaults() -> None:
 
 
 @pytest.mark.parametrize("fields, param", [
-    ({"tools": [{"name": "f", "input_schema": {}}]}, "tools"),
-    ({"tool_choice": {"type": "auto"}}, "tool_choice"),
     ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, "thinking"),
     ({"mcp_servers": [{"url": "x"}]}, "mcp_servers"),
     ({"service_tier": "priority"}, "service_tier"),
     ({"logprobs": True}, "logprobs"),
     ({"stop": ["x"]}, "stop"),
     ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "messages[0].content[0].type"),
-    ({"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "x"}]}]},
+    ({"messages": [{"role": "assistant", "content": [{"type": "tool_result", "tool_use_id": "x"}]}, *USER]},
      "messages[0].content[0].type"),
+    ({"messages": [{"role": "user", "content": [{"type": "tool_use", "id": "x", "name": "f", "input": {}}]}]},
+     "messages[0].content[0].type"),
+    ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools[0].type"),
     ({"messages": [{"role": "user", "content": [{"type": "document"}]}]}, "messages[0].content[0].type"),
     ({"messages": [{"role": "user", "content": [{"type": "text", "text": "x", "citations": [{"a": 1}]}]}]},
      "messages[0].content[0].citations"),
@@ -164,8 +165,8 @@ def events(raw: bytes) -> list[tuple[str, dict[str, Any]]]:
 
 
 def test_stream_event_sequence() -> None:
-    raw = (A.stream_start("msg_1", "m") + A.text_delta("Hel") + A.text_delta("lo")
-           + A.stream_end("stop", "END", A.usage(3, 2, 0)))
+    s = A.Stream("msg_1", "m")
+    raw = s.start() + s.text("Hel") + s.text("lo") + s.end("stop", "END", A.usage(3, 2, 0))
     evs = events(raw)
     assert [n for n, _ in evs] == ["message_start", "content_block_start", "ping", "content_block_delta",
                                    "content_block_delta", "content_block_stop", "message_delta", "message_stop"]
