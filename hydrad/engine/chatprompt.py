@@ -11,7 +11,7 @@ results, takes the engine's ordinary path unchanged.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Callable
 
 from hydrad.engine import jinja, llama
 from hydrad.wire import toolformats
@@ -40,15 +40,21 @@ def uses_tools(request: GenRequest) -> bool:
         "tool_calls" in m or m.get("role") == "tool" for m in request.messages or ())
 
 
-def chat_tokens(model: llama.Model, template: str | None, request: GenRequest) -> list[int]:
-    """The prompt tokens of a chat request; ValueError when the template cannot render it."""
+Render = Callable[[list[dict[str, str]]], str]
+
+
+def _prompt(model: llama.Model, template: str | None,
+            request: GenRequest) -> tuple[list[dict[str, str]], Render | None]:
+    """The messages the template is given and what renders them (None: llama.cpp's formatter with
+    ``template``); ValueError when they cannot be rendered. One path for the tokens a chat
+    completion generates from and the text ``/apply-template`` shows."""
     messages = request.messages or []
     if not uses_tools(request):
-        return model.chat_tokens(messages, template)
+        return messages, None
     spec = request.tools
     text = _template_text(model, template)
     if toolformats.format_for(text) == "generic":
-        return model.chat_tokens(toolformats.generic_messages(messages, spec), template)
+        return toolformats.generic_messages(messages, spec), None
     assert text is not None
     tools = spec.offered() if spec is not None else None
     _refuse_special_text(model, tools, messages)
@@ -57,7 +63,20 @@ def chat_tokens(model: llama.Model, template: str | None, request: GenRequest) -
     def render(ms: list[dict[str, str]]) -> str:
         return jinja.render(text, toolformats.template_messages(ms), tools, bos, eos)
 
+    return messages, render
+
+
+def chat_tokens(model: llama.Model, template: str | None, request: GenRequest) -> list[int]:
+    """The prompt tokens of a chat request; ValueError when the template cannot render it."""
+    messages, render = _prompt(model, template, request)
     return model.chat_tokens(messages, template, render)
+
+
+def chat_text(model: llama.Model, template: str | None, request: GenRequest) -> str:
+    """The prompt of a chat request as text (llama-server's ``/apply-template``): what
+    :func:`chat_tokens` tokenizes, tools included."""
+    messages, render = _prompt(model, template, request)
+    return render(messages) if render is not None else model.apply_chat_template(messages, template)
 
 
 def grammar(model: llama.Model, template: str | None, spec: ToolSpec) -> str | None:

@@ -2,7 +2,7 @@
 call forced by ``tool_choice`` (any, or a named tool) is a ``tool_use`` block whose input fits its
 ``input_schema`` and the same call as the equivalent chat completion's; the stream carries it as
 ``input_json_delta``; a ``tool_result`` turn gets a text answer; ``none`` is text; bad tool fields
-are a 400 naming the field."""
+are a 400 naming the field. And ``/apply-template`` with tools renders the chat path's prompt."""
 
 from __future__ import annotations
 
@@ -154,10 +154,29 @@ def refusals(http: httpx.Client) -> None:
     check_refusal(r, 400, "tools[0].input_schema")  # before the stream starts: a real status
 
 
+def apply_template(http: httpx.Client, engine: httpx.Client) -> None:
+    """/apply-template with tools: the prompt names the tools and is what the chat path generates
+    from (its token count is the chat completion's prompt_tokens)."""
+    fields = {"messages": ASK, "tools": [openai_tool(t) for t in TOOLS], "tool_choice": "required"}
+    r = http.post("/apply-template", json=fields)
+    assert r.status_code == 200, r.text
+    prompt = r.json()["prompt"]
+    assert "get_weather" in prompt and "get_time" in prompt and "What is the weather" in prompt
+    bare = http.post("/apply-template", json={"messages": ASK}).json()["prompt"]
+    assert "get_weather" not in bare and prompt != bare
+    assert http.post("/apply-template", json={**fields, "tool_choice": "none"}).json()["prompt"] == bare
+    tokens = engine.post("/tokenize", json={"content": prompt, "add_special": True}).json()["tokens"]
+    chat = http.post("/v1/chat/completions", json={**fields, "max_tokens": 1, "temperature": 0}).json()
+    assert chat["usage"]["prompt_tokens"] == len(tokens), (chat["usage"], len(tokens))
+    bad = http.post("/apply-template", json={**fields, "tools": [{"type": "function", "function": {"name": "a b"}}]})
+    assert bad.status_code == 400 and "tools[0].function.name" in bad.text, bad.text
+
+
 def test_engine_messages_with_tools(smollm_engine: Engine) -> None:
     http = smollm_engine.http
     round_trip(http)
     refusals(http)
+    apply_template(http, http)
     assert ask(http, max_tokens=4).status_code == 200  # still serving
     smollm_engine.assert_running()
 
@@ -186,5 +205,6 @@ def test_front_door_messages_with_tools(pool: tuple[Coordinator, Engine]) -> Non
     via = ask(c.http, tools=TOOLS, tool_choice={"type": "any", **ONE}).json()
     assert [(b["name"], b["input"]) for b in via["content"]] == [(b["name"], b["input"]) for b in direct["content"]]
     refusals(c.http)
+    apply_template(c.http, e.http)
     c.assert_running()
     e.assert_running()

@@ -15,6 +15,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from hydrad.engine import chatprompt
 from hydrad.engine.http.context import ctx_of
 from hydrad.engine.llama import ModelFreed
 from hydrad import __version__
@@ -23,6 +24,7 @@ from hydrad.wire.openai import ApiError
 
 _FIELDS_TOKENIZE = {"content", "add_special", "parse_special", "with_pieces"}
 _FIELDS_DETOKENIZE = {"tokens"}
+_FIELDS_APPLY_TEMPLATE = {"messages", "tools", "tool_choice", "parallel_tool_calls"}
 
 
 def _flag(body: dict[str, Any], name: str, default: bool) -> bool:
@@ -98,17 +100,17 @@ async def detokenize(request: Request) -> Response:
 
 
 async def apply_template(request: Request) -> Response:
-    """The prompt the engine would make of a chat (``messages`` as in chat completions), without
-    generating: the model's template (or ``chat_template``) with the assistant's turn opened."""
+    """The prompt the engine would make of a chat (``messages``, ``tools``, ``tool_choice`` and
+    ``parallel_tool_calls`` as in chat completions), without generating: the model's template (or
+    ``chat_template``) with the assistant's turn opened, rendered by the chat path's own code."""
     ctx = ctx_of(request)
     raw = await ctx.body_of(request)
-    _unknown(ctx.parse_object(raw, "apply-template body"), {"messages"})
+    _unknown(ctx.parse_object(raw, "apply-template body"), _FIELDS_APPLY_TEMPLATE)
     _, req = openai.parse("chat", raw)
     model = _model(request)
     params = ctx.core.snapshot().params
     try:
-        prompt = await asyncio.to_thread(model.apply_chat_template, req.messages or [],
-                                         params.chat_template if params else None)
+        prompt = await asyncio.to_thread(chatprompt.chat_text, model, params.chat_template if params else None, req)
     except ValueError as exc:
         raise ApiError(400, str(exc), "template_error") from None
     return JSONResponse({"prompt": prompt})
