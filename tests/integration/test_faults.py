@@ -7,7 +7,8 @@ each: the retry of a request whose engine died before its first token, the error
 mid-stream, and SIGSTOP past the heartbeat timeout with re-admission after SIGCONT. What is new:
 repeated kills, each followed by the pool coming back; the coordinator killed with SIGKILL mid-stream
 and the engines re-registering; kills landing on the coordinator's Store writes and on STATE_PUT; and
-a flood of connections at the merged port."""
+a flood of connections at the merged port; and an engine cut off by a network partition (a veth link of
+its own, taken down and up)."""
 
 from __future__ import annotations
 
@@ -72,3 +73,25 @@ def test_a_flood_of_control_connections_leaves_the_engine_serving(pool: FaultPoo
     assert sum(out.values()) >= 190
     assert out.get("info:ok", 0) >= 1
     assert not [k for k in out if k.split(":")[1] not in ("ok", "busy", "closed", "error_status")], out
+
+
+def test_an_engine_cut_off_by_a_network_partition_is_routed_around_and_readmitted(tmp_path: Path) -> None:
+    """rel-a in a network namespace of its own, its veth link cut for 4 s: marked dead within 3 heartbeat
+    intervals, every request meanwhile served by rel-b, back within 2 intervals of the link's healing."""
+    from tests.conftest import _need
+    from tests.support.engine import SMOLLM
+    from tests.support.netpartition import NetLink, PartitionUnavailable
+    _need(SMOLLM)
+    try:
+        link = NetLink(2)
+    except PartitionUnavailable as exc:
+        pytest.skip(str(exc))
+    p = FaultPool(tmp_path, isolate={"rel-a": link})
+    try:
+        p.start()
+        r = S.partitions(p, "rel-a", link, rounds=1, cut_s=4)
+        _passed(r)
+        assert r.figures["requests_meanwhile"].get("200 by the other", 0) >= 1
+    finally:
+        p.close()
+        link.close()

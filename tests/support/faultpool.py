@@ -22,6 +22,7 @@ import yaml
 
 from hydrad.common import tokenfile
 from tests.support.engine import REGISTRY, REPO, free_port, models_dir
+from tests.support.netpartition import NetLink
 
 MODEL = "smollm2-135m"
 ENGINES = ("rel-a", "rel-b")
@@ -114,7 +115,10 @@ def wait_for(what: str, probe: Callable[[], Any], timeout: float, interval: floa
 class FaultPool:
     """Coordinator + engines ``rel-a`` and ``rel-b`` (one llama.cpp thread each, ``n_parallel`` slots)."""
 
-    def __init__(self, root: Path | None = None, n_parallel: int = 4, n_ctx: int = 4096) -> None:
+    def __init__(self, root: Path | None = None, n_parallel: int = 4, n_ctx: int = 4096,
+                 isolate: dict[str, NetLink] | None = None) -> None:
+        """``isolate``: engines that run in a network namespace of their own, reached over its veth link
+        (the partition scenario cuts it); the coordinator's bus then listens on every address."""
         self._own_root = root is None
         self.root = Path(tempfile.mkdtemp(prefix="hydra-reliability-")) if root is None else root
         self.root.mkdir(parents=True, exist_ok=True)
@@ -123,14 +127,17 @@ class FaultPool:
         tokenfile.write_token(token)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.bus = f"tcp://127.0.0.1:{free_port()}"
+        bus_port = free_port()
+        self.bus = f"tcp://127.0.0.1:{bus_port}"
+        isolate = isolate or {}
         profiles = {"profiles": {"twin": {"description": "both engines serve SmolLM2",
                                           "engines": {n: {"model": MODEL, "params": {"n_parallel": n_parallel,
                                                                                       "n_ctx": n_ctx}}
                                                       for n in ENGINES}}},
                     "default": "twin"}
         (self.root / "profiles.yaml").write_text(yaml.safe_dump(profiles))
-        cfg = {"http": {"host": "127.0.0.1", "port": self.port}, "bus": self.bus,
+        cfg = {"http": {"host": "127.0.0.1", "port": self.port},
+               "bus": f"tcp://0.0.0.0:{bus_port}" if isolate else self.bus,
                "events": f"tcp://127.0.0.1:{free_port()}", "heartbeat_interval_s": HEARTBEAT_S,
                "liveness": LIVENESS, "registry": str(REGISTRY), "profiles": str(self.root / "profiles.yaml"),
                "first_token_timeout_s": 60, "token_timeout_s": 30, "load_timeout_s": 120,
@@ -146,14 +153,20 @@ class FaultPool:
         self.engine_rpc: dict[str, int] = {}
         for name in ENGINES:
             http_port, rpc_port = free_port(), free_port()
-            ecfg = {"name": name, "http": {"host": "127.0.0.1", "port": http_port}, "rpc": {"port": rpc_port},
+            link = isolate.get(name)
+            host = link.ns_addr if link is not None else "127.0.0.1"
+            ecfg = {"name": name, "http": {"host": host, "port": http_port}, "rpc": {"host": host, "port": rpc_port},
                     "models_dir": str(models_dir()), "registry": str(REGISTRY), "drain_timeout_s": 10,
                     "defaults": {"n_ctx": n_ctx, "n_parallel": n_parallel, "n_threads": 1},
-                    "bus": {"endpoint": self.bus, "token_file": str(token), "heartbeat_interval_s": HEARTBEAT_S}}
+                    "bus": {"endpoint": f"tcp://{link.host_addr}:{bus_port}" if link is not None else self.bus,
+                            "token_file": str(token), "heartbeat_interval_s": HEARTBEAT_S}}
+            if link is not None:
+                ecfg["control_allow_from"] = ["127.0.0.0/8", "::1/128", link.subnet]
             (self.root / f"{name}.yaml").write_text(yaml.safe_dump(ecfg))
-            self.engines[name] = Daemon(name, [py, "-m", "hydrad.cli.hydrad", "--config", str(self.root / f"{name}.yaml")],
+            argv = [py, "-m", "hydrad.cli.hydrad", "--config", str(self.root / f"{name}.yaml")]
+            self.engines[name] = Daemon(name, link.wrap(argv) if link is not None else argv,
                                         self.root / f"{name}.log", self.root)
-            self.engine_http[name] = f"http://127.0.0.1:{http_port}"
+            self.engine_http[name] = f"http://{host}:{http_port}"
             self.engine_rpc[name] = rpc_port
         self.http = httpx.Client(base_url=self.url, timeout=30)
 

@@ -27,6 +27,7 @@ import httpx
 from hydrad.store import Store
 from tests.support.engine import REPO
 from tests.support.faultpool import ENGINES, HEARTBEAT_S, LIVENESS, MODEL, FaultPool, wait_for
+from tests.support.netpartition import NetLink, PartitionUnavailable
 from tests.support.procstat import Sampler
 from tests.support.streamcheck import COMPLETE, DROPPED, ERROR, HANG, Outcome, chat_once, stream_chat
 
@@ -287,6 +288,72 @@ def engine_freezes(pool: FaultPool, rounds: int, frozen_s: float = 5.0,
         res.fail(f"re-admitted after {max(back_s):.2f}s")
     res.seconds = round(time.monotonic() - t_start, 1)
     return res
+
+
+def partitions(pool: FaultPool, victim: str, link: NetLink, rounds: int, cut_s: float = 10.0,
+               log: Callable[[str], None] = lambda _: None) -> Result:
+    """``victim`` runs in a network namespace of its own; its link is cut for ``cut_s`` seconds: the
+    engine keeps running and hears nothing, as behind a pulled cable."""
+    res = Result("engine partitioned from the pool (veth link down)",
+                 f"marked dead within 3 heartbeat intervals ({3 * HEARTBEAT_S:.1f} s, + 0.5 s of scheduling); every "
+                 f"request meanwhile served by the other engine; re-admitted within 2 intervals ({2 * HEARTBEAT_S:.1f} s) "
+                 "of healing")
+    other = next(n for n in ENGINES if n != victim)
+    dead_s: list[float] = []
+    back_s: list[float] = []
+    served: Counter[str] = Counter()
+    t_start = time.monotonic()
+    for r in range(rounds):
+        t0 = time.monotonic()
+        link.cut()
+        try:
+            dead_s.append(pool.wait_dead(victim, 15))
+            while time.monotonic() - t0 < cut_s:
+                r_ = httpx.post(pool.url + "/v1/chat/completions", timeout=30, json={
+                    "model": MODEL, "max_tokens": 4, "temperature": 0, "messages": [{"role": "user", "content": "hi"}]})
+                eng = r_.headers.get("x-hydra-engine")
+                served[f"{r_.status_code} by {'the other' if eng == other else eng}"] += 1
+                if r_.status_code != 200 or eng != other:
+                    res.fail(f"round {r + 1}: a request while {victim} was cut off: {r_.status_code} from {eng}")
+        except (TimeoutError, httpx.HTTPError) as exc:
+            res.fail(f"round {r + 1}: {exc}")
+        finally:
+            time.sleep(max(0.0, cut_s - (time.monotonic() - t0)))
+            link.heal()
+        try:
+            back_s.append(pool.wait_alive(victim, 30))
+            pool.wait_pool(60)
+        except (TimeoutError, RuntimeError) as exc:
+            res.fail(f"round {r + 1}: not re-admitted: {exc}")
+        if not pool.engines[victim].alive():
+            res.fail(f"round {r + 1}: {victim} exited during the partition")
+        _coordinator_crashed(pool, res)
+        log(f"partition {r + 1}/{rounds}: {victim} dead after {dead_s[-1] if dead_s else float('nan'):.2f}s, "
+            f"back {back_s[-1] if back_s else float('nan'):.2f}s after healing")
+    res.figures = {"partitions": rounds, "cut_s": cut_s, "heartbeat_interval_s": HEARTBEAT_S,
+                   "marked_dead_s": _stats(dead_s), "readmitted_s": _stats(back_s), "requests_meanwhile": dict(served)}
+    if dead_s and max(dead_s) > 3 * HEARTBEAT_S + 0.5:
+        res.fail(f"marked dead after {max(dead_s):.2f}s")
+    if back_s and max(back_s) > 2 * HEARTBEAT_S:
+        res.fail(f"re-admitted after {max(back_s):.2f}s")
+    res.seconds = round(time.monotonic() - t_start, 1)
+    return res
+
+
+def partitioned_pool(rounds: int, cut_s: float = 10.0, log: Callable[[str], None] = lambda _: None) -> Result:
+    """:func:`partitions` on a pool of its own whose ``rel-a`` lives in a network namespace; a machine that
+    cannot make one (not root, no iproute2) gives a failed result saying so."""
+    try:
+        link = NetLink(1)
+    except PartitionUnavailable as exc:
+        return Result("engine partitioned from the pool (veth link down)", "ran", passed=False, failures=[str(exc)])
+    pool = FaultPool(isolate={ENGINES[0]: link})
+    try:
+        pool.start()
+        return partitions(pool, ENGINES[0], link, rounds, cut_s, log=log)
+    finally:
+        pool.close()
+        link.close()
 
 
 # ----- kill -9 mid store write / mid STATE_PUT ----------------------------------------------------

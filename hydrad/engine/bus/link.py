@@ -147,6 +147,7 @@ class EngineLink:
     async def _run(self) -> None:
         await self._refresh_gpu(force=True)
         backoff = self.interval
+        silent_tries = 0
         while True:
             sock = self._open()
             heard_at_start = self._last_heard = time.monotonic()
@@ -162,16 +163,24 @@ class EngineLink:
                 self._sock = None
                 sock.close(linger=0)
             refused, self._refused = self._refused, None
-            if self._last_heard > heard_at_start and refused is None:
-                backoff = self.interval  # this connection worked for a while: start the backoff over
+            if refused is None:
+                # silence, not a refusal: a partition or a coordinator restart. Each try costs one
+                # connection, so retry every interval; the engine is back within about an interval of
+                # the network healing (a doubled wait kept it away for seconds after)
+                backoff = self.interval
             if refused is not None:
                 log_event(log, logging.ERROR, "the coordinator refuses this engine; retrying", endpoint=self.endpoint,
                           reason=refused, backoff_s=round(backoff, 2))
             else:
-                log_event(log, logging.WARNING, "coordinator silent; reconnecting", endpoint=self.endpoint,
-                          silent_s=round(time.monotonic() - self._last_heard, 2), backoff_s=round(backoff, 2))
+                silent_tries = 0 if self._last_heard > heard_at_start else silent_tries + 1
+                # once per outage at WARNING (and every 100th try), not every interval it lasts
+                level = logging.WARNING if silent_tries % 100 == 0 else logging.DEBUG
+                log_event(log, level, "coordinator silent; reconnecting", endpoint=self.endpoint,
+                          silent_s=round(time.monotonic() - self._last_heard, 2), backoff_s=round(backoff, 2),
+                          tries=silent_tries + 1)
             await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, BACKOFF_MAX_S)
+            if refused is not None:
+                backoff = min(backoff * 2, BACKOFF_MAX_S)
 
     def token_path(self) -> Path | None:
         """``$HYDRA_BUS_TOKEN_FILE`` (``hydractl up`` sets it for its pool) wins over ``bus.token_file``."""
@@ -204,6 +213,9 @@ class EngineLink:
         sock.setsockopt(zmq.RCVHWM, SNDHWM)
         sock.setsockopt(zmq.MAXMSGSIZE, -1)  # see the module doc: decode() refuses what is too big
         sock.setsockopt(zmq.RECONNECT_IVL, 100)
+        # a connect whose SYN was lost (a partition) is given up after half an interval and tried again,
+        # instead of waiting out the kernel's SYN retransmissions (1 s, 3 s, 7 s ...)
+        sock.setsockopt(zmq.CONNECT_TIMEOUT, max(100, int(self.interval * 500)))
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, int(BACKOFF_MAX_S * 1000))
         if b.curve_server_key:
             pub, sec = b.curve_public_key, b.curve_secret_key
@@ -322,8 +334,11 @@ class EngineLink:
             if (now >= next_at or key != last_key) and not self._closing:
                 if now >= next_at:
                     await self._refresh_gpu()
-                self._send(M.Heartbeat(status=status) if self._welcomed else self._register())
-                next_at, last_key = now + self.interval, key
+                sent = self._send(M.Heartbeat(status=status) if self._welcomed else self._register())
+                # a REGISTER that found no connection yet (a reconnect in progress) goes again next tick,
+                # so the engine registers as soon as the link is up, not up to an interval later
+                next_at = now + (self.interval if sent or self._welcomed else tick)
+                last_key = key
             await asyncio.sleep(tick)
 
     # ----- receiving -------------------------------------------------------------------
