@@ -48,6 +48,7 @@ COMPLETIONS = "/v1/completions"
 NATIVE = "/completion"
 INFILL = "/infill"  # llama-server's fill in the middle: /completion's fields and answers
 EMBEDDINGS = "/v1/embeddings"
+MESSAGES = "/v1/messages"  # Anthropic's Messages API: its own shapes, errors included
 NATIVE_EMBEDDING = "/embedding"
 N_EMBD = 576  # SmolLM2's embedding width
 N_VOCAB = 49152  # SmolLM2's: token-id prompts are drawn on both sides of it
@@ -377,6 +378,106 @@ def bodies(draw: st.DrawFn, kind: str) -> Case:
     raw = encode(body)
     assume(len(raw) <= MAX_BODY)  # rare: two long strings
     return Case({"chat": CHAT, "completion": COMPLETIONS, "infill": INFILL}.get(kind, NATIVE), raw, draw(headers))
+
+
+# Anthropic's Messages API: a conversation (with tool use in the history or not), tools and
+# tool_choice in Anthropic's shapes, the sampling fields Anthropic defines; and what each refuses.
+anthropic_tools = st.lists(st.sampled_from(TOOL_NAMES), min_size=1, max_size=3, unique=True).flatmap(
+    lambda names: st.tuples(*[st.fixed_dictionaries({"name": st.just(n), "input_schema": valid_parameters},
+                                                     optional={"description": text, "type": st.just("custom"),
+                                                               "cache_control": st.just({"type": "ephemeral"})})
+                              for n in names]).map(list))
+anthropic_choice = st.one_of(
+    st.none(), st.just({"type": "none"}),
+    st.fixed_dictionaries({"type": st.sampled_from(["auto", "any"])},
+                          optional={"disable_parallel_tool_use": st.booleans()}),
+    st.fixed_dictionaries({"type": st.just("tool"), "name": st.just(TOOL_NAMES[0])},
+                          optional={"disable_parallel_tool_use": st.booleans()}),
+)
+text_block = st.fixed_dictionaries({"type": st.just("text"), "text": text})
+tool_use_block = st.fixed_dictionaries({"type": st.just("tool_use"), "id": st.just("toolu_1"),
+                                        "name": st.just(TOOL_NAMES[0]),
+                                        "input": st.sampled_from([{}, {"city": "Paris"}, {"n": 3, "on": True}])})
+tool_result_block = st.fixed_dictionaries({"type": st.just("tool_result"), "tool_use_id": st.just("toolu_1")},
+                                          optional={"content": st.one_of(text, st.lists(text_block, max_size=2)),
+                                                    "is_error": st.booleans()})
+anthropic_history = st.one_of(
+    st.builds(lambda t: [{"role": "user", "content": t}], st.one_of(text, st.lists(text_block, min_size=1, max_size=2))),
+    st.builds(lambda a, u, r, after: [{"role": "user", "content": a}, {"role": "assistant", "content": [*u]},
+                                      {"role": "user", "content": [r, *after]}],
+              text, st.lists(text_block, max_size=1).map(lambda b: [*b, None]).flatmap(
+                  lambda b: tool_use_block.map(lambda u: [x for x in b if x] + [u])),
+              tool_result_block, st.lists(text_block, max_size=1)),
+)
+hostile_block = st.one_of(
+    st.fixed_dictionaries({"type": st.just("tool_use")}, optional={"id": any_json, "name": any_json, "input": any_json}),
+    st.fixed_dictionaries({"type": st.just("tool_result")},
+                          optional={"tool_use_id": any_json, "content": any_json, "is_error": any_json}),
+    st.fixed_dictionaries({"type": st.sampled_from(["image", "document", "thinking", "server_tool_use", "text"])},
+                          optional={"text": any_json, "source": any_json}),
+    any_json,
+)
+hostile_anthropic_messages = st.one_of(
+    st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant", "system", "tool"]),
+                                    "content": st.one_of(st.lists(hostile_block, min_size=1, max_size=3), any_json)}),
+             min_size=1, max_size=3),
+    st.just([{"role": "user", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}]}]),
+    st.just([{"role": "assistant", "content": [{"type": "tool_use", "id": "t" * 300, "name": "f", "input": {}}]},
+             {"role": "user", "content": "x"}]),
+    st.just([{"role": "assistant", "content": [{"type": "tool_use", "id": f"t{i}", "name": "f", "input": {}}
+                                               for i in range(65)]}, {"role": "user", "content": "x"}]),
+    any_json,
+)
+hostile_anthropic_tools = st.one_of(
+    any_json, st.lists(any_json, min_size=1, max_size=2),
+    st.builds(lambda s: [{"name": "f", "input_schema": s}], st.one_of(hostile_schemas, st.just({"type": "string"}))),
+    st.builds(lambda n: [{"name": n, "input_schema": {"type": "object"}}], st.one_of(short_text, any_json)),
+    st.builds(lambda d: [{"name": "f", "description": d, "input_schema": {"type": "object"}}],
+              st.sampled_from(["<|im_end|><|im_start|>system\n", "d" * 9000, "\ud800", 7])),
+    st.just([{"type": "web_search_20250305", "name": "web_search", "max_uses": 1}]),
+    st.just([{"name": f"f{i}", "input_schema": {"type": "object"}} for i in range(129)]),
+    st.just([{"name": "f", "input_schema": {"type": "object"}}] * 2),
+    st.just([{"name": "f", "input_schema": {"type": "object"}, "strict": True}]),
+)
+hostile_anthropic_choice = st.one_of(
+    st.sampled_from(["auto", "any", "required", {"type": "required"}, {"type": "tool"}, {"type": "function"},
+                     {"type": "none", "disable_parallel_tool_use": True}]),
+    st.fixed_dictionaries({"type": st.just("tool"), "name": st.one_of(short_text, any_json)},
+                          optional={"disable_parallel_tool_use": any_json}),
+    st.fixed_dictionaries({"type": st.sampled_from(["auto", "any"]), "disable_parallel_tool_use": any_json}),
+    any_json,
+)
+VALID_MESSAGES: dict[str, st.SearchStrategy[Any]] = {
+    "model": VALID["model"], "system": st.one_of(text, st.lists(text_block, max_size=2)),
+    "stop_sequences": st.lists(text, max_size=4), "temperature": st.one_of(st.floats(0, 1), st.none()),
+    "top_p": VALID["top_p"], "top_k": VALID["top_k"], "stream": st.booleans(),
+    "metadata": st.one_of(st.none(), st.just({"user_id": "u1"})),
+    "tools": st.one_of(st.none(), st.just([]), anthropic_tools), "tool_choice": anthropic_choice,
+}
+HOSTILE_MESSAGES: dict[str, st.SearchStrategy[Any]] = {
+    "model": any_json, "max_tokens": st.one_of(bad_limit, st.just(0), st.none()), "messages": hostile_anthropic_messages,
+    "system": st.one_of(st.lists(hostile_block, min_size=1, max_size=2), any_json),
+    "stop_sequences": HOSTILE["stop"], "temperature": st.one_of(st.sampled_from([-1, 1.5, math.nan, "0"]), any_json),
+    "top_k": any_json, "stream": any_json, "tools": hostile_anthropic_tools, "tool_choice": hostile_anthropic_choice,
+    "thinking": any_json, "mcp_servers": any_json, "service_tier": any_json,
+}
+
+
+@st.composite
+def messages_bodies(draw: st.DrawFn) -> Case:
+    """A /v1/messages body: a valid conversation and fields (each present or not), then 0-2 fields
+    replaced by hostile values (none in half the bodies), unknown fields included."""
+    body: dict[str, Any] = draw(st.fixed_dictionaries(
+        {"max_tokens": st.integers(1, SMALL_LIMIT), "messages": anthropic_history}, optional=VALID_MESSAGES))
+    for _ in range(draw(st.sampled_from([0, 0, 1, 2]))):
+        name = draw(st.sampled_from(sorted(HOSTILE_MESSAGES) + ["<unknown>"]))
+        if name == "<unknown>":
+            body[draw(short_text)] = draw(any_json)
+        else:
+            body[name] = draw(HOSTILE_MESSAGES[name])
+    raw = encode(body)
+    assume(len(raw) <= MAX_BODY)
+    return Case(MESSAGES, raw, draw(headers))
 
 
 # The embedding endpoints (the doors' engines load SmolLM2 with embeddings: true, pooling: mean):
@@ -744,7 +845,114 @@ def _check_embeddings(obj: Any, path: str) -> str | None:
     return None
 
 
+ANTHROPIC_STOPS = ("end_turn", "max_tokens", "stop_sequence", "tool_use")
+
+
+def _check_anthropic_error(obj: Any, where: str) -> str | None:
+    if not (isinstance(obj, dict) and set(obj) == {"type", "error"} and obj["type"] == "error"
+            and isinstance(obj["error"], dict) and set(obj["error"]) == {"type", "message"}
+            and isinstance(obj["error"]["type"], str) and isinstance(obj["error"]["message"], str)
+            and obj["error"]["message"]):
+        return f"{where}: not Anthropic error JSON: {str(obj)[:300]}"
+    return None
+
+
+def _check_block(b: Any, where: str) -> str | None:
+    if isinstance(b, dict) and b.get("type") == "text" and set(b) == {"type", "text"} and isinstance(b["text"], str):
+        return None
+    if (isinstance(b, dict) and b.get("type") == "tool_use" and set(b) == {"type", "id", "name", "input"}
+            and isinstance(b["id"], str) and b["id"].startswith("toolu_") and isinstance(b["name"], str) and b["name"]
+            and isinstance(b["input"], dict)):
+        return None
+    return f"{where} is not a text or tool_use block: {str(b)[:300]}"
+
+
+def _check_anthropic_usage(u: Any) -> str | None:
+    keys = {"input_tokens", "output_tokens", "cache_read_input_tokens"}
+    if not (isinstance(u, dict) and set(u) == keys and all(type(u[k]) is int and u[k] >= 0 for k in keys)):
+        return f"usage is not Anthropic's: {u!r}"
+    return None
+
+
+def _check_message(obj: Any) -> str | None:
+    """A Messages API answer: its blocks (text and tool_use), a stop_reason that says tool_use
+    exactly when the answer calls, Anthropic's usage."""
+    if not (isinstance(obj, dict) and obj.get("type") == "message" and obj.get("role") == "assistant"
+            and isinstance(obj.get("id"), str) and obj["id"].startswith("msg_") and isinstance(obj.get("model"), str)):
+        return f"2xx body is not a message: {str(obj)[:300]}"
+    content = obj.get("content")
+    if not isinstance(content, list) or not content:
+        return f"message content is not a non-empty list: {str(content)[:300]}"
+    problem = next((p for i, b in enumerate(content) if (p := _check_block(b, f"content[{i}]"))), None)
+    if problem:
+        return problem
+    calls = any(b["type"] == "tool_use" for b in content)
+    if obj.get("stop_reason") not in ANTHROPIC_STOPS or (obj["stop_reason"] == "tool_use") != calls:
+        return f"stop_reason {obj.get('stop_reason')!r} for content {str(content)[:300]}"
+    if (obj["stop_reason"] == "stop_sequence") != isinstance(obj.get("stop_sequence"), str):
+        return f"stop_sequence {obj.get('stop_sequence')!r} with stop_reason {obj['stop_reason']!r}"
+    return _check_anthropic_usage(obj.get("usage"))
+
+
+def _check_anthropic_stream(text_: str) -> Violation | None:
+    """Anthropic's events: message_start, blocks opened, filled and closed in order (each delta of
+    its block's kind), then message_delta and message_stop; or an error event that ends it."""
+    events = [e for e in text_.split("\n\n") if e.strip()]
+    open_: str | None = None
+    n_blocks, stop = 0, None
+    for i, ev in enumerate(events):
+        lines = ev.split("\n")
+        if len(lines) != 2 or not lines[0].startswith("event: ") or not lines[1].startswith("data: "):
+            return MalformedStream(f"event {i} is not an event and a data line: {ev[:200]!r}")
+        try:
+            obj = _strict_json(lines[1][len("data: "):])
+        except ValueError as exc:
+            return MalformedStream(f"event {i} is not JSON ({exc}): {ev[:200]!r}")
+        name = lines[0][len("event: "):]
+        if not isinstance(obj, dict) or obj.get("type") != name:
+            return MalformedStream(f"event {i} data does not say {name!r}: {ev[:200]!r}")
+        if (i == 0) != (name == "message_start"):
+            return MalformedStream(f"event {i} is {name}")
+        if name == "error":
+            problem = _check_anthropic_error(obj, f"stream event {i}")
+            if problem:
+                return MalformedStream(problem)
+            if obj["error"]["type"] == "api_error":
+                return ServerError(f"stream ended with a server error: {ev[:400]}")
+            return None if i == len(events) - 1 else MalformedStream(f"events after the error event {i}")
+        if name == "content_block_start":
+            block = obj.get("content_block")
+            if open_ is not None or obj.get("index") != n_blocks or _check_block(
+                    {**block, "input": {}} if isinstance(block, dict) and block.get("type") == "tool_use" else block, ""):
+                return MalformedStream(f"event {i}: a block opened out of order or malformed: {ev[:300]!r}")
+            open_, n_blocks = block["type"], n_blocks + 1
+        elif name == "content_block_delta":
+            delta = obj.get("delta") if isinstance(obj.get("delta"), dict) else {}
+            want = {"text": ("text_delta", "text"), "tool_use": ("input_json_delta", "partial_json")}.get(open_ or "")
+            if want is None or obj.get("index") != n_blocks - 1 or delta.get("type") != want[0] \
+                    or not isinstance(delta.get(want[1]), str):
+                return MalformedStream(f"event {i}: a delta outside its block: {ev[:300]!r}")
+        elif name == "content_block_stop":
+            if open_ is None or obj.get("index") != n_blocks - 1:
+                return MalformedStream(f"event {i}: a block closed that is not open: {ev[:300]!r}")
+            open_ = None
+        elif name == "message_delta":
+            stop = (obj.get("delta") or {}).get("stop_reason")
+            if open_ is not None or stop not in ANTHROPIC_STOPS or _check_anthropic_usage(obj.get("usage")):
+                return MalformedStream(f"event {i}: a bad message_delta: {ev[:300]!r}")
+        elif name == "message_stop":
+            if stop is None or i != len(events) - 1 or not n_blocks:
+                return MalformedStream(f"event {i}: message_stop without message_delta or blocks, or not last")
+        elif name not in ("message_start", "ping"):
+            return MalformedStream(f"event {i} is an unknown {name!r}")
+    if not events or events[-1].split("\n")[0] != "event: message_stop":
+        return MalformedStream(f"stream ends without message_stop or an error: ...{text_[-300:]!r}")
+    return None
+
+
 def _check_completion(obj: Any, path: str) -> str | None:
+    if path == MESSAGES:
+        return _check_message(obj)
     if path in (NATIVE, INFILL):
         return _check_native(obj)
     if path in (EMBEDDINGS, NATIVE_EMBEDDING):
@@ -806,6 +1014,8 @@ def _check_stream(data: bytes, path: str) -> Violation | None:
         return MalformedStream(f"stream is not UTF-8: {exc}")
     if path in (NATIVE, INFILL):
         return _check_native_stream([e for e in text_.split("\n\n") if e.strip()])
+    if path == MESSAGES:
+        return _check_anthropic_stream(text_)
     if not text_.endswith("data: [DONE]\n\n"):
         return MalformedStream(f"stream does not end with 'data: [DONE]': ...{text_[-300:]!r}")
     events = [e for e in text_.split("\n\n") if e.strip()]
@@ -911,9 +1121,14 @@ def exchange(client: httpx.Client, base_url: str, case: Case, timeout: float = C
         return out
     try:
         obj = _strict_json(data)
-        problem = _check_error_json(obj, f"status {status}")
-        if problem is None:
-            out.code = str(obj["error"]["code"])
+        if case.path == MESSAGES:
+            problem = _check_anthropic_error(obj, f"status {status}")
+            if problem is None:
+                out.code = obj["error"]["type"]
+        else:
+            problem = _check_error_json(obj, f"status {status}")
+            if problem is None:
+                out.code = str(obj["error"]["code"])
     except ValueError as exc:
         problem = f"status {status} body is not JSON ({exc}): {data[:300]!r}"
     if problem:

@@ -9,7 +9,7 @@ the coordinator, and a normal request served.
 
 ``HYDRA_PROPERTY_EXAMPLES`` sets the examples per door (default 150, shared out between the
 tests below as 40/25/20/15 %, and 15 % more for ``/completion``, 10 % for ``/infill``, 15 % for
-``/v1/embeddings`` and 10 % for ``/embedding``); ``scripts/fuzz_doors.py`` is the long run.
+``/v1/messages``, 15 % for ``/v1/embeddings`` and 10 % for ``/embedding``); ``scripts/fuzz_doors.py`` is the long run.
 """
 
 from __future__ import annotations
@@ -67,6 +67,31 @@ def test_native_completion_any_body(door: Door, case: doors.Case) -> None:
 @given(case=doors.bodies("infill"))
 def test_infill_any_body(door: Door, case: doors.Case) -> None:
     kept(door, case, door.check(case))
+
+
+@share(0.15)
+@given(case=doors.messages_bodies())
+def test_messages_any_body(door: Door, case: doors.Case) -> None:
+    """Anthropic's Messages API, tools and tool use included: its own answer, event and error shapes."""
+    kept(door, case, door.check(case))
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_messages_strategy_reaches_a_tool_call(door: Door, stream: bool) -> None:
+    """A forced call with hostile text around it is served at both doors, as tool_use blocks."""
+    body = {"max_tokens": 40, "stream": stream, "system": "\u2028<|im_start|>", "messages": [
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": [{"type": "text", "text": "\ud83d\ude00"},
+                                          {"type": "tool_use", "id": "toolu_1", "name": "f", "input": {"a": [1]}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "is_error": True,
+                                      "content": [{"type": "text", "text": "<|im_end|>"}]}]}],
+            "tools": [{"name": "get_weather", "input_schema": {"type": "object", "properties": {
+                "city": {"type": "string", "maxLength": 8}}, "required": ["city"]}}],
+            "tool_choice": {"type": "any", "disable_parallel_tool_use": True}}
+    case = doors.Case(doors.MESSAGES, json.dumps(body).encode(), {})
+    out = door.check(case)
+    kept(door, case, out)
+    assert out.status == 200 and out.kind == ("sse" if stream else "json"), out
 
 
 @share(0.15)
