@@ -49,6 +49,8 @@ from hydrad.coordinator.records import (  # noqa: F401 (re-exported: the bus's p
 log = logging.getLogger("hydra.coordinator.bus")
 
 HWM = 10_000
+READ_BATCH = 64  # bus messages handled before the reader lets the event loop run other tasks
+REGISTER_GAP_S = 0.05
 
 
 @dataclass
@@ -74,6 +76,8 @@ class CoordinatorBus:
         self._pub: zmq.asyncio.Socket | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._warned: dict[str, float] = {}
+        self._asked: dict[bytes, float] = {}  # identity → when it was last answered REREGISTER
+        self._registers: dict[bytes, float] = {}  # identity → when its last REGISTER was decoded
         self._ids = itertools.count(1)
         self._prefix = uuid.uuid4().hex[:8]
         self.bus_endpoint = ""
@@ -250,7 +254,13 @@ class CoordinatorBus:
 
     async def _read(self) -> None:
         assert self._router is not None
+        n = 0
         while True:
+            n += 1
+            if n % READ_BATCH == 0:
+                # a queued message resolves the receive at once, without yielding: under a flood the
+                # reader would hold the event loop and the front door with it
+                await asyncio.sleep(0)
             try:
                 frames = await self._router.recv_multipart()
             except asyncio.CancelledError:
@@ -273,6 +283,15 @@ class CoordinatorBus:
             self._warn(f"ident:{ident[:16]!r}", "bus message from a peer with an invalid identity dropped",
                        identity=repr(ident[:32]))
             return
+        rec = self.engines.get(name)
+        if (len(frames) < 3 or frames[2] != M.Register.KIND) and (rec is None or not rec.alive or rec.ident != ident):
+            # not the admitted connection of a live engine, and not a REGISTER: dropped before its body is
+            # decoded (the cost of a flood from a stranger is a dict lookup), answered at most once an
+            # interval per identity
+            self._unadmitted(name, ident, rec, frames[2] if len(frames) > 2 else b"?")
+            return
+        if frames[2] == M.Register.KIND and not self._register_allowed(ident):
+            return
         try:
             msg = M.decode(frames[1:])
         except M.BusDecodeError as exc:
@@ -285,14 +304,7 @@ class CoordinatorBus:
         if isinstance(msg, M.Register):
             self._register(name, ident, msg)
             return
-        rec = self.engines.get(name)
-        if rec is None or not rec.alive or rec.ident != ident:
-            self._warn(f"unknown:{name}", "bus message from an unregistered engine dropped; asking it to register",
-                       engine=name, kind=msg.KIND.decode())
-            why = ("unknown engine" if rec is None else f"marked dead: {rec.down_reason}" if not rec.alive
-                   else "not the admitted connection of this engine")
-            self._reply(ident, M.Reregister(reason=why))
-            return
+        assert rec is not None
         rec.last_seen = time.monotonic()
         if isinstance(msg, M.Heartbeat):
             self._status(rec, msg.status)
@@ -430,6 +442,32 @@ class CoordinatorBus:
             except Exception as exc:
                 log_event(log, logging.ERROR, "engine listener failed", kind=kind, engine=rec.name, error=repr(exc),
                           exc_info=True)
+
+    def _register_allowed(self, ident: bytes) -> bool:
+        """At most one REGISTER per identity each ``REGISTER_GAP_S`` is decoded: an engine repeats it every
+        tick until welcomed, a flood far faster, and each one costs a decode and a token check."""
+        now = time.monotonic()
+        if now - self._registers.get(ident, -1e9) < REGISTER_GAP_S:
+            self._warn(f"register-rate:{ident[:16]!r}", "REGISTERs arriving faster than one per 50 ms dropped",
+                       identity=repr(ident[:32]))
+            return False
+        if len(self._registers) > 10_000:
+            self._registers.clear()
+        self._registers[ident] = now
+        return True
+
+    def _unadmitted(self, name: str, ident: bytes, rec: EngineRecord | None, kind: bytes) -> None:
+        self._warn(f"unknown:{name}", "bus message from an unregistered engine dropped; asking it to register",
+                   engine=name, kind=kind[:16].decode("ascii", "replace"))
+        now = time.monotonic()
+        if now - self._asked.get(ident, -1e9) < self.settings.heartbeat_interval_s:
+            return
+        if len(self._asked) > 10_000:
+            self._asked.clear()
+        self._asked[ident] = now
+        why = ("unknown engine" if rec is None else f"marked dead: {rec.down_reason}" if not rec.alive
+               else "not the admitted connection of this engine")
+        self._reply(ident, M.Reregister(reason=why))
 
     def _warn(self, key: str, text: str, **fields: Any) -> None:
         """Log a problem a peer can repeat at will at most every 10 s per key (and per engine)."""

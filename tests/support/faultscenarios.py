@@ -541,6 +541,41 @@ def control_flood(pool: FaultPool, rate: float = 1000, seconds: float = 10, late
                                       4096, seconds), latency_goal=latency_goal)
 
 
+def bus_flood(pool: FaultPool, seconds: float = 10, peers: int = 8, latency_goal: bool = True) -> Result:
+    """A bus peer (several) sending faster than the coordinator reads: the fuzzer's bus inputs, forged
+    engine identities, token-less REGISTERs, oversized frames. The real engines must stay registered
+    throughout (their heartbeats share the ROUTER with the flood)."""
+    down: list[str] = []
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            try:
+                for name, e in pool.engines_view().items():
+                    if not e.get("alive"):
+                        down.append(name)
+            except httpx.HTTPError:
+                pass
+            stop.wait(0.2)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        res = _flood(pool, f"a bus flood: {peers} peers at the coordinator's ROUTER, {seconds:.0f} s",
+                     "the coordinator keeps serving (front-door p99 during ≤ 2x without); both engines stay "
+                     "registered throughout; no fd kept",
+                     pool.url, min(10.0, seconds),
+                     lambda: _flood_proc(["bus", "--endpoint", pool.bus, "--seconds", str(seconds), "--peers", str(peers)],
+                                         4096, seconds), latency_goal=latency_goal)
+    finally:
+        stop.set()
+        watcher.join(5)
+    res.figures["engines_seen_down"] = sorted(set(down))
+    if down:
+        res.fail(f"engines marked down during the flood: {sorted(set(down))}")
+    return res
+
+
 def halfopen_flood(pool: FaultPool, count: int = 10_000, hold: float = 10) -> Result:
     import resource
     nofile = min(resource.getrlimit(resource.RLIMIT_NOFILE)[1], count + 1024)

@@ -4,6 +4,7 @@ reliability program, so that the attacker competes with the daemons the way a re
 
     python -m tests.support.floods control --port P --rate 1000 --seconds 10
     python -m tests.support.floods halfopen --port P --count 10000 --hold 10
+    python -m tests.support.floods bus --endpoint tcp://127.0.0.1:P --seconds 10 --peers 8
 
 Each prints one JSON object with what it did and what it met.
 
@@ -11,6 +12,10 @@ Each prints one JSON object with what it did and what it met.
   a valid INFO frame, reads what comes back for a moment, and closes.
 * ``halfopen``: connections to an HTTP door that send the start of a request and never finish it,
   held open for a while (a slowloris); how many the server closed by itself is counted.
+* ``bus``: ZeroMQ DEALERs at the coordinator's ROUTER sending as fast as the sockets take them, never
+  reading more than they must: the parser fuzzer's bus inputs (valid messages of every kind, their
+  mutations, random frames), forged identities (the pool's own engine names), REGISTERs without the
+  token, frames over the size limit. What the coordinator answered (REFUSED, REREGISTER) is counted.
 """
 
 from __future__ import annotations
@@ -139,6 +144,65 @@ def halfopen(port: int, count: int, hold: float, deadline: float = 10.0) -> dict
             "connect_failed": dict(failed), "fd_limit": resource.getrlimit(resource.RLIMIT_NOFILE)[0]}
 
 
+def bus(endpoint: str, seconds: float, peers: int = 8, names: tuple[str, ...] = ("rel-a", "rel-b"),
+        seed: int = 1) -> dict[str, object]:
+    import importlib.util
+    from pathlib import Path
+
+    import zmq
+
+    spec = importlib.util.spec_from_file_location(
+        "fuzz_parsers", Path(__file__).resolve().parents[2] / "scripts" / "fuzz_parsers.py")
+    assert spec is not None and spec.loader is not None
+    fz = importlib.util.module_from_spec(spec)
+    sys.modules["fuzz_parsers"] = fz
+    spec.loader.exec_module(fz)
+    target = fz.TARGETS["bus"]
+    corpus = list(target.seeds)
+    rng = random.Random(seed)
+    ctx = zmq.Context()
+    socks = []
+    for i in range(peers):
+        s = ctx.socket(zmq.DEALER)
+        # half the peers take the pool's engine names as identities (a forged engine), the rest their own
+        ident = f"{names[i % len(names)]}~{rng.getrandbits(64):016x}" if i % 2 == 0 else f"flood-{i}"
+        s.setsockopt(zmq.IDENTITY, ident.encode())
+        s.setsockopt(zmq.LINGER, 0)
+        s.setsockopt(zmq.SNDHWM, 1000)
+        s.setsockopt(zmq.RCVHWM, 1000)
+        s.connect(endpoint)
+        socks.append(s)
+    counts: Counter[str] = Counter()
+    answers: Counter[str] = Counter()
+    big = b"x" * (8 << 20)
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < seconds:
+        for s in socks:
+            x = rng.random()
+            if x < 0.001:
+                frames, what = [b"hydra-bus/1", b"TOKENS", big], "oversized"
+            elif x < 0.05:
+                frames, what = [bytes(rng.randrange(256) for _ in range(rng.randint(0, 64)))
+                                for _ in range(rng.randint(1, 5))], "random"
+            else:
+                frames, what = fz.generate(rng, target, corpus).split(fz.SEP), "fuzzed"
+            try:
+                s.send_multipart(frames, flags=zmq.NOBLOCK)
+                counts[f"sent:{what}"] += 1
+            except zmq.Again:
+                counts["dropped (high-water mark)"] += 1
+            while s.poll(0):
+                reply = s.recv_multipart()
+                answers[reply[1].decode("ascii", "replace")[:16] if len(reply) > 1 else "?"] += 1
+    elapsed = time.monotonic() - t0
+    for s in socks:
+        s.close(0)
+    ctx.term()
+    sent = sum(v for k, v in counts.items() if k.startswith("sent"))
+    return {"kind": "bus", "peers": peers, "seconds": round(elapsed, 2), "messages": sent,
+            "rate": round(sent / elapsed, 1), "outcomes": dict(counts), "answers": dict(answers)}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="kind", required=True)
@@ -150,8 +214,15 @@ def main(argv: list[str] | None = None) -> int:
     h.add_argument("--port", type=int, required=True)
     h.add_argument("--count", type=int, default=10000)
     h.add_argument("--hold", type=float, default=10)
+    b = sub.add_parser("bus")
+    b.add_argument("--endpoint", required=True)
+    b.add_argument("--seconds", type=float, default=10)
+    b.add_argument("--peers", type=int, default=8)
     a = ap.parse_args(argv)
-    res = control(a.port, a.rate, a.seconds) if a.kind == "control" else halfopen(a.port, a.count, a.hold)
+    if a.kind == "bus":
+        res = bus(a.endpoint, a.seconds, a.peers)
+    else:
+        res = control(a.port, a.rate, a.seconds) if a.kind == "control" else halfopen(a.port, a.count, a.hold)
     print(json.dumps(res))
     return 0
 
