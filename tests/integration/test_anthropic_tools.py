@@ -181,6 +181,28 @@ def test_engine_messages_with_tools(smollm_engine: Engine) -> None:
     smollm_engine.assert_running()
 
 
+def test_a_tool_aware_template_on_messages_and_apply_template(smollm_path: Path,
+                                                             start_engine: Callable[..., Engine]) -> None:
+    """An engine whose chat_template speaks Hermes: a forced Messages call is read from its
+    <tool_call> tags, and /apply-template renders the tools through the template as the chat path."""
+    from tests.integration.test_tools import HERMES
+    e = start_engine(defaults={"model": "smollm2-135m", "temperature": 0, "chat_template": HERMES})
+    e.wait_ready()
+    use = called(ask(e.http, tools=TOOLS, tool_choice={"type": "tool", "name": "get_weather", **ONE}), "get_weather")
+    _, calls, reason = streamed_calls(e.http, tools=TOOLS, tool_choice={"type": "tool", "name": "get_weather", **ONE})
+    assert reason == "tool_use" and [c["input"] for c in calls] == [use["input"]]
+    history = [*ASK, {"role": "assistant", "content": [use]},
+               {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use["id"], "content": "21 C"}]}]
+    assert ask(e.http, messages=history, tools=TOOLS, tool_choice={"type": "none"}).status_code == 200
+    fields = {"messages": ASK, "tools": [openai_tool(t) for t in TOOLS]}
+    prompt = e.http.post("/apply-template", json=fields).json()["prompt"]
+    assert "<tools>" in prompt and '"get_weather"' in prompt, prompt
+    tokens = e.http.post("/tokenize", json={"content": prompt, "add_special": True}).json()["tokens"]
+    chat = e.http.post("/v1/chat/completions", json={**fields, "max_tokens": 1}).json()
+    assert chat["usage"]["prompt_tokens"] == len(tokens)
+    e.assert_running()
+
+
 PROFILES = {"profiles": {"one": {"description": "one SmolLM2 engine",
                                  "engines": {"solo": {"model": "smollm2-135m", "params": {"n_parallel": 2}}}}},
             "default": "one"}
