@@ -126,6 +126,31 @@ def test_layer_split_through_the_merged_port_matches_the_stock_server(head: Engi
     assert agree >= 1
 
 
+def test_a_control_flood_at_the_peers_port_drops_no_combine_compute(head: Engine, peer: Engine) -> None:
+    """The peer's merged port carries the head's ggml-RPC compute and anyone's control connections alike:
+    300 connections a second at it (half junk, half INFO) while the head decodes through it; every
+    answer the head gives meanwhile is whole and the same as without the flood."""
+    import threading
+
+    from tests.support import floods
+
+    endpoint = f"127.0.0.1:{rpc_port(peer)}"
+    load(head, model="smollm2-135m", rpc_servers=[endpoint], tensor_split=[0.5, 0.5])
+    quiet = greedy(head)
+    report: dict[str, Any] = {}
+    attack = threading.Thread(target=lambda: report.update(floods.control(rpc_port(peer), 300, 4, workers=32)))
+    attack.start()
+    answers = []
+    while attack.is_alive() and len(answers) < 6:
+        answers.append(greedy(head))
+    attack.join(60)
+    assert answers and all(a == quiet for a in answers), (quiet, answers)
+    out = report["outcomes"]
+    assert report["connections"] >= 600, report
+    assert out.get("info:ok", 0) + out.get("info:busy", 0) >= 1, out  # the peer kept answering its control door
+    assert head.http.get("/health").json()["role"] == "head"
+
+
 def test_a_second_load_finds_large_tensors_in_the_peers_cache(head: Engine, peer: Engine) -> None:
     endpoint = f"127.0.0.1:{rpc_port(peer)}"
     before = relay_stats(peer)
