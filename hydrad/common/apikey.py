@@ -2,7 +2,8 @@
 
 Inference (the OpenAI and llama-server endpoints) then needs ``Authorization: Bearer <key>`` or
 Anthropic's ``x-api-key: <key>``, compared in constant time; a missing or wrong key is a 401 in OpenAI's error shape. Left open, as
-llama-server leaves them: the health and model-list endpoints and ``/metrics``. The control
+llama-server leaves them: the health and model-list endpoints and ``/metrics`` (and ``/openapi.json``,
+which describes the doors and answers nothing else). The control
 surfaces keep their own credentials (an engine's token, the coordinator's admin token), so the key
 is never asked there. The key comes from ``http.api_key_file`` or, when no file is configured, from
 ``$HYDRA_API_KEY``.
@@ -24,7 +25,8 @@ from hydrad.common.yamlfile import ConfigError, beside
 
 A = TypeVar("A", bound="InferenceAccess")
 ENV_API_KEY = "HYDRA_API_KEY"
-OPEN_PATHS = frozenset({"/health", "/livez", "/v1/health", "/metrics", "/version", "/models", "/v1/models"})
+OPEN_PATHS = frozenset({"/health", "/livez", "/v1/health", "/metrics", "/version", "/models", "/v1/models",
+                        "/openapi.json"})
 OWN_CREDENTIALS = ("/control", "/slots", "/admin")
 
 

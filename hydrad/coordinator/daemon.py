@@ -43,7 +43,9 @@ from hydrad.common.registry import Registry
 from hydrad.common.sdnotify import Notifier
 from hydrad.common.apikey import api_key, with_api_key
 from hydrad.common.cors import with_cors
+from hydrad.common.openapi import openapi_route
 from hydrad.common.serving import run_loop, uvicorn_server
+from hydrad.wire.native_completion import REQUEST_MODELS
 from hydrad.store import StoreError
 
 log = logging.getLogger("hydra.coordinator")
@@ -112,8 +114,9 @@ class CoordinatorDaemon:
                 await bus.close()
                 return 2
         front = FrontDoor(s, bus, switcher, registry, affinity, keeper)
-        app = Starlette(routes=front.routes() + admin_routes(bus, switcher, affinity, front),
-                        exception_handlers=exception_handlers())
+        routes = front.routes() + admin_routes(bus, switcher, affinity, front)
+        described = openapi_route(routes, "hydra-coordinator", __version__, bodies=REQUEST_MODELS)
+        app = Starlette(routes=[*routes, described], exception_handlers=exception_handlers())
         keyed = with_api_key(app, api_key(s.http.api_key_file))
         guarded = Guard(with_cors(keyed, s.http.cors_origins), admin_allow_from=s.admin_allow_from, admin_token=admin_token,
                         max_body_bytes=s.max_body_bytes, body_timeout_s=s.body_timeout_s)

@@ -28,7 +28,9 @@ from pydantic import Field, StrictBool, StrictInt, ValidationError
 
 from hydrad.common.params import validation_message
 from hydrad.wire import logprobs as lp
-from hydrad.wire.openai import INT32_MAX, ApiError, ChatRequest, _Common, checked_sampling, json_object, sse
+from hydrad.wire.openai import (
+    INT32_MAX, ApiError, ChatRequest, CompletionRequest, _Common, checked_sampling, json_object, sse,
+)
 from hydrad.wire.requests import GenRequest, SamplingOverrides
 
 # llama-server's own fields that change what is generated or returned, which the engine does not
@@ -59,6 +61,15 @@ class NativeCompletionRequest(_Common):
         if self.max_tokens is None and self.max_completion_tokens is None and self.n_predict == -1:
             return INT32_MAX
         return super().limit()
+
+
+# The request bodies a pydantic model parses, by path, at both daemons' doors: what /openapi.json
+# describes them with (hydrad.common.openapi).
+REQUEST_MODELS: dict[str, type[_Common]] = {
+    "/v1/chat/completions": ChatRequest, "/chat/completions": ChatRequest,
+    "/v1/completions": CompletionRequest, "/completions": CompletionRequest,
+    "/completion": NativeCompletionRequest,
+}
 
 
 def _is_id(value: Any) -> bool:

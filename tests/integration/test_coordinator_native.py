@@ -133,3 +133,21 @@ def test_one_api_key_for_the_pool(tmp_path: Path, smollm_path: Path, start_engin
         assert e.http.get("/control/config").status_code == 200  # the engine's own credentials (none here)
     finally:
         c.stop()
+
+
+def test_both_daemons_describe_their_doors_in_openapi(pool: tuple[Coordinator, Engine]) -> None:
+    """GET /openapi.json at the front door and at the engine: every door each serves, the chat body as
+    the parser's model, open like /health (no key, no token)."""
+    c, e = pool
+    front = c.http.get("/openapi.json")
+    assert front.status_code == 200, front.text
+    paths = front.json()["paths"]
+    for path in ("/v1/chat/completions", "/v1/messages", "/completion", "/infill", "/tokenize", "/v1/embeddings",
+                 "/admin/engines", "/admin/profile", "/openapi.json"):
+        assert path in paths, path
+    assert "messages" in paths["/v1/chat/completions"]["post"]["requestBody"]["content"]["application/json"]["schema"][
+        "properties"]
+    engine = e.http.get("/openapi.json").json()["paths"]
+    for path in ("/v1/chat/completions", "/completion", "/control/configure", "/slots/{slot}/state", "/props"):
+        assert path in engine, path
+    assert "put" in engine["/slots/{slot}/state"] and "get" in engine["/slots/{slot}/state"]

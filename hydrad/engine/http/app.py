@@ -26,6 +26,7 @@ from starlette.routing import Route
 
 from hydrad import __version__
 from hydrad.common.logs import log_event
+from hydrad.common.openapi import openapi_route
 from hydrad.engine.control import EngineControl
 from hydrad.engine.refusals import refusal
 from hydrad.engine.http import metrics, native
@@ -37,6 +38,7 @@ from hydrad.engine.http.generation import chat, completions
 from hydrad.engine.http.slotfiles import slot_action
 from hydrad.engine.http.slotstate import state_get, state_meta, state_put
 from hydrad.engine.settings import EngineSettings
+from hydrad.wire.native_completion import REQUEST_MODELS
 from hydrad.wire.openai import ApiError
 from hydrad.wire.stages import HEALTH_STATUS
 
@@ -238,7 +240,9 @@ ROUTES = [
 
 
 def build_app(settings: EngineSettings, control: EngineControl) -> Starlette:
-    app = Starlette(routes=ROUTES, exception_handlers={ApiError: on_api_error, Exception: on_crash,
+    described = openapi_route(ROUTES, "hydrad", __version__, bodies=REQUEST_MODELS,
+                              binary_bodies=frozenset({"/slots/{slot}/state"}))
+    app = Starlette(routes=[*ROUTES, described], exception_handlers={ApiError: on_api_error, Exception: on_crash,
                                                        404: not_found, 405: not_found})
     app.state.ctx = HttpContext(settings, control)
     app.state.metrics = metrics.registry(control.core, settings.name)
