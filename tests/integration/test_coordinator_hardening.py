@@ -185,7 +185,8 @@ def test_a_client_that_goes_away_frees_its_slot(pool: Callable[..., Pool]) -> No
     while p.busy_slots("dev-a") and time.monotonic() - gone < 10:
         time.sleep(0.05)
     freed = time.monotonic() - gone
-    assert p.busy_slots("dev-a") == 0
+    # (once seen failing in CI, never locally: the logs say where the cancel went next time)
+    assert p.busy_slots("dev-a") == 0, (c.log()[-4000:], p.engines["dev-a"].log()[-4000:])
     assert freed < 2.0, f"the slot stayed busy {freed:.1f}s after the client left"
     # Streaming: read a few chunks, then hang up.
     with httpx.Client(base_url=c.url, timeout=30) as h:
