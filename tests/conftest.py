@@ -5,6 +5,7 @@ from typing import Callable, Iterator
 
 import pytest
 
+from tests.support.coordinator import Coordinator
 from tests.support.engine import GEMMA, SMOLLM, Engine, models_dir, sibling_quant
 
 
@@ -52,3 +53,23 @@ def smollm_engine(smollm_path: Path, start_engine: Callable[..., Engine]) -> Eng
 def smollm_q8(smollm_path: Path, tmp_path: Path) -> Path:
     """A sibling quant of SmolLM2 made with llama.cpp's own quantizer (Q4_1 → Q8_0)."""
     return sibling_quant(smollm_path, tmp_path / "SmolLM2-135M-Instruct.Q8_0.gguf")
+
+
+SOLO_PROFILES = {"profiles": {"one": {"description": "one SmolLM2 engine",
+                                      "engines": {"solo": {"model": "smollm2-135m", "params": {"n_parallel": 2}}}}},
+                 "default": "one"}
+
+
+@pytest.fixture
+def solo_pool(tmp_path: Path, smollm_path: Path,
+              start_engine: Callable[..., Engine]) -> Iterator[tuple[Coordinator, Engine]]:
+    """A coordinator and one greedy SmolLM2 engine ``solo`` on its bus: a request checked at the front
+    door against the same request sent to the engine itself."""
+    c = Coordinator(tmp_path, profiles=SOLO_PROFILES, heartbeat_interval_s=0.5)
+    c.wait_ready()
+    e = start_engine(name="solo", defaults={"n_ctx": 2048, "n_threads": 1, "temperature": 0},
+                     extra={"bus": c.engine_bus(heartbeat_interval_s=0.5)})
+    c.wait_engines(lambda es: es.get("solo", {}).get("model") == "smollm2-135m"
+                   and es["solo"].get("stage") == "ready", timeout=120)
+    yield c, e
+    c.stop()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import httpx
 import pytest
@@ -203,25 +203,10 @@ def test_a_tool_aware_template_on_messages_and_apply_template(smollm_path: Path,
     e.assert_running()
 
 
-PROFILES = {"profiles": {"one": {"description": "one SmolLM2 engine",
-                                 "engines": {"solo": {"model": "smollm2-135m", "params": {"n_parallel": 2}}}}},
-            "default": "one"}
 
 
-@pytest.fixture
-def pool(tmp_path: Path, smollm_path: Path, start_engine: Callable[..., Engine]) -> Iterator[tuple[Coordinator, Engine]]:
-    c = Coordinator(tmp_path, profiles=PROFILES, heartbeat_interval_s=0.5)
-    c.wait_ready()
-    e = start_engine(name="solo", defaults={"n_ctx": 2048, "n_threads": 1, "temperature": 0},
-                     extra={"bus": c.engine_bus(heartbeat_interval_s=0.5)})
-    c.wait_engines(lambda es: es.get("solo", {}).get("model") == "smollm2-135m"
-                   and es["solo"].get("stage") == "ready", timeout=120)
-    yield c, e
-    c.stop()
-
-
-def test_front_door_messages_with_tools(pool: tuple[Coordinator, Engine]) -> None:
-    c, e = pool
+def test_front_door_messages_with_tools(solo_pool: tuple[Coordinator, Engine]) -> None:
+    c, e = solo_pool
     round_trip(c.http)
     direct = ask(e.http, tools=TOOLS, tool_choice={"type": "any", **ONE}).json()
     via = ask(c.http, tools=TOOLS, tool_choice={"type": "any", **ONE}).json()

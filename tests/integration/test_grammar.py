@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -137,25 +136,10 @@ def test_grammar_constrains_and_bad_grammars_are_refused(smollm_engine: Engine) 
     smollm_engine.assert_running()
 
 
-PROFILES = {"profiles": {"one": {"description": "one SmolLM2 engine",
-                                 "engines": {"solo": {"model": "smollm2-135m", "params": {"n_parallel": 2}}}}},
-            "default": "one"}
 
 
-@pytest.fixture
-def pool(tmp_path: Path, smollm_path: Path, start_engine: Callable[..., Engine]) -> Iterator[tuple[Coordinator, Engine]]:
-    c = Coordinator(tmp_path, profiles=PROFILES, heartbeat_interval_s=0.5)
-    c.wait_ready()
-    e = start_engine(name="solo", defaults={"n_ctx": 2048, "n_threads": 1, "temperature": 0},
-                     extra={"bus": c.engine_bus(heartbeat_interval_s=0.5)})
-    c.wait_engines(lambda es: es.get("solo", {}).get("model") == "smollm2-135m"
-                   and es["solo"].get("stage") == "ready", timeout=120)
-    yield c, e
-    c.stop()
-
-
-def test_grammar_through_the_front_door(pool: tuple[Coordinator, Engine]) -> None:
-    c, e = pool
+def test_grammar_through_the_front_door(solo_pool: tuple[Coordinator, Engine]) -> None:
+    c, e = solo_pool
     _assert_constrained(c.http)
     _assert_refusals(c.http)
     assert _content(_chat(c.http, ASK, max_tokens=8))  # the pool serves on
