@@ -43,7 +43,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
-from make_tiny_moe import ARCH, DEFAULT_VOCAB, _gguf, read_tokenizer  # noqa: E402
+from make_tiny_moe import DEFAULT_VOCAB, _gguf, llama_writer, read_tokenizer  # noqa: E402
 
 # (layers, n_embd, n_ff, heads, kv heads): the shapes of Llama-3.2-1B/3B and Llama-3.1-8B.
 SIZES: dict[str, tuple[int, int, int, int, int]] = {
@@ -58,7 +58,7 @@ FTYPES = {"Q4_0": 2, "Q8_0": 7, "Q4_K_M": 15, "Q5_K_M": 17, "Q6_K": 18}
 def make_f16(out: Path, vocab_from: Path, *, layers: int, embd: int, ff: int, heads: int, heads_kv: int,
              seed: int = 0) -> dict[str, Any]:
     """Write the F16 GGUF tensor by tensor; return a summary (parameters, bytes)."""
-    gguf = _gguf()
+    _gguf()  # the package missing is said before any work
     if not vocab_from.is_file():
         sys.exit(f"make_model: vocabulary source {vocab_from} not found "
                  "(scripts/setup fetches the default models, or pass --vocab-from GGUF)")
@@ -85,21 +85,8 @@ def make_f16(out: Path, vocab_from: Path, *, layers: int, embd: int, ff: int, he
 
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")  # renamed at the end: no half-written OUT
-    writer = gguf.GGUFWriter(str(tmp), ARCH)
-    writer.add_name(f"random-llama-{layers}x{embd}")
-    writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
-    writer.add_context_length(131072)
-    writer.add_embedding_length(embd)
-    writer.add_feed_forward_length(ff)
-    writer.add_block_count(layers)
-    writer.add_head_count(heads)
-    writer.add_head_count_kv(heads_kv)
-    writer.add_rope_dimension_count(head_dim)
-    writer.add_rope_freq_base(500000.0)
-    writer.add_layer_norm_rms_eps(1e-5)
-    writer.add_vocab_size(n_vocab)
-    for key, value, vtype, sub in tokenizer:
-        writer.add_key_value(key, value, vtype, sub_type=sub)
+    writer = llama_writer(tmp, f"random-llama-{layers}x{embd}", tokenizer, ctx=131072, embd=embd, ff=ff,
+                          layers=layers, heads=heads, heads_kv=heads_kv, rope_base=500000.0)
     for name, shape in shapes:
         dtype = np.float32 if len(shape) == 1 else np.float16
         writer.add_tensor_info(name, shape, np.dtype(dtype), int(np.prod(shape)) * np.dtype(dtype).itemsize)

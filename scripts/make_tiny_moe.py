@@ -72,10 +72,34 @@ def read_tokenizer(path: Path) -> list[tuple[str, Any, Any, Any]]:
     return out
 
 
+def llama_writer(path: Path, name: str, tokenizer: list[tuple[str, Any, Any, Any]], *, ctx: int, embd: int, ff: int,
+                 layers: int, heads: int, heads_kv: int, rope_base: float) -> Any:
+    """A GGUFWriter for an F16 ``llama`` model of these shapes with ``tokenizer``'s keys (from
+    :func:`read_tokenizer`), its metadata added; the caller adds its own keys and the tensors."""
+    gguf = _gguf()
+    n_vocab = len(next(v for k, v, *_ in tokenizer if k == "tokenizer.ggml.tokens"))
+    writer = gguf.GGUFWriter(str(path), ARCH)
+    writer.add_name(name)
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    writer.add_context_length(ctx)
+    writer.add_embedding_length(embd)
+    writer.add_feed_forward_length(ff)
+    writer.add_block_count(layers)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(heads_kv)
+    writer.add_rope_dimension_count(embd // heads)
+    writer.add_rope_freq_base(rope_base)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_vocab_size(n_vocab)
+    for key, value, vtype, sub in tokenizer:
+        writer.add_key_value(key, value, vtype, sub_type=sub)
+    return writer
+
+
 def make(out: Path, vocab_from: Path, *, layers: int = 4, experts: int = 4, experts_used: int = 2,
          embd: int = 64, ff: int = 128, heads: int = 4, heads_kv: int = 2, seed: int = 0) -> dict[str, Any]:
     """Write the GGUF; return a summary (vocab size, tensor count, bytes)."""
-    gguf = _gguf()
+    _gguf()  # the package missing is said before any work
     if not vocab_from.is_file():
         sys.exit(f"make_tiny_moe: vocabulary source {vocab_from} not found "
                  "(scripts/setup fetches the default models, or pass --vocab-from GGUF)")
@@ -102,23 +126,11 @@ def make(out: Path, vocab_from: Path, *, layers: int = 4, experts: int = 4, expe
 
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")  # renamed at the end: no half-written OUT
-    writer = gguf.GGUFWriter(str(tmp), ARCH)
-    writer.add_name(f"tiny-moe-{layers}x{experts}e{experts_used}")  # no seed: seeds differ in weights only
-    writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
-    writer.add_context_length(4096)
-    writer.add_embedding_length(embd)
-    writer.add_feed_forward_length(ff)
-    writer.add_block_count(layers)
-    writer.add_head_count(heads)
-    writer.add_head_count_kv(heads_kv)
-    writer.add_rope_dimension_count(head_dim)
-    writer.add_rope_freq_base(10000.0)
-    writer.add_layer_norm_rms_eps(1e-5)
-    writer.add_vocab_size(n_vocab)
+    # no seed in the name: seeds differ in weights only
+    writer = llama_writer(tmp, f"tiny-moe-{layers}x{experts}e{experts_used}", tokenizer, ctx=4096, embd=embd, ff=ff,
+                          layers=layers, heads=heads, heads_kv=heads_kv, rope_base=10000.0)
     writer.add_expert_count(experts)
     writer.add_expert_used_count(experts_used)
-    for key, value, vtype, sub in tokenizer:
-        writer.add_key_value(key, value, vtype, sub_type=sub)
 
     kv = head_dim * heads_kv
     # token_embd: ne [embd, vocab]; tied to the output (llama.cpp uses it when output.weight is absent)
