@@ -242,6 +242,41 @@ def coordinator_kills(pool: FaultPool, rounds: int, budget: float = 60.0,
 
 # ----- SIGSTOP an engine past the heartbeat timeout -----------------------------------------------
 
+def _outage(pool: FaultPool, res: Result, label: str, victim: str, other: str, seconds: float,
+            begin: Callable[[], None], end: Callable[[], None], served: Counter[str],
+            dead_s: list[float], back_s: list[float]) -> bool:
+    """One outage of ``victim`` (``begin`` .. ``end``, ``seconds`` long): the time until it is marked
+    dead, requests meanwhile (each must be served by ``other``), the time until it is back after
+    ``end``. False when it was not re-admitted."""
+    t0 = time.monotonic()
+    begin()
+    try:
+        dead_s.append(pool.wait_dead(victim, 15))
+        while time.monotonic() - t0 < seconds:
+            r_ = httpx.post(pool.url + "/v1/chat/completions", timeout=30, json={
+                "model": MODEL, "max_tokens": 4, "temperature": 0, "messages": [{"role": "user", "content": "hi"}]})
+            eng = r_.headers.get("x-hydra-engine")
+            served[f"{r_.status_code} by {'the other' if eng == other else eng}"] += 1
+            if r_.status_code != 200 or eng != other:
+                res.fail(f"{label}: a request during the outage of {victim}: {r_.status_code} from {eng}")
+    except (TimeoutError, httpx.HTTPError) as exc:
+        res.fail(f"{label}: {exc}")
+    finally:
+        time.sleep(max(0.0, seconds - (time.monotonic() - t0)))
+        end()
+    try:
+        back_s.append(pool.wait_alive(victim, 30))
+        pool.wait_pool(60)
+        return True
+    except (TimeoutError, RuntimeError) as exc:
+        res.fail(f"{label}: not re-admitted: {exc}")
+        return False
+
+
+def _last(xs: list[float]) -> float:
+    return xs[-1] if xs else float("nan")
+
+
 def engine_freezes(pool: FaultPool, rounds: int, frozen_s: float = 5.0,
                    log: Callable[[str], None] = lambda _: None) -> Result:
     limit = HEARTBEAT_S * LIVENESS
@@ -255,31 +290,11 @@ def engine_freezes(pool: FaultPool, rounds: int, frozen_s: float = 5.0,
     for r in range(rounds):
         victim, other = ENGINES[r % 2], ENGINES[(r + 1) % 2]
         d = pool.engines[victim]
-        t0 = time.monotonic()
-        d.signal(signal.SIGSTOP)
-        try:
-            dead_s.append(pool.wait_dead(victim, 15))
-            while time.monotonic() - t0 < frozen_s:
-                r_ = httpx.post(pool.url + "/v1/chat/completions", timeout=30, json={
-                    "model": MODEL, "max_tokens": 4, "temperature": 0, "messages": [{"role": "user", "content": "hi"}]})
-                eng = r_.headers.get("x-hydra-engine")
-                served[f"{r_.status_code} by {'the other' if eng == other else eng}"] += 1
-                if r_.status_code != 200 or eng != other:
-                    res.fail(f"round {r + 1}: a request while {victim} was frozen: {r_.status_code} from {eng}")
-        except (TimeoutError, httpx.HTTPError) as exc:
-            res.fail(f"round {r + 1}: {exc}")
-        finally:
-            time.sleep(max(0.0, frozen_s - (time.monotonic() - t0)))
-            d.signal(signal.SIGCONT)
-        try:
-            back_s.append(pool.wait_alive(victim, 30))
-            pool.wait_pool(60)
-        except (TimeoutError, RuntimeError) as exc:
-            res.fail(f"round {r + 1}: not re-admitted: {exc}")
+        if not _outage(pool, res, f"round {r + 1}", victim, other, frozen_s, lambda: d.signal(signal.SIGSTOP),
+                       lambda: d.signal(signal.SIGCONT), served, dead_s, back_s):
             heal(pool)
         _coordinator_crashed(pool, res)
-        log(f"freeze {r + 1}/{rounds}: {victim} dead after {dead_s[-1] if dead_s else float('nan'):.2f}s, "
-            f"back {back_s[-1] if back_s else float('nan'):.2f}s after SIGCONT")
+        log(f"freeze {r + 1}/{rounds}: {victim} dead after {_last(dead_s):.2f}s, back {_last(back_s):.2f}s after SIGCONT")
     res.figures = {"freezes": rounds, "frozen_s": frozen_s, "heartbeat_timeout_s": limit,
                    "marked_dead_s": _stats(dead_s), "readmitted_s": _stats(back_s), "requests_meanwhile": dict(served)}
     if dead_s and max(dead_s) > limit + 1.0:
@@ -304,32 +319,12 @@ def partitions(pool: FaultPool, victim: str, link: NetLink, rounds: int, cut_s: 
     served: Counter[str] = Counter()
     t_start = time.monotonic()
     for r in range(rounds):
-        t0 = time.monotonic()
-        link.cut()
-        try:
-            dead_s.append(pool.wait_dead(victim, 15))
-            while time.monotonic() - t0 < cut_s:
-                r_ = httpx.post(pool.url + "/v1/chat/completions", timeout=30, json={
-                    "model": MODEL, "max_tokens": 4, "temperature": 0, "messages": [{"role": "user", "content": "hi"}]})
-                eng = r_.headers.get("x-hydra-engine")
-                served[f"{r_.status_code} by {'the other' if eng == other else eng}"] += 1
-                if r_.status_code != 200 or eng != other:
-                    res.fail(f"round {r + 1}: a request while {victim} was cut off: {r_.status_code} from {eng}")
-        except (TimeoutError, httpx.HTTPError) as exc:
-            res.fail(f"round {r + 1}: {exc}")
-        finally:
-            time.sleep(max(0.0, cut_s - (time.monotonic() - t0)))
-            link.heal()
-        try:
-            back_s.append(pool.wait_alive(victim, 30))
-            pool.wait_pool(60)
-        except (TimeoutError, RuntimeError) as exc:
-            res.fail(f"round {r + 1}: not re-admitted: {exc}")
+        _outage(pool, res, f"round {r + 1}", victim, other, cut_s, link.cut, link.heal, served, dead_s, back_s)
         if not pool.engines[victim].alive():
             res.fail(f"round {r + 1}: {victim} exited during the partition")
         _coordinator_crashed(pool, res)
-        log(f"partition {r + 1}/{rounds}: {victim} dead after {dead_s[-1] if dead_s else float('nan'):.2f}s, "
-            f"back {back_s[-1] if back_s else float('nan'):.2f}s after healing")
+        log(f"partition {r + 1}/{rounds}: {victim} dead after {_last(dead_s):.2f}s, "
+            f"back {_last(back_s):.2f}s after healing")
     res.figures = {"partitions": rounds, "cut_s": cut_s, "heartbeat_interval_s": HEARTBEAT_S,
                    "marked_dead_s": _stats(dead_s), "readmitted_s": _stats(back_s), "requests_meanwhile": dict(served)}
     if dead_s and max(dead_s) > 3 * HEARTBEAT_S + 0.5:
