@@ -290,7 +290,7 @@ class CoordinatorBus:
             # interval per identity
             self._unadmitted(name, ident, rec, frames[2] if len(frames) > 2 else b"?")
             return
-        if frames[2] == M.Register.KIND and not self._register_allowed(ident):
+        if len(frames) > 2 and frames[2] == M.Register.KIND and not self._register_allowed(ident):
             return
         try:
             msg = M.decode(frames[1:])

@@ -198,3 +198,28 @@ def test_token_file_rules(tmp_path: Path) -> None:
     token = tokenfile.write_token(made)
     assert tokenfile.read_token(made) == token and (made.stat().st_mode & 0o777) == 0o600
     assert tokenfile.same(token, token) and not tokenfile.same(None, token) and not tokenfile.same("\udfff", token)
+
+
+def test_short_and_broken_messages_on_an_admitted_connection_are_dropped_cleanly(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """An admitted engine's own connection sending fewer frames than a message has, or junk: each is
+    dropped as malformed (never a handler error), and the connection goes on serving its requests."""
+    monkeypatch.delenv(tokenfile.ENV_BUS_TOKEN_FILE, raising=False)
+
+    async def body(bus: CoordinatorBus, ctx: zmq.asyncio.Context) -> None:
+        real = _Peer(ctx, bus.bus_endpoint, b"e1~aaaa")
+        await real.send(_register("e1", TOKEN))
+        await real.recv_kind(M.Welcome)
+        stream = bus.generate("e1", M.Generate(req="gen-s-1", prompt="p"))
+        await real.recv_kind(M.Generate)
+        for frames in ([b""], [M.PROTOCOL], [M.PROTOCOL, b"TOKENS"], [M.PROTOCOL, b"REGISTER"], [b"x", b"y", b"z", b"w"]):
+            await real.sock.send_multipart(frames)
+        await real.send(M.Tokens(req="gen-s-1", texts=["still here"]))
+        ev = await stream.next(3)
+        assert isinstance(ev, M.Tokens) and ev.texts == ["still here"]
+        assert bus.engines["e1"].alive
+
+    with caplog.at_level("WARNING"):
+        asyncio.run(_with_bus(tmp_path, body))
+    assert "malformed bus message dropped" in caplog.text
+    assert "handler failed" not in caplog.text, caplog.text
