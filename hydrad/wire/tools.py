@@ -82,11 +82,7 @@ def _function(tool: Any, where: str) -> dict[str, Any]:
     name = fn.get("name")
     if not isinstance(name, str) or not NAME_RE.fullmatch(name):
         raise ToolError("must be 1 to 64 letters, digits, underscores or dashes", f"{where}.function.name")
-    description = fn.get("description", "")
-    if description is None:
-        description = ""
-    if not isinstance(description, str) or len(description) > MAX_DESCRIPTION:
-        raise ToolError(f"must be a string of at most {MAX_DESCRIPTION} characters", f"{where}.function.description")
+    description = _short_text(fn, "description", MAX_DESCRIPTION, f"{where}.function.description")
     parameters = fn.get("parameters")
     if parameters is None:
         parameters = EMPTY_PARAMETERS
@@ -197,6 +193,16 @@ def parse(fields: dict[str, Any]) -> ToolSpec | None:
 # ----- messages --------------------------------------------------------------------------
 
 
+def _short_text(obj: dict[str, Any], key: str, limit: int, where: str) -> str:
+    """An optional string field (absent or null: empty) of at most ``limit`` characters."""
+    value = obj.get(key)
+    if value is None:
+        return ""
+    if not isinstance(value, str) or len(value) > limit:
+        raise ToolError(f"must be a string of at most {limit} characters", where)
+    return value
+
+
 def _call(call: Any, where: str) -> dict[str, Any]:
     """One call of an assistant message, normalised: ``{"id", "type", "function": {"name",
     "arguments"}}`` with the arguments as JSON text (OpenAI sends text; some clients an object)."""
@@ -205,11 +211,7 @@ def _call(call: Any, where: str) -> dict[str, Any]:
     fn = call.get("function")
     if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not NAME_RE.fullmatch(fn["name"]):
         raise ToolError("must name a function (1 to 64 letters, digits, underscores or dashes)", f"{where}.function.name")
-    call_id = call.get("id", "")
-    if call_id is None:
-        call_id = ""
-    if not isinstance(call_id, str) or len(call_id) > MAX_CALL_ID:
-        raise ToolError(f"must be a string of at most {MAX_CALL_ID} characters", f"{where}.id")
+    call_id = _short_text(call, "id", MAX_CALL_ID, f"{where}.id")
     args = fn.get("arguments", "{}")
     if isinstance(args, dict):
         _finite(args, f"{where}.function.arguments")
