@@ -4,9 +4,12 @@ Each daemon serves it at ``GET /openapi.json`` so that generic API tools (client
 schema-driven fuzzers such as schemathesis) can reach every door without a hand-written copy that
 drifts: a route added to the app is described the moment it exists. Request bodies are described by
 the pydantic models the doors really parse with where there is one (chat, completions, llama-server's
-``/completion``); the others as "a JSON object" (their parsers check field by field and answer 400
-naming the field, which is what a fuzzer should find). Every operation may answer an OpenAI-shaped
-error.
+``/completion`` and ``/infill``, Anthropic's messages), or by a JSON schema written beside the parser
+(``hydrad.wire.bodies``); the rest as "a JSON object" (their parsers check field by field and answer
+400 naming the field, which is what a fuzzer should find). A schema says what the parser really
+requires (required fields, types, ranges) and never more: a body it allows may still be refused
+(a 400 naming the field), but no body the parser accepts is outside it. Every operation may answer
+an OpenAI-shaped error.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ def describe(routes: Sequence[BaseRoute], title: str, version: str,
     request body; a path in ``binary_bodies`` takes raw bytes (the KV state upload)."""
     bodies = bodies or {}
     paths: dict[str, dict[str, Any]] = {}
+    components: dict[str, Any] = {}
     for route in routes:
         if not isinstance(route, Route):
             continue
@@ -54,11 +58,25 @@ def describe(routes: Sequence[BaseRoute], title: str, version: str,
                 if path in binary_bodies:
                     op["requestBody"] = {"required": True, "content": BINARY}
                 else:
-                    body = bodies.get(path, ANY_OBJECT)
-                    schema = body.model_json_schema() if isinstance(body, type) else body
+                    schema = _schema(bodies.get(path, ANY_OBJECT), components)
                     op["requestBody"] = {"required": True, "content": {"application/json": {"schema": schema}}}
             paths.setdefault(path, {})[method.lower()] = op
-    return {"openapi": "3.1.0", "info": {"title": title, "version": version}, "paths": paths}
+    doc: dict[str, Any] = {"openapi": "3.1.0", "info": {"title": title, "version": version}, "paths": paths}
+    if components:
+        doc["components"] = {"schemas": components}
+    return doc
+
+
+def _schema(body: type[BaseModel] | dict[str, Any], components: dict[str, Any]) -> dict[str, Any]:
+    """A body's JSON schema; a model's nested models go to ``components`` (pydantic puts them in a
+    ``$defs`` of the model's own, which a reference inside an OpenAPI document cannot reach)."""
+    if not isinstance(body, type):
+        return body
+    schema = body.model_json_schema(ref_template="#/components/schemas/{model}")
+    for name, sub in schema.pop("$defs", {}).items():
+        if components.setdefault(name, sub) != sub:
+            raise ValueError(f"two request models both name a nested model {name}")
+    return schema
 
 
 def openapi_route(routes: Sequence[BaseRoute], title: str, version: str, **kwargs: Any) -> Route:

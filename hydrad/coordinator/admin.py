@@ -35,6 +35,14 @@ from hydrad.coordinator.records import pairs
 from hydrad.coordinator.switcher import ProfileSwitcher, SwitchBusy
 from hydrad.wire.openai import ApiError
 
+ADMIN_BODIES: dict[str, dict[str, Any]] = {
+    "/admin/profile": {"type": "object", "required": ["name"], "properties": {"name": {"type": "string"}}},
+    "/admin/route": {"type": "object", "anyOf": [{"required": ["messages"]}, {"required": ["prompt"]}]},
+    "/admin/sessions/move": {"type": "object", "required": ["session", "engine"],
+                             "properties": {"session": {"type": "string"}, "engine": {"type": "string"}}},
+}
+"""The admin doors' bodies as /openapi.json describes them: what each handler checks, no more."""
+
 
 def admin_routes(bus: CoordinatorBus, switcher: ProfileSwitcher, affinity: Affinity,
                  front: FrontDoor | None = None) -> list[Route]:

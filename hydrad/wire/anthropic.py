@@ -33,7 +33,7 @@ from hydrad.wire import anthropic_tools
 from hydrad.wire.openai import INT32_MAX, MAX_MODEL_NAME, ApiError, check_stops, json_object
 from hydrad.wire.toolcalls import ToolCall
 from hydrad.wire.tools import MAX_CALLS
-from hydrad.wire.requests import GenRequest, SamplingOverrides
+from hydrad.wire.requests import MAX_STOP_CHARS, GenRequest, SamplingOverrides
 
 # Defined by Anthropic, not served here: refused by name unless absent or set to a value that asks
 # for nothing. ``service_tier`` only picks capacity, which a self-hosted engine does not sell.
@@ -46,15 +46,28 @@ _BLOCK_FIELDS = {"type", "text", "cache_control", "citations"}
 SESSION_FIELD = "session_id"
 """Hydra's own field: the front door's session id (as on chat completions); engines ignore it."""
 
+# For /openapi.json: what _messages and _text check by hand, and no more.
+_TEXT_BLOCKS = {"type": "array", "items": {
+    "type": "object", "required": ["type", "text"], "additionalProperties": False,
+    "properties": {"type": {"const": "text"}, "text": {"type": "string"}, "cache_control": {"type": ["object", "null"]},
+                   "citations": {"anyOf": [{"type": "null"}, {"type": "array", "maxItems": 0}]}}}}
+_MESSAGES_SCHEMA = {"minItems": 1, "items": {
+    "type": "object", "required": ["role", "content"], "additionalProperties": False,
+    "properties": {"role": {"enum": ["user", "assistant"]},
+                   "content": {"anyOf": [{"type": "string"}, {"type": "array", "items": {
+                       "type": "object", "required": ["type"]}}]}}}}
+
 
 class MessagesRequest(BaseModel):
     model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
     model: str | None = Field(None, min_length=1, max_length=MAX_MODEL_NAME, pattern=r"^[^\x00-\x1f\x7f]+$")
     max_tokens: int = Field(ge=1, le=INT32_MAX)
-    system: Any = None  # a string or text blocks: checked by _text, which names the block at fault
-    messages: list[dict[str, Any]]
-    stop_sequences: list[str] | None = None
+    system: Any = Field(None, json_schema_extra={"anyOf": [{"type": "string"}, {"type": "null"}, _TEXT_BLOCKS]})
+    """A string or text blocks: checked by _text, which names the block at fault."""
+    messages: list[dict[str, Any]] = Field(json_schema_extra=_MESSAGES_SCHEMA)
+    stop_sequences: list[str] | None = Field(None, json_schema_extra={"anyOf": [
+        {"type": "array", "items": {"type": "string", "maxLength": MAX_STOP_CHARS}}, {"type": "null"}]})
     temperature: float | None = Field(None, ge=0, le=1)
     top_p: float | None = Field(None, ge=0, le=1)
     top_k: int | None = Field(None, ge=0, le=INT32_MAX)

@@ -34,10 +34,15 @@ class ExtraChunk(BaseModel):
     filename: StrictStr = "tmp"  # llama-server's name for a chunk without one
 
 
+_MIXED_SCHEMA = {"anyOf": [{"type": "string"}, {"type": "array", "items": {
+    "anyOf": [{"type": "string"}, {"type": "integer", "minimum": 0, "maximum": INT32_MAX}]}}]}
+"""What :func:`mixed` takes."""
+
+
 class InfillRequest(NativeCompletionRequest):
     prompt: StrictStr = ""
-    input_prefix: Any
-    input_suffix: Any
+    input_prefix: Any = Field(json_schema_extra=_MIXED_SCHEMA)
+    input_suffix: Any = Field(json_schema_extra=_MIXED_SCHEMA)
     input_extra: list[ExtraChunk] = Field(default_factory=list, max_length=MAX_EXTRA)
 
 

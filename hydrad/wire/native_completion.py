@@ -43,9 +43,15 @@ _UNSUPPORTED: dict[str, tuple[Any, ...]] = {
 }
 
 
+_TOKEN_IDS = {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0, "maximum": INT32_MAX}}
+PROMPT_SCHEMA = {"anyOf": [{"type": "string"}, _TOKEN_IDS, {"type": "array", "minItems": 1, "maxItems": 1,
+                                                           "items": {"anyOf": [{"type": "string"}, _TOKEN_IDS]}}]}
+"""What :func:`_prompt` takes: a string, token ids, or a list holding one of those."""
+
+
 class NativeCompletionRequest(_Common):
     OTHER_DOORS_FIELDS = {"logprobs": (None, False), "top_logprobs": (None, 0), **ChatRequest.TOOL_FIELDS}
-    prompt: Any
+    prompt: Any = Field(json_schema_extra=PROMPT_SCHEMA)
     cache_prompt: bool | None = None
     return_tokens: bool = False
     return_progress: StrictBool = False

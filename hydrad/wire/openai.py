@@ -34,6 +34,25 @@ INT32_MAX = 2**31 - 1
 _T = TypeVar("_T")
 MAX_MODEL_NAME = 256
 
+# JSON schemas of what the parsers below check by hand, for /openapi.json (hydrad.common.openapi):
+# each says what the parser requires and never more, so no accepted body falls outside it.
+_STOP_SCHEMA = {"anyOf": [{"type": "string", "maxLength": MAX_STOP_CHARS},
+                          {"type": "array", "items": {"type": "string", "maxLength": MAX_STOP_CHARS}},
+                          {"type": "null"}]}
+TEXT_PARTS_SCHEMA = {"type": "array", "items": {
+    "type": "object", "required": ["type", "text"],
+    "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}}
+CHAT_MESSAGES_SCHEMA = {"minItems": 1, "items": {
+    "type": "object", "required": ["role"],
+    "properties": {"role": {"enum": ["system", "user", "assistant", "developer", "tool"]},
+                   "content": {"anyOf": [{"type": "string"}, {"type": "null"}, TEXT_PARTS_SCHEMA]}}}}
+_CONSTRAINT_PROPERTIES = {
+    "grammar": {"type": ["string", "null"]},
+    "response_format": {"anyOf": [{"type": "null"}, {
+        "type": "object", "required": ["type"],
+        "properties": {"type": {"enum": ["text", "json_object", "json_schema"]}}}]},
+}
+
 
 class ApiError(Exception):
     """Rendered as ``{"error": {"message", "type", "code", "param"}}`` with an HTTP status.
@@ -64,9 +83,14 @@ def overflow_details(n_prompt_tokens: int | None, n_ctx: int | None) -> dict[str
     return {k: v for k, v in (("n_prompt_tokens", n_prompt_tokens), ("n_ctx", n_ctx)) if v is not None}
 
 
+def _constraint_properties(schema: dict[str, Any]) -> None:
+    schema.setdefault("properties", {}).update(_CONSTRAINT_PROPERTIES)
+
+
 class _Common(BaseModel):
-    # NaN and infinities are valid in Python's JSON but no sampling parameter means anything with them
-    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+    # NaN and infinities are valid in Python's JSON but no sampling parameter means anything with them;
+    # the constraint fields are read from the extras (_constraint) and described here for /openapi.json
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False, json_schema_extra=_constraint_properties)
 
     model: str | None = Field(None, min_length=1, max_length=MAX_MODEL_NAME, pattern=r"^[^\x00-\x1f\x7f]+$")
     max_tokens: int | None = Field(None, ge=0, le=INT32_MAX)
@@ -79,10 +103,10 @@ class _Common(BaseModel):
     frequency_penalty: float = Field(0.0, ge=-2, le=2)
     presence_penalty: float = Field(0.0, ge=-2, le=2)
     seed: int | None = Field(None, ge=-(2**63), le=2**64 - 1)
-    stop: str | list[str] | None = None
+    stop: str | list[str] | None = Field(None, json_schema_extra=_STOP_SCHEMA)
     stream: bool = False
     stream_options: dict[str, Any] | None = None
-    n: int = 1
+    n: int = Field(1, json_schema_extra={"enum": [1]}, description="Only 1 is served.")
     user: str | None = Field(None, max_length=256)
     max_completion_tokens: int | None = Field(None, ge=0, le=INT32_MAX)
     id_slot: int | None = Field(None, ge=-1, le=INT32_MAX,
@@ -226,7 +250,7 @@ class ChatRequest(_Common):
     TOOL_FIELDS: ClassVar[dict[str, tuple[Any, ...]]] = {
         "tools": (None, []), "tool_choice": (None, "none", "auto"), "parallel_tool_calls": (None, False, True)}
     """Read by :func:`tool_spec`; on the other doors they are refused like any field not served."""
-    messages: list[dict[str, Any]]
+    messages: list[dict[str, Any]] = Field(json_schema_extra=CHAT_MESSAGES_SCHEMA)
     logprobs: StrictBool | None = None
     top_logprobs: StrictInt | None = Field(None, ge=0, le=lp.MAX_TOP_LOGPROBS)
 
@@ -241,7 +265,8 @@ class ChatRequest(_Common):
 
 class CompletionRequest(_Common):
     OTHER_DOORS_FIELDS = {"top_logprobs": (None, 0), "n_probs": (None, 0), **ChatRequest.TOOL_FIELDS}
-    prompt: str | list[str]
+    prompt: str | list[str] = Field(json_schema_extra={"anyOf": [
+        {"type": "string"}, {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 1}]})
     logprobs: StrictInt | None = Field(None, ge=0, le=lp.MAX_LEGACY_LOGPROBS)
 
     def wants_logprobs(self) -> int | None:

@@ -1,0 +1,63 @@
+"""The request bodies of both daemons' doors, by path, as ``/openapi.json`` describes them
+(:func:`hydrad.common.openapi.describe`).
+
+A pydantic model where the door parses with one (its schema carries the hand checks written beside
+each model); otherwise a JSON schema written here from the parser's own checks. Each says what the
+parser requires (required fields, types, ranges, the fields it knows when it refuses the others) and
+never more: a body a schema allows may still be refused with a 400, but no body the parser accepts
+falls outside it. A path not listed here takes "a JSON object".
+
+The front door forwards ``/tokenize``, ``/detokenize`` and ``/apply-template`` to an engine after
+taking out ``model`` (which picks the engine), so their schemas list ``model`` among the known
+fields although an engine's own door refuses it by name.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+
+from hydrad.wire import embeddings
+from hydrad.wire.anthropic import MessagesRequest
+from hydrad.wire.infill import InfillRequest
+from hydrad.wire.native_completion import REQUEST_MODELS
+from hydrad.wire.openai import CHAT_MESSAGES_SCHEMA, INT32_MAX, MAX_MODEL_NAME
+
+MODEL = {"type": "string", "minLength": 1, "maxLength": MAX_MODEL_NAME, "pattern": "^[^\\x00-\\x1f\\x7f]+$"}
+_ID = {"type": "integer", "minimum": 0, "maximum": INT32_MAX}
+_IDS = {"type": "array", "minItems": 1, "items": _ID}
+_ONE_INPUT = {"anyOf": [{"type": "string", "minLength": 1}, _IDS]}
+EMBEDDING_INPUT = {"anyOf": [{"type": "string", "minLength": 1}, _IDS,
+                             {"type": "array", "minItems": 1, "maxItems": embeddings.MAX_INPUTS, "items": _ONE_INPUT}]}
+"""What ``hydrad.wire.embeddings._inputs`` takes: a non-empty string, token ids, or a list of those."""
+_NORMALIZE = {"type": "integer", "minimum": -1, "maximum": embeddings.MAX_NORM}
+_MODEL_OR_NULL = {"anyOf": [MODEL, {"type": "null"}]}
+
+
+def _closed(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
+    return {"type": "object", "required": required, "properties": properties, "additionalProperties": False}
+
+
+TOKENIZE = _closed({"content": {"type": "string"}, "add_special": {"type": "boolean"},
+                    "parse_special": {"type": "boolean"}, "with_pieces": {"type": "boolean"}, "model": _MODEL_OR_NULL},
+                   ["content"])
+DETOKENIZE = _closed({"tokens": {"type": "array", "items": _ID}, "model": _MODEL_OR_NULL}, ["tokens"])
+APPLY_TEMPLATE = _closed({"messages": {"type": "array", **CHAT_MESSAGES_SCHEMA}, "tools": {},
+                          "tool_choice": {}, "parallel_tool_calls": {}, "model": _MODEL_OR_NULL}, ["messages"])
+OPENAI_EMBEDDINGS = {"type": "object", "required": ["input"], "properties": {
+    "input": EMBEDDING_INPUT, "model": _MODEL_OR_NULL, "encoding_format": {"enum": ["float", "base64", None]},
+    "dimensions": {"type": ["integer", "null"], "minimum": 1, "maximum": INT32_MAX},
+    "user": {"type": ["string", "null"], "maxLength": 256}, "embd_normalize": {"anyOf": [_NORMALIZE, {"type": "null"}]}}}
+NATIVE_EMBEDDING = {**_closed({"content": EMBEDDING_INPUT, "input": EMBEDDING_INPUT,
+                               "embd_normalize": {"anyOf": [_NORMALIZE, {"type": "null"}]},
+                               "model": _MODEL_OR_NULL}, []),
+                    "oneOf": [{"required": ["content"]}, {"required": ["input"]}]}
+
+REQUEST_BODIES: dict[str, type[BaseModel] | dict[str, Any]] = {
+    **REQUEST_MODELS, "/infill": InfillRequest, "/v1/messages": MessagesRequest,
+    "/tokenize": TOKENIZE, "/detokenize": DETOKENIZE, "/apply-template": APPLY_TEMPLATE,
+    "/v1/embeddings": OPENAI_EMBEDDINGS, "/embeddings": NATIVE_EMBEDDING, "/embedding": NATIVE_EMBEDDING,
+}
+BINARY_BODIES = frozenset({"/slots/{slot}/state"})
+"""Doors whose body is raw bytes (the KV state upload)."""
