@@ -481,6 +481,8 @@ def main(argv: list[str] | None = None) -> int:
                                  **alternate(head, mconfigs, lambda i: prompts[args.runs + i], args, guard,
                                              "expert split", log, repeat=args.moe_repeat,
                                              commands=commands)}
+            report["relay_by_command"] = relay_stats(peer).get("by_command")  # the whole run, per command
+            log(f"peer relay, commands over the whole run: {report['relay_by_command']}")
         finally:
             head.stop()
             peer.stop()

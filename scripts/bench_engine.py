@@ -524,6 +524,7 @@ class Stream:
     prompt_tokens: int | None = None  # as the server reports them
     completion_tokens: int | None = None
     logprob_tokens: int = 0  # tokens whose log-probabilities the stream carried
+    admit_ms: float | None = None  # hydrad's own timings: arrival → the request had its slot
 
 
 async def stream_completion(client: httpx.AsyncClient, url: str, payload: dict[str, Any]) -> Stream:
@@ -559,6 +560,8 @@ async def stream_completion(client: httpx.AsyncClient, url: str, payload: dict[s
             timings = ev.get("timings")
             if timings and st.completion_tokens is None:
                 st.completion_tokens = timings.get("predicted_n")
+            if timings and timings.get("admit_ms") is not None:
+                st.admit_ms = timings["admit_ms"]
     st.t_end = time.perf_counter()
     return st
 
@@ -635,7 +638,7 @@ def run_workload(url: str, w: Workload, prompts: list[str], seed: int,
         per.append({"ttft_ms": ttft * 1000, "prefill_tps": w.n_prompt / ttft if ttft > 0 else None,
                     "decode_tps": decode, "completion_tokens": n_gen, "prompt_tokens_reported": st.prompt_tokens,
                     "text_events": st.text_events, "total_ms": (st.t_end - st.t_send) * 1000,
-                    "logprob_tokens": st.logprob_tokens})
+                    "logprob_tokens": st.logprob_tokens, "admit_ms": st.admit_ms})
     out: dict[str, Any] = {"streams": per}
     if w.streams == 1:
         out.update({k: per[0][k] for k in ("ttft_ms", "prefill_tps", "decode_tps")})
@@ -648,6 +651,9 @@ def run_workload(url: str, w: Workload, prompts: list[str], seed: int,
         decodes = [p["decode_tps"] for p in per if p["decode_tps"] is not None]
         out["decode_tps"] = statistics.median(decodes) if decodes else None
         out["wall_ms"] = wall * 1000
+    admits = [p["admit_ms"] for p in per if p["admit_ms"] is not None]
+    if admits:
+        out["admit_ms_median"], out["admit_ms_max"] = statistics.median(admits), max(admits)
     return out
 
 
@@ -726,6 +732,36 @@ def py_spy(pid: int, out: Path | None) -> Iterator[None]:
             print(f"bench: profile written to {out}", file=sys.stderr)
 
 
+STEP_PARTS = ("submit", "overlap", "device_wait", "sample", "between")
+
+
+def step_counters(url: str) -> dict[str, float] | None:
+    """hydrad's engine-thread step counters (``/metrics``): steps and seconds per part; None from a
+    server without them (llama-server)."""
+    try:
+        text = httpx.get(url + "/metrics", timeout=10).text
+    except httpx.HTTPError:
+        return None
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("hydra_steps_total "):
+            out["steps"] = float(line.split()[-1])
+        elif line.startswith("hydra_step_seconds_total{"):
+            part = line.split('part="', 1)[1].split('"', 1)[0]
+            out[part] = float(line.split()[-1])
+    return out if "steps" in out else None
+
+
+def step_profile(before: dict[str, float] | None, after: dict[str, float] | None) -> dict[str, float] | None:
+    """Milliseconds per step by part over one run (the difference of two :func:`step_counters`)."""
+    if not before or not after or after["steps"] <= before["steps"]:
+        return None
+    n = after["steps"] - before["steps"]
+    prof = {"steps": n, **{p: (after.get(p, 0.0) - before.get(p, 0.0)) * 1000 / n for p in STEP_PARTS}}
+    prof["step_ms"] = sum(prof[p] for p in STEP_PARTS)
+    return prof
+
+
 def median(values: list[float | None]) -> float | None:
     vals = [v for v in values if v is not None]
     return statistics.median(vals) if vals else None
@@ -760,7 +796,12 @@ def summarize(result: dict[str, Any], workloads: list[Workload], max_foreign: fl
                          "llama_server": r, "ratio": ratio, "pair_ratio_median": median(list(pairs)),
                          "pair_ratio_min": min(pairs) if pairs else None,
                          "pair_ratio_max": max(pairs) if pairs else None})
-        summary[w.key] = {"label": w.label, "rows": rows, "clean_runs": {
+        profiles = [m["step_profile"] for m in clean(hyd_runs) if m.get("step_profile")]
+        steps = {k: median([p[k] for p in profiles]) for k in ("steps", "step_ms", *STEP_PARTS)} if profiles else None
+        if steps is not None:
+            for k in ("admit_ms_median", "admit_ms_max"):
+                steps[k] = median([m.get(k) for m in clean(hyd_runs)])
+        summary[w.key] = {"label": w.label, "rows": rows, "hydrad_steps": steps, "clean_runs": {
             "hydrad": len(clean(hyd_runs)), **({"llama-server": len(clean(ref_runs))} if ref_runs is not None else {})}}
     return summary
 
@@ -824,6 +865,7 @@ def bench_model(alias: str, args: argparse.Namespace, settings: ServerSettings, 
                 while True:
                     before = guard.wait_quiet(args.max_foreign, args.quiet_wait, log)
                     watch = guard.watcher(args.abort_foreign) if args.abort_foreign > 0 and aborted < 20 else None
+                    steps0 = step_counters(srv.url) if srv.name == "hydrad" else None
                     try:
                         m, foreign = guard.measure(functools.partial(run_workload, srv.url, w, ps, args.seed, watch))
                     except Disturbed:
@@ -832,6 +874,8 @@ def bench_model(alias: str, args: argparse.Namespace, settings: ServerSettings, 
                             f"{args.abort_foreign:.0%} of the CPUs; run abandoned, trying again")
                         continue
                     attempt += 1
+                    if steps0 is not None:
+                        m["step_profile"] = step_profile(steps0, step_counters(srv.url))
                     m.update(foreign_cpu_before=round(before, 4), foreign_cpu=round(foreign, 4), attempt=attempt,
                              abandoned=aborted)
                     if foreign <= args.max_foreign or attempt > args.retries:
@@ -908,6 +952,25 @@ def table(res: dict[str, Any], with_ref: bool) -> str:
     return "\n".join(lines)
 
 
+def steps_table(res: dict[str, Any]) -> str:
+    """Where hydrad's engine thread spends a step, per workload (medians of the runs)."""
+    lines = ["| hydrad, per step (ms, median of runs) | steps | step | submit | overlap | device wait | sample | "
+             "between | arrival → slot, median / last stream (ms) |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for s in res["summary"].values():
+        p = s.get("hydrad_steps")
+        if p:
+            admit = "–" if p.get("admit_ms_median") is None else f"{p['admit_ms_median']:.2f} / {p['admit_ms_max']:.2f}"
+            lines.append(f"| {s['label']} | {p['steps']:.0f} | " + " | ".join(
+                f"{p[k]:.3f}" for k in ("step_ms", *STEP_PARTS)) + f" | {admit} |")
+    if len(lines) == 2:
+        return ""
+    return "\n".join(lines) + (
+        "\n\nParts of a step, on hydrad's engine thread (`hydra_step_seconds_total` in `/metrics`): *submit* builds "
+        "the batch and calls `llama_decode` (on a GPU that only queues the work); *overlap* is text work done while "
+        "the device computes; *device wait* is the wait for the device; *sample* samples every row and hands the "
+        "tokens on; *between* is the gap to the next step while steps follow each other (commands, admission).")
+
+
 def startup_table(res: dict[str, Any]) -> str:
     st = res["startup"]
     h = st["hydrad"]
@@ -977,7 +1040,9 @@ def markdown_section(report: dict[str, Any]) -> str:
         out += [f"llama-server: `{report['llama_server']}` ({report.get('llama_server_build', '')}).", ""]
     for res in report["results"]:
         c = res["contention"]
-        out += [f"### {res['model']} ({res['gguf']})", "", table(res, with_ref), "", startup_table(res), "",
+        steps = steps_table(res)
+        out += [f"### {res['model']} ({res['gguf']})", "", table(res, with_ref), "",
+                *([steps, ""] if steps else []), startup_table(res), "",
                 f"Other processes' share of the CPUs during a counted run: at most {c['max_foreign_cpu']:.1%}; "
                 f"runs redone because of other load: {c['redone']}; still over the limit after "
                 f"{report.get('retries', 5)} retries, so left out of the medians: {c['flagged']}.", ""]

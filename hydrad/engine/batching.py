@@ -37,6 +37,7 @@ PRETOKENIZE_CHARS = 32 << 10
 thread: tokenizing 50 MB on the engine thread stalled every stream for about 22 s."""
 
 MAX_CHARS_PER_TOKEN = 64
+STEP_GAP_S = 0.05  # a step starting sooner than this after the last one counts its gap as between steps
 """A prompt with more characters than this times the context cannot fit (no tokenizer of the
 supported families averages more than a few characters a token): refused before tokenizing."""
 
@@ -125,6 +126,7 @@ class Batching:
     _waiting: deque[RequestHandle]
     _deferred: list[tuple[Generation, Slot, _Active]]
     _faults: bool
+    _t_step_end: float = 0.0  # when the last step ended (perf_counter), for the gap between steps
     _pending_swap: Any  # a Swap command waiting for the slots to go idle
     # provided by EngineCore: queue an event for a request, hand the queued events to the loop,
     # whether a swap or a drain holds admission back, and whether a drain-policy reload runs
@@ -277,6 +279,7 @@ class Batching:
         else:
             max_tokens = room
         handle.generation = gen.tag
+        handle.t_admitted = time.monotonic()
         try:
             stopper = StopMatcher(req.stop)
         except ValueError as exc:
@@ -298,6 +301,7 @@ class Batching:
             self._finish(gen, slot, "length")
 
     def _step(self, gen: Generation) -> None:
+        t0 = time.perf_counter()
         batch, ctx = gen.batch, gen.ctx
         batch.clear()
         outputs: list[tuple[Slot, int]] = []
@@ -337,12 +341,16 @@ class Batching:
         if rc == 1 and gen.evict_idle():  # KV pool full: free idle slots' caches and try the step again
             rc = batch.decode(ctx)
             self.stats.n_decode_total += 1
+        t1 = time.perf_counter()
         if self._deferred:  # the device computes this step meanwhile; the first sample below waits for it
             self._settle_text()
             self._flush()
         if rc != 0:
             self._decode_failed(gen, rc, before)
             return
+        t2 = time.perf_counter()
+        ctx.synchronize()
+        t3 = time.perf_counter()
         for slot_id, a in watched:  # before this step's tokens: the last progress says the prompt is done
             self._progress(slot_id, a)
         now = time.monotonic()
@@ -364,6 +372,16 @@ class Batching:
             except Exception as exc:  # this request's failure, not the step's: the other slots go on
                 if slot.active is a:
                     self._request_failed(gen, a.handle, "sampling", exc, slot)
+        t4 = time.perf_counter()
+        st = self.stats
+        st.steps_total += 1
+        st.step_submit_seconds_total += t1 - t0
+        st.step_overlap_seconds_total += t2 - t1
+        st.step_device_wait_seconds_total += t3 - t2
+        st.step_sample_seconds_total += t4 - t3
+        if t0 - self._t_step_end < STEP_GAP_S:
+            st.step_between_seconds_total += t0 - self._t_step_end
+        self._t_step_end = t4
 
     def _progress(self, slot_id: int, a: _Active) -> None:
         self._emit(a.handle, Progress(total=a.prompt_len, cache=a.cached, processed=a.prompt_len - len(a.pending),

@@ -423,6 +423,10 @@ class Context:
         self.n_batch = C.llama_n_batch(ptr)
         self.n_seq = cp.n_seq_max
 
+    def synchronize(self) -> None:
+        """Wait until the device has computed what was queued (a no-op when it has)."""
+        lib().llama_synchronize(self.ptr)
+
     def seq_rm(self, seq: int, p0: int, p1: int = -1) -> bool:
         return bool(lib().llama_memory_seq_rm(self.mem, seq, p0, p1))
 

@@ -108,6 +108,7 @@ class RequestHandle:
         self.generation: GenerationTag | None = None  # set by the engine thread when a slot takes the request
         self.t_submit = time.monotonic()
         self.t_first_token = 0.0  # engine thread: when the first token was sampled
+        self.t_admitted = 0.0  # engine thread: when the request got its slot (its prefill can start)
 
     @property
     def id(self) -> int:

@@ -25,6 +25,16 @@ class EngineStats:
     model_load_seconds: float = 0.0
     context_rebuilds_total: int = 0
     peer_losses_total: int = 0  # generations set aside because a COMBINE peer died
+    # where a step's wall time goes, on the engine thread (one step = one batch decoded and its rows
+    # sampled): building the batch and the llama_decode call (on a GPU it only queues the work);
+    # the text work done while the device computes; waiting for the device; sampling and handing
+    # tokens on; and the gap to the next step while steps follow each other (commands, admission)
+    steps_total: int = 0
+    step_submit_seconds_total: float = 0.0
+    step_overlap_seconds_total: float = 0.0
+    step_device_wait_seconds_total: float = 0.0
+    step_sample_seconds_total: float = 0.0
+    step_between_seconds_total: float = 0.0
 
     def as_dict(self) -> dict[str, float]:
         return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -45,6 +45,28 @@ def test_engine_metrics_parse_with_llama_server_names(smollm_engine: Engine) -> 
     assert got[("hydra_stage", (("engine", "test"), ("stage", "idle")))] == 0
 
 
+def test_step_time_is_accounted_by_part(smollm_engine: Engine) -> None:
+    """The engine thread's step time by part: every part present, none negative, and a step's parts
+    no longer together than the request that ran them."""
+    before = samples(smollm_engine.http.get("/metrics").text)
+    r = smollm_engine.http.post("/v1/completions", json={"model": "smollm2-135m", "prompt": "Hello there",
+                                                          "max_tokens": 8, "temperature": 0, "ignore_eos": True})
+    assert r.status_code == 200
+    wall_s = r.elapsed.total_seconds()
+    timings = r.json()["timings"]
+    assert 0 <= timings["admit_ms"] <= timings["server_ttft_ms"]
+    after = samples(smollm_engine.http.get("/metrics").text)
+    steps = after[("hydra_steps_total", ())] - before[("hydra_steps_total", ())]
+    assert steps >= 8  # the prefill and one step per further token
+    parts = {}
+    for part in ("submit", "overlap", "device_wait", "sample", "between"):
+        key = ("hydra_step_seconds_total", (("part", part),))
+        parts[part] = after[key] - before[key]
+        assert parts[part] >= 0
+    assert parts["submit"] > 0 and parts["sample"] > 0  # on a CPU the compute is inside llama_decode
+    assert sum(parts.values()) <= wall_s
+
+
 def test_coordinator_metrics(tmp_path: Path, smollm_path: Path, gemma_path: Path,
                              start_engine: Callable[..., Engine]) -> None:
     c = Coordinator(tmp_path, profiles=DEV_PROFILES, heartbeat_interval_s=0.5)

@@ -61,6 +61,15 @@ class EngineCollector(Collector):
         yield gauge("hydra_model_load_seconds", "Duration of the last model load.", round(s.model_load_seconds, 4))
         yield counter("hydra_context_rebuilds_total", "T2 context rebuilds.", s.context_rebuilds_total)
         yield counter("hydra_peer_losses_total", "Generations set aside because a COMBINE peer died.", s.peer_losses_total)
+        yield counter("hydra_steps_total", "Batched steps (a batch decoded and its rows sampled).", s.steps_total)
+        parts = CounterMetricFamily("hydra_step_seconds_total",
+                                    "Engine-thread time of the steps, by part: submit (building the batch and the "
+                                    "llama_decode call), overlap (text work while the device computes), device_wait "
+                                    "(waiting for the device), sample (sampling and handing tokens on), between "
+                                    "(the gap to the next step while steps follow each other).", labels=["part"])
+        for part in ("submit", "overlap", "device_wait", "sample", "between"):
+            parts.add_metric([part], round(getattr(s, f"step_{part}_seconds_total"), 6))
+        yield parts
         stage = GaugeMetricFamily("hydra_stage", "Current lifecycle stage (1 for the current one).",
                                   labels=["engine", "stage"])
         current = snap.stage

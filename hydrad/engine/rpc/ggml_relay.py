@@ -46,10 +46,13 @@ from hydrad.engine.rpc.ggml_codec import (  # noqa: F401 (the wire format; re-ex
     GGML_OP_COUNT, MAX_SRC, CAPS_SIZE, TENSOR, T, HEAD, SIZE, REQUEST_SIZE, ANSWER_SIZE, SET_TENSOR_HEAD,
     MAX_GRAPH_ITEMS, MAX_GRAPH_BYTES, BUFFERED, CHUNK, Refused, _recv_exact, TensorCheck,
 )
+from hydrad.engine.rpc.peer_reader import PeerReader
 from hydrad.engine.settings import EngineSettings
 
 log = logging.getLogger("hydrad.rpc.ggml")
 MAX_CHECKED_GRAPHS = 128  # a head sends one graph per split per token; comparing against a miss stops at once
+QUEUED = 64 << 10  # a command up to this size waits in the upstream queue; larger ones are sent at once
+QUEUE_LIMIT = 256 << 10  # the queue is sent when it holds this much
 
 
 class UpstreamLost(Exception):
@@ -72,6 +75,7 @@ class _Peer:
         self.checked: list[tuple[bytes, int]] = []
         self.graph_serial: dict[int, int] = {}
         self.commands = 0
+        self.reader: PeerReader | None = None
 
 
 class GgmlRelay:
@@ -87,7 +91,13 @@ class GgmlRelay:
         self.n_devices = 0
         self.check: TensorCheck | None = None
         self._up: socket.socket | None = None
-        self._lock = threading.Lock()  # one command at a time on the upstream
+        # one command at a time on the upstream; reentrant because a large upload, streamed with it held,
+        # flushes the queue before each wait for the peer's next piece
+        self._lock = threading.RLock()
+        # commands without an answer, in order, not yet sent: the server gets a token's inputs and graph in
+        # one send, when the relay is about to wait (for a peer's bytes or for an answer), not one per command
+        self._out: list[bytes] = []
+        self._out_n = 0
         self._peers: dict[int, _Peer] = {}
         self._peers_lock = threading.Lock()
         self._current_graph: dict[int, tuple[int, int]] = {}  # device -> (peer id, serial) the server holds
@@ -96,6 +106,7 @@ class GgmlRelay:
         # hash (SET_TENSOR_HASH) that the tensor cache held or lacked, i.e. uploads saved or still due
         self.stats = {"peers_served": 0, "refused": 0, "commands": 0, "sealed_cut": 0, "weight_bytes": 0,
                       "cache_hits": 0, "cache_hit_bytes": 0, "cache_misses": 0}
+        self._by_command = [0] * len(CMD_NAMES)  # what the peers send, per command: where a token's round trips go
 
     # ----- the upstream: connect, seal, lose --------------------------------------------------
 
@@ -216,6 +227,7 @@ class GgmlRelay:
             conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
             self.stats["peers_served"] += 1
             log_event(log, logging.INFO, "ggml-RPC connection", peer=addr)
+            peer.reader = PeerReader(conn, self._flush_before_wait)
             self._loop(peer)
         except Refused as exc:
             self.stats["refused"] += 1
@@ -230,15 +242,16 @@ class GgmlRelay:
         """What the stock server does when its client goes: free the client's buffers."""
         with self._peers_lock:
             self._peers.pop(peer.id, None)
-        if not peer.buffers or self._up is None or self.broken is not None:
+        if self._up is None or self.broken is not None:
             return
         try:
             with self._lock:
                 for ptr in list(peer.buffers):
-                    self._up.sendall(HEAD.pack(FREE_BUFFER, 8) + SIZE.pack(ptr))
-                self._current_graph.clear()  # the server drops every stored graph on a free
-        except OSError as exc:
-            raise self._lost(exc) from None
+                    self._queue_up(HEAD.pack(FREE_BUFFER, 8) + SIZE.pack(ptr))
+                    self._current_graph.clear()  # the server drops every stored graph on a free
+                self._flush_up()
+        except UpstreamLost:
+            return
         peer.buffers.clear()
 
     def _loop(self, peer: _Peer) -> None:
@@ -246,35 +259,34 @@ class GgmlRelay:
         read: inside a command a timeout is a stall; between commands a peer holding buffers (a head
         with weights here) may stay idle (keepalive finds it if it dies), one holding nothing is closed
         once idle for ``ggml_idle_timeout_s``."""
-        conn = peer.conn
-        head = bytearray(9)
-        view = memoryview(head)
+        r = peer.reader
+        assert r is not None
         idle_since = time.monotonic()
         while True:
-            try:
-                got = conn.recv_into(head, 9)
-            except BlockingIOError:  # SO_RCVTIMEO: nothing arrived for a while
-                if not peer.buffers and time.monotonic() - idle_since >= self.rpc.ggml_idle_timeout_s:
-                    raise Refused(f"idle for {self.rpc.ggml_idle_timeout_s}s holding no buffer") from None
-                continue
-            except OSError:
-                return
-            if not got:
-                return
-            if got < 9:
+            if r.end - r.pos < 9:
                 try:
-                    _recv_exact(conn, 9 - got, view[got:])  # type: ignore[arg-type]
+                    r.need(9)
+                except BlockingIOError:  # SO_RCVTIMEO: nothing arrived for a while
+                    if r.buffered():
+                        return  # stalled inside a command's header
+                    if not peer.buffers and time.monotonic() - idle_since >= self.rpc.ggml_idle_timeout_s:
+                        raise Refused(f"idle for {self.rpc.ggml_idle_timeout_s}s holding no buffer") from None
+                    continue
                 except (OSError, ConnectionError):
                     return
-            cmd, size = HEAD.unpack(head)
+            cmd, size = HEAD.unpack_from(r.buf, r.pos)
+            r.pos += 9
             peer.commands += 1
             self.stats["commands"] += 1
+            if cmd < len(CMD_NAMES):
+                self._by_command[cmd] += 1
             self._command(peer, cmd, size)
             idle_since = time.monotonic()
 
-    def _read(self, peer: _Peer, n: int) -> bytearray:
+    def _read(self, peer: _Peer, n: int) -> bytes | bytearray:
+        assert peer.reader is not None
         try:
-            return _recv_exact(peer.conn, n)
+            return peer.reader.take(n)
         except (OSError, ConnectionError) as exc:
             raise Refused(f"stalled or gone inside a command ({exc or 'timeout'})") from None
 
@@ -377,38 +389,87 @@ class GgmlRelay:
             if answer_size > BUFFERED:
                 self._stream_answer(peer, answer_size)
                 return
-            answer = self._recv_up(answer_size)
+            answer = self._recv_answer(answer_size)
             if cmd == ALLOC_BUFFER:
-                ptr, got = struct.unpack("<QQ", answer)
+                ptr, got = struct.unpack_from("<QQ", answer, 8)
                 if ptr:
                     self._send_up(HEAD.pack(BUFFER_GET_BASE, 8), SIZE.pack(ptr))
-                    (base,) = struct.unpack("<Q", self._recv_up(8))
+                    (base,) = struct.unpack_from("<Q", self._recv_answer(8), 8)
                     peer.buffers[ptr] = (base, got)
-        self._answer(peer, answer)
+        self._answer_framed(peer, answer)
 
-    def _send_up(self, head: bytes, payload: bytes | memoryview = b"") -> None:
+    def _send_up(self, head: bytes, payload: bytes | bytearray | memoryview = b"") -> None:
+        """One command (or a large upload's next piece) to the server, lock held: a small one joins the
+        queue, a large one goes at once, after the queue."""
+        if len(head) + len(payload) <= QUEUED:
+            self._queue_up(head + payload if payload else head)
+            return
+        self._flush_up()
         assert self._up is not None
         try:
-            if not payload:
-                self._up.sendall(head)
-            elif len(payload) <= 65536:
-                self._up.sendall(head + payload)  # one segment: with TCP_NODELAY two sends are two packets
-            elif head:
-                _send_parts(self._up, head, payload)
+            if head:
+                _send_parts(self._up, head, payload)  # type: ignore[arg-type]
             else:
                 self._up.sendall(payload)
         except OSError as exc:
             raise self._lost(exc) from None
 
-    def _recv_up(self, expect: int) -> bytearray:
+    def _queue_up(self, data: bytes) -> None:
+        self._out.append(data)
+        self._out_n += len(data)
+        if self._out_n >= QUEUE_LIMIT:
+            self._flush_up()
+
+    def _flush_up(self) -> None:
+        """Send the queue (lock held)."""
+        if not self._out:
+            return
+        out = self._out
+        self._out, self._out_n = [], 0
         assert self._up is not None
         try:
-            (n,) = SIZE.unpack(_recv_exact(self._up, 8))
+            self._up.sendall(out[0] if len(out) == 1 else b"".join(out))
+        except OSError as exc:
+            raise self._lost(exc) from None
+
+    def _flush_before_wait(self) -> None:
+        """A peer's reader is about to wait for bytes: what is queued goes to the server first."""
+        if self._out:
+            with self._lock:
+                self._flush_up()
+
+    def _recv_answer(self, expect: int) -> bytearray:
+        """The server's answer of ``expect`` bytes, with its size in front (as the peer gets it), lock
+        held. Read in one call when it has all arrived: only this answer can be on the way, since
+        everything queued before it has none."""
+        self._flush_up()
+        assert self._up is not None
+        buf = bytearray(8 + expect)
+        view = memoryview(buf)
+        got = 0
+        try:
+            while got < 8:
+                k = self._up.recv_into(view[got:])
+                if not k:
+                    raise ConnectionError("connection closed")
+                got += k
+            (n,) = SIZE.unpack_from(buf, 0)
             if n != expect:
                 raise OSError(f"answer of {n} bytes where {expect} were due")
-            return _recv_exact(self._up, n)
+            while got < 8 + expect:
+                k = self._up.recv_into(view[got:])
+                if not k:
+                    raise ConnectionError("connection closed")
+                got += k
         except (OSError, ConnectionError) as exc:
             raise self._lost(exc) from None
+        return buf
+
+    def _answer_framed(self, peer: _Peer, framed: bytearray) -> None:
+        try:
+            peer.conn.sendall(framed)
+        except OSError as exc:
+            raise Refused(f"does not read its answers ({exc or 'timeout'})") from None
 
     def _answer(self, peer: _Peer, answer: bytes | bytearray) -> None:
         try:
@@ -422,6 +483,7 @@ class GgmlRelay:
     def _stream_answer(self, peer: _Peer, n: int) -> None:
         """A large GET_TENSOR answer, passed through chunk by chunk (lock held); the upstream is always
         drained to the end, even when the peer stops reading."""
+        self._flush_up()
         assert self._up is not None
         try:
             (got,) = SIZE.unpack(_recv_exact(self._up, 8))
@@ -478,7 +540,7 @@ class GgmlRelay:
                 k = min(CHUNK, left)
                 if stalled is None:
                     try:
-                        got = peer.conn.recv_into(buf, k)
+                        got = peer.reader.read_some(memoryview(buf), k)  # type: ignore[union-attr]
                         if got == 0:
                             raise ConnectionError("closed")
                     except (OSError, ConnectionError) as exc:
@@ -496,7 +558,7 @@ class GgmlRelay:
         with self._peers_lock:
             peers = [{"peer": p.addr, "buffers": len(p.buffers), "commands": p.commands} for p in self._peers.values()]
         return {"ready": self.ready.is_set() and self.broken is None, "error": self.broken, "peers": peers,
-                **self.stats}
+                **self.stats, "by_command": {CMD_NAMES[i]: n for i, n in enumerate(self._by_command) if n}}
 
 
 def _send_parts(sock: socket.socket, head: bytes, body: bytes | bytearray) -> None:
