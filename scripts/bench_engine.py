@@ -417,7 +417,7 @@ class LlamaServer(Server):
             # default), no host-memory prompt cache, no context checkpoints, no prompt reuse,
             # no automatic fitting of the context to memory
             "--swa-full", "--cache-ram", "0", "--ctx-checkpoints", "0", "--no-cache-prompt", "-fit", "off",
-            "--no-ui", *extra,
+            "--no-ui", "--metrics", *extra,
         ]
 
     def start(self) -> None:
@@ -744,17 +744,19 @@ def step_counters(url: str) -> dict[str, float] | None:
         return None
     out: dict[str, float] = {}
     for line in text.splitlines():
-        if line.startswith("hydra_steps_total "):
+        if line.startswith("llamacpp:n_decode_total "):  # both servers (llama-server with --metrics)
+            out["decodes"] = float(line.split()[-1])
+        elif line.startswith("hydra_steps_total "):
             out["steps"] = float(line.split()[-1])
         elif line.startswith("hydra_step_seconds_total{"):
             part = line.split('part="', 1)[1].split('"', 1)[0]
             out[part] = float(line.split()[-1])
-    return out if "steps" in out else None
+    return out or None
 
 
 def step_profile(before: dict[str, float] | None, after: dict[str, float] | None) -> dict[str, float] | None:
     """Milliseconds per step by part over one run (the difference of two :func:`step_counters`)."""
-    if not before or not after or after["steps"] <= before["steps"]:
+    if not before or not after or after.get("steps", 0) <= before.get("steps", 0):
         return None
     n = after["steps"] - before["steps"]
     prof = {"steps": n, **{p: (after.get(p, 0.0) - before.get(p, 0.0)) * 1000 / n for p in STEP_PARTS}}
@@ -801,6 +803,10 @@ def summarize(result: dict[str, Any], workloads: list[Workload], max_foreign: fl
         if steps is not None:
             for k in ("admit_ms_median", "admit_ms_max"):
                 steps[k] = median([m.get(k) for m in clean(hyd_runs)])
+        calls = {"hydrad": median([m.get("decode_calls") for m in clean(hyd_runs)]),
+                 "llama-server": median([m.get("decode_calls") for m in clean(ref_runs)]) if ref_runs else None}
+        if steps is not None:
+            steps["decode_calls"] = calls
         summary[w.key] = {"label": w.label, "rows": rows, "hydrad_steps": steps, "clean_runs": {
             "hydrad": len(clean(hyd_runs)), **({"llama-server": len(clean(ref_runs))} if ref_runs is not None else {})}}
     return summary
@@ -865,7 +871,7 @@ def bench_model(alias: str, args: argparse.Namespace, settings: ServerSettings, 
                 while True:
                     before = guard.wait_quiet(args.max_foreign, args.quiet_wait, log)
                     watch = guard.watcher(args.abort_foreign) if args.abort_foreign > 0 and aborted < 20 else None
-                    steps0 = step_counters(srv.url) if srv.name == "hydrad" else None
+                    steps0 = step_counters(srv.url)
                     try:
                         m, foreign = guard.measure(functools.partial(run_workload, srv.url, w, ps, args.seed, watch))
                     except Disturbed:
@@ -875,7 +881,10 @@ def bench_model(alias: str, args: argparse.Namespace, settings: ServerSettings, 
                         continue
                     attempt += 1
                     if steps0 is not None:
-                        m["step_profile"] = step_profile(steps0, step_counters(srv.url))
+                        steps1 = step_counters(srv.url)
+                        m["step_profile"] = step_profile(steps0, steps1)
+                        if steps1 and "decodes" in steps0 and "decodes" in steps1:
+                            m["decode_calls"] = steps1["decodes"] - steps0["decodes"]
                     m.update(foreign_cpu_before=round(before, 4), foreign_cpu=round(foreign, 4), attempt=attempt,
                              abandoned=aborted)
                     if foreign <= args.max_foreign or attempt > args.retries:
@@ -955,13 +964,15 @@ def table(res: dict[str, Any], with_ref: bool) -> str:
 def steps_table(res: dict[str, Any]) -> str:
     """Where hydrad's engine thread spends a step, per workload (medians of the runs)."""
     lines = ["| hydrad, per step (ms, median of runs) | steps | step | submit | overlap | device wait | sample | "
-             "between | arrival → slot, median / last stream (ms) |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "between | arrival → slot, median / last stream (ms) | llama_decode calls, hydrad / llama-server |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for s in res["summary"].values():
         p = s.get("hydrad_steps")
         if p:
             admit = "–" if p.get("admit_ms_median") is None else f"{p['admit_ms_median']:.2f} / {p['admit_ms_max']:.2f}"
             lines.append(f"| {s['label']} | {p['steps']:.0f} | " + " | ".join(
-                f"{p[k]:.3f}" for k in ("step_ms", *STEP_PARTS)) + f" | {admit} |")
+                f"{p[k]:.3f}" for k in ("step_ms", *STEP_PARTS)) + f" | {admit} | " + " / ".join(
+                "–" if v is None else f"{v:.0f}" for v in p["decode_calls"].values()) + " |")
     if len(lines) == 2:
         return ""
     return "\n".join(lines) + (
