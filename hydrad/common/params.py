@@ -112,6 +112,11 @@ class RuntimeParams(BaseModel):
         "auto", Tier.T1, "Turn a step's tokens into text (detokenize, stop strings, stream out) while the device "
         "computes the next step; a stop string then costs one discarded token of compute. auto = on when layers run "
         "on a GPU, where llama_decode returns before the device is done; on a CPU it would only delay each token.")
+    prefill_split: Literal["ubatch", "batch"] = _f(
+        "ubatch", Tier.T1, "While several prompts wait, how much prompt a step takes. ubatch: at most n_ubatch tokens "
+        "(decoding streams included), first-come prompts first, so the prompts in the first ubatch get their first "
+        "token one ubatch later instead of after the whole batch (the device computes a batch one ubatch at a time "
+        "anyway); batch: fill n_batch, as llama-server does. A lone prompt always takes up to n_batch.")
 
     @field_validator("rpc_servers")
     @classmethod

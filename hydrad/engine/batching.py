@@ -317,10 +317,17 @@ class Batching:
                 budget -= 1
         n_prefill = 0
         watched: list[tuple[int, _Active]] = []  # prefilled by this step and asking for progress
-        for slot in gen.slots:
+        prompts = [slot for slot in gen.slots if slot.active is not None and slot.active.pending]
+        if len(prompts) > 1:
+            prompts.sort(key=lambda slot: slot.active.t_start)  # type: ignore[union-attr]  # first come, first prefilled
+            if (self.params or gen.params).prefill_split == "ubatch":
+                ubatch = min(gen.params.n_ubatch, batch.capacity)
+                budget = min(budget, max(ubatch - (batch.capacity - budget), ubatch // 4))
+        for slot in prompts:
             a = slot.active
-            if a is None or not a.pending or budget <= 0:
-                continue
+            assert a is not None
+            if budget <= 0:
+                break
             if a.handle.request.return_progress:
                 watched.append((slot.id, a))
             take = a.pending[:budget]

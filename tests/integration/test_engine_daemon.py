@@ -163,6 +163,26 @@ def test_four_concurrent_streams_complete_together_in_shared_steps(smollm_engine
     assert steps < 0.6 * 4 * 64, steps
 
 
+def test_a_burst_of_prompts_is_prefilled_one_ubatch_per_step(smollm_path: Path,
+                                                            start_engine: Callable[..., Engine]) -> None:
+    """prefill_split ubatch: while several prompts wait, a step takes at most n_ubatch tokens, so four
+    prompts of 48 tokens (192 in all) at n_ubatch 64 need at least three prefill steps however they
+    arrive, where n_batch (512) would take them in one; every answer still completes."""
+    e = start_engine(name="ubatch", defaults={"model": "smollm2-135m", "temperature": 0, "n_ubatch": 64,
+                                              "n_batch": 512, "n_parallel": 4, "n_threads": 1})
+    e.wait_ready()
+    assert e.http.get("/control/config").json()["params"]["prefill_split"]["value"] == "ubatch"
+    prompts = [{"prompt": [1 + (i * 48 + k) % 4000 for k in range(48)], "n_predict": 1, "temperature": 0,
+                "cache_prompt": False} for i in range(4)]
+    decode_before = metric(e, "llamacpp:n_decode_total")
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(lambda b: e.http.post("/completion", json=b), prompts))
+    steps = metric(e, "llamacpp:n_decode_total") - decode_before
+    assert all(r.status_code == 200 and r.json()["tokens_predicted"] == 1 for r in answers), [r.text for r in answers]
+    assert all(r.json()["tokens_evaluated"] == 48 for r in answers)
+    assert steps >= 3, steps
+
+
 def test_follow_up_turn_reports_cached_tokens(smollm_engine: Engine) -> None:
     c = client(smollm_engine)
     first = c.chat.completions.create(messages=CHAT, model="smollm2-135m", max_tokens=24, temperature=0)

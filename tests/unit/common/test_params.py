@@ -27,7 +27,8 @@ T2_KEY = ["n_ctx", "n_batch", "n_ubatch", "n_parallel", "kv_unified", "cache_typ
           "n_threads", "n_threads_batch", "rope_scaling", "rope_freq_base", "rope_freq_scale", "yarn_ext_factor",
           "yarn_attn_factor", "yarn_beta_fast", "yarn_beta_slow", "yarn_orig_ctx"]
 T1_KEY = ["temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n", "seed", "n_predict",
-          "chat_template", "cache_prompt", "reload_policy", "reload_queue_timeout_s", "text_overlap"]
+          "chat_template", "cache_prompt", "reload_policy", "reload_queue_timeout_s", "text_overlap",
+          "prefill_split"]
 
 MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
     "small": {"n_ctx": 2048, "n_batch": 256, "temperature": 0.3},
@@ -420,6 +421,7 @@ _T1_VALUES: dict[str, st.SearchStrategy[Any]] = {
     "reload_policy": st.sampled_from(["auto", "overlap", "drain"]),
     "reload_queue_timeout_s": st.floats(0.1, 600, allow_nan=False),
     "text_overlap": st.sampled_from(["auto", "on", "off"]),
+    "prefill_split": st.sampled_from(["ubatch", "batch"]),
 }
 assert set(_T1_VALUES) == set(T1_KEY)
 
