@@ -27,7 +27,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.support.engine import Engine  # noqa: E402
 
-MODELS = ("gemma3-270m", "smollm2-135m")
+MODELS = ("gemma3-270m", "smollm2-135m")  # the first is switched to first; --models replaces them
 
 
 def pct(values: list[float], q: float) -> float:
@@ -66,8 +66,8 @@ def max_gap(entries: list[tuple[float, float, int]], start: float, end: float) -
     return max(b - a for a, b in zip(ends, ends[1:]))
 
 
-def run_policy(policy: str, switches: int, tmp: Path) -> dict[str, Any]:
-    e = Engine(tmp, defaults={"model": MODELS[1], "temperature": 0, "reload_policy": policy,
+def run_policy(policy: str, switches: int, tmp: Path, models: tuple[str, ...] = MODELS) -> dict[str, Any]:
+    e = Engine(tmp, defaults={"model": models[1], "temperature": 0, "reload_policy": policy,
                               "reload_queue_timeout_s": 120, "n_parallel": 2}, name=f"bench-{policy}")
     try:
         e.wait_ready(120)
@@ -83,7 +83,7 @@ def run_policy(policy: str, switches: int, tmp: Path) -> dict[str, Any]:
             raise SystemExit(f"too few steady responses ({len(steady)}) to measure; is the machine busy?")
         results = []
         for i in range(switches):
-            target = MODELS[i % 2]
+            target = models[i % 2]
             t0 = time.monotonic()
             r = e.http.post("/control/configure?wait=1", json={"model": target}, timeout=300)
             t1 = time.monotonic()
@@ -116,13 +116,23 @@ def run_policy(policy: str, switches: int, tmp: Path) -> dict[str, Any]:
         e.stop()
 
 
-def markdown(rows: list[dict[str, Any]], cmd: str) -> str:
+def _gpus() -> str:
+    import shutil
+    import subprocess
+    if not shutil.which("nvidia-smi"):
+        return "no GPU"
+    out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True,
+                         timeout=20).stdout.split("\n")
+    return "GPU: " + ", ".join(x.strip() for x in out if x.strip()) + " (every layer offloaded)"
+
+
+def markdown(rows: list[dict[str, Any]], cmd: str, models: tuple[str, ...] = MODELS) -> str:
     cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
                 if ln.startswith("model name")), "unknown CPU")
     import os
     out = [f"## Reload unavailability ({time.strftime('%Y-%m-%d')})", "",
-           f"Command: `{cmd}`  ", f"Machine: {cpu}, {os.cpu_count()} cores, no GPU. Switches SmolLM2-135M ↔ "
-           "Gemma-3-270M under a steady one-at-a-time client (4-token completions).", "",
+           f"Command: `{cmd}`  ", f"Machine: {cpu}, {os.cpu_count()} cores, {_gpus()}. Switches {models[1]} ↔ "
+           f"{models[0]} under a steady one-at-a-time client (4-token completions).", "",
            "| policy | steady gap ms | max gap ms (median / worst) | gap ÷ steady | load ms (engine) | gap − load ms | "
            "failed | p50 ms steady / switch | p99 ms steady / switch |",
            "|---|---|---|---|---|---|---|---|---|"]
@@ -140,16 +150,21 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--switches", type=int, default=6, help="model switches per policy (alternating)")
     ap.add_argument("--policies", default="overlap,drain")
+    ap.add_argument("--models", default=",".join(MODELS), help="the two models switched between (aliases or GGUF "
+                    "paths; the second is loaded first)")
     ap.add_argument("--json", metavar="FILE")
     ap.add_argument("--markdown", action="store_true", help="append the table to docs/benchmarks.md")
     args = ap.parse_args()
+    models = tuple(args.models.split(","))
+    if len(models) != 2:
+        raise SystemExit("--models takes two models")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for policy in args.policies.split(","):
-            rows.append(run_policy(policy, args.switches, Path(tmp)))
+            rows.append(run_policy(policy, args.switches, Path(tmp), models))
             print(json.dumps(rows[-1]), flush=True)
     cmd = "scripts/bench_reload.py " + " ".join(sys.argv[1:])
-    text = markdown(rows, ".venv/bin/python " + cmd.strip())
+    text = markdown(rows, ".venv/bin/python " + cmd.strip(), models)
     print(text)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
