@@ -45,7 +45,7 @@ from hydrad.common.apikey import api_key, with_api_key
 from hydrad.common.cors import with_cors
 from hydrad.common.openapi import openapi_route
 from hydrad.common.serving import run_loop, uvicorn_server
-from hydrad.wire.bodies import REQUEST_BODIES
+from hydrad.wire.bodies import FRONT_DOOR_BODIES
 from hydrad.store import StoreError
 
 log = logging.getLogger("hydra.coordinator")
@@ -115,7 +115,7 @@ class CoordinatorDaemon:
                 return 2
         front = FrontDoor(s, bus, switcher, registry, affinity, keeper)
         routes = front.routes() + admin_routes(bus, switcher, affinity, front)
-        described = openapi_route(routes, "hydra-coordinator", __version__, bodies={**REQUEST_BODIES, **ADMIN_BODIES})
+        described = openapi_route(routes, "hydra-coordinator", __version__, bodies={**FRONT_DOOR_BODIES, **ADMIN_BODIES})
         app = Starlette(routes=[*routes, described], exception_handlers=exception_handlers())
         keyed = with_api_key(app, api_key(s.http.api_key_file))
         guarded = Guard(with_cors(keyed, s.http.cors_origins), admin_allow_from=s.admin_allow_from, admin_token=admin_token,

@@ -8,8 +8,9 @@ never more: a body a schema allows may still be refused with a 400, but no body 
 falls outside it. A path not listed here takes "a JSON object".
 
 The front door forwards ``/tokenize``, ``/detokenize`` and ``/apply-template`` to an engine after
-taking out ``model`` (which picks the engine), so their schemas list ``model`` among the known
-fields although an engine's own door refuses it by name.
+taking out ``model`` (which picks the engine), so there their schemas list ``model`` among the known
+fields, while an engine's own door refuses it by name: hence two maps, :data:`ENGINE_BODIES` and
+:data:`FRONT_DOOR_BODIES`.
 """
 
 from __future__ import annotations
@@ -39,12 +40,20 @@ def _closed(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
     return {"type": "object", "required": required, "properties": properties, "additionalProperties": False}
 
 
-TOKENIZE = _closed({"content": {"type": "string"}, "add_special": {"type": "boolean"},
-                    "parse_special": {"type": "boolean"}, "with_pieces": {"type": "boolean"}, "model": _MODEL_OR_NULL},
-                   ["content"])
-DETOKENIZE = _closed({"tokens": {"type": "array", "items": _ID}, "model": _MODEL_OR_NULL}, ["tokens"])
-APPLY_TEMPLATE = _closed({"messages": {"type": "array", **CHAT_MESSAGES_SCHEMA}, "tools": {},
-                          "tool_choice": {}, "parallel_tool_calls": {}, "model": _MODEL_OR_NULL}, ["messages"])
+def _forwarded(model: bool) -> dict[str, dict[str, Any]]:
+    """The engine's own ``/tokenize``, ``/detokenize`` and ``/apply-template`` (which refuse any
+    field they do not know), and with ``model`` as the front door takes them."""
+    more = {"model": _MODEL_OR_NULL} if model else {}
+    return {
+        "/tokenize": _closed({"content": {"type": "string"}, "add_special": {"type": "boolean"},
+                              "parse_special": {"type": "boolean"}, "with_pieces": {"type": "boolean"}, **more},
+                             ["content"]),
+        "/detokenize": _closed({"tokens": {"type": "array", "items": _ID}, **more}, ["tokens"]),
+        "/apply-template": _closed({"messages": {"type": "array", **CHAT_MESSAGES_SCHEMA}, "tools": {},
+                                    "tool_choice": {}, "parallel_tool_calls": {}, **more}, ["messages"]),
+    }
+
+
 OPENAI_EMBEDDINGS = {"type": "object", "required": ["input"], "properties": {
     "input": EMBEDDING_INPUT, "model": _MODEL_OR_NULL, "encoding_format": {"enum": ["float", "base64", None]},
     "dimensions": {"type": ["integer", "null"], "minimum": 1, "maximum": INT32_MAX},
@@ -54,10 +63,11 @@ NATIVE_EMBEDDING = {**_closed({"content": EMBEDDING_INPUT, "input": EMBEDDING_IN
                                "model": _MODEL_OR_NULL}, []),
                     "oneOf": [{"required": ["content"]}, {"required": ["input"]}]}
 
-REQUEST_BODIES: dict[str, type[BaseModel] | dict[str, Any]] = {
+_BOTH: dict[str, type[BaseModel] | dict[str, Any]] = {
     **REQUEST_MODELS, "/infill": InfillRequest, "/v1/messages": MessagesRequest,
-    "/tokenize": TOKENIZE, "/detokenize": DETOKENIZE, "/apply-template": APPLY_TEMPLATE,
     "/v1/embeddings": OPENAI_EMBEDDINGS, "/embeddings": NATIVE_EMBEDDING, "/embedding": NATIVE_EMBEDDING,
 }
+ENGINE_BODIES: dict[str, type[BaseModel] | dict[str, Any]] = {**_BOTH, **_forwarded(model=False)}
+FRONT_DOOR_BODIES: dict[str, type[BaseModel] | dict[str, Any]] = {**_BOTH, **_forwarded(model=True)}
 BINARY_BODIES = frozenset({"/slots/{slot}/state"})
 """Doors whose body is raw bytes (the KV state upload)."""

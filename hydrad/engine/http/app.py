@@ -38,7 +38,7 @@ from hydrad.engine.http.generation import chat, completions
 from hydrad.engine.http.slotfiles import slot_action
 from hydrad.engine.http.slotstate import state_get, state_meta, state_put
 from hydrad.engine.settings import EngineSettings
-from hydrad.wire.bodies import BINARY_BODIES, REQUEST_BODIES
+from hydrad.wire.bodies import BINARY_BODIES, ENGINE_BODIES
 from hydrad.wire.openai import ApiError
 from hydrad.wire.stages import HEALTH_STATUS
 
@@ -240,7 +240,7 @@ ROUTES = [
 
 
 def build_app(settings: EngineSettings, control: EngineControl) -> Starlette:
-    described = openapi_route(ROUTES, "hydrad", __version__, bodies=REQUEST_BODIES, binary_bodies=BINARY_BODIES)
+    described = openapi_route(ROUTES, "hydrad", __version__, bodies=ENGINE_BODIES, binary_bodies=BINARY_BODIES)
     app = Starlette(routes=[*ROUTES, described], exception_handlers={ApiError: on_api_error, Exception: on_crash,
                                                        404: not_found, 405: not_found})
     app.state.ctx = HttpContext(settings, control)

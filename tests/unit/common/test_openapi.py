@@ -21,12 +21,12 @@ from hydrad.coordinator.frontdoor import FrontDoor
 from hydrad.coordinator.settings import CoordinatorSettings
 from hydrad.engine.http.app import ROUTES
 from hydrad.wire import anthropic, embeddings, infill, native_completion, openai
-from hydrad.wire.bodies import BINARY_BODIES, REQUEST_BODIES
+from hydrad.wire.bodies import BINARY_BODIES, ENGINE_BODIES, FRONT_DOOR_BODIES
 from hydrad.wire.openai import INT32_MAX, ApiError
 
 
 def _engine_doc() -> dict:
-    return describe(ROUTES, "hydrad", "t", bodies=REQUEST_BODIES, binary_bodies=BINARY_BODIES)
+    return describe(ROUTES, "hydrad", "t", bodies=ENGINE_BODIES, binary_bodies=BINARY_BODIES)
 
 
 def _front_routes() -> list[Route]:
@@ -38,7 +38,7 @@ def _front_routes() -> list[Route]:
 
 def _front_doc() -> dict:
     """As hydrad.coordinator.daemon builds it."""
-    return describe(_front_routes(), "hydra-coordinator", "t", bodies={**REQUEST_BODIES, **ADMIN_BODIES})
+    return describe(_front_routes(), "hydra-coordinator", "t", bodies={**FRONT_DOOR_BODIES, **ADMIN_BODIES})
 
 
 def _body(doc: dict, path: str, method: str = "post") -> dict:
@@ -55,7 +55,7 @@ def test_every_route_and_method_is_described(doc: Callable[[], dict], routes: Ca
         assert isinstance(r, Route)
         for method in (r.methods or {"GET"}) - {"HEAD"}:
             assert method.lower() in d["paths"][r.path], (r.path, method)
-            if method == "POST" and r.path in REQUEST_BODIES:
+            if method == "POST" and r.path in ENGINE_BODIES:
                 assert _body(d, r.path) != {"type": "object"}, f"{r.path}: its parser's schema is missing"
     ids = [op["operationId"] for ops in d["paths"].values() for op in ops.values()]
     assert len(ids) == len(set(ids)), "operation ids must be unique"
@@ -94,7 +94,8 @@ def test_the_schemas_carry_the_parsers_required_fields_and_ranges() -> None:
     assert messages["properties"]["max_tokens"]["minimum"] == 1
     assert messages["properties"]["messages"]["items"]["additionalProperties"] is False
     assert _body(e, "/tokenize")["required"] == ["content"] and _body(e, "/tokenize")["additionalProperties"] is False
-    assert _body(f, "/tokenize") == _body(e, "/tokenize")  # forwarded as is, model taken out
+    assert "model" not in _body(e, "/tokenize")["properties"]  # the engine refuses it by name
+    assert "model" in _body(f, "/tokenize")["properties"]  # the front door takes it out to pick the engine
     assert _body(f, "/v1/embeddings")["required"] == ["input"]
     assert _body(f, "/admin/profile")["required"] == ["name"]
     assert _body(f, "/admin/sessions/move")["required"] == ["session", "engine"]
