@@ -373,6 +373,12 @@ def markdown(rep: dict[str, Any]) -> str:
                 f"Per run, decode tok/s: {runs_line(ms, 'decode_tps')}.", "",
                 relay_line(ms), "",
                 f"Greedy outputs identical, Hydra peer vs stock peer: {ms['identical_runs']} of {ms['runs']} runs.", ""]
+    if rep.get("relay_by_command"):
+        by = rep["relay_by_command"]
+        out += [f"ggml-RPC commands the peer's relay received over the whole run: "
+                + ", ".join(f"{k} {v:,}" for k, v in sorted(by.items(), key=lambda kv: -kv[1])) + "; graphs that "
+                f"repeated the one the server held, sent on as GRAPH_RECOMPUTE: {rep.get('relay_graphs_recomputed', 0):,}.",
+                ""]
     out += [f"Other processes' share of the CPUs during a measured request: at most "
             f"{max(lay['max_foreign_cpu'], (moe or {}).get('summary', {}).get('max_foreign_cpu', 0)):.0%}.", ""]
     return "\n".join(out) + "\n"
@@ -481,8 +487,11 @@ def main(argv: list[str] | None = None) -> int:
                                  **alternate(head, mconfigs, lambda i: prompts[args.runs + i], args, guard,
                                              "expert split", log, repeat=args.moe_repeat,
                                              commands=commands)}
-            report["relay_by_command"] = relay_stats(peer).get("by_command")  # the whole run, per command
-            log(f"peer relay, commands over the whole run: {report['relay_by_command']}")
+            final = relay_stats(peer)
+            report["relay_by_command"] = final.get("by_command")  # the whole run, per command
+            report["relay_graphs_recomputed"] = final.get("graphs_recomputed")
+            log(f"peer relay, commands over the whole run: {report['relay_by_command']}; graphs sent to the server "
+                f"as GRAPH_RECOMPUTE because they repeated the one it held: {report['relay_graphs_recomputed']}")
         finally:
             head.stop()
             peer.stop()

@@ -126,6 +126,24 @@ def test_layer_split_through_the_merged_port_matches_the_stock_server(head: Engi
     assert agree >= 1
 
 
+def test_a_repeated_graph_is_recomputed_not_resent(start_engine: Callable[..., Engine], peer: Engine,
+                                                    stock: str) -> None:
+    """A head whose llama.cpp rebuilds the graph every token (graph reuse off, as a GPU head was seen to
+    do) sends GRAPH_COMPUTE with the same bytes each time; the relay has the server recompute the graph
+    it holds instead, and the tokens stay those of the stock server, which deserialises every one."""
+    head = start_engine(name="rebuilding-head", defaults=HEAD, env={"LLAMA_GRAPH_REUSE_DISABLE": "1"})
+    head.notify.wait_for("READY=1", 60)
+    endpoint = f"127.0.0.1:{rpc_port(peer)}"
+    load(head, model="smollm2-135m", rpc_servers=[endpoint], tensor_split=[0.5, 0.5])
+    before = relay_stats(peer)
+    combined = greedy(head)
+    after = relay_stats(peer)
+    recomputed = after["graphs_recomputed"] - before["graphs_recomputed"]
+    assert recomputed >= N_TOKENS // 2, (before, after)
+    load(head, rpc_servers=[stock])
+    assert greedy(head) == combined
+
+
 def test_a_control_flood_at_the_peers_port_drops_no_combine_compute(head: Engine, peer: Engine) -> None:
     """The peer's merged port carries the head's ggml-RPC compute and anyone's control connections alike:
     300 connections a second at it (half junk, half INFO) while the head decodes through it; every

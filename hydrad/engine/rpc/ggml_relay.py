@@ -105,7 +105,8 @@ class GgmlRelay:
         # weight_bytes: tensor data the peers uploaded (SET_TENSOR); cache_hits/misses: tensors offered by
         # hash (SET_TENSOR_HASH) that the tensor cache held or lacked, i.e. uploads saved or still due
         self.stats = {"peers_served": 0, "refused": 0, "commands": 0, "sealed_cut": 0, "weight_bytes": 0,
-                      "cache_hits": 0, "cache_hit_bytes": 0, "cache_misses": 0}
+                      "cache_hits": 0, "cache_hit_bytes": 0, "cache_misses": 0,
+                      "graphs_recomputed": 0}
         self._by_command = [0] * len(CMD_NAMES)  # what the peers send, per command: where a token's round trips go
 
     # ----- the upstream: connect, seal, lose --------------------------------------------------
@@ -302,15 +303,25 @@ class GgmlRelay:
             if size > MAX_GRAPH_BYTES:
                 raise Refused(f"graph of {size} bytes")
             payload = bytes(self._read(peer, size))
-            device = next((d for known, d in peer.checked if known == payload), None)
-            if device is None:
+            hit = next(((known, d) for known, d in peer.checked if known == payload), None)
+            if hit is None:
                 device = check.graph(payload, self.n_devices, peer.buffers)
                 peer.checked.insert(0, (payload, device))
                 del peer.checked[MAX_CHECKED_GRAPHS:]
+            else:
+                payload, device = hit  # the checked copy: identity below says "the same graph as last time"
+            again = peer.graphs.get(device) is payload
             peer.graphs[device] = payload
-            serial = next(self._serial)
-            peer.graph_serial[device] = serial
             with self._lock:
+                if again and self._current_graph.get(device) == (peer.id, peer.graph_serial[device]):
+                    # A head resends the very graph the server holds whenever llama.cpp rebuilt it (its own
+                    # reuse test compares graph objects, not bytes): the server is told to recompute what it
+                    # holds instead of reading and rebuilding the graph from hundreds of kilobytes again
+                    self._send_up(HEAD.pack(GRAPH_RECOMPUTE, 4) + struct.pack("<I", device))
+                    self.stats["graphs_recomputed"] += 1
+                    return
+                serial = next(self._serial)
+                peer.graph_serial[device] = serial
                 self._send_up(HEAD.pack(GRAPH_COMPUTE, size), payload)
                 self._current_graph[device] = (peer.id, serial)
             return
