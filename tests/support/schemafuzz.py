@@ -242,9 +242,27 @@ def fuzz(exe: Path, name: str, url: str, out: Path, *, max_examples: int, seed: 
 
 # ----- the reliability program's scenario ---------------------------------------------------------
 
+IDLE_S = 10.0
+"""After a run, how long the pool may take to be idle: no slot busy, nothing queued or in flight."""
 GOAL = ("0 unexpected 5xx from schemathesis's requests at an engine's own door and at the front door (expected: "
-        "501 embeddings_disabled / not_supported, 503 with error JSON); every daemon alive afterwards and a "
-        "normal request served by both doors")
+        "501 embeddings_disabled / not_supported, 503 with error JSON); every daemon alive afterwards, the pool "
+        f"idle within {IDLE_S:.0f} s and a normal request served by both doors")
+
+
+def busy(pool: Any) -> dict[str, int]:
+    """What is still going on in the pool: busy slots and queued requests per engine (its own
+    /slots and /health) and the requests the coordinator counts in flight; empty when idle."""
+    import httpx
+    out: dict[str, int] = {}
+    for name, url in pool.engine_http.items():
+        slots = httpx.get(url + "/slots", timeout=5).json()
+        queued = (httpx.get(url + "/health", timeout=5).json().get("slots") or {}).get("queued", 0)
+        n = sum(1 for s in slots if s.get("is_processing")) + int(queued or 0)
+        if n:
+            out[name] = n
+    if pool.inflight():
+        out["coordinator in flight"] = pool.inflight()
+    return out
 
 
 def scenario(pool: Any, max_examples: int, seed: int = 1, budget: float = 900.0,
@@ -252,7 +270,7 @@ def scenario(pool: Any, max_examples: int, seed: int = 1, budget: float = 900.0,
     """schemathesis against ``rel-a``'s own door, then against the front door (the doors listed in
     ENGINE_EXCLUDED and FRONT_EXCLUDED left out); a Result of :mod:`tests.support.faultscenarios`."""
     from tests.support import faultscenarios as S
-    from tests.support.faultpool import ENGINES
+    from tests.support.faultpool import ENGINES, wait_for
     from tests.support.streamcheck import chat_once
 
     res = S.Result("schema-driven fuzzing (schemathesis)", GOAL)
@@ -285,6 +303,10 @@ def scenario(pool: Any, max_examples: int, seed: int = 1, budget: float = 900.0,
         if dead:
             S.heal(pool)
             continue
+        try:
+            res.figures[name]["idle_after_s"] = round(wait_for("the pool idle", lambda: not busy(pool), IDLE_S, 0.2)[1], 1)
+        except TimeoutError:
+            res.fail(f"after the run against {name}, the pool was not idle within {IDLE_S:.0f} s: {busy(pool)}")
         served = {door: chat_once(u, normal, 60)[0] for door, u in doors_of_pool}
         res.figures[name]["normal_request_after"] = served
         for door, status in served.items():
