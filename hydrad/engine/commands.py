@@ -27,6 +27,13 @@ class Submit:
 
 
 @dataclass(frozen=True)
+class SubmitBurst:
+    """Requests submitted in one pass of the event loop, queued together (EngineCore.submit)."""
+
+    handles: tuple[RequestHandle, ...]
+
+
+@dataclass(frozen=True)
 class Cancel:
     """The client went away: drop the request from the queue or free its slot."""
 
@@ -141,5 +148,5 @@ class Stop:
 Swap = Union[Rebuild, Install, Unload]
 """The commands that replace or free the generation; one at a time is pending."""
 
-Command = Union[Submit, Cancel, SetDefaults, StateGet, StatePut, StateErase, Embed, Rebuild, Install, Unload, Drain,
+Command = Union[Submit, SubmitBurst, Cancel, SetDefaults, StateGet, StatePut, StateErase, Embed, Rebuild, Install, Unload, Drain,
                 Abandon, SwitchStandby, Resume, Stop]

@@ -30,7 +30,7 @@ from hydrad.engine import faults
 from hydrad.engine.batching import MAX_CHARS_PER_TOKEN, PRETOKENIZE_CHARS, Batching, PromptTooLong, _Active
 from hydrad.engine.commands import (
     Abandon, Cancel, Command, Drain, Embed, Install, Rebuild, Resume, SetDefaults, StateErase, StateGet, StatePut,
-    Stop, Submit, Swap, SwitchStandby, Unload,
+    Stop, Submit, SubmitBurst, Swap, SwitchStandby, Unload,
 )
 from hydrad.engine.embedjobs import EmbedJobs
 from hydrad.engine.generation import Generation, Slot
@@ -51,6 +51,17 @@ log = logging.getLogger("hydrad.engine")
 
 __all__ = ["EngineCore", "EngineBusy", "PromptTooLong", "StateError", "EngineSnapshot", "LoadRecord",
            "MAX_CHARS_PER_TOKEN", "PRETOKENIZE_CHARS", "sibling_problem", "carry_slots"]
+
+
+HAND_OVER_PASSES = 4  # event-loop passes a burst's submissions may gather in before the engine gets them
+
+
+def _on(loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether the caller runs on ``loop``'s thread."""
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False
 
 
 class SlotsBusy(RuntimeError):
@@ -79,6 +90,7 @@ class EngineCore(Loading, Batching, KvOps, EmbedJobs):
         self._on_status = on_status
         self._loop: asyncio.AbstractEventLoop | None = None
         self._cmds: queue.SimpleQueue[Command] = queue.SimpleQueue()
+        self._arrivals: list[RequestHandle] = []  # submitted in this pass of the event loop (submit)
         self._waiting: deque[RequestHandle] = deque()
         self._embeds: deque[Any] = deque()  # embedding requests (embedjobs), computed between steps
         self._out: list[tuple[RequestHandle, Any]] = []
@@ -123,11 +135,38 @@ class EngineCore(Loading, Batching, KvOps, EmbedJobs):
         return len(self._waiting)
 
     def submit(self, request: GenRequest) -> RequestHandle:
+        """Queue a request for the engine thread. On the event loop, the requests submitted in one pass
+        of the loop go over together, from a callback queued after the tasks already ready: the loop
+        parses one request at a time, and the engine thread, woken by the first of a burst, would start
+        a step with it alone while the others wait that whole step (on the GPU host a 3B model's 8-prompt
+        burst waited 23 ms median from arrival to slot). A lone request waits one loop callback."""
         handle = RequestHandle(request)
-        self._cmds.put(Submit(handle))
+        loop = self._loop
+        if loop is None or not _on(loop):
+            self._cmds.put(Submit(handle))
+            return handle
+        self._arrivals.append(handle)
+        if len(self._arrivals) == 1:
+            loop.call_soon(self._hand_over, 1, 1)
         return handle
 
+    def _hand_over(self, hops: int, seen: int) -> None:
+        """Queue the arrivals once a pass of the loop (which polls the sockets) brought no more, after at
+        least two passes (the first may run before the poll that finds the rest of a burst) and at most
+        HAND_OVER_PASSES."""
+        n = len(self._arrivals)
+        if self._loop is not None and hops < HAND_OVER_PASSES and (hops < 2 or n > seen):
+            self._loop.call_soon(self._hand_over, hops + 1, n)
+            return
+        arrivals, self._arrivals = self._arrivals, []
+        if arrivals:
+            self._cmds.put(Submit(arrivals[0]) if len(arrivals) == 1 else SubmitBurst(tuple(arrivals)))
+
     def cancel(self, handle: RequestHandle) -> None:
+        if handle in self._arrivals:  # not handed over yet: it never reaches the engine
+            self._arrivals.remove(handle)
+            handle.finished = True
+            return
         if not handle.finished:
             self._cmds.put(Cancel(handle))
 
@@ -274,6 +313,18 @@ class EngineCore(Loading, Batching, KvOps, EmbedJobs):
             self._running = False
             self._publish()
 
+    def _enqueue(self, handle: RequestHandle) -> None:
+        if not self.admitting:
+            self._emit(handle, Failed("engine is shutting down", status=503, code="shutting_down"))
+        elif self.gen is None and self.current_load is None:
+            self._emit(handle, Failed("no model is loaded", status=503, code="no_model"))
+        elif len(self._waiting) >= self.max_queue and not (self.gen and self.gen.free_slot_exists()):
+            self._emit(handle, Failed("all slots busy and the queue is full", status=503, code="queue_full"))
+        else:
+            handle.t_enqueued = time.monotonic()
+            self._waiting.append(handle)
+            self.stats.requests_total += 1
+
     def _busy(self) -> bool:
         gen = self.gen
         if any(g.n_active for g in self.retiring) or self._embeds:
@@ -333,16 +384,10 @@ class EngineCore(Loading, Batching, KvOps, EmbedJobs):
         """One command, on the engine thread; False ends the loop."""
         match cmd:
             case Submit(handle=handle):
-                if not self.admitting:
-                    self._emit(handle, Failed("engine is shutting down", status=503, code="shutting_down"))
-                elif self.gen is None and self.current_load is None:
-                    self._emit(handle, Failed("no model is loaded", status=503, code="no_model"))
-                elif len(self._waiting) >= self.max_queue and not (self.gen and self.gen.free_slot_exists()):
-                    self._emit(handle, Failed("all slots busy and the queue is full", status=503, code="queue_full"))
-                else:
-                    handle.t_enqueued = time.monotonic()
-                    self._waiting.append(handle)
-                    self.stats.requests_total += 1
+                self._enqueue(handle)
+            case SubmitBurst(handles=handles):
+                for handle in handles:
+                    self._enqueue(handle)
             case Cancel(handle=handle):
                 self._cancel(handle)
             case SetDefaults(params=params):

@@ -183,6 +183,41 @@ def test_a_burst_of_prompts_is_prefilled_one_ubatch_per_step(smollm_path: Path,
     assert steps >= 3, steps
 
 
+def test_a_burst_arriving_at_an_idle_engine_starts_in_one_step(smollm_path: Path,
+                                                               start_engine: Callable[..., Engine]) -> None:
+    """Requests that reach an idle engine together are admitted together: the event loop parses one
+    request at a time, and the ones submitted in one pass of the loop go to the engine thread at once,
+    so four short prompts arriving together are prefilled in one llama_decode, not the first alone and
+    the others a step later. (Written to four open connections back to back, as a burst arrives.)"""
+    import socket
+    from urllib.parse import urlsplit
+
+    e = start_engine(name="burst", defaults={"model": "smollm2-135m", "temperature": 0, "n_parallel": 4,
+                                             "n_threads": 1, "prefill_split": "batch"})
+    e.wait_ready()
+    host, port = urlsplit(e.url).hostname, urlsplit(e.url).port
+
+    def raw(i: int) -> bytes:
+        body = json.dumps({"prompt": [1 + 7 * i + k for k in range(8)], "n_predict": 1, "cache_prompt": False})
+        return (f"POST /completion HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n{body}").encode()
+
+    steps = []
+    for _ in range(5):
+        conns = [socket.create_connection((host, port), timeout=60) for _ in range(4)]
+        before = metric(e, "llamacpp:n_decode_total")
+        for i, c in enumerate(conns):
+            c.sendall(raw(i))
+        for c in conns:
+            answer = b""
+            while chunk := c.recv(65536):
+                answer += chunk
+            c.close()
+            assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+        steps.append(metric(e, "llamacpp:n_decode_total") - before)
+    assert min(steps) == 1, steps
+
+
 def test_follow_up_turn_reports_cached_tokens(smollm_engine: Engine) -> None:
     c = client(smollm_engine)
     first = c.chat.completions.create(messages=CHAT, model="smollm2-135m", max_tokens=24, temperature=0)
