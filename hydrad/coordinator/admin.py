@@ -33,15 +33,16 @@ from hydrad.coordinator.bus import CoordinatorBus
 from hydrad.coordinator.frontdoor import FrontDoor
 from hydrad.coordinator.records import pairs
 from hydrad.coordinator.switcher import ProfileSwitcher, SwitchBusy
-from hydrad.wire.openai import ApiError
+from hydrad.wire.openai import ApiError, ChatRequest, CompletionRequest
 
 ADMIN_BODIES: dict[str, dict[str, Any]] = {
     "/admin/profile": {"type": "object", "required": ["name"], "properties": {"name": {"type": "string"}}},
-    "/admin/route": {"type": "object", "anyOf": [{"required": ["messages"]}, {"required": ["prompt"]}]},
+    "/admin/route": {"anyOf": [ChatRequest.model_json_schema(), CompletionRequest.model_json_schema()]},
     "/admin/sessions/move": {"type": "object", "required": ["session", "engine"],
                              "properties": {"session": {"type": "string"}, "engine": {"type": "string"}}},
 }
-"""The admin doors' bodies as /openapi.json describes them: what each handler checks, no more."""
+"""The admin doors' bodies as /openapi.json describes them: what each handler checks, no more
+(``/admin/route`` reads a body with ``messages`` as a chat request, any other as a completion)."""
 
 
 def admin_routes(bus: CoordinatorBus, switcher: ProfileSwitcher, affinity: Affinity,

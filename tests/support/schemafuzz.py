@@ -210,8 +210,8 @@ def fuzz(exe: Path, name: str, url: str, out: Path, *, max_examples: int, seed: 
     out.mkdir(parents=True, exist_ok=True)
     argv = ["nice", "-n", "10", str(exe), "run", f"{url}/openapi.json", "--checks", "not_a_server_error",
             "--max-examples", str(max_examples), "--seed", str(seed), "--request-timeout", str(request_timeout),
-            "--workers", "1", "--no-shrink", "--generation-database", "none", "--no-color", "--report", "junit,har",
-            "--report-dir", str(out), "--report-har-path", str(out / "requests.har"),
+            "--workers", "1", "--no-shrink", "--continue-on-failure", "--generation-database", "none", "--no-color",
+            "--report", "junit,har", "--report-dir", str(out), "--report-har-path", str(out / "requests.har"),
             "--report-junit-path", str(out / "junit.xml")]
     for op in exclude:
         argv += ["--exclude-operation-id", op]

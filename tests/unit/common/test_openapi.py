@@ -99,6 +99,7 @@ def test_the_schemas_carry_the_parsers_required_fields_and_ranges() -> None:
     assert _body(f, "/v1/embeddings")["required"] == ["input"]
     assert _body(f, "/admin/profile")["required"] == ["name"]
     assert _body(f, "/admin/sessions/move")["required"] == ["session", "engine"]
+    assert [b["required"] for b in _body(f, "/admin/route")["anyOf"]] == [["messages"], ["prompt"]]
 
 
 # ----- the schemas are never stricter than the parsers ------------------------------------------
