@@ -9,6 +9,8 @@ from __future__ import annotations
 import socket
 import struct
 
+import numpy as np
+
 # rpc_cmd of the bundled llama.cpp (ggml-rpc.cpp); protocol 7.x
 ALLOC_BUFFER, GET_ALIGNMENT, GET_MAX_SIZE, BUFFER_GET_BASE, FREE_BUFFER, BUFFER_CLEAR, SET_TENSOR, \
     SET_TENSOR_HASH, GET_TENSOR, COPY_TENSOR, GRAPH_COMPUTE, GET_DEVICE_MEMORY, INIT_TENSOR, GET_ALLOC_SIZE, \
@@ -27,6 +29,13 @@ CAPS_SIZE = 24
 TENSOR = struct.Struct("<QIQ4I4II16ii10QQQQ64si")
 assert TENSOR.size == 296
 T = TENSOR.size
+# the fields of rpc_tensor a graph's check reads, at their offsets in the packed struct, for reading a
+# graph's tensors as one array
+TENSOR_FIELDS = np.dtype({"names": ["id", "type", "buffer", "ne", "nb", "op", "src", "view_src", "data"],
+                          "formats": ["<u8", "<u4", "<u8", ("<u4", (4,)), ("<u4", (4,)), "<u4", ("<u8", (MAX_SRC,)),
+                                      "<u8", "<u8"],
+                          "offsets": [0, 8, 12, 20, 36, 52, 124, 204, 220], "itemsize": T})
+EXACT_LIMIT = 1 << 62  # sizes and pointers past this are left to the exact (Python integer) check
 HEAD = struct.Struct("<BQ")  # a command: cmd, payload size
 SIZE = struct.Struct("<Q")  # an answer's payload size
 
@@ -66,6 +75,8 @@ class TensorCheck:
 
     def __init__(self, sizes: list[tuple[int, int]]) -> None:
         self.sizes = sizes  # (block size, type size) per ggml type
+        self._blck = np.array([b for b, _ in sizes], dtype=np.uint64)
+        self._tsize = np.array([t for _, t in sizes], dtype=np.uint64)
 
     def nbytes(self, typ: int, ne: tuple[int, ...], nb: tuple[int, ...]) -> int:
         """ggml_nbytes, in exact integers."""
@@ -108,7 +119,73 @@ class TensorCheck:
             raise Refused(f"region offset {offset} size {size} is outside the tensor's buffer")
 
     def graph(self, payload: bytes, n_devices: int, buffers: dict[int, tuple[int, int]]) -> int:
-        """Check a GRAPH_COMPUTE payload; returns its device."""
+        """Check a GRAPH_COMPUTE payload; returns its device. A head on a GPU sends a new graph with
+        almost every token (its KV views grow), hundreds of tensors each: they are checked as arrays
+        (:meth:`graph_arrays`), and only a graph that fails there is gone through tensor by tensor
+        (:meth:`graph_exact`), which says what is wrong with it."""
+        device = self.graph_arrays(payload, n_devices, buffers)
+        return device if device is not None else self.graph_exact(payload, n_devices, buffers)
+
+    def graph_arrays(self, payload: bytes, n_devices: int, buffers: dict[int, tuple[int, int]]) -> int | None:
+        """The checks of :meth:`graph_exact` on all tensors at once: the device when every one passes,
+        None when any fails or a value is too large to be sure of in 64-bit arithmetic."""
+        if len(payload) < 8:
+            return None
+        device, n_nodes = struct.unpack_from("<II", payload, 0)
+        if device >= n_devices or n_nodes > MAX_GRAPH_ITEMS:
+            return None
+        off = 8 + 8 * n_nodes
+        if len(payload) < off + 4:
+            return None
+        (n_tensors,) = struct.unpack_from("<I", payload, off)
+        off += 4
+        if n_tensors > MAX_GRAPH_ITEMS or len(payload) != off + T * n_tensors:
+            return None
+        t = np.frombuffer(payload, dtype=TENSOR_FIELDS, count=n_tensors, offset=off)
+        if n_tensors:
+            typ = t["type"]
+            if int(typ.max()) >= GGML_TYPE_COUNT or int(t["op"].max()) >= GGML_OP_COUNT:
+                return None
+            blck = self._blck[typ]
+            if not blck.all():
+                return None
+            buf, data = t["buffer"], t["data"]
+            held = buf != 0
+            if data[~held].any():  # data without a buffer
+                return None
+            if held.any():
+                owners, which = np.unique(buf[held], return_inverse=True)
+                regions = [buffers.get(int(b)) for b in owners]
+                if any(r is None for r in regions):
+                    return None
+                base = np.array([r[0] for r in regions], dtype=np.uint64)[which]  # type: ignore[index]
+                size = np.array([r[1] for r in regions], dtype=np.uint64)[which]  # type: ignore[index]
+                ne, nb, d = t["ne"][held].astype(np.uint64), t["nb"][held].astype(np.uint64), data[held]
+                b, tsize = blck[held], self._tsize[typ[held]]
+                empty = (ne == 0).any(axis=1)
+                less = np.where(ne > 0, ne - 1, 0)
+                if float((less.astype(np.float64) * nb).sum(axis=1).max() + (ne[:, 0].astype(np.float64) * nb[:, 0]).max()) \
+                        >= EXACT_LIMIT or int(d.max()) >= EXACT_LIMIT or int((base + size).max()) >= EXACT_LIMIT:
+                    return None
+                tail = (less[:, 1:] * nb[:, 1:]).sum(axis=1)
+                n = np.where(b == 1, tsize + less[:, 0] * nb[:, 0] + tail, ne[:, 0] * nb[:, 0] // b + tail)
+                n = np.where(empty, 0, n)
+                if not ((d >= base) & (d + n <= base + size)).all():
+                    return None
+        ids = t["id"]
+        nodes = np.frombuffer(payload, dtype="<u8", count=n_nodes, offset=8)
+        nodes = nodes[nodes != 0]
+        if nodes.size and (not np.isin(nodes, ids).all() or np.unique(nodes).size != nodes.size):
+            return None
+        refs = np.concatenate([t["src"].ravel(), t["view_src"]])
+        refs = refs[refs != 0]
+        if refs.size and not np.isin(refs, ids).all():
+            return None
+        return device
+
+    def graph_exact(self, payload: bytes, n_devices: int, buffers: dict[int, tuple[int, int]]) -> int:
+        """The graph checked tensor by tensor, with Python's exact integers: its device, or Refused
+        saying what is wrong."""
         if len(payload) < 8:
             raise Refused("graph shorter than its header")
         device, n_nodes = struct.unpack_from("<II", payload, 0)
