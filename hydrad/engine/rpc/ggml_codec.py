@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import socket
 import struct
-
-import numpy as np
+from typing import Any
 
 # rpc_cmd of the bundled llama.cpp (ggml-rpc.cpp); protocol 7.x
 ALLOC_BUFFER, GET_ALIGNMENT, GET_MAX_SIZE, BUFFER_GET_BASE, FREE_BUFFER, BUFFER_CLEAR, SET_TENSOR, \
@@ -29,12 +28,6 @@ CAPS_SIZE = 24
 TENSOR = struct.Struct("<QIQ4I4II16ii10QQQQ64si")
 assert TENSOR.size == 296
 T = TENSOR.size
-# the fields of rpc_tensor a graph's check reads, at their offsets in the packed struct, for reading a
-# graph's tensors as one array
-TENSOR_FIELDS = np.dtype({"names": ["id", "type", "buffer", "ne", "nb", "op", "src", "view_src", "data"],
-                          "formats": ["<u8", "<u4", "<u8", ("<u4", (4,)), ("<u4", (4,)), "<u4", ("<u8", (MAX_SRC,)),
-                                      "<u8", "<u8"],
-                          "offsets": [0, 8, 12, 20, 36, 52, 124, 204, 220], "itemsize": T})
 EXACT_LIMIT = 1 << 62  # sizes and pointers past this are left to the exact (Python integer) check
 HEAD = struct.Struct("<BQ")  # a command: cmd, payload size
 SIZE = struct.Struct("<Q")  # an answer's payload size
@@ -74,9 +67,18 @@ class TensorCheck:
     of the peer that sent it. Sans-IO: bytes and a buffer table in, a reason to refuse (or None) out."""
 
     def __init__(self, sizes: list[tuple[int, int]]) -> None:
+        # numpy only now, never at import: the engine loads libllama before numpy (llama.preload_native)
+        import numpy as np
+
+        self.np = np
         self.sizes = sizes  # (block size, type size) per ggml type
         self._blck = np.array([b for b, _ in sizes], dtype=np.uint64)
         self._tsize = np.array([t for _, t in sizes], dtype=np.uint64)
+        # the fields of rpc_tensor a graph's check reads, at their offsets in the packed struct
+        self._fields = np.dtype({"names": ["id", "type", "buffer", "ne", "nb", "op", "src", "view_src", "data"],
+                                 "formats": ["<u8", "<u4", "<u8", ("<u4", (4,)), ("<u4", (4,)), "<u4",
+                                             ("<u8", (MAX_SRC,)), "<u8", "<u8"],
+                                 "offsets": [0, 8, 12, 20, 36, 52, 124, 204, 220], "itemsize": T})
 
     def nbytes(self, typ: int, ne: tuple[int, ...], nb: tuple[int, ...]) -> int:
         """ggml_nbytes, in exact integers."""
@@ -129,6 +131,7 @@ class TensorCheck:
     def graph_arrays(self, payload: bytes, n_devices: int, buffers: dict[int, tuple[int, int]]) -> int | None:
         """The checks of :meth:`graph_exact` on all tensors at once: the device when every one passes,
         None when any fails or a value is too large to be sure of in 64-bit arithmetic."""
+        np: Any = self.np
         if len(payload) < 8:
             return None
         device, n_nodes = struct.unpack_from("<II", payload, 0)
@@ -141,7 +144,7 @@ class TensorCheck:
         off += 4
         if n_tensors > MAX_GRAPH_ITEMS or len(payload) != off + T * n_tensors:
             return None
-        t = np.frombuffer(payload, dtype=TENSOR_FIELDS, count=n_tensors, offset=off)
+        t = np.frombuffer(payload, dtype=self._fields, count=n_tensors, offset=off)
         if n_tensors:
             typ = t["type"]
             if int(typ.max()) >= GGML_TYPE_COUNT or int(t["op"].max()) >= GGML_OP_COUNT:
