@@ -736,8 +736,9 @@ STEP_PARTS = ("submit", "overlap", "device_wait", "sample", "between")
 
 
 def step_counters(url: str) -> dict[str, float] | None:
-    """hydrad's engine-thread step counters (``/metrics``): steps and seconds per part; None from a
-    server without them (llama-server)."""
+    """A server's step counters from ``/metrics``: ``decodes`` (llama_decode calls, both servers;
+    llama-server with ``--metrics``), and hydrad's ``steps`` and seconds per part; None when there
+    are none."""
     try:
         text = httpx.get(url + "/metrics", timeout=10).text
     except httpx.HTTPError:

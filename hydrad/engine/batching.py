@@ -37,9 +37,9 @@ PRETOKENIZE_CHARS = 32 << 10
 thread: tokenizing 50 MB on the engine thread stalled every stream for about 22 s."""
 
 MAX_CHARS_PER_TOKEN = 64
-STEP_GAP_S = 0.05  # a step starting sooner than this after the last one counts its gap as between steps
 """A prompt with more characters than this times the context cannot fit (no tokenizer of the
 supported families averages more than a few characters a token): refused before tokenizing."""
+STEP_GAP_S = 0.05  # a step starting sooner than this after the last one counts its gap as between steps
 
 class PromptTooLong(ValueError):
     """A prompt refused by its length before tokenizing (400 ``context_length_exceeded``).

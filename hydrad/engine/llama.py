@@ -608,6 +608,7 @@ class _Grammar:
 
 
 PRESELECT_MIN_VOCAB = 100_000
+PRESELECT_WIDTHS = (8.0, 16.0, 32.0, 64.0)  # band widths tried: a sampled row's top 40 rarely lie within 4
 
 
 class Sampler:
@@ -626,32 +627,26 @@ class Sampler:
         self.argmax = (s.temperature <= 0 and n_vocab > 0 and s.repeat_penalty == 1.0
                        and not s.frequency_penalty and not s.presence_penalty and self.grammar is None)
         self.n_vocab = n_vocab
-        if self.argmax:
-            import numpy as np  # after libllama (preload_native); once per request, not per token
-
-            self._as_array = np.ctypeslib.as_array
-            self._ban = np.asarray(s.ban, dtype=np.int64) if s.ban else None
-            self._neg_inf = -np.inf
-            self.ptr = None
-            return
         # Sampled without penalties: the chain's first filter is top-k, so the k largest logits, found
-        # over the row with numpy (a compare and a count, not a sort), are all the chain needs to see:
-        # llama_sampler_sample would build and sort an n_vocab-entry candidate array per row and token
-        # (1.5 ms a step for 8 SmolLM2 rows on the GPU host, the engine thread's largest part).
+        # over the row with numpy (a compare and a count, not a sort), are all the chain needs to see,
+        # where llama_sampler_sample builds and sorts an n_vocab-entry candidate array per row and token.
         # Only for large vocabularies: below PRESELECT_MIN_VOCAB the chain's own top-k (a bucket sort)
         # is as fast (SmolLM2's 49,152: 67 µs a row either way on the 2-core machine; Gemma's 262,144:
         # 214 µs → 119 µs).
         self.preselect = (s.temperature > 0 and 0 < s.top_k < n_vocab and n_vocab >= PRESELECT_MIN_VOCAB
                           and s.repeat_penalty == 1.0 and not s.frequency_penalty and not s.presence_penalty
                           and self.grammar is None)
-        self._widths = (8.0, 16.0, 32.0, 64.0)  # band widths tried: a sampled row's top 40 rarely lie within 4
-        if self.preselect:
-            import numpy as np  # after libllama (preload_native)
+        if self.argmax or self.preselect:  # both read the logits row with numpy
+            import numpy as np  # after libllama (preload_native); once per request, not per token
 
             self._np = np
             self._as_array = np.ctypeslib.as_array
             self._ban = np.asarray(s.ban, dtype=np.int64) if s.ban else None
             self._neg_inf = -np.inf
+        if self.argmax:
+            self.ptr = None
+            return
+        if self.preselect:
             self._k = s.top_k
             self._cand = (C.llama_token_data * s.top_k)()
             self._cand_np = np.frombuffer(self._cand, dtype=np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")]))
@@ -688,29 +683,29 @@ class Sampler:
         if self.grammar is not None:
             return self._sample_constrained(ctx, idx)
         if self.argmax:
-            row = lib().llama_get_logits_ith(ctx.ptr, idx)  # waits for the device, like the chain would
-            if not row:
-                raise RuntimeError(f"no logits for batch row {idx}")
-            logits = self._as_array(row, shape=(self.n_vocab,))
-            if self._ban is not None:
-                logits[self._ban] = self._neg_inf  # this row is read by nobody after us
-            return int(logits.argmax())
+            return int(self._row(ctx, idx).argmax())
         if self.preselect:
             return self._sample_preselected(ctx, idx)
         # llama_sampler_sample also accepts the token into the chain (penalty history)
         return int(lib().llama_sampler_sample(self.ptr, ctx.ptr, idx))
 
-    def _sample_preselected(self, ctx: Context, idx: int) -> int:
-        """What llama_sampler_sample does (apply the chain, take the selected token, accept it), on the
-        row's top-k candidates instead of all n_vocab."""
-        C = lib()
-        row = C.llama_get_logits_ith(ctx.ptr, idx)  # waits for the device, like the chain would
+    def _row(self, ctx: Context, idx: int) -> Any:
+        """Batch row ``idx``'s logits as a numpy view, banned tokens set to -inf (the row is read by
+        nobody after the sampler). Waits for the device, as the chain would."""
+        row = lib().llama_get_logits_ith(ctx.ptr, idx)
         if not row:
             raise RuntimeError(f"no logits for batch row {idx}")
         logits = self._as_array(row, shape=(self.n_vocab,))
         if self._ban is not None:
-            logits[self._ban] = self._neg_inf  # this row is read by nobody after us
-        ids = top_ids(self._np, logits, self._k, widths=self._widths)
+            logits[self._ban] = self._neg_inf
+        return logits
+
+    def _sample_preselected(self, ctx: Context, idx: int) -> int:
+        """What llama_sampler_sample does (apply the chain, take the selected token, accept it), on the
+        row's top-k candidates instead of all n_vocab."""
+        C = lib()
+        logits = self._row(ctx, idx)
+        ids = top_ids(self._np, logits, self._k, widths=PRESELECT_WIDTHS)
         cand = self._cand_np
         n = len(ids)
         cand["id"][:n] = ids

@@ -188,7 +188,8 @@ def test_a_burst_arriving_at_an_idle_engine_starts_in_one_step(smollm_path: Path
     """Requests that reach an idle engine together are admitted together: the event loop parses one
     request at a time, and the ones submitted in one pass of the loop go to the engine thread at once,
     so four short prompts arriving together are prefilled in one llama_decode, not the first alone and
-    the others a step later. (Written to four open connections back to back, as a burst arrives.)"""
+    the others a step later. (Each request is written to its own connection but its last byte, then the
+four last bytes back to back, as a burst arrives.)"""
     import socket
     from urllib.parse import urlsplit
 
@@ -206,8 +207,12 @@ def test_a_burst_arriving_at_an_idle_engine_starts_in_one_step(smollm_path: Path
     for _ in range(5):
         conns = [socket.create_connection((host, port), timeout=60) for _ in range(4)]
         before = metric(e, "llamacpp:n_decode_total")
-        for i, c in enumerate(conns):
-            c.sendall(raw(i))
+        bodies = [raw(i) for i in range(len(conns))]
+        for c, b in zip(conns, bodies):  # all but the last byte: no request is complete yet
+            c.sendall(b[:-1])
+        time.sleep(0.05)
+        for c, b in zip(conns, bodies):  # then the last bytes back to back: the four complete together
+            c.sendall(b[-1:])
         for c in conns:
             answer = b""
             while chunk := c.recv(65536):

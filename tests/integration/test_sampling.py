@@ -5,6 +5,7 @@ banned tokens (``ignore_eos``)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -12,31 +13,42 @@ from hydrad.engine import llama
 from hydrad.common.params import RuntimeParams
 
 
-def _greedy(ban: tuple[int, ...] = ()) -> llama.Sampling:
+def _greedy(ban: tuple[int, ...] = (), seed: int = 1) -> llama.Sampling:
     return llama.Sampling(temperature=0, top_k=40, top_p=0.95, min_p=0.05, repeat_penalty=1.0, repeat_last_n=64,
-                          frequency_penalty=0, presence_penalty=0, seed=1, ban=ban)
+                          frequency_penalty=0, presence_penalty=0, seed=seed, ban=ban)
 
 
-@pytest.mark.parametrize("which", ["smollm", "gemma"])
-def test_argmax_picks_what_the_greedy_chain_picks(which: str, request: pytest.FixtureRequest) -> None:
-    path: Path = request.getfixturevalue(f"{which}_path")
+def _sampled(ban: tuple[int, ...] = (), seed: int = 7) -> llama.Sampling:
+    return llama.Sampling(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, repeat_penalty=1.0, repeat_last_n=64,
+                          frequency_penalty=0, presence_penalty=0, seed=seed, ban=ban)
+
+
+def _shortcut_agrees(path: Path, make: Callable[..., llama.Sampling], shortcut: str, prompt: str,
+                     steps: int) -> list[int]:
+    """Decode ``steps`` tokens of ``prompt``; at every step a sampler taking ``shortcut`` (the
+    attribute that says so) and the full chain (a sampler told of no vocabulary takes none), built
+    from the same ``make(ban, seed)``, must pick the same token, without and with the end-of-generation
+    tokens banned. Returns the tokens picked."""
     llama.preload_native()
     params = RuntimeParams(n_gpu_layers=0, n_ctx=512, n_parallel=1, n_threads=2)
     model = llama.Model.load(path, params)
     ctx = llama.Context(model, params)
     batch = llama.Batch(512)
+    samplers: list[llama.Sampler] = []
     try:
         eog = tuple(model.eog_tokens())
-        fast, chain = llama.Sampler(_greedy(), model.n_vocab), llama.Sampler(_greedy(), 0)
-        fast_ban, chain_ban = llama.Sampler(_greedy(eog), model.n_vocab), llama.Sampler(_greedy(eog), 0)
-        assert fast.argmax and fast_ban.argmax and not chain.argmax and not chain_ban.argmax
-        tokens = model.tokenize("The three primary colours are", True, False)
+        fast, chain = llama.Sampler(make((), 1), model.n_vocab), llama.Sampler(make((), 1), 0)
+        fast_ban, chain_ban = llama.Sampler(make(eog, 9), model.n_vocab), llama.Sampler(make(eog, 9), 0)
+        samplers = [fast, chain, fast_ban, chain_ban]
+        assert getattr(fast, shortcut) and getattr(fast_ban, shortcut)
+        assert not getattr(chain, shortcut) and not getattr(chain_ban, shortcut)
+        tokens = model.tokenize(prompt, True, False)
         batch.clear()
         idx = batch.add_run(tokens, 0, 0, True)
         out: list[int] = []
-        for step in range(24):
+        for step in range(steps):
             assert batch.decode(ctx) == 0
-            # the banned pair first: the argmax writes -inf into the row it reads
+            # the banned pair first: a shortcut writes -inf into the row it reads
             want_ban = chain_ban.sample(ctx, idx)
             want = chain.sample(ctx, idx)
             got = fast.sample(ctx, idx)
@@ -45,56 +57,29 @@ def test_argmax_picks_what_the_greedy_chain_picks(which: str, request: pytest.Fi
             out.append(got)
             batch.clear()
             idx = batch.add(got, len(tokens) + step, 0, True)
-        assert len(set(out)) > 3  # a real continuation, not one token repeated
+        return out
     finally:
-        for s in (fast, chain, fast_ban, chain_ban):
-            s.free()
+        for smp in samplers:
+            smp.free()
         batch.free()
         ctx.free()
         model.free()
 
 
-def _sampled(ban: tuple[int, ...] = (), seed: int = 7) -> llama.Sampling:
-    return llama.Sampling(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, repeat_penalty=1.0, repeat_last_n=64,
-                          frequency_penalty=0, presence_penalty=0, seed=seed, ban=ban)
+@pytest.mark.parametrize("which", ["smollm", "gemma"])
+def test_argmax_picks_what_the_greedy_chain_picks(which: str, request: pytest.FixtureRequest) -> None:
+    path: Path = request.getfixturevalue(f"{which}_path")
+    out = _shortcut_agrees(path, _greedy, "argmax", "The three primary colours are", 24)
+    assert len(set(out)) > 3  # a real continuation, not one token repeated
 
 
 def test_top_k_preselection_samples_what_the_full_chain_samples(gemma_path: Path) -> None:
     """A sampled request's chain run on the row's top-k candidates (found with numpy) against the same
     chain over all n_vocab logits (llama_sampler_sample), same seed: the same token every step, with
     and without banned tokens. Gemma-3's 262,144-token vocabulary is where the preselection is used."""
-    path = gemma_path
     llama.preload_native()
-    params = RuntimeParams(n_gpu_layers=0, n_ctx=512, n_parallel=1, n_threads=2)
-    model = llama.Model.load(path, params)
-    ctx = llama.Context(model, params)
-    batch = llama.Batch(512)
-    try:
-        small = llama.Sampler(_sampled(), 49_152)
-        assert not small.preselect  # SmolLM2's size: the chain's own top-k is as fast
-        small.free()
-        eog = tuple(model.eog_tokens())
-        fast, chain = llama.Sampler(_sampled(), model.n_vocab), llama.Sampler(_sampled(), 0)
-        fast_ban, chain_ban = llama.Sampler(_sampled(eog, 9), model.n_vocab), llama.Sampler(_sampled(eog, 9), 0)
-        assert fast.preselect and fast_ban.preselect and not chain.preselect and not chain_ban.preselect
-        tokens = model.tokenize("Once upon a time, in a village by the sea,", True, False)
-        batch.clear()
-        idx = batch.add_run(tokens, 0, 0, True)
-        out: list[int] = []
-        for step in range(48):
-            assert batch.decode(ctx) == 0
-            want = chain.sample(ctx, idx)
-            got = fast.sample(ctx, idx)
-            assert got == want, (step, got, want)
-            want_ban = chain_ban.sample(ctx, idx)  # before the fast one writes -inf into the row
-            assert fast_ban.sample(ctx, idx) == want_ban and want_ban not in eog
-            out.append(got)
-            batch.clear()
-            idx = batch.add(got, len(tokens) + step, 0, True)
-        assert len(set(out)) > 10  # sampled text, not a loop
-    finally:
-        for s in (fast, chain, fast_ban, chain_ban):
-            s.free()
-        batch.free()
-        ctx.free()
-        model.free()
+    small = llama.Sampler(_sampled(), 49_152)
+    assert not small.preselect  # SmolLM2's size: the chain's own top-k is as fast
+    small.free()
+    out = _shortcut_agrees(gemma_path, _sampled, "preselect", "Once upon a time, in a village by the sea,", 48)
+    assert len(set(out)) > 10  # sampled text, not a loop

@@ -249,6 +249,7 @@ class GgmlRelay:
             with self._lock:
                 for ptr in list(peer.buffers):
                     self._queue_up(HEAD.pack(FREE_BUFFER, 8) + SIZE.pack(ptr))
+                if peer.buffers:
                     self._current_graph.clear()  # the server drops every stored graph on a free
                 self._flush_up()
         except UpstreamLost:
@@ -457,9 +458,9 @@ class GgmlRelay:
         assert self._up is not None
         buf = bytearray(8 + expect)
         view = memoryview(buf)
-        got = 0
         try:
-            while got < 8:
+            got = 0
+            while got < 8:  # as much as has arrived: usually the whole answer
                 k = self._up.recv_into(view[got:])
                 if not k:
                     raise ConnectionError("connection closed")
@@ -467,11 +468,8 @@ class GgmlRelay:
             (n,) = SIZE.unpack_from(buf, 0)
             if n != expect:
                 raise OSError(f"answer of {n} bytes where {expect} were due")
-            while got < 8 + expect:
-                k = self._up.recv_into(view[got:])
-                if not k:
-                    raise ConnectionError("connection closed")
-                got += k
+            if got < 8 + expect:
+                _recv_exact(self._up, 8 + expect - got, view[got:])  # type: ignore[arg-type]
         except (OSError, ConnectionError) as exc:
             raise self._lost(exc) from None
         return buf
