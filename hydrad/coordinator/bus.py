@@ -253,14 +253,12 @@ class CoordinatorBus:
     # ----- receiving -------------------------------------------------------------------
 
     async def _read(self) -> None:
+        """The one reader of the ROUTER. After each awaited message it takes what else has already
+        arrived through a plain (shadow) socket, up to READ_BATCH: an awaited receive costs a future
+        and an event-loop pass, and under many streams most messages are already waiting."""
         assert self._router is not None
-        n = 0
+        plain = zmq.Socket.shadow(self._router.underlying)
         while True:
-            n += 1
-            if n % READ_BATCH == 0:
-                # a queued message resolves the receive at once, without yielding: under a flood the
-                # reader would hold the event loop and the front door with it
-                await asyncio.sleep(0)
             try:
                 frames = await self._router.recv_multipart()
             except asyncio.CancelledError:
@@ -271,10 +269,23 @@ class CoordinatorBus:
                 self._warn("recv", "bus receive failed", error=str(exc))
                 await asyncio.sleep(0.01)
                 continue
-            try:
-                self._on_frames(frames)
-            except Exception as exc:  # a handler bug must not end the one reader
-                log_event(log, logging.ERROR, "bus message handler failed", error=repr(exc), exc_info=True)
+            self._handle(frames)
+            for _ in range(READ_BATCH - 1):
+                try:
+                    frames = plain.recv_multipart(zmq.NOBLOCK)
+                except zmq.ZMQError:  # EAGAIN: nothing more waiting (or closed: the awaited receive says so)
+                    break
+                self._handle(frames)
+            else:
+                # a full batch: more is queued, and a queued message resolves the awaited receive at once,
+                # without yielding; under a flood the reader would hold the event loop and the front door
+                await asyncio.sleep(0)
+
+    def _handle(self, frames: list[bytes]) -> None:
+        try:
+            self._on_frames(frames)
+        except Exception as exc:  # a handler bug must not end the one reader
+            log_event(log, logging.ERROR, "bus message handler failed", error=repr(exc), exc_info=True)
 
     def _on_frames(self, frames: list[bytes]) -> None:
         ident = frames[0]

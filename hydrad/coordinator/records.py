@@ -60,7 +60,10 @@ StreamEvent = M.Tokens | M.Done | M.Error | EngineLost
 
 
 class RequestStream:
-    """The events of one GENERATE, pushed by the reader task, pulled by one front-door handler."""
+    """The events of one GENERATE, pushed by the reader task, pulled by one front-door handler.
+
+    Waiting is a bare future and a timer rather than ``asyncio.wait_for``: this runs once per
+    streamed token, and wait_for's task and event cost more than the rest of the token's relay."""
 
     def __init__(self, req: str, engine: str, logprobs: int | None = None) -> None:
         self.req = req
@@ -68,7 +71,7 @@ class RequestStream:
         self.logprobs = logprobs  # what its GENERATE asked: the reply renders log-probabilities when not None
         self.t0 = time.monotonic()
         self._items: deque[StreamEvent] = deque()
-        self._wake = asyncio.Event()
+        self._waiter: asyncio.Future[None] | None = None
         self.finished = False
 
     def push(self, ev: StreamEvent) -> bool:
@@ -79,18 +82,32 @@ class RequestStream:
         self._items.append(ev)
         if isinstance(ev, (M.Done, M.Error, EngineLost)):
             self.finished = True
-        self._wake.set()
+        _wake(self._waiter)
         return True
+
+    def ready(self) -> bool:
+        """Whether :meth:`next` would return at once."""
+        return bool(self._items)
 
     async def next(self, timeout: float) -> StreamEvent | None:
         """The next event, or None after ``timeout`` seconds without one."""
         if not self._items:
-            self._wake.clear()
+            loop = asyncio.get_running_loop()
+            waiter = self._waiter = loop.create_future()
+            timer = loop.call_later(timeout, _wake, waiter)
             try:
-                await asyncio.wait_for(self._wake.wait(), timeout)
-            except asyncio.TimeoutError:
+                await waiter
+            finally:
+                timer.cancel()
+                self._waiter = None
+            if not self._items:
                 return None
         return self._items.popleft()
+
+
+def _wake(waiter: asyncio.Future[None] | None) -> None:
+    if waiter is not None and not waiter.done():
+        waiter.set_result(None)
 
 
 @dataclass

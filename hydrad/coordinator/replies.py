@@ -102,16 +102,20 @@ async def collect(bus: CoordinatorBus, token_timeout_s: float, turn: Turn, strea
 
 async def relay(bus: CoordinatorBus, token_timeout_s: float, turn: Turn, stream: RequestStream, first: Any,
                 fingerprint: Callable[[], str], record: Callable[[Turn, str, M.Done], None]) -> AsyncIterator[bytes]:
-    """A streaming request's answer, as server-sent events."""
+    """A streaming request's answer, as server-sent events.
+
+    Events already waiting in the stream go out in one write: each write is a send on the client's
+    socket, and when the reader has fallen behind, one send per token is what keeps it behind."""
     created = int(time.time())
     fp = fingerprint()
     k, rid, model = turn.kind, turn.rid, turn.model
     texts: list[str] = []
     offsets = None if stream.logprobs is None else lp.TextOffsets()
     n_calls = 0
+    out: list[bytes] = []
     try:
         if k == "chat":
-            yield openai.chunk(k, rid, model, created, "", None, fp, first=True)
+            out.append(openai.chunk(k, rid, model, created, "", None, fp, first=True))
         ev = first
         while True:
             if isinstance(ev, M.Tokens):
@@ -119,38 +123,39 @@ async def relay(bus: CoordinatorBus, token_timeout_s: float, turn: Turn, stream:
                 texts.append(text)
                 probs = None if offsets is None else lp.render(k, _probs(ev), offsets)
                 calls = _calls(ev)
-                yield openai.chunk(k, rid, model, created, text, None, fp, logprobs=probs,
-                                   calls=toolcalls.delta(calls, n_calls))
+                out.append(openai.chunk(k, rid, model, created, text, None, fp, logprobs=probs,
+                                        calls=toolcalls.delta(calls, n_calls)))
                 n_calls += len(calls)
             elif isinstance(ev, M.Done):
                 fp = ev.fingerprint or fp
-                yield openai.chunk(k, rid, model, created, None, ev.finish_reason, fp)
+                out.append(openai.chunk(k, rid, model, created, None, ev.finish_reason, fp))
                 if turn.include_usage:
-                    yield openai.usage_chunk(k, rid, model, created, ev.usage.openai(), fp)
-                yield openai.DONE
+                    out.append(openai.usage_chunk(k, rid, model, created, ev.usage.openai(), fp))
+                out.append(openai.DONE)
+                yield b"".join(out)
                 record(turn, "".join(texts), ev)
                 return
             elif isinstance(ev, M.Error):
-                yield openai.sse(api_error(ev).body())
-                yield openai.DONE
+                yield b"".join((*out, openai.sse(api_error(ev).body()), openai.DONE))
                 return
             elif isinstance(ev, EngineLost):
                 log_event(log, logging.WARNING, "engine failed mid-stream", req=rid, engine=turn.engine, error=ev.reason)
-                yield openai.sse(ApiError(502, f"engine {turn.engine} failed mid-stream: {ev.reason}",
-                                          "engine_failed").body())
-                yield openai.DONE
+                yield b"".join((*out, openai.sse(ApiError(502, f"engine {turn.engine} failed mid-stream: {ev.reason}",
+                                                          "engine_failed").body()), openai.DONE))
                 return
+            if out and not stream.ready():
+                yield b"".join(out)
+                out = []
             ev = await stream.next(token_timeout_s)
             if ev is None:
                 log_event(log, logging.WARNING, "engine went silent mid-stream", req=rid, engine=turn.engine)
-                yield openai.sse(ApiError(504, f"engine {turn.engine} sent nothing for "
-                                               f"{token_timeout_s:g} s", "timeout").body())
-                yield openai.DONE
+                yield b"".join((*out, openai.sse(ApiError(504, f"engine {turn.engine} sent nothing for "
+                                                              f"{token_timeout_s:g} s", "timeout").body()), openai.DONE))
                 return
     except Exception as exc:  # headers are out: a bug here must still end the stream properly
         log_event(log, logging.ERROR, "stream failed", req=rid, error=repr(exc), exc_info=True)
-        yield openai.sse(ApiError(500, "internal error (see the coordinator log)", "internal_error").body())
-        yield openai.DONE
+        yield b"".join((*out, openai.sse(ApiError(500, "internal error (see the coordinator log)",
+                                                  "internal_error").body()), openai.DONE))
     finally:
         if not stream.finished:
             bus.cancel(stream)
