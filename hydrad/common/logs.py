@@ -20,12 +20,14 @@ import math
 import os
 import re
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from typing import TextIO
 
 __all__ = [
     "JsonFormatter",
+    "LogThrottle",
     "LogfmtFormatter",
     "format_value",
     "level_name",
@@ -236,6 +238,35 @@ def log_event(
     levelno = parse_level(level)
     if logger.isEnabledFor(levelno):
         logger.log(levelno, msg, exc_info=exc_info, extra={"fields": fields}, stacklevel=2)
+
+
+class LogThrottle:
+    """Logs an event that a peer can repeat at will (junk on a port, a stranger on the bus) at most once
+    per ``interval_s`` per key, so that a flood costs a dictionary lookup per event instead of a log
+    line; the next line logged for a key carries ``suppressed``, how many were left out meanwhile.
+    Safe to call from several threads."""
+
+    def __init__(self, interval_s: float = 10.0, max_keys: int = 10_000) -> None:
+        self.interval_s = interval_s
+        self.max_keys = max_keys
+        self._seen: dict[str, tuple[float, int]] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, logger: logging.Logger, level: str | int, key: str, msg: str, /, **fields: object) -> bool:
+        """Log unless ``key`` was logged less than ``interval_s`` ago; True when it was logged."""
+        now = time.monotonic()
+        with self._lock:
+            last, skipped = self._seen.get(key, (-math.inf, 0))
+            if now - last < self.interval_s:
+                self._seen[key] = (last, skipped + 1)
+                return False
+            if len(self._seen) >= self.max_keys:
+                self._seen.clear()
+            self._seen[key] = (now, 0)
+        if skipped:
+            fields["suppressed"] = skipped
+        log_event(logger, level, msg, **fields)
+        return True
 
 
 class _HydraHandler(logging.StreamHandler[TextIO]):

@@ -222,6 +222,7 @@ class ParamLayers:
     yaml: dict[str, Any] = field(default_factory=dict)
     runtime: dict[str, Any] = field(default_factory=dict)
     model_defaults: Any = None  # callable(model) -> dict, from the registry
+    _sources_memo: tuple[str, dict[str, dict[str, Any]]] | None = field(default=None, repr=False, compare=False)
 
     def _model_layer(self, model: str | None) -> dict[str, Any]:
         if model is None or self.model_defaults is None:
@@ -237,7 +238,18 @@ class ParamLayers:
         return self.effective_for(self.runtime)
 
     def sources(self) -> dict[str, dict[str, Any]]:
-        """Each field's effective value and the layer it came from."""
+        """Each field's effective value and the layer it came from. Remembered for the layers' current
+        contents: every INFO and ``/health?verbose`` asks, and validating the merged layers costs a
+        millisecond on the engine thread, between decode steps."""
+        try:
+            key = json.dumps([self.yaml, self.runtime], sort_keys=True, default=repr)
+        except (TypeError, ValueError):  # keys that do not sort: compute without remembering
+            return self._sources()
+        if self._sources_memo is None or self._sources_memo[0] != key:
+            self._sources_memo = (key, self._sources())
+        return {name: dict(row) for name, row in self._sources_memo[1].items()}
+
+    def _sources(self) -> dict[str, dict[str, Any]]:
         eff = self.effective()
         model_layer = self._model_layer(eff.model)
         out: dict[str, dict[str, Any]] = {}

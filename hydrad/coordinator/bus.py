@@ -41,7 +41,7 @@ import zmq.asyncio
 
 from hydrad.common import tokenfile
 from hydrad.wire import messages as M
-from hydrad.common.logs import log_event
+from hydrad.common.logs import LogThrottle, log_event
 from hydrad.coordinator.records import (  # noqa: F401 (re-exported: the bus's public types)
     EngineLost, EngineRecord, EngineUnreachable, RequestStream, RequestUnsendable, engine_of,
 )
@@ -75,7 +75,7 @@ class CoordinatorBus:
         self._router: zmq.asyncio.Socket | None = None
         self._pub: zmq.asyncio.Socket | None = None
         self._tasks: list[asyncio.Task[None]] = []
-        self._warned: dict[str, float] = {}
+        self._throttle = LogThrottle()
         self._asked: dict[bytes, float] = {}  # identity → when it was last answered REREGISTER
         self._registers: dict[bytes, float] = {}  # identity → when its last REGISTER was decoded
         self._ids = itertools.count(1)
@@ -482,12 +482,7 @@ class CoordinatorBus:
 
     def _warn(self, key: str, text: str, **fields: Any) -> None:
         """Log a problem a peer can repeat at will at most every 10 s per key (and per engine)."""
-        now = time.monotonic()
-        if now - self._warned.get(key, -1e9) >= 10.0:
-            self._warned[key] = now
-            if len(self._warned) > 10_000:
-                self._warned.clear()
-            log_event(log, logging.WARNING, text, **fields)
+        self._throttle(log, logging.WARNING, key, text, **fields)
 
 
 def bus_token_path(settings: Any) -> Path | None:

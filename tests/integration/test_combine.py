@@ -156,7 +156,7 @@ def test_a_control_flood_at_the_peers_port_drops_no_combine_compute(head: Engine
     load(head, model="smollm2-135m", rpc_servers=[endpoint], tensor_split=[0.5, 0.5])
     quiet = greedy(head)
     report: dict[str, Any] = {}
-    attack = threading.Thread(target=lambda: report.update(floods.control(rpc_port(peer), 300, 4, workers=32)))
+    attack = threading.Thread(target=lambda: report.update(floods.control(rpc_port(peer), 300, 4)))
     attack.start()
     answers = []
     while attack.is_alive() and len(answers) < 6:

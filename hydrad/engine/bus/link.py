@@ -50,7 +50,7 @@ from hydrad.engine.control import EngineControl
 from hydrad.engine.refusals import refusal
 from hydrad.engine.core import PromptTooLong
 from hydrad.engine.requests import Done, Failed, Token
-from hydrad.common.logs import log_event
+from hydrad.common.logs import LogThrottle, log_event
 from hydrad.engine.settings import EngineSettings
 
 log = logging.getLogger("hydrad.bus")
@@ -119,7 +119,7 @@ class EngineLink:
         self._speed = _Speed()
         self._gpu = M.GpuInfo()
         self._gpu_at = 0.0
-        self._warned: dict[str, float] = {}
+        self._throttle = LogThrottle()
         self._closing = False
         self._token: str | None = None
         self._refused: str | None = None  # why the coordinator refused the last REGISTER, until admitted
@@ -264,10 +264,7 @@ class EngineLink:
 
     def _warn(self, key: str, text: str, **fields: Any) -> None:
         """Log a repeated problem at most every 10 s."""
-        now = time.monotonic()
-        if now - self._warned.get(key, -1e9) >= 10.0:
-            self._warned[key] = now
-            log_event(log, logging.WARNING, text, **fields)
+        self._throttle(log, logging.WARNING, key, text, **fields)
 
     def _register(self) -> M.Register:
         return M.Register(engine=self.settings.name, instance=f"{self.instance}.{self._epoch}", version=__version__,

@@ -2,9 +2,9 @@
 
 ``0x0E`` (ggml-RPC HELLO) goes to the ggml relay (hydrad/engine/rpc/ggml_relay.py), which checks each
 command before llama.cpp's in-process server sees it; ``0x30–0x46`` are Hydra's binary ops
-(docs/rpc-protocol.md); anything else is closed. Sockets are blocking and served by threads: the
-relay is on the per-token path of a peer's compute, where a thread doing recv/sendall beats an
-event-loop hop. Handlers that need the engine hop onto the event loop with run_coroutine_threadsafe.
+(docs/rpc-protocol.md); anything else is closed. Sockets are blocking and served by threads, kept
+between connections (hydrad/engine/rpc/workers.py): the relay is on the per-token path of a peer's
+compute, where a thread doing recv/sendall beats an event-loop hop. Handlers that need the engine hop onto the event loop with run_coroutine_threadsafe.
 
 Every connection is gated like HTTP ``/control``: the peer address must be inside
 ``control_allow_from``, and on an engine with a token a control connection must open with HELLO
@@ -29,9 +29,10 @@ from hydrad.engine.gpu import bound_device
 from hydrad.engine.control import EngineControl
 from hydrad.engine.refusals import refusal
 from hydrad.engine.core import StateError
-from hydrad.common.logs import log_event
+from hydrad.common.logs import LogThrottle, log_event
 from hydrad.wire import protocol as P
 from hydrad.engine.rpc.ggml_relay import GgmlRelay
+from hydrad.engine.rpc.workers import ConnectionWorkers
 from hydrad.wire.kvstream import StateReceiver, chunked
 from hydrad.engine.settings import EngineSettings
 from hydrad.wire.errors import STATE_STATUS
@@ -66,6 +67,8 @@ class MergedPort:
         self._pending: OrderedDict[int, socket.socket] = OrderedDict()  # not yet identified, oldest first
         self._pending_lock = threading.Lock()
         self._ids = iter(range(1, 1 << 62))
+        self._throttle = LogThrottle()  # what a stranger can repeat at will is logged once per 10 s
+        self._workers = ConnectionWorkers(self._dispatch, lambda fn: self._spawn(fn))
         self._sock: socket.socket | None = None
         self._closing = False
         self.port = 0
@@ -97,16 +100,17 @@ class MergedPort:
             except OSError:
                 pass
             self._sock.close()
+        self._workers.close()
         if self.relay is not None:
             self.relay.close()
 
     def _spawn(self, target: Callable[..., None], *args: Any) -> None:
-        """Start one connection's thread (the seam where a thread that cannot start shows up)."""
+        """Start a connection worker's thread (the seam where a thread that cannot start shows up)."""
         threading.Thread(target=target, args=args, name="hydrad-rpc-conn", daemon=True).start()
 
     def _accept_loop(self) -> None:
-        """Never dies while the port is open: a failed accept is retried, and a connection whose thread
-        cannot start (threads or memory exhausted) is answered BUSY and closed on its own."""
+        """Never dies while the port is open: a failed accept is retried, and a connection for which no
+        worker is idle and none can start (threads or memory exhausted) is answered BUSY and closed."""
         assert self._sock is not None
         while not self._closing:
             try:
@@ -117,7 +121,7 @@ class MergedPort:
                 time.sleep(0.05)
                 continue
             try:
-                self._spawn(self._dispatch, conn, addr)
+                self._workers.submit(conn, addr)
             except BaseException as exc:  # RuntimeError("can't start new thread"), MemoryError, ...
                 self.stats["spawn_failures"] += 1
                 log_event(log, logging.ERROR, "cannot start a connection thread; answered BUSY", error=repr(exc))
@@ -176,12 +180,13 @@ class MergedPort:
         code = first[0]
         if code != P.GGML_RPC_HELLO and code not in P.FIRST_OPS:
             self.stats["closed_unknown"] += 1
-            log_event(log, logging.WARNING, "unknown first byte; closing", peer=peer, byte=f"0x{code:02x}")
+            self._throttle(log, logging.WARNING, f"unknown:{peer}", "unknown first byte; closing", peer=peer,
+                           byte=f"0x{code:02x}")
             return
         if not self.settings.allows_control(peer):
             self.stats["forbidden"] += 1
-            log_event(log, logging.WARNING, "merged port refused", peer=peer, reason="not in control_allow_from",
-                      protocol="ggml-RPC" if code == P.GGML_RPC_HELLO else "hydra")
+            self._throttle(log, logging.WARNING, f"refused:{peer}", "merged port refused", peer=peer,
+                           reason="not in control_allow_from", protocol="ggml-RPC" if code == P.GGML_RPC_HELLO else "hydra")
             if code != P.GGML_RPC_HELLO:
                 self._send_quietly(conn, P.error_frame(P.Status.UNAUTHORIZED, "forbidden",
                                                        f"the merged port is not open to {peer} (control_allow_from)"))

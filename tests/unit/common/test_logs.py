@@ -7,12 +7,13 @@ import json
 import logging
 import os
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from hydrad.common.logs import format_value, log_event, setup_logging, under_journald
+from hydrad.common.logs import LogThrottle, format_value, log_event, setup_logging, under_journald
 
 TS = r"ts=\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z"
 
@@ -184,3 +185,17 @@ def test_json_lines(monkeypatch: pytest.MonkeyPatch) -> None:
     line = lines(out)[0]
     assert line.startswith("<4>{")
     assert "ts" not in json.loads(line[3:])
+
+
+def test_a_throttled_event_is_logged_once_per_interval_and_counts_what_it_left_out() -> None:
+    stream = capture("info")
+    logger = logging.getLogger("hydrad.test.throttle")
+    throttle = LogThrottle(interval_s=0.2)
+    logged = [throttle(logger, logging.WARNING, "junk:peer", "junk", peer="p") for _ in range(50)]
+    assert logged == [True] + [False] * 49
+    assert throttle(logger, logging.WARNING, "junk:other", "junk", peer="q")  # keys apart
+    time.sleep(0.25)
+    assert throttle(logger, logging.WARNING, "junk:peer", "junk", peer="p")
+    out = [line for line in lines(stream) if "junk" in line]
+    assert len(out) == 3
+    assert "suppressed" not in out[0] and "suppressed=49" in out[2]

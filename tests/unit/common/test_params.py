@@ -491,3 +491,18 @@ def test_embedding_params_default_off_and_refuse_rank() -> None:
     assert RuntimeParams(embeddings=True, pooling="mean").pooling == "mean"
     with pytest.raises(ValidationError):
         RuntimeParams(pooling="rank")
+
+
+def test_sources_follow_every_change_of_the_layers() -> None:
+    """sources() is remembered per content of the layers: a change in place or by assignment shows."""
+    layers = ParamLayers(yaml={"n_ctx": 2048}, runtime={"temperature": 0.5})
+    first = layers.sources()
+    assert first["temperature"] == {"value": 0.5, "source": "runtime", "tier": first["temperature"]["tier"]}
+    first["temperature"]["value"] = 99  # a caller's copy: the next answer is not touched
+    assert layers.sources()["temperature"]["value"] == 0.5
+    layers.runtime["temperature"] = 0.7
+    assert layers.sources()["temperature"]["value"] == 0.7
+    layers.runtime = {}
+    assert layers.sources()["temperature"]["source"] != "runtime"
+    layers.yaml = {"n_ctx": 4096}
+    assert layers.sources()["n_ctx"] == {"value": 4096, "source": "yaml", "tier": layers.sources()["n_ctx"]["tier"]}
