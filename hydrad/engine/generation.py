@@ -66,6 +66,7 @@ def kv_family(info: llama.ModelInfo, path: Path) -> str:
     return hashlib.sha256(layout.encode()).hexdigest()[:24]
 
 
+WARMUP_PROMPT_TOKENS = 8  # the throw-away prompt of a new generation's warm-up (then one decode step)
 SPARE_TAIL = 4  # tokens past a shared prefix that still count as the same conversation (its last reply re-tokenized)
 
 
@@ -323,9 +324,19 @@ class Generation:
         return {"carried": carried, "dropped": dropped}
 
     def warmup(self) -> None:
-        """One tiny decode so the first user request does not pay for lazy allocations."""
+        """A short prompt and one decode step, thrown away, so that the first user request does not pay
+        for lazy work. Both shapes matter: on a GPU a batch of several tokens takes other kernels than a
+        single token (a multi-token attention product goes through cuBLAS, whose handle each new context
+        creates on first use), and under an overlap reload whatever the first request pays is a gap in
+        service."""
+        tok = self.bos if self.bos >= 0 else 0
+        n = max(1, min(WARMUP_PROMPT_TOKENS, self.ctx.n_batch - 1, self.ctx.n_ctx_seq - 1))
         self.batch.clear()
-        self.batch.add(self.bos if self.bos >= 0 else 0, 0, 0, True)
+        for pos in range(n):
+            self.batch.add(tok, pos, 0, pos == n - 1)
+        self.batch.decode(self.ctx)
+        self.batch.clear()
+        self.batch.add(tok, n, 0, True)
         self.batch.decode(self.ctx)
         self.ctx.clear()
 

@@ -284,3 +284,17 @@ def test_sighup_change_shadowed_by_a_runtime_setting_is_a_warning(smollm_path: P
     warning = [line for line in e.log().splitlines() if "YAML change has no effect" in line]
     assert warning and "level=warning" in warning[0] and "fields=n_ctx" in warning[0], e.log()[-2000:]
     assert e.http.get("/v1/models").json()["data"][0]["meta"]["n_ctx"] == 3072
+
+
+def test_a_new_generations_warm_up_leaves_nothing_behind(smollm_engine: Engine, gemma_path: Path) -> None:
+    """The warm-up (a short throw-away prompt and one decode step on each new generation) must leave no
+    KV behind: the first answer after a reload is the same as the second, and every slot is empty."""
+    e = smollm_engine
+    assert e.configure(model=str(gemma_path)).status_code == 200
+    eventually(lambda: e.http.get("/health").json(), 120, "gemma loaded",
+               until=lambda h: h["status"] == "ok" and h["model"] != "smollm2-135m")
+    assert all(row["n_tokens"] == 0 for row in e.http.get("/slots").json())
+    body = {"prompt": "The capital of France is", "max_tokens": 8, "temperature": 0, "cache_prompt": False}
+    first = e.http.post("/v1/completions", json=body).json()["choices"][0]["text"]
+    second = e.http.post("/v1/completions", json=body).json()["choices"][0]["text"]
+    assert first == second and first
