@@ -49,7 +49,7 @@ from hydrad.coordinator.replies import Lost, Turn, api_error, collect, disconnec
 from hydrad.coordinator.mobility import LEAVING_STAGES, SessionMobility
 from hydrad.coordinator.sessions import SessionKeeper
 from hydrad.coordinator.kvmove import Placements, TransferMeter, stream_slot
-from hydrad.coordinator.pdsplit import SplitPlan, TransferRates, plan_split
+from hydrad.coordinator.pdsplit import SplitPlan, TransferRates, plan_split, split_excluded
 from hydrad.coordinator.routing import (
     Decision, EngineView, ModelSpec, RouteRequest, route,
 )
@@ -415,6 +415,11 @@ class FrontDoor:
     # ----- the prefill/decode split -------------------------------------------------------------
 
     def _plan(self, rr: RouteRequest, decision: Decision) -> tuple[SplitPlan | None, str]:
+        why_not = split_excluded(rr, decision)
+        if why_not is None and sum(1 for r in self.bus.engines.values() if r.alive) < 2:
+            why_not = "one engine in the pool: no other to prefill on"
+        if why_not is not None:
+            return None, why_not
         return plan_split(rr, decision, self.views(rr.session_id, rr.prefix_hash, rr.model), self.specs,
                           TransferRates.of(self.meter))
 

@@ -75,16 +75,25 @@ def _measured(e: EngineView) -> bool:
     return e.prefill_tps > 0 and e.decode_tps > 0
 
 
+def split_excluded(req: RouteRequest, decision: Decision) -> str | None:
+    """Why no split can apply, judged from the request and the routing decision alone (so before the
+    engines' views are built: that is most of a plan's cost, paid per request); None when one might."""
+    if decision.engine is None or not decision.candidates:
+        return "no engine for the request"
+    if decision.step != "cost":
+        return f"routing chose {decision.engine} by {decision.step}: its KV is already there"
+    if req.stored_tokens > 0:
+        return "the session's KV is kept in the Store: restored, not prefilled"
+    return None
+
+
 def plan_split(req: RouteRequest, decision: Decision, engines: Sequence[EngineView],
                models: Mapping[str, ModelSpec], rates: TransferRates, *,
                policy: RoutingPolicy = DEFAULT_POLICY) -> tuple[SplitPlan | None, str]:
     """The cheapest split that beats every single engine, or None and why not (one sentence)."""
-    if decision.engine is None or not decision.candidates:
-        return None, "no engine for the request"
-    if decision.step != "cost":
-        return None, f"routing chose {decision.engine} by {decision.step}: its KV is already there"
-    if req.stored_tokens > 0:
-        return None, "the session's KV is kept in the Store: restored, not prefilled"
+    why_not = split_excluded(req, decision)
+    if why_not is not None:
+        return None, why_not
     by_name = {e.name: e for e in engines}
     singles: list[tuple[float, str]] = []
     for c in decision.candidates:
@@ -137,4 +146,4 @@ def _r(x: float) -> float:
     return round(x, 4)
 
 
-__all__ = ["SplitPlan", "TransferRates", "plan_split"]
+__all__ = ["SplitPlan", "TransferRates", "plan_split", "split_excluded"]
