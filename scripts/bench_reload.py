@@ -155,7 +155,9 @@ def main() -> int:
     ap.add_argument("--json", metavar="FILE")
     ap.add_argument("--markdown", action="store_true", help="append the table to docs/benchmarks.md")
     args = ap.parse_args()
-    models = tuple(args.models.split(","))
+    named = tuple(args.models.split(","))
+    # a GGUF path is handed to the engine absolute: it resolves a relative one under its models directory
+    models = tuple(str(Path(m).resolve()) if m.endswith(".gguf") and Path(m).is_file() else m for m in named)
     if len(models) != 2:
         raise SystemExit("--models takes two models")
     rows = []
@@ -164,7 +166,7 @@ def main() -> int:
             rows.append(run_policy(policy, args.switches, Path(tmp), models))
             print(json.dumps(rows[-1]), flush=True)
     cmd = "scripts/bench_reload.py " + " ".join(sys.argv[1:])
-    text = markdown(rows, ".venv/bin/python " + cmd.strip(), models)
+    text = markdown(rows, ".venv/bin/python " + cmd.strip(), named)
     print(text)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
