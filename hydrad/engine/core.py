@@ -454,6 +454,12 @@ class EngineCore(Loading, Batching, KvOps, EmbedJobs):
                         self.standby = old
                     else:
                         old.free()
+                # done from the moment the model serves: a client that sees /health turn 200 and then asks
+                # /control/loads/{id} must not find the load still "installing" (the loader thread writes
+                # the rest of the record when it wakes)
+                rec.phase, rec.progress = "done", 1.0
+                if rec.run_t0 is not None:
+                    rec.seconds = round(time.monotonic() - rec.run_t0, 3)
                 self._publish()
             elif isinstance(cmd, Rebuild):
                 t0 = time.monotonic()

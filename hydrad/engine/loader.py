@@ -38,6 +38,7 @@ class LoadRecord:
     started: float = field(default_factory=time.time)
     timings: dict[str, float] = field(default_factory=dict)
     seconds: float | None = None
+    run_t0: float | None = field(default=None, repr=False, compare=False)  # time.monotonic() when the loader began
     carried: dict[str, int] = field(default_factory=dict)
     abort: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
     ended: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)

@@ -94,7 +94,7 @@ class Loading:
 
     def _load_thread(self, rec: LoadRecord, resolved: ResolvedModel, params: RuntimeParams,
                      on_success: Callable[[], None] | None) -> None:
-        t0 = time.monotonic()
+        t0 = rec.run_t0 = time.monotonic()
         reloading = self.gen is not None
         last = [0.0]
 
@@ -151,7 +151,8 @@ class Loading:
             self._set_stage("ready" if self.gen else "idle")
             rec.end()
             return
-        rec.seconds = round(time.monotonic() - t0, 3)
+        if rec.seconds is None:  # the engine thread sets it when it installs (with the phase)
+            rec.seconds = round(time.monotonic() - t0, 3)
         rec.phase, rec.progress = "done", 1.0
         self.stats.model_load_seconds = rec.timings.get("load_s", rec.seconds)
         self.stats.model_loads_total += 1
