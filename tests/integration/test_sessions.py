@@ -300,7 +300,7 @@ def test_a_session_whose_engine_is_overloaded_moves_to_the_idle_one(cluster: Cal
     answers: list[int] = []
 
     def busy() -> None:
-        r = engine.http.post("/v1/completions", json={"prompt": "Count: one, two,", "max_tokens": 48, "ignore_eos": True,
+        r = engine.http.post("/v1/completions", json={"prompt": "Count: one, two,", "max_tokens": 128, "ignore_eos": True,
                                                       "temperature": 0, "id_slot": spare}, timeout=300)
         answers.append(r.status_code)
 
