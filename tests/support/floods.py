@@ -74,8 +74,8 @@ def control(port: int, rate: float, seconds: float) -> dict[str, object]:
     n = 0
     total_due = int(rate * seconds)
 
-    def finish(c: _Conn, result: str) -> None:
-        counts[f"{c.what}:{result}"] += 1
+    def finish(c: _Conn, label: str) -> None:
+        counts[label] += 1
         with contextlib.suppress(KeyError, ValueError):
             sel.unregister(c.sock)
         live.pop(c.sock.fileno(), None)
@@ -104,16 +104,12 @@ def control(port: int, rate: float, seconds: float) -> dict[str, object]:
             if c.payload is not None:  # connected (or failed to)
                 err = c.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
                 if err:
-                    live.pop(c.sock.fileno(), None)
-                    with contextlib.suppress(KeyError, ValueError):
-                        sel.unregister(c.sock)
-                    counts[f"connect_failed:{errno.errorcode.get(err, err)}"] += 1
-                    c.sock.close()
+                    finish(c, f"connect_failed:{errno.errorcode.get(err, err)}")
                     continue
                 try:
                     c.sock.send(c.payload)  # at most a header and 64 bytes: one send takes it
                 except OSError as exc:
-                    finish(c, type(exc).__name__)
+                    finish(c, f"{c.what}:{type(exc).__name__}")
                     continue
                 c.payload = None
                 c.deadline = time.monotonic() + ANSWER_WAIT_S
@@ -127,20 +123,13 @@ def control(port: int, rate: float, seconds: float) -> dict[str, object]:
                 b = b""
             c.got += b
             if not b or len(c.got) >= P.HEADER.size:
-                finish(c, _outcome(c))
+                finish(c, f"{c.what}:{_outcome(c)}")
         now = time.monotonic()
         if now < next_sweep:
             continue
         next_sweep = now + 0.02
         for c in [c for c in live.values() if c.deadline <= now]:
-            if c.payload is not None:
-                live.pop(c.sock.fileno(), None)
-                with contextlib.suppress(KeyError, ValueError):
-                    sel.unregister(c.sock)
-                counts["connect_failed:timeout"] += 1
-                c.sock.close()
-            else:
-                finish(c, _outcome(c))
+            finish(c, "connect_failed:timeout" if c.payload is not None else f"{c.what}:{_outcome(c)}")
     sel.close()
     took = time.monotonic() - t0
     total = sum(counts.values())
