@@ -51,7 +51,7 @@ from hydrad.coordinator.sessions import SessionKeeper
 from hydrad.coordinator.kvmove import Placements, TransferMeter, stream_slot
 from hydrad.coordinator.pdsplit import SplitPlan, TransferRates, plan_split, split_excluded
 from hydrad.coordinator.routing import (
-    Decision, EngineView, ModelSpec, RouteRequest, route,
+    Decision, EngineView, ModelSpec, RouteRequest, RoutingPolicy, route,
 )
 from hydrad.coordinator.switcher import LoadFailed, ProfileSwitcher
 from hydrad.wire.requests import GenRequest, SamplingOverrides
@@ -92,6 +92,7 @@ class FrontDoor:
         self.bus = bus
         self.switcher = switcher
         self.registry = registry
+        self.policy = RoutingPolicy(affinity_margin_s=settings.affinity_margin_s)
         self.affinity = affinity or Affinity()
         self.sessions = sessions  # keeps sessions' KV in the Store (None: sessions.keep is off)
         self.meter = TransferMeter()  # engine-to-engine KV transfers, for the split's plans
@@ -233,7 +234,8 @@ class FrontDoor:
     # ----- routing ---------------------------------------------------------------------
 
     def _route(self, rr: RouteRequest, exclude: set[str], rid: str, attempt: int) -> Decision:
-        decision = route(rr, self.views(rr.session_id, rr.prefix_hash, rr.model), self.specs, exclude=frozenset(exclude))
+        decision = route(rr, self.views(rr.session_id, rr.prefix_hash, rr.model), self.specs, exclude=frozenset(exclude),
+                         policy=self.policy)
         # Logged and published once this task yields, i.e. after GENERATE is on its way: the
         # announcement costs about a quarter of the coordinator's per-request time.
         asyncio.get_running_loop().call_soon(self._announce, rr, decision, rid, attempt)
@@ -264,7 +266,7 @@ class FrontDoor:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(changed.wait(), min(remaining, 1.0))
             candidate = route(rr, self.views(rr.session_id, rr.prefix_hash, rr.model), self.specs,
-                              exclude=frozenset(exclude))
+                              exclude=frozenset(exclude), policy=self.policy)
             if candidate.engine is not None:
                 return self._route(rr, exclude, rid, attempt)
             decision = candidate
@@ -421,7 +423,7 @@ class FrontDoor:
         if why_not is not None:
             return None, why_not
         return plan_split(rr, decision, self.views(rr.session_id, rr.prefix_hash, rr.model), self.specs,
-                          TransferRates.of(self.meter))
+                          TransferRates.of(self.meter), policy=self.policy)
 
     async def _split(self, plan: SplitPlan, greq: GenRequest, rid: str) -> int | None:
         """Run the plan's first half: the prefill engine computes the prompt's KV (one greedy token, which
@@ -492,7 +494,7 @@ class FrontDoor:
         req, greq = openai.parse(kind, raw)  # type: ignore[arg-type]
         session = self._session(req, request)
         rr = self.route_request(greq, self._model(req.model), session)
-        decision = route(rr, self.views(rr.session_id, rr.prefix_hash, rr.model), self.specs)
+        decision = route(rr, self.views(rr.session_id, rr.prefix_hash, rr.model), self.specs, policy=self.policy)
         out = decision.public()
         out["request"] = {"kind": kind, "model": req.model, "prompt_tokens": rr.prompt_tokens,
                           "max_tokens": rr.max_tokens, "session_id": rr.session_id, "prefix_hash": rr.prefix_hash,

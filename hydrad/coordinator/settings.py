@@ -66,6 +66,9 @@ class CoordinatorSettings(BaseModel):
                                              "faster than any single engine (docs/routing.md). The transfer uses "
                                              "sessions.engine_token_file.")
     load_on_demand: bool = Field(True, description="Let routing load a model on an engine that has it on disk but serves another.")
+    affinity_margin_s: float = Field(2.0, ge=0, le=3600, description="How many seconds longer than going elsewhere a "
+                                     "request may wait for the engine that holds its session or prefix warm "
+                                     "(docs/routing.md). Smaller moves sessions off busy engines sooner.")
     drain_timeout_s: float = Field(30.0, gt=0, description="On SIGTERM, how long in-flight requests may run.")
     state_dir: Path | None = Field(None, description="Directory of the state file (<name>.state.json: the active profile, kept across restarts); default $STATE_DIRECTORY (systemd's StateDirectory=, /var/lib/hydra) when set, else ~/.local/state/hydra.")
     bus_token_file: Path | None = Field(None, description="File holding the pool's shared bus token: a REGISTER without it is refused. Required when the bus listens beyond loopback; $HYDRA_BUS_TOKEN_FILE overrides it.")

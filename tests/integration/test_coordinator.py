@@ -70,9 +70,9 @@ def cluster(tmp_path: Path, smollm_path: Path, gemma_path: Path,
     started: list[Coordinator] = []
 
     def make(profiles: Any = DEV_PROFILES, default_profile: str | None = None, engines: tuple[str, ...] = ("dev-a", "dev-b"),
-             env: dict[str, str] | None = None) -> Cluster:
+             env: dict[str, str] | None = None, extra: dict[str, Any] | None = None) -> Cluster:
         c = Coordinator(tmp_path, profiles=profiles, default_profile=default_profile, heartbeat_interval_s=INTERVAL,
-                        env=env)
+                        env=env, extra=extra)
         started.append(c)
         c.wait_ready()
         cl = Cluster(tmp_path, c, start_engine)

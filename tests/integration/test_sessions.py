@@ -284,7 +284,7 @@ def test_a_session_whose_engine_is_overloaded_moves_to_the_idle_one(cluster: Cal
     """The engine holding a session has a queue of long requests (sent to it directly, pinned to its other
     slot, so the session's KV stays): routing passes it over, and the coordinator moves the session's KV
     to the idle engine over the merged ports (not from the Store) before the turn runs there."""
-    cl = cluster(profiles=BUSY_PROFILES)
+    cl = cluster(profiles=BUSY_PROFILES, extra={"affinity_margin_s": 0.25})
     c = cl.c
     c.wait_serving({"dev-a": "smollm2-135m", "dev-b": "smollm2-135m"})
     conv = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Item 5?"}]
@@ -309,8 +309,13 @@ def test_a_session_whose_engine_is_overloaded_moves_to_the_idle_one(cluster: Cal
         t.start()
     try:
         c.wait_engines(lambda es: es[home]["queued"] >= 3, 30, what=f"{home} queueing")
-        r2 = chat(c, "smollm2-135m", "", messages=next_turn(conv, r1.json(), "Item 6?"), max_tokens=256,
-                  session="s-busy")
+        turn = {"model": "smollm2-135m", "messages": next_turn(conv, r1.json(), "Item 6?"), "max_tokens": 256,
+                "temperature": 0, "session_id": "s-busy"}
+        # The queue's expected wait is an estimate from the engine's measured decode speed: wait until the
+        # coordinator itself judges it past the margin (the queue lasts seconds longer than that takes).
+        eventually(lambda: c.http.post("/admin/route", json=turn).json(), 30, "routing to pass the busy engine over",
+                   until=lambda d: d["engine"] == other, interval=0.1)
+        r2 = c.http.post("/v1/chat/completions", json=turn)
         assert r2.status_code == 200, r2.text
         assert r2.headers["x-hydra-engine"] == other, (r2.headers, c.log()[-3000:])
         assert r2.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= r1.json()["usage"]["prompt_tokens"]

@@ -334,6 +334,23 @@ def test_affinity_margin_is_configurable() -> None:
     assert (d.engine, d.step) == ("i", "cost")
 
 
+def test_affinity_margin_is_a_coordinator_setting() -> None:
+    """``affinity_margin_s`` in coordinator.yaml reaches the front door's routing; a negative one is refused by name."""
+    from types import SimpleNamespace
+
+    import pydantic
+
+    from hydrad.coordinator.frontdoor import FrontDoor
+    from hydrad.coordinator.settings import CoordinatorSettings
+    bus = SimpleNamespace(engines={}, listeners=[], inflight=lambda name: 0, inflight_total=lambda: 0)
+    switcher = SimpleNamespace(locked=lambda name: False, placed=lambda name: (False, None))
+    front = FrontDoor(CoordinatorSettings(affinity_margin_s=0.5), bus, switcher, SimpleNamespace(entries={}))  # type: ignore[arg-type]
+    assert front.policy.affinity_margin_s == 0.5
+    assert FrontDoor(CoordinatorSettings(), bus, switcher, SimpleNamespace(entries={})).policy == DEFAULT_POLICY  # type: ignore[arg-type]
+    with pytest.raises(pydantic.ValidationError, match="affinity_margin_s"):
+        CoordinatorSettings(affinity_margin_s=-1)
+
+
 def test_affinity_direct_call_session_beats_prefix() -> None:
     r = req(session_id="s1", prefix_hash="p")
     views = [eng("prefix", cached_prefixes=frozenset({"p"}), prefill_tps=1e6),
