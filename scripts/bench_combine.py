@@ -77,9 +77,10 @@ STOCK = REPO / "tests" / "support" / "stock_ggml_rpc.py"
 STOCK_THREADS = ("import sys, time\nfrom hydrad.engine import ggml\n"
                  "s = ggml.RpcServerThread('127.0.0.1', int(sys.argv[1]), None, int(sys.argv[2]))\ns.start()\n"
                  "while s.alive:\n    time.sleep(0.2)\nsys.exit(s.error or 'the ggml RPC server stopped')\n")
-SIDES = ("hydra", "stock", "solo")
-LABEL = {"hydra": "Hydra peer (merged port)", "stock": "stock ggml RPC server", "solo": "SOLO (no peer)"}
-SHORT = {"hydra": "H", "stock": "S", "solo": "O"}
+SIDES = ("hydra", "direct", "stock", "solo")
+LABEL = {"hydra": "Hydra peer (merged port, checking relay)", "direct": "Hydra peer (merged port, direct line)",
+         "stock": "stock ggml RPC server", "solo": "SOLO (no peer)"}
+SHORT = {"hydra": "H", "direct": "D", "stock": "S", "solo": "O"}
 SINGLE_THREAD_ENV = {k: "1" for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
 
 
@@ -223,11 +224,12 @@ def alternate(head: Engine, configs: dict[str, dict[str, Any]], prompts: Callabl
             m["load_s"] = load_seconds(body)
             row[side] = m
         row["identical"] = row["hydra"]["pieces"] == row["stock"]["pieces"]
+        row["direct_identical"] = row["direct"]["pieces"] == row["stock"]["pieces"]
         row["solo_agree"] = agree(row["solo"]["pieces"], row["hydra"]["pieces"])
         runs.append(row)
         log(f"[{tag}] run {i + 1}/{args.runs} ({' '.join(SHORT[s] for s in order)}): " + ", ".join(
             f"{s} prefill {row[s]['prefill_tps']:.0f} decode {row[s]['decode_tps']:.1f}" for s in SIDES)
-            + f" tok/s; hydra == stock: {row['identical']}")
+            + f" tok/s; hydra == stock: {row['identical']}; direct == stock: {row['direct_identical']}")
     return {"runs": runs, "summary": summarize(runs)}
 
 
@@ -240,7 +242,11 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         def ratio(a: str, b: str) -> float | None:
             return med[a] / med[b] if med[a] is not None and med[b] else None
 
+        dpairs = [r["direct"][metric] / r["stock"][metric] for r in runs if r["direct"][metric] and r["stock"][metric]]
         out[metric] = {**med, "hydra_over_stock": ratio("hydra", "stock"), "hydra_over_solo": ratio("hydra", "solo"),
+                       "direct_over_stock": ratio("direct", "stock"), "direct_pair_median": median(list(dpairs)),
+                       "direct_pair_min": min(dpairs) if dpairs else None,
+                       "direct_pair_max": max(dpairs) if dpairs else None,
                        "stock_over_solo": ratio("stock", "solo"),
                        "pair_min": min(pairs) if pairs else None, "pair_max": max(pairs) if pairs else None,
                        "pair_median": median(list(pairs)),
@@ -260,6 +266,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
                         "extra_ms_per_token": extra_ms,
                         "extra_us_per_command": extra_ms * 1000 / per_token if extra_ms is not None else None}
     out["identical_runs"] = sum(r["identical"] for r in runs)
+    out["direct_identical_runs"] = sum(r["direct_identical"] for r in runs)
     out["runs"] = len(runs)
     out["solo_agree_min"] = min(r["solo_agree"] for r in runs)
     out["max_foreign_cpu"] = max(r[s]["foreign_cpu"] for r in runs for s in SIDES)
@@ -280,15 +287,18 @@ def _r(v: float | None) -> str:
 
 
 def results_table(s: dict[str, Any], rows: list[tuple[str, str]]) -> str:
-    lines = ["| metric (median) | Hydra peer (merged port) | stock ggml RPC server | SOLO (no peer) | "
-             "Hydra ÷ stock (pairs: median, min–max) | Hydra ÷ SOLO | stock ÷ SOLO |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| metric (median) | Hydra peer, relay | Hydra peer, direct line | stock ggml RPC server | SOLO (no peer) | "
+             "relay ÷ stock (pairs: median, min–max) | direct ÷ stock (pairs: median, min–max) | relay ÷ SOLO | "
+             "stock ÷ SOLO |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for metric, label in rows:
         m = s[metric]
         digits = 2 if metric == "load_s" else 1
-        lines.append(f"| {label} | {_f(m['hydra'], digits)} | {_f(m['stock'], digits)} | {_f(m['solo'], digits)} | "
+        lines.append(f"| {label} | {_f(m['hydra'], digits)} | {_f(m['direct'], digits)} | {_f(m['stock'], digits)} | "
+                     f"{_f(m['solo'], digits)} | "
                      f"{_r(m['hydra_over_stock'])} ({_r(m['pair_median'])}, {_r(m['pair_min'])}–{_r(m['pair_max'])}) | "
-                     f"{_r(m['hydra_over_solo'])} | {_r(m['stock_over_solo'])} |")
+                     f"{_r(m['direct_over_stock'])} ({_r(m['direct_pair_median'])}, {_r(m['direct_pair_min'])}–"
+                     f"{_r(m['direct_pair_max'])}) | {_r(m['hydra_over_solo'])} | {_r(m['stock_over_solo'])} |")
     return "\n".join(lines)
 
 
@@ -339,7 +349,9 @@ def markdown(rep: dict[str, Any]) -> str:
            f"Machine: {describe_machine(rep['machine'])}. hydrad: commit {rep['commit']}.", "",
            f"Settings: {st['model']} ({st['gguf']}), head `tensor_split: {json.dumps(SPLIT)}` ({split}); threads {st['threads']} everywhere (head `n_threads`/`n_threads_batch`, peer "
            f"`rpc.ggml_threads`, the stock server's); head n_ctx {st['n_ctx']}, n_parallel 1. {st['runs']} runs; "
-           f"each run loads the head three ways (Hydra peer, stock peer, SOLO; order alternating), warms up "
+           f"each run loads the head four ways (Hydra peer through the checking relay, a second Hydra peer whose "
+           f"`rpc.ggml_direct_from` hands the head to llama.cpp's own server (the direct line), the stock peer, "
+           f"SOLO; order alternating), warms up "
            f"and measures one streamed `/v1/completions` request: a {st['prompt_tokens']}-token prompt with a fresh "
            f"prefix per run (the same for the three), {st['tokens']} tokens, `temperature 0`, `ignore_eos`, "
            f"`cache_prompt: false`. Measured on the client's clock: prefill tok/s = prompt tokens ÷ TTFT, "
@@ -356,7 +368,8 @@ def markdown(rep: dict[str, Any]) -> str:
            f"Per run, decode tok/s: {runs_line(lay, 'decode_tps')}.  ",
            f"Per run, prefill tok/s: {runs_line(lay, 'prefill_tps')}.", "",
            relay_line(lay), "",
-           f"Greedy outputs identical, Hydra peer vs stock peer: {lay['identical_runs']} of {lay['runs']} runs. "
+           f"Greedy outputs identical, Hydra peer vs stock peer: relay {lay['identical_runs']}, direct line "
+           f"{lay['direct_identical_runs']} of {lay['runs']} runs. "
            f"SOLO (a different split of the same arithmetic) agrees with them on at least the first "
            f"{lay['solo_agree_min']} of {st['tokens']} tokens.", "",
            "Bytes on the wire, the same model loaded twice onto the same peer (the peer's relay counters "
@@ -372,7 +385,8 @@ def markdown(rep: dict[str, Any]) -> str:
                                    ("decode_tps", f"decode tok/s ({st['tokens']} tokens)")]), "",
                 f"Per run, decode tok/s: {runs_line(ms, 'decode_tps')}.", "",
                 relay_line(ms), "",
-                f"Greedy outputs identical, Hydra peer vs stock peer: {ms['identical_runs']} of {ms['runs']} runs.", ""]
+                f"Greedy outputs identical, Hydra peer vs stock peer: relay {ms['identical_runs']}, direct line "
+                f"{ms['direct_identical_runs']} of {ms['runs']} runs.", ""]
     if rep.get("relay_by_command"):
         by = rep["relay_by_command"]
         out += [f"ggml-RPC commands the peer's relay received over the whole run: "
@@ -436,17 +450,25 @@ def main(argv: list[str] | None = None) -> int:
         peer = Engine(tmp, name="peer", defaults={"n_threads": T, "n_parallel": 1, "n_ctx": 512},
                       extra={"rpc": {"ggml_threads": T, "cache_dir": str(tmp / "tensor-cache")}},
                       env=SINGLE_THREAD_ENV)
+        direct_peer = Engine(tmp, name="peer-direct", defaults={"n_threads": T, "n_parallel": 1, "n_ctx": 512},
+                             extra={"rpc": {"ggml_threads": T, "cache_dir": str(tmp / "tensor-cache-direct"),
+                                            "ggml_direct_from": ["127.0.0.0/8"]}},
+                             env=SINGLE_THREAD_ENV)
         head = Engine(tmp, name="head", defaults=head_defaults, env=SINGLE_THREAD_ENV)
         stock_proc = None
         try:
-            for e in (peer, head):
+            for e in (peer, direct_peer, head):
                 e.http.timeout = httpx.Timeout(600, connect=10)
             stock_proc, stock = start_stock(T)
             eventually(lambda: relay_stats(peer), 60, "the peer's ggml-RPC relay", until=lambda s: s["ready"],
                        ignore=(OSError,), context=peer.log)
+            eventually(lambda: relay_stats(direct_peer), 60, "the direct peer's line", until=lambda s: s["direct"]["ready"],
+                       ignore=(OSError,), context=direct_peer.log)
             head.notify.wait_for("READY=1", 60)
             hydra = f"127.0.0.1:{rpc_port(peer)}"
-            guard = CpuGuard(lambda: [p.pid for p in (head.proc, peer.proc, stock_proc) if p is not None])
+            direct = f"127.0.0.1:{rpc_port(direct_peer)}"
+            guard = CpuGuard(lambda: [p.pid for p in (head.proc, peer.proc, direct_peer.proc, stock_proc)
+                                      if p is not None])
             log(f"peer {hydra}, stock {stock}, head {head.url}; {T} thread(s) each")
 
             # 2. bytes on the wire: the first and a second load onto the same peer
@@ -468,7 +490,8 @@ def main(argv: list[str] | None = None) -> int:
             log(f"loads onto the peer: first {report['loads']['first']}, second {report['loads']['second']}")
 
             # 1. layer split: Hydra peer, stock peer, SOLO, alternating
-            configs = {"hydra": combine, "stock": {**combine, "rpc_servers": [stock]},
+            configs = {"hydra": combine, "direct": {**combine, "rpc_servers": [direct]},
+                       "stock": {**combine, "rpc_servers": [stock]},
                        "solo": {**combine, "rpc_servers": None, "tensor_split": None}}
             commands = lambda: int(relay_stats(peer)["commands"])  # noqa: E731
             report["layer"] = alternate(head, configs, lambda i: prompts[i], args, guard, "layer split", log,
@@ -481,7 +504,8 @@ def main(argv: list[str] | None = None) -> int:
                                cwd=str(REPO), capture_output=True, timeout=300)
                 mconf = {"model": str(moe), "rpc_servers": [hydra], "tensor_split": [1.0, 0.0],
                          "override_tensors": EXPERTS}
-                mconfigs = {"hydra": mconf, "stock": {**mconf, "rpc_servers": [stock]},
+                mconfigs = {"hydra": mconf, "direct": {**mconf, "rpc_servers": [direct]},
+                            "stock": {**mconf, "rpc_servers": [stock]},
                             "solo": {**mconf, "rpc_servers": None, "tensor_split": None, "override_tensors": None}}
                 report["moe"] = {"size_bytes": moe.stat().st_size,
                                  **alternate(head, mconfigs, lambda i: prompts[args.runs + i], args, guard,
@@ -495,6 +519,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             head.stop()
             peer.stop()
+            direct_peer.stop()
             if stock_proc is not None:
                 terminate(stock_proc, 10)
             tok.close()
@@ -509,12 +534,17 @@ def main(argv: list[str] | None = None) -> int:
           f"{_f(lay['decode_tps']['stock'])}, solo {_f(lay['decode_tps']['solo'])}; hydra/stock "
           f"{_r(lay['decode_tps']['hydra_over_stock'])}; prefill tok/s hydra {_f(lay['prefill_tps']['hydra'])}, "
           f"stock {_f(lay['prefill_tps']['stock'])}, solo {_f(lay['prefill_tps']['solo'])}; hydra/stock "
-          f"{_r(lay['prefill_tps']['hydra_over_stock'])}; identical {lay['identical_runs']}/{lay['runs']}", flush=True)
+          f"{_r(lay['prefill_tps']['hydra_over_stock'])}; identical {lay['identical_runs']}/{lay['runs']}; direct line "
+          f"÷ stock: decode {_r(lay['decode_tps']['direct_over_stock'])}, prefill "
+          f"{_r(lay['prefill_tps']['direct_over_stock'])}, identical {lay['direct_identical_runs']}/{lay['runs']}",
+          flush=True)
     if "moe" in report:
         ms = report["moe"]["summary"]
         print(f"expert split, medians: decode tok/s hydra {_f(ms['decode_tps']['hydra'])}, stock "
               f"{_f(ms['decode_tps']['stock'])}, solo {_f(ms['decode_tps']['solo'])}; hydra/stock "
-              f"{_r(ms['decode_tps']['hydra_over_stock'])}; identical {ms['identical_runs']}/{ms['runs']}", flush=True)
+              f"{_r(ms['decode_tps']['hydra_over_stock'])}; identical {ms['identical_runs']}/{ms['runs']}; direct line "
+              f"÷ stock: decode {_r(ms['decode_tps']['direct_over_stock'])}, identical "
+              f"{ms['direct_identical_runs']}/{ms['runs']}", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
         log(f"wrote {args.json}")

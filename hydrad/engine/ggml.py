@@ -117,6 +117,7 @@ class RpcServerThread:
         self.n_threads = n_threads
         self.devices: list[Device] = []
         self.error: str | None = None
+        self.tid: int | None = None  # the kernel's id of the thread the server loop runs on
         self._thread = threading.Thread(target=self._run, name="hydrad-ggml-rpc", daemon=True)
 
     def start(self) -> None:
@@ -137,6 +138,7 @@ class RpcServerThread:
             return
         arr = (ctypes.c_void_p * len(self.devices))(*[d.handle for d in self.devices])
         cache = str(self.cache_dir).encode() if self.cache_dir is not None else None
+        self.tid = threading.get_native_id()
         r.ggml_backend_rpc_start_server(self.endpoint.encode(), cache, self.n_threads, len(self.devices), arr)
 
 
@@ -181,6 +183,42 @@ def _own_sockets() -> list[tuple[int, socket.socket]]:
         else:
             s.close()
     return out
+
+
+def accepted_fd(endpoint: tuple[str, int], client: tuple[str, int]) -> int | None:
+    """The descriptor under which this process's server at ``endpoint`` holds the connection from
+    ``client`` (the accepted side of a connection this process made to itself), or None."""
+    sockets = _own_sockets()
+    try:
+        for fd, s in sockets:
+            try:
+                if tuple(s.getsockname()[:2]) == tuple(endpoint) and tuple(s.getpeername()[:2]) == tuple(client):
+                    return fd
+            except OSError:
+                continue
+    finally:
+        for _, s in sockets:
+            s.close()
+    return None
+
+
+def listening_socket(endpoint: tuple[str, int]) -> socket.socket | None:
+    """A duplicate of this process's listening socket at ``endpoint`` (the caller closes it), or None."""
+    found = None
+    sockets = _own_sockets()
+    try:
+        for _, s in sockets:
+            try:
+                if (found is None and tuple(s.getsockname()[:2]) == tuple(endpoint)
+                        and s.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)):
+                    found = s
+            except OSError:
+                continue
+    finally:
+        for _, s in sockets:
+            if s is not found:
+                s.close()
+    return found
 
 
 def seal_server(endpoint: tuple[str, int], keep: tuple[str, int]) -> int:

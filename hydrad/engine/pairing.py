@@ -22,14 +22,15 @@ class Pairing:
         self._lending = relay_view
 
     def borrowers(self) -> list[dict[str, Any]]:
-        """Heads computing on this engine's devices: ggml-RPC peers that hold buffers here."""
+        """Heads computing on this engine's devices: ggml-RPC peers that hold buffers here, and a peer
+        handed to llama.cpp's server whole (``direct``: its buffers are not seen, its connection is)."""
         if self._lending is None:
             return []
         try:
             peers = self._lending().get("peers") or []
         except Exception:  # a view must never fail because the relay is going away
             return []
-        return [p for p in peers if p.get("buffers")]
+        return [p for p in peers if p.get("buffers") or p.get("direct")]
 
     def view(self, snap: EngineSnapshot) -> dict[str, Any]:
         placement = snap.model.placement if snap.model is not None else None
@@ -37,5 +38,6 @@ class Pairing:
         borrowers = self.borrowers()
         role = "+".join(r for r, on in (("head", lenders), ("peer", borrowers)) if on) or "solo"
         return {"mode": "combine" if role != "solo" else "solo", "role": role,
-                "peers": lenders, "serving": [{"peer": b["peer"], "buffers": b["buffers"]} for b in borrowers],
+                "peers": lenders, "serving": [{"peer": b["peer"], "buffers": b["buffers"], **({"direct": True} if b.get("direct") else {})}
+                            for b in borrowers],
                 "placement": placement, "standby": snap.standby}

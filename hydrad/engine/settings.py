@@ -58,6 +58,16 @@ class RpcSettings(BaseModel):
     ggml_io_timeout_s: float = Field(10.0, gt=0, description="A ggml-RPC peer that stalls inside a command for this long (or for "
                                      "ggml_idle_timeout_s if that is shorter) is closed.")
     max_ggml_connections: int = Field(8, ge=1, le=256, description="ggml-RPC peer connections served at once; more are closed.")
+    ggml_direct_from: list[str] = Field(default_factory=list, description="Networks (CIDR) whose ggml-RPC peers are handed "
+                                        "to llama.cpp's own RPC server once their HELLO is answered, one peer at a time: "
+                                        "the stock server's speed (no per-command hop) and its trust model (a malformed "
+                                        "command from such a peer can abort this engine). Empty: every peer goes through "
+                                        "the checking relay. The peer must be in control_allow_from too (docs/combine.md).")
+
+    @field_validator("ggml_direct_from")
+    @classmethod
+    def _direct_cidrs(cls, v: list[str]) -> list[str]:
+        return check_networks(v)
     chunk_size: int = Field(2 << 20, ge=4096, le=64 << 20, description="STATE_DATA chunk size in bytes.")
     max_state_bytes: int = Field(8 << 30, ge=1, description="Largest KV state a STATE_PUT may declare.")
     first_byte_timeout_s: float = Field(10.0, gt=0, description="How long a new connection may wait before sending its first byte.")

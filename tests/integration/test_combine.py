@@ -359,3 +359,103 @@ def test_hostile_combine_fields_get_a_clear_answer(head: Engine, body: dict[str,
         assert r.json()["error"]["code"], r.text
     head.assert_running()
     assert head.http.get("/livez").status_code == 200
+
+
+# ----- the direct line: a trusted peer handed to llama.cpp's own server --------------------------
+
+
+def direct_peer(start_engine: Callable[..., Engine], tmp_path: Path, name: str, networks: list[str]) -> Engine:
+    e = start_engine(name=name, defaults={"n_threads": 1},
+                     extra={"rpc": {"ggml_threads": 1, "cache_dir": str(tmp_path / f"tensor-cache-{name}"),
+                                    "ggml_direct_from": networks}})
+    eventually(lambda: relay_stats(e), 60, "the peer's direct line", until=lambda s: s["ready"] and s["direct"]["ready"],
+               ignore=(OSError,), context=e.log)
+    return e
+
+
+def test_a_trusted_peer_is_served_by_llama_cpps_own_server(head: Engine, stock: str, tmp_path: Path,
+                                                            start_engine: Callable[..., Engine]) -> None:
+    """A head from ``rpc.ggml_direct_from`` is handed to the server whole: the relay sees none of its
+    commands, the answers are the stock server's, the peer still reports whom it serves, and after the
+    head lets go the line takes the next head again. A head from elsewhere still goes through the relay."""
+    trusted = direct_peer(start_engine, tmp_path, "peer-direct", ["127.0.0.0/8"])
+    endpoint = f"127.0.0.1:{rpc_port(trusted)}"
+    load(head, model="smollm2-135m", rpc_servers=[stock], tensor_split=[0.5, 0.5])
+    reference = greedy(head)
+    for _ in range(2):  # the second time: the line was primed again after the first head let go
+        load(head, rpc_servers=[endpoint])
+        assert greedy(head) == reference
+        stats = relay_stats(trusted)
+        # llama.cpp's connections are the server's; only the head's peer watch (a second connection, made
+        # while the line is taken) goes through the relay, with nothing but its DEVICE_COUNT keepalives
+        assert set(stats["by_command"]) <= {"DEVICE_COUNT"} and stats["direct"]["handed_over"] >= 1, stats
+        assert stats["weight_bytes"] == 0 and stats["peers_served"] <= 2 * (_ + 1), stats
+        p = trusted.http.get("/health").json()
+        assert p["role"] == "peer" and p["serving"] == [{"peer": "127.0.0.1", "buffers": None, "direct": True}], p
+        load(head, rpc_servers=None, tensor_split=None)
+        eventually(lambda: relay_stats(trusted)["direct"], 10, "the line free again",
+                   until=lambda d: d["peer"] is None and d["ended"] == d["handed_over"], context=trusted.log)
+        assert trusted.http.get("/health").json()["role"] == "solo"
+        load(head, rpc_servers=[stock], tensor_split=[0.5, 0.5])
+
+    elsewhere = direct_peer(start_engine, tmp_path, "peer-relay", ["10.0.0.0/8"])  # loopback is not trusted there
+    load(head, rpc_servers=[f"127.0.0.1:{rpc_port(elsewhere)}"])
+    assert greedy(head) == reference
+    stats = relay_stats(elsewhere)
+    assert stats["commands"] > 0 and stats["direct"]["handed_over"] == 0, stats
+
+
+def test_the_direct_lines_private_port_serves_no_stranger(head: Engine, tmp_path: Path,
+                                                          start_engine: Callable[..., Engine]) -> None:
+    """The line's server listens on a loopback port of its own. A stranger connecting there waits behind
+    the line's queued connection and is never answered, before, during and after a head's session; the
+    line keeps serving heads meanwhile."""
+    trusted = direct_peer(start_engine, tmp_path, "peer-direct", ["127.0.0.0/8"])
+    host, port = relay_stats(trusted)["direct"]["server"].rsplit(":", 1)
+    hello = bytes([14]) + (24).to_bytes(8, "little") + bytes(24)
+    stranger = socket.create_connection((host, int(port)), timeout=5)
+    try:
+        stranger.sendall(hello)
+        endpoint = f"127.0.0.1:{rpc_port(trusted)}"
+        load(head, model="smollm2-135m", rpc_servers=[endpoint], tensor_split=[0.5, 0.5])
+        assert len(greedy(head)) == N_TOKENS
+        load(head, rpc_servers=None, tensor_split=None)
+        eventually(lambda: relay_stats(trusted)["direct"], 10, "the line free again", until=lambda d: d["peer"] is None)
+        load(head, rpc_servers=[endpoint], tensor_split=[0.5, 0.5])
+        late = socket.create_connection((host, int(port)), timeout=5)  # arrives while a head is served
+        late.sendall(hello)
+        assert len(greedy(head)) == N_TOKENS
+        load(head, rpc_servers=None, tensor_split=None)
+        load(head, rpc_servers=[endpoint], tensor_split=[0.5, 0.5])  # the line took this head, not the stranger
+        assert len(greedy(head)) == N_TOKENS
+        for s in (stranger, late):
+            s.settimeout(1.0)
+            try:
+                answer = s.recv(1)
+            except (socket.timeout, ConnectionResetError):  # still queued, or dropped from the queue
+                answer = b""
+            assert answer == b""  # never a HELLO answer: never accepted
+            s.close()
+    finally:
+        stranger.close()
+    assert relay_stats(trusted)["direct"]["error"] is None
+
+
+def test_a_direct_head_killed_mid_session_frees_the_line(tmp_path: Path, start_engine: Callable[..., Engine]) -> None:
+    """The head dies with buffers on the peer: the server frees them as for any client that goes, and the
+    line takes the next head."""
+    trusted = direct_peer(start_engine, tmp_path, "peer-direct", ["127.0.0.0/8"])
+    endpoint = f"127.0.0.1:{rpc_port(trusted)}"
+    first = start_engine(name="head-1", defaults=HEAD)
+    first.notify.wait_for("READY=1", 60)
+    load(first, model="smollm2-135m", rpc_servers=[endpoint], tensor_split=[0.5, 0.5])
+    reference = greedy(first)
+    first.proc.kill()
+    first.proc.wait(10)
+    eventually(lambda: relay_stats(trusted)["direct"], 10, "the line free again", until=lambda d: d["peer"] is None,
+               context=trusted.log)
+    second = start_engine(name="head-2", defaults=HEAD)
+    second.notify.wait_for("READY=1", 60)
+    load(second, model="smollm2-135m", rpc_servers=[endpoint], tensor_split=[0.5, 0.5])
+    assert greedy(second) == reference
+    assert relay_stats(trusted)["direct"]["handed_over"] >= 2

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from hydrad.common.logs import log_event
+from hydrad.common.netaccess import address_allowed
 from hydrad.engine.rpc.ggml_codec import (  # noqa: F401 (the wire format; re-exported for the tests)
     ALLOC_BUFFER, GET_ALIGNMENT, GET_MAX_SIZE, BUFFER_GET_BASE, FREE_BUFFER, BUFFER_CLEAR, SET_TENSOR,
     SET_TENSOR_HASH, GET_TENSOR, COPY_TENSOR, GRAPH_COMPUTE, GET_DEVICE_MEMORY, INIT_TENSOR, GET_ALLOC_SIZE,
@@ -46,6 +47,7 @@ from hydrad.engine.rpc.ggml_codec import (  # noqa: F401 (the wire format; re-ex
     GGML_OP_COUNT, MAX_SRC, CAPS_SIZE, TENSOR, T, HEAD, SIZE, REQUEST_SIZE, ANSWER_SIZE, SET_TENSOR_HEAD,
     MAX_GRAPH_ITEMS, MAX_GRAPH_BYTES, BUFFERED, CHUNK, Refused, _recv_exact, TensorCheck,
 )
+from hydrad.engine.rpc.ggml_direct import DirectLine
 from hydrad.engine.rpc.peer_reader import PeerReader
 from hydrad.engine.settings import EngineSettings
 
@@ -108,11 +110,16 @@ class GgmlRelay:
                       "cache_hits": 0, "cache_hit_bytes": 0, "cache_misses": 0,
                       "graphs_recomputed": 0}
         self._by_command = [0] * len(CMD_NAMES)  # what the peers send, per command: where a token's round trips go
+        # trusted peers (rpc.ggml_direct_from) skip the relay: handed to a server instance of their own
+        self.direct = DirectLine(self.cache_dir, self.rpc.ggml_threads or os.cpu_count() or 1,
+                                 self.rpc.ggml_io_timeout_s) if self.rpc.ggml_direct_from else None
 
     # ----- the upstream: connect, seal, lose --------------------------------------------------
 
     def start(self) -> None:
         threading.Thread(target=self._connect, name="hydrad-ggml-seal", daemon=True).start()
+        if self.direct is not None:
+            self.direct.start()
 
     def _connect(self) -> None:
         deadline = time.monotonic() + 10.0  # the in-process server may still be binding right after boot
@@ -219,6 +226,9 @@ class GgmlRelay:
                 log_event(log, logging.INFO, "ggml-RPC peer gone before HELLO", peer=addr, error=str(exc) or "timeout")
                 return
             identified()
+            if (self.direct is not None and address_allowed(addr, self.rpc.ggml_direct_from)
+                    and self.direct.take(conn, addr)):
+                return
             # blocking reads with a kernel timeout: no poll() before each recv and no mode switch per
             # command (a timeout set with settimeout costs both), which the per-token round trips feel
             conn.settimeout(None)
@@ -565,8 +575,13 @@ class GgmlRelay:
 
     def public(self) -> dict[str, Any]:
         with self._peers_lock:
-            peers = [{"peer": p.addr, "buffers": len(p.buffers), "commands": p.commands} for p in self._peers.values()]
+            peers: list[dict[str, Any]] = [{"peer": p.addr, "buffers": len(p.buffers), "commands": p.commands}
+                                           for p in self._peers.values()]
+        direct = self.direct.public() if self.direct is not None else None
+        if direct is not None and direct["peer"] is not None:  # served by llama.cpp itself: its buffers are unseen
+            peers.append({"peer": direct["peer"], "buffers": None, "commands": None, "direct": True})
         return {"ready": self.ready.is_set() and self.broken is None, "error": self.broken, "peers": peers,
+                "direct": direct,
                 **self.stats, "by_command": {CMD_NAMES[i]: n for i, n in enumerate(self._by_command) if n}}
 
 

@@ -223,6 +223,13 @@ def test_bad_cidr_named(tmp_path: Path, cidr: str) -> None:
     assert str(path) in msg and "control_allow_from" in msg and cidr in msg
 
 
+@pytest.mark.parametrize("cidr", ["10.0.0.0/33", "not-a-net"])
+def test_bad_direct_line_network_named(tmp_path: Path, cidr: str) -> None:
+    path = write(tmp_path / "c.yaml", f'rpc: {{ggml_direct_from: ["127.0.0.0/8", "{cidr}"]}}\n')
+    msg = config_error(path)
+    assert "rpc.ggml_direct_from" in msg and cidr in msg
+
+
 def test_cidr_with_host_bits_is_accepted(tmp_path: Path) -> None:
     s = load_config(write(tmp_path / "c.yaml", 'control_allow_from: ["192.168.1.7/24"]\n')).settings
     assert s.allows_control("192.168.1.200")
