@@ -26,6 +26,12 @@ from tests.support.netpartition import NetLink
 
 MODEL = "smollm2-135m"
 ENGINES = ("rel-a", "rel-b")
+PROFILE = "twin"
+ALT_PROFILE = "twin-read"
+"""The same model read into memory (``use_mmap`` off) with a larger context: a switch between the two
+profiles reloads the model on every engine (a load, not just a context rebuild), and each engine's
+``n_ctx`` says which of the two it serves."""
+ALT_CTX_FACTOR = 1.5
 HEARTBEAT_S = 0.5
 LIVENESS = 3
 AS_LIMIT = 8 << 30  # address space per daemon: a runaway allocation kills the daemon, not the machine
@@ -130,11 +136,13 @@ class FaultPool:
         bus_port = free_port()
         self.bus = f"tcp://127.0.0.1:{bus_port}"
         isolate = isolate or {}
-        profiles = {"profiles": {"twin": {"description": "both engines serve SmolLM2",
-                                          "engines": {n: {"model": MODEL, "params": {"n_parallel": n_parallel,
-                                                                                      "n_ctx": n_ctx}}
-                                                      for n in ENGINES}}},
-                    "default": "twin"}
+        self.profile_params = {PROFILE: {"n_parallel": n_parallel, "n_ctx": n_ctx, "use_mmap": True},
+                               ALT_PROFILE: {"n_parallel": n_parallel, "n_ctx": int(n_ctx * ALT_CTX_FACTOR),
+                                             "use_mmap": False}}
+        profiles = {"profiles": {p: {"description": f"both engines serve SmolLM2 ({', '.join(f'{k} {v}' for k, v in ps.items())})",
+                                     "engines": {n: {"model": MODEL, "params": ps} for n in ENGINES}}
+                                 for p, ps in self.profile_params.items()},
+                    "default": PROFILE}
         (self.root / "profiles.yaml").write_text(yaml.safe_dump(profiles))
         cfg = {"http": {"host": "127.0.0.1", "port": self.port},
                "bus": f"tcp://0.0.0.0:{bus_port}" if isolate else self.bus,
@@ -229,6 +237,20 @@ class FaultPool:
 
     def wait_alive(self, name: str, timeout: float = 30.0) -> float:
         return wait_for(f"{name} alive again", lambda: self.engines_view().get(name, {}).get("alive"), timeout, 0.02)[1]
+
+    def active_profile(self) -> str | None:
+        """The profile the coordinator reports as active (a switch makes its target active as it begins)."""
+        return self.http.get("/admin/engines", timeout=5).json().get("profile")
+
+    def serves_profile(self, name: str, profile: str) -> bool:
+        """Whether engine ``name`` is alive, ready and runs ``profile``'s parameters: its ``n_ctx`` as the
+        coordinator hears it, and ``n_ctx`` and ``use_mmap`` as the engine's own effective config says."""
+        e = self.engines_view().get(name)
+        want = self.profile_params[profile]
+        if not (e and e["alive"] and e["stage"] == "ready" and e["model"] == MODEL and e["n_ctx"] == want["n_ctx"]):
+            return False
+        params = httpx.get(self.engine_http[name] + "/control/config", timeout=5).json()["params"]
+        return all(params[k]["value"] == v for k, v in want.items())
 
     def inflight(self) -> int:
         return sum(int(e.get("inflight") or 0) for e in self.engines_view().values())
