@@ -458,6 +458,371 @@ def store_kills(pool: FaultPool, rounds: int, seed: int = 2, budget: float = 90.
     return res
 
 
+# ----- kill -9 an engine mid-reload ---------------------------------------------------------------
+
+LOADING_STAGES = ("loading_model", "reloading", "warming")
+
+
+def _health(pool: FaultPool, name: str) -> dict[str, Any]:
+    """An engine's own ``/health`` ({} when it does not answer)."""
+    try:
+        return dict(httpx.get(pool.engine_http[name] + "/health", timeout=2).json())
+    except (httpx.HTTPError, ValueError):
+        return {}
+
+
+def _admin_post(url: str, body: dict[str, Any], budget: float, box: dict[str, Any]) -> None:
+    """POST an admin request; into ``box``: ``status`` (an int, ``hang`` or ``dropped:...``), ``body``
+    (the JSON answer or None), ``seconds`` and the monotonic time it ended (``at``)."""
+    t0 = time.monotonic()
+    try:
+        r = httpx.post(url, json=body, timeout=budget)
+        box["status"] = r.status_code
+        try:
+            box["body"] = r.json()
+        except ValueError:
+            box["body"] = None
+    except httpx.TimeoutException:
+        box["status"] = "hang"
+    except httpx.HTTPError as exc:
+        box["status"] = f"dropped:{type(exc).__name__}"
+    box["at"] = time.monotonic()
+    box["seconds"] = box["at"] - t0
+
+
+def _clean_answer(box: dict[str, Any], result_key: str) -> bool:
+    """An HTTP answer with a JSON body: the request's own result (``result_key`` in it) or OpenAI error JSON."""
+    body = box.get("body")
+    return isinstance(box.get("status"), int) and isinstance(body, dict) and (
+        result_key in body or isinstance(body.get("error"), dict) and bool(body["error"].get("message")))
+
+
+def _time_load(pool: FaultPool, profile: str, name: str, budget: float) -> tuple[dict[str, Any], float | None]:
+    """Switch to ``profile`` with no fault, watching ``name``'s ``/health``: the switch's answer, and how
+    long ``name`` was seen loading (None when no load was seen)."""
+    box: dict[str, Any] = {}
+    th = threading.Thread(target=_admin_post, args=(pool.url + "/admin/profile", {"name": profile}, budget, box),
+                          daemon=True)
+    th.start()
+    first = last = None
+    while th.is_alive():
+        if _health(pool, name).get("stage") in LOADING_STAGES:
+            last = time.monotonic()
+            first = first or last
+        time.sleep(0.01)
+    th.join()
+    return box, (last - first if first is not None and last is not None else None)
+
+
+def reload_kills(pool: FaultPool, n: int, seed: int = 3, budget: float = 60.0,
+                 log: Callable[[str], None] = lambda _: None) -> Result:
+    """``n`` times: a profile switch through the coordinator (``POST /admin/profile``) between two profiles
+    of the same model whose parameters differ in a way that needs a model load (``use_mmap``, ``n_ctx``),
+    with a stream and two short streams running; one engine (alternately) is killed with SIGKILL at a
+    seeded random moment of its load, early, mid or late by turns (the load's length measured first by a
+    switch without a fault). The script restarts the engine (systemd's Restart=); the coordinator, whose
+    active profile is the switch's target from the moment the switch begins, applies that profile to the
+    engine when it registers again (its model-less start differs from the profile)."""
+    limit = 10.0
+    res = Result("engine kill -9 mid-reload (profile switch)",
+                 f"{n} kills of a reloading engine: the coordinator never crashes; the switch request answers (200, "
+                 f"or 502 naming the lost engine) within {limit:.0f} s of the kill, never hangs; every client stream "
+                 "meanwhile complete or a clean error; the restarted engine serves the profile the coordinator "
+                 "reports as active (re-applied when it registers) — time from kill to serving reported")
+    rng = random.Random(seed)
+    t_start = time.monotonic()
+    profiles = list(pool.profile_params)
+    active = pool.active_profile() or profiles[0]
+    nxt = next(p for p in profiles if p != active)
+    box, load_s = _time_load(pool, nxt, ENGINES[0], budget)
+    if box.get("status") != 200 or load_s is None:
+        res.fail(f"the switch without a fault: {box.get('status')} {str(box.get('body'))[:300]}, load seen: {load_s}")
+        load_s = load_s or 0.5
+    active = nxt
+    switch: Counter[str] = Counter()
+    client: Counter[str] = Counter()
+    bands: Counter[str] = Counter()
+    mid_load = 0
+    answered_s: list[float] = []
+    back_s: list[float] = []
+    progress_at_kill: list[float] = []
+    for i in range(n):
+        victim = ENGINES[i % 2]
+        target = next(p for p in profiles if p != active)
+        band = ("early", "mid", "late")[i % 3]
+        frac = ((i % 3) + rng.random()) / 3
+        before = pool.instances()
+        outs: list[Outcome] = []
+        clients = [threading.Thread(target=lambda k=k, d=d: (time.sleep(d), outs.append(stream_chat(
+                       pool.url, story_body(40_000 + 10 * i + k, m), budget))), daemon=True)
+                   for k, (d, m) in enumerate([(0.0, 64), (0.2, 8), (0.4 + load_s / 2, 8)])]
+        for c in clients:
+            c.start()
+        time.sleep(0.3)
+        sw: dict[str, Any] = {}
+        th = threading.Thread(target=_admin_post, args=(pool.url + "/admin/profile", {"name": target}, budget, sw),
+                              daemon=True)
+        th.start()
+        seen: dict[str, Any] = {}
+        t_load = None
+        t_w = time.monotonic()
+        while time.monotonic() - t_w < 15 and th.is_alive():
+            h = _health(pool, victim)
+            if h.get("stage") in LOADING_STAGES:
+                t_load, seen = time.monotonic(), h
+                break
+            time.sleep(0.005)
+        if t_load is None:
+            res.fail(f"kill {i + 1}: {victim} was never seen loading (switch {sw.get('status')})")
+            th.join(budget + 5)
+            for c in clients:
+                c.join(budget + 5)
+            active = target
+            continue
+        kill_at = t_load + frac * load_s
+        while time.monotonic() < kill_at:
+            seen = _health(pool, victim) or seen
+            time.sleep(0.005)
+        killed_at = time.monotonic()
+        pool.engines[victim].kill9()
+        bands[band] += 1
+        if seen.get("progress") is not None:
+            progress_at_kill.append(float(seen["progress"]))
+        th.join(budget + 5)
+        st = sw.get("status", "hang")
+        switch[str(st)] += 1
+        if st == "hang" or not _clean_answer(sw, "ok"):
+            res.fail(f"kill {i + 1}: the switch request: {st} {str(sw.get('body'))[:200]}")
+        else:
+            answered_s.append(max(0.0, sw["at"] - killed_at))
+            vr = (sw["body"].get("engines") or {}).get(victim) or {}
+            if vr.get("ok") is False:
+                mid_load += 1
+            elif st == 200:
+                log(f"kill {i + 1}: {victim}'s load had ended before the kill")
+        _coordinator_crashed(pool, res)
+        pool.engines[victim].start()
+        try:
+            pool.wait_pool(120, not_instances={victim: before[victim]})
+            now_active = pool.active_profile()
+            if now_active != target:
+                res.fail(f"kill {i + 1}: the coordinator reports {now_active!r} active after a switch to {target!r}")
+            wait_for(f"{', '.join(ENGINES)} serving {now_active}",
+                     lambda: all(pool.serves_profile(e, now_active) for e in ENGINES), 60)  # type: ignore[arg-type]
+            back_s.append(time.monotonic() - killed_at)
+        except (TimeoutError, RuntimeError) as exc:
+            res.fail(f"kill {i + 1}: {victim} not back serving the active profile: {exc}")
+            heal(pool)
+        for c in clients:
+            c.join(budget + 5)
+        for o in outs:
+            client[o.kind] += 1
+            if not o.ok:
+                res.fail(f"kill {i + 1}: a client stream: {o.kind} {o.detail} (engine {o.engine})")
+        if len(outs) != len(clients):
+            client[HANG] += len(clients) - len(outs)
+            res.fail(f"kill {i + 1}: {len(clients) - len(outs)} client threads never returned")
+        active = target
+        log(f"reload kill {i + 1}/{n}: {victim} killed {killed_at - t_load:.2f}s into its load ({band}, progress "
+            f"{seen.get('progress')}): switch {st} after {sw.get('seconds', 0):.1f}s, clients "
+            f"{','.join(o.kind for o in outs)}, serving {target} again {_last(back_s):.1f}s after the kill")
+    if active != profiles[0]:  # leave the pool on its default profile
+        box = {}
+        _admin_post(pool.url + "/admin/profile", {"name": profiles[0]}, budget, box)
+        if box.get("status") != 200:
+            res.fail(f"the switch back to {profiles[0]}: {box.get('status')} {str(box.get('body'))[:300]}")
+    res.figures = {"kills": sum(bands.values()), "asked": n, "load_s": round(load_s, 2), "kill_moment": dict(bands),
+                   "progress_at_kill": _stats(progress_at_kill), "victim_load_interrupted": mid_load,
+                   "switch_status": dict(switch), "switch_answered_after_kill_s": _stats(answered_s),
+                   "client_streams": dict(client), "hangs": client[HANG] + switch["hang"],
+                   "coordinator_crashes": res.figures.get("coordinator_crashes", 0),
+                   "serving_active_profile_again": len(back_s), "kill_to_serving_s": _stats(back_s)}
+    kills = sum(bands.values())
+    if kills < n:
+        res.fail(f"only {kills} of {n} kills landed")
+    if mid_load < kills * 0.8:
+        res.fail(f"only {mid_load} of {kills} kills interrupted the victim's load")
+    if answered_s and max(answered_s) > limit:
+        res.fail(f"a switch answered {max(answered_s):.1f}s after the kill")
+    if len(back_s) != kills:
+        res.fail(f"the engine served the active profile again {len(back_s)} times after {kills} kills")
+    res.seconds = round(time.monotonic() - t_start, 1)
+    return res
+
+
+# ----- kill -9 mid-migration ------------------------------------------------------------------------
+
+def _sessions_stats(pool: FaultPool) -> Counter[str]:
+    try:
+        d = pool.http.get("/admin/sessions", timeout=10).json()
+    except (httpx.HTTPError, ValueError):
+        return Counter()
+    return Counter({k: int(v) for k, v in d.items() if isinstance(v, int) and not isinstance(v, bool)})
+
+
+def _session_turn(pool: FaultPool, session: str, msgs: list[dict[str, str]], budget: float) -> tuple[Any, dict[str, Any]]:
+    """One non-streaming turn of ``session``: (status or ``hang``/``dropped:...``, the answer with its
+    engine as ``_engine``)."""
+    try:
+        r = httpx.post(pool.url + "/v1/chat/completions", timeout=budget, json={
+            "model": MODEL, "max_tokens": 8, "temperature": 0, "messages": msgs, "session_id": session})
+    except httpx.TimeoutException:
+        return "hang", {}
+    except httpx.HTTPError as exc:
+        return f"dropped:{type(exc).__name__}", {}
+    try:
+        body = r.json()
+    except ValueError:
+        body = {}
+    return r.status_code, {**(body if isinstance(body, dict) else {}), "_engine": r.headers.get("x-hydra-engine")}
+
+
+def _normal_reply(body: dict[str, Any]) -> bool:
+    try:
+        ch = body["choices"][0]
+        return bool(ch["message"]["content"]) and ch["finish_reason"] in ("stop", "length")
+    except (KeyError, IndexError, TypeError):
+        return False
+
+
+def move_kills(pool: FaultPool, rounds: int, seed: int = 4, budget: float = 60.0,
+               log: Callable[[str], None] = lambda _: None) -> Result:
+    """A session with a long system prompt (about 1,400 tokens) takes a turn: its KV is in a slot of the
+    engine routing chose, and kept in the Store after the turn. ``rounds`` times: the coordinator is
+    asked to move the session to the other engine (``POST /admin/sessions/move``, as ``hydractl migrate``:
+    STATE_GET on the source's merged port streamed into STATE_PUT on the destination's) and, at a seeded
+    random moment of the move (its length measured first by a move without a fault), the source engine,
+    the destination engine or the coordinator is killed with SIGKILL, by turns, and restarted; then the
+    session takes its next turn (which the next round moves again, from wherever it ran). At the end the
+    Store is verified."""
+    limit = 10.0
+    res = Result("kill -9 mid-migration (session move)",
+                 f"{rounds} kills: the move request answers (200, or OpenAI error JSON) within {limit:.0f} s of the kill, "
+                 "never hangs (its connection may drop only when the coordinator is killed); 0 corrupt store objects "
+                 "(hydractl store verify), 0 unreadable session index entries; the session's next turn 200 with a "
+                 "normal reply (its KV in place, restored from the Store or prefilled again: reported); the pool "
+                 "back every time")
+    rng = random.Random(seed)
+    kinds = ("source", "destination", "coordinator")
+    t_start = time.monotonic()
+    s = f"mv-{seed}"
+    msgs = [{"role": "system", "content": f"Session {s}. " + " ".join(f"Rule {k}: answer item {k} in one word."
+                                                                       for k in range(100))}]
+
+    def turn(k: int) -> tuple[Any, dict[str, Any], str]:
+        """The session's ``k``-th turn, then its keeping awaited: (status, answer, how its KV was found)."""
+        c0 = _sessions_stats(pool)
+        ask = [*msgs, {"role": "user", "content": f"Item {k}?"}]
+        st, body = _session_turn(pool, s, ask, budget)
+        if st != 200 or not _normal_reply(body):
+            return st, body, "-"
+        c1 = _sessions_stats(pool)
+        usage = body.get("usage") or {}
+        cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+        how = ("restored from the Store" if c1["restored"] > c0["restored"] else
+               "moved from its engine then" if c1["moved"] > c0["moved"] else
+               "in place" if cached >= int(usage.get("prompt_tokens") or 0) // 2 else "prefilled again")
+        msgs[:] = [*ask, {"role": "assistant", "content": body["choices"][0]["message"]["content"]}]
+        try:
+            wait_for(f"session {s}'s turn {k} kept",
+                     lambda: (c := _sessions_stats(pool))["kept"] > c0["kept"] and c["queued"] == 0, 30)
+        except TimeoutError as exc:
+            log(str(exc))  # not a broken promise: a kill right after may then restore the turn before
+        return st, body, how
+
+    st, body, _ = turn(1)
+    if st != 200:
+        res.fail(f"the session's first turn: {st} {str(body)[:300]}")
+        return res
+    home = str(body["_engine"])
+    box: dict[str, Any] = {}  # the length of a move without a fault
+    _admin_post(pool.url + "/admin/sessions/move", {"session": s, "engine": next(e for e in ENGINES if e != home)},
+                budget, box)
+    move_s = float(box.get("seconds") or 0.2)
+    if box.get("status") != 200 or not (box.get("body") or {}).get("moved"):
+        res.fail(f"the move without a fault: {box.get('status')} {str(box.get('body'))[:300]}")
+    else:
+        home = next(e for e in ENGINES if e != home)
+    killed: Counter[str] = Counter()
+    move: Counter[str] = Counter()
+    moved_from: Counter[str] = Counter()
+    next_turn: Counter[str] = Counter()
+    came_back: Counter[str] = Counter()
+    after_answer = 0
+    answered_s: list[float] = []
+    back_s: list[float] = []
+    for r in range(rounds):
+        kind = kinds[r % 3]
+        src, dst = home, next(e for e in ENGINES if e != home)
+        victim = {"source": pool.engines[src], "destination": pool.engines[dst], "coordinator": pool.coordinator}[kind]
+        before = pool.instances()
+        mv: dict[str, Any] = {}
+        th = threading.Thread(target=_admin_post, args=(pool.url + "/admin/sessions/move",
+                                                         {"session": s, "engine": dst}, budget, mv), daemon=True)
+        th.start()
+        time.sleep(rng.uniform(0.0, move_s))
+        killed_at = time.monotonic()
+        victim.kill9()
+        killed[kind] += 1
+        th.join(budget + 5)
+        st = mv.get("status", "hang")
+        move[str(st)] += 1
+        if "at" in mv and mv["at"] < killed_at:
+            after_answer += 1
+        if st == 200 and isinstance(mv.get("body"), dict):
+            moved_from[str(mv["body"].get("from"))] += 1
+        if st == "hang":
+            res.fail(f"round {r + 1}: the move hung")
+        elif isinstance(st, str):
+            if kind != "coordinator":
+                res.fail(f"round {r + 1}: the move's connection dropped though only an engine died ({st})")
+        elif not _clean_answer(mv, "session"):
+            res.fail(f"round {r + 1}: move {st} without a result or OpenAI error JSON: {str(mv.get('body'))[:200]}")
+        elif mv["at"] - killed_at > limit:
+            res.fail(f"round {r + 1}: the move answered {mv['at'] - killed_at:.1f}s after the kill")
+        if "at" in mv:
+            answered_s.append(max(0.0, mv["at"] - killed_at))
+        if kind != "coordinator":
+            _coordinator_crashed(pool, res)
+        try:
+            heal(pool)
+            if kind != "coordinator":
+                pool.wait_pool(120, not_instances={victim.name: before[victim.name]})
+            back_s.append(time.monotonic() - killed_at)
+        except (TimeoutError, RuntimeError) as exc:
+            res.fail(f"round {r + 1}: the pool did not come back: {exc}")
+        st2, body, how = turn(r + 2)
+        next_turn[str(st2)] += 1
+        if st2 != 200 or how == "-":
+            res.fail(f"round {r + 1}: the next turn: {st2} {str(body)[:200]}")
+        else:
+            came_back[how] += 1
+            home = str(body["_engine"])
+        err = (mv.get("body") or {}).get("error") if isinstance(mv.get("body"), dict) else None
+        log(f"move kill {r + 1}/{rounds}: {kind} ({victim.name}) killed {killed_at - (mv.get('at', killed_at) - mv.get('seconds', 0)):.2f}s "
+            f"into the move {src}→{dst}: move {st}"
+            f"{' from ' + str(mv['body'].get('from')) if st == 200 and isinstance(mv.get('body'), dict) else ''}"
+            f"{' (' + str(err.get('code')) + ')' if isinstance(err, dict) else ''}"
+            f"{' (answered before the kill)' if 'at' in mv and mv['at'] < killed_at else ''}; next turn {st2} on "
+            f"{body.get('_engine')}: KV {how}; pool back in {_last(back_s):.1f}s")
+    rep = verify_store(pool.store_dir)
+    corrupt = rep["bad_chunks"] + rep["bad_manifests"]
+    res.figures = {"kills": sum(killed.values()), "killed": dict(killed), "move_s": round(move_s, 3),
+                   "killed_after_the_answer": after_answer, "move_status": dict(move),
+                   "moved_from": dict(moved_from), "move_answered_after_kill_s": _stats(answered_s),
+                   "next_turn": dict(next_turn), "next_turn_kv": dict(came_back),
+                   "coordinator_crashes": res.figures.get("coordinator_crashes", 0),
+                   "pool_back": len(back_s), "pool_back_s": _stats(back_s), "corrupt_objects": corrupt, "store": rep}
+    if corrupt or rep["exit"] != 0:
+        res.fail(f"store verify: {rep}")
+    if rep["index_unreadable"]:
+        res.fail(f"{rep['index_unreadable']} unreadable session index entries")
+    if len(back_s) != sum(killed.values()):
+        res.fail(f"the pool came back {len(back_s)} times after {sum(killed.values())} kills")
+    res.seconds = round(time.monotonic() - t_start, 1)
+    return res
+
+
 # ----- floods --------------------------------------------------------------------------------------
 
 def _probe(url: str, seconds: float, stop: threading.Event | None = None) -> list[float]:
