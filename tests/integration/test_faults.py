@@ -6,9 +6,11 @@ Not repeated here, because tests/integration/test_coordinator.py already checks 
 each: the retry of a request whose engine died before its first token, the error event of one killed
 mid-stream, and SIGSTOP past the heartbeat timeout with re-admission after SIGCONT. What is new:
 repeated kills, each followed by the pool coming back; the coordinator killed with SIGKILL mid-stream
-and the engines re-registering; kills landing on the coordinator's Store writes and on STATE_PUT; and
-a flood of connections at the merged port; and an engine cut off by a network partition (a veth link of
-its own, taken down and up)."""
+and the engines re-registering; kills landing on the coordinator's Store writes and on STATE_PUT; an
+engine killed mid-reload (a profile switch) and given the active profile back when it registers again;
+the source, the destination or the coordinator killed mid-migration of a session; a flood of
+connections at the merged port; and an engine cut off by a network partition (a veth link of its own,
+taken down and up)."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from typing import Iterator
 import pytest
 
 from tests.support import faultscenarios as S
-from tests.support.faultpool import FaultPool
+from tests.support.faultpool import PROFILE, FaultPool
 
 pytestmark = pytest.mark.model
 
@@ -63,6 +65,33 @@ def test_kills_during_store_writes_and_state_put_corrupt_nothing(pool: FaultPool
     assert st["objects"] >= 1 and st["bad_chunks"] == 0 and st["bad_manifests"] == 0
     assert st["index_unreadable"] == 0
     assert r.figures["final_turns"] == {200: 3}
+
+
+def test_engines_killed_mid_reload_get_the_active_profile_back(pool: FaultPool) -> None:
+    """Three profile switches (a model load on both engines), one engine killed early, mid and late in
+    its load: the switch answers 502 naming it, the clients' streams end cleanly, and the restarted
+    engine serves the profile the coordinator reports as active."""
+    r = S.reload_kills(pool, 3)
+    _passed(r)
+    f = r.figures
+    assert f["kills"] == 3 and f["victim_load_interrupted"] >= 2, f
+    assert f["switch_status"].get("502", 0) >= 2 and f["hangs"] == 0 and f["coordinator_crashes"] == 0
+    assert f["serving_active_profile_again"] == 3
+    assert sum(f["client_streams"].values()) == 9 and set(f["client_streams"]) <= {"complete", "clean_error"}
+    assert pool.active_profile() == PROFILE and all(pool.serves_profile(e, PROFILE) for e in pool.engines)
+
+
+def test_kills_mid_session_move_leave_the_store_whole_and_the_session_answering(pool: FaultPool) -> None:
+    """A session moved between the engines three times; each move the source, the destination, then the
+    coordinator is killed: every move answers or (the coordinator killed) drops, the session's next turn
+    answers every time, and the Store verifies."""
+    r = S.move_kills(pool, 3)
+    _passed(r)
+    f = r.figures
+    assert f["killed"] == {"source": 1, "destination": 1, "coordinator": 1}
+    assert f["next_turn"] == {"200": 3} and f["pool_back"] == 3
+    assert f["store"]["objects"] >= 1 and f["corrupt_objects"] == 0 and f["store"]["index_unreadable"] == 0
+    assert "hang" not in f["move_status"]
 
 
 def test_a_flood_of_control_connections_leaves_the_engine_serving(pool: FaultPool) -> None:
