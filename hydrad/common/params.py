@@ -110,7 +110,8 @@ class RuntimeParams(BaseModel):
     reload_queue_timeout_s: float = _f(30.0, Tier.T1, "How long a request may wait for a loading model before a 503.", gt=0)
     text_overlap: Literal["auto", "on", "off"] = _f(
         "auto", Tier.T1, "Turn a step's tokens into text (detokenize, stop strings, stream out) while the device "
-        "computes the next step; a stop string then costs one discarded token of compute. auto = on when layers run "
+        "computes the next step; a stop string then costs one discarded token of compute. A step of prompt rows only "
+        "(no token to sample) is not waited for: the next one is built while it computes. auto = on when layers run "
         "on a GPU, where llama_decode returns before the device is done; on a CPU it would only delay each token.")
     prefill_split: Literal["ubatch", "batch"] = _f(
         "ubatch", Tier.T1, "While several prompts wait, how much prompt a step takes. ubatch: at most n_ubatch tokens "

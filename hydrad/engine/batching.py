@@ -127,6 +127,7 @@ class Batching:
     _deferred: list[tuple[Generation, Slot, _Active]]
     _faults: bool
     _t_step_end: float = 0.0  # when the last step ended (perf_counter), for the gap between steps
+    _unsynced: list[Generation]  # generations whose last step the device may still be computing (see _step)
     _pending_swap: Any  # a Swap command waiting for the slots to go idle
     # provided by EngineCore: queue an event for a request, hand the queued events to the loop,
     # whether a swap or a drain holds admission back, and whether a drain-policy reload runs
@@ -356,7 +357,15 @@ class Batching:
             self._decode_failed(gen, rc, before)
             return
         t2 = time.perf_counter()
-        ctx.synchronize()
+        if not outputs and not watched and self._text_overlap(gen):
+            # Every row of this step is mid-prompt: nothing is read back, so the engine thread does not wait
+            # for the device. It builds and queues the next step while this one computes (llama.cpp orders
+            # them on the device, as it does the ubatches of one batch); the engine thread waits before
+            # anything else touches the context (settle_device).
+            self._unsynced.append(gen)
+            self.stats.steps_unwaited_total += 1
+        else:
+            ctx.synchronize()
         t3 = time.perf_counter()
         for slot_id, a in watched:  # before this step's tokens: the last progress says the prompt is done
             self._progress(slot_id, a)
@@ -389,6 +398,12 @@ class Batching:
         if t0 - self._t_step_end < STEP_GAP_S:
             st.step_between_seconds_total += t0 - self._t_step_end
         self._t_step_end = t4
+
+    def settle_device(self) -> None:
+        """Wait for the steps left computing (see :meth:`_step`): before the engine thread does anything but
+        queue another step, such as a command, an admission, a swap or an embedding."""
+        while self._unsynced:
+            self._unsynced.pop().ctx.synchronize()
 
     def _progress(self, slot_id: int, a: _Active) -> None:
         self._emit(a.handle, Progress(total=a.prompt_len, cache=a.cached, processed=a.prompt_len - len(a.pending),

@@ -16,6 +16,7 @@ This module holds the thread loop and the command dispatch; the parts live besid
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import queue
@@ -96,6 +97,7 @@ class EngineCore(Loading, Batching, KvOps, EmbedJobs):
         self._out: list[tuple[RequestHandle, Any]] = []
         self.state_buffers = StateBuffers()  # KV state snapshots and uploads; any thread may take one
         self._deferred: list[tuple[Generation, Slot, _Active]] = []  # text to make while the device computes
+        self._unsynced: list[Generation] = []  # steps queued on the device and not waited for (batching._step)
         self._pending_swap: Swap | None = None
         self._drain: tuple[float, Drain] | None = None  # drain-policy reload in progress: (deadline, command)
         self.drain_timeout_s = drain_timeout_s
@@ -288,6 +290,8 @@ class EngineCore(Loading, Batching, KvOps, EmbedJobs):
             while True:
                 if not self._drain_commands(block=not self._busy()):
                     break
+                if self._unsynced and not self._only_steps():
+                    self.settle_device()
                 self.heartbeat = time.monotonic()
                 self._maybe_swap()
                 self._drain_step()
@@ -312,6 +316,13 @@ class EngineCore(Loading, Batching, KvOps, EmbedJobs):
             self._shutdown_gen()
             self._running = False
             self._publish()
+
+    def _only_steps(self) -> bool:
+        """Whether this turn of the loop can do nothing but step: no request, embedding, swap, drain or
+        retiring generation waits (commands settle the device themselves, _drain_commands). Only then may
+        a step still be computing (see settle_device)."""
+        return (not self._waiting and not self._embeds and self._pending_swap is None and self._drain is None
+                and not self.retiring)
 
     def _enqueue(self, handle: RequestHandle) -> None:
         if not self.admitting:
@@ -372,6 +383,7 @@ class EngineCore(Loading, Batching, KvOps, EmbedJobs):
             cmd = self._cmds.get(timeout=0.25) if block else self._cmds.get_nowait()
         except queue.Empty:
             return True
+        self.settle_device()  # a command may read or change what a queued step computes
         while True:
             if not self._handle(cmd):
                 return False
@@ -553,6 +565,8 @@ class EngineCore(Loading, Batching, KvOps, EmbedJobs):
         return await asyncio.wrap_future(cmd.fut)
 
     def _shutdown_gen(self) -> None:
+        with contextlib.suppress(Exception):
+            self.settle_device()
         self.state_buffers.clear()
         gen, self.gen = self.gen, None
         standby, self.standby = self.standby, None

@@ -30,6 +30,7 @@ class EngineStats:
     # the text work done while the device computes; waiting for the device; sampling and handing
     # tokens on; and the gap to the next step while steps follow each other (commands, admission)
     steps_total: int = 0
+    steps_unwaited_total: int = 0  # steps of prompt rows only, left computing while the next one was built
     step_submit_seconds_total: float = 0.0
     step_overlap_seconds_total: float = 0.0
     step_device_wait_seconds_total: float = 0.0

@@ -258,6 +258,8 @@ def test_text_overlap_changes_no_output(smollm_path: Path, start_engine: Callabl
     bodies = [{"prompt": "1, 2, 3, 4,", "max_tokens": 24, "temperature": 0, "stop": stop}
               for stop in (["7"], [", 9"], ["1"], ["zzz"], [" 5", "6"])]
     bodies.append({"prompt": "Once upon a time", "max_tokens": 20, "temperature": 0, "ignore_eos": True})
+    # a prompt longer than n_batch: its first step holds prompt rows only, which "on" does not wait for
+    bodies.append({"prompt": " ".join(f"alpha{i}" for i in range(900)), "max_tokens": 6, "temperature": 0})
 
     def answers(mode: str) -> list[Any]:
         e = start_engine(name=f"overlap-{mode}", defaults={"model": "smollm2-135m", "temperature": 0,
@@ -271,12 +273,15 @@ def test_text_overlap_changes_no_output(smollm_path: Path, start_engine: Callabl
             out.append(_stream_text(e, b))
         with ThreadPoolExecutor(len(bodies)) as pool:  # together, so stops land in shared steps
             out += list(pool.map(lambda ib: _stream_text(e, {**ib[1], "id_slot": ib[0]}), enumerate(bodies)))
+        unwaited = metric(e, "hydra_steps_unwaited_total")
+        assert (unwaited > 0) == (mode == "on"), unwaited
         e.stop()
         return out
 
     off, on = answers("off"), answers("on")
     assert on == off
     assert off[0][1] == "stop" and "7" not in off[0][0] and off[11][1] == "length" and off[11][2] == 20
+    assert off[12][1] == "length" and off[12][2] == 6, off[12]  # the long prompt was answered, not refused
 
 
 # ---- configure tiers ------------------------------------------------------------------------

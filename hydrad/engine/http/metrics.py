@@ -62,6 +62,9 @@ class EngineCollector(Collector):
         yield counter("hydra_context_rebuilds_total", "T2 context rebuilds.", s.context_rebuilds_total)
         yield counter("hydra_peer_losses_total", "Generations set aside because a COMBINE peer died.", s.peer_losses_total)
         yield counter("hydra_steps_total", "Batched steps (a batch decoded and its rows sampled).", s.steps_total)
+        yield counter("hydra_steps_unwaited_total", "Steps of prompt rows only (nothing to sample) that the engine "
+                      "thread did not wait for: it built the next step while the device computed (text_overlap).",
+                      s.steps_unwaited_total)
         parts = CounterMetricFamily("hydra_step_seconds_total",
                                     "Engine-thread time of the steps, by part: submit (building the batch and the "
                                     "llama_decode call), overlap (text work while the device computes), device_wait "
