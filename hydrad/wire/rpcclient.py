@@ -76,7 +76,13 @@ class RpcClient:
         while not self._frames:
             n = self.sock.recv_into(self._buf)
             if n == 0:
-                self.decoder.eof()
+                try:
+                    self.decoder.eof()
+                except P.ProtocolError as exc:
+                    # the engine went away inside a frame (killed mid-stream): a lost connection, which every
+                    # caller handles (OSError), not a protocol violation that would escape as a crash
+                    raise ConnectionError(f"engine at {self.address[0]}:{self.address[1]} closed the connection "
+                                          f"inside a frame ({exc})") from None
                 raise ConnectionError(f"engine at {self.address[0]}:{self.address[1]} closed the connection")
             self._frames.extend(self.decoder.feed(memoryview(self._buf)[:n]))
         return self._frames.pop(0)
