@@ -94,6 +94,31 @@ def test_kills_mid_session_move_leave_the_store_whole_and_the_session_answering(
     assert "hang" not in f["move_status"]
 
 
+def test_an_engine_killed_inside_a_state_stream_is_a_lost_connection_to_its_reader(pool: FaultPool) -> None:
+    """The source of a move killed while its slot's state streams out: the reader (the coordinator's move,
+    keep or restore; hydractl) gets a ConnectionError, which each of them handles, not the wire decoder's
+    ProtocolError for the frame cut short (that one escaped the move, which answered 500 instead of
+    restoring the session from the Store)."""
+    from hydrad.wire.rpcclient import RpcClient
+    system = "Session cut. " + " ".join(f"Rule {k}: answer item {k} in one word." for k in range(100))
+    status, body = S._session_turn(pool, "cut", [{"role": "system", "content": system},
+                                                 {"role": "user", "content": "Item 1?"}], 120)
+    assert status == 200, body
+    engine = body["_engine"]
+    with RpcClient(pool.engines_view()[engine]["rpc"]) as c:
+        slot = max(c.info()["slots"], key=lambda s: s.get("n_tokens") or 0)
+        assert slot["n_tokens"] >= 1000, slot  # about 32 MB of KV: far more than the sockets buffer
+        chunks = iter(c.state_get(int(slot["id"])).chunks)
+        assert len(next(chunks)) > 0
+        before = pool.instances()
+        pool.engines[engine].kill9()
+        with pytest.raises(ConnectionError):
+            for _ in chunks:
+                pass
+    pool.engines[engine].start()
+    pool.wait_pool(120, not_instances={engine: before[engine]})
+
+
 def test_a_flood_of_control_connections_leaves_the_engine_serving(pool: FaultPool) -> None:
     # 200 connections in 1 s; the latency goal is the full run's (on shared CI cores it is noise)
     r = S.control_flood(pool, rate=200, seconds=1, latency_goal=False)

@@ -491,10 +491,15 @@ def _admin_post(url: str, body: dict[str, Any], budget: float, box: dict[str, An
 
 
 def _clean_answer(box: dict[str, Any], result_key: str) -> bool:
-    """An HTTP answer with a JSON body: the request's own result (``result_key`` in it) or OpenAI error JSON."""
+    """An HTTP answer with a JSON body: the request's own result (``result_key`` in it) or OpenAI error JSON,
+    but not ``internal_error`` (a handler that crashed: the error JSON is clean, the code behind it is not)."""
     body = box.get("body")
-    return isinstance(box.get("status"), int) and isinstance(body, dict) and (
-        result_key in body or isinstance(body.get("error"), dict) and bool(body["error"].get("message")))
+    if not isinstance(box.get("status"), int) or not isinstance(body, dict):
+        return False
+    err = body.get("error")
+    if isinstance(err, dict):
+        return bool(err.get("message")) and err.get("code") != "internal_error"
+    return result_key in body
 
 
 def _time_load(pool: FaultPool, profile: str, name: str, budget: float) -> tuple[dict[str, Any], float | None]:
@@ -697,7 +702,8 @@ def move_kills(pool: FaultPool, rounds: int, seed: int = 4, budget: float = 60.0
     Store is verified."""
     limit = 10.0
     res = Result("kill -9 mid-migration (session move)",
-                 f"{rounds} kills: the move request answers (200, or OpenAI error JSON) within {limit:.0f} s of the kill, "
+                 f"{rounds} kills: the move request answers (200, or OpenAI error JSON, never a 500 internal_error) within "
+                 f"{limit:.0f} s of the kill, "
                  "never hangs (its connection may drop only when the coordinator is killed); 0 corrupt store objects "
                  "(hydractl store verify), 0 unreadable session index entries; the session's next turn 200 with a "
                  "normal reply (its KV in place, restored from the Store or prefilled again: reported); the pool "
@@ -777,7 +783,7 @@ def move_kills(pool: FaultPool, rounds: int, seed: int = 4, budget: float = 60.0
             if kind != "coordinator":
                 res.fail(f"round {r + 1}: the move's connection dropped though only an engine died ({st})")
         elif not _clean_answer(mv, "session"):
-            res.fail(f"round {r + 1}: move {st} without a result or OpenAI error JSON: {str(mv.get('body'))[:200]}")
+            res.fail(f"round {r + 1}: move {st} without a result or OpenAI error JSON, or a crash: {str(mv.get('body'))[:200]}")
         elif mv["at"] - killed_at > limit:
             res.fail(f"round {r + 1}: the move answered {mv['at'] - killed_at:.1f}s after the kill")
         if "at" in mv:
