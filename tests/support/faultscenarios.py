@@ -519,6 +519,11 @@ def _time_load(pool: FaultPool, profile: str, name: str, budget: float) -> tuple
     return box, (last - first if first is not None and last is not None else None)
 
 
+def _delayed_stream(url: str, body: dict[str, Any], delay: float, budget: float, outs: list[Outcome]) -> None:
+    time.sleep(delay)
+    outs.append(stream_chat(url, body, budget))
+
+
 def reload_kills(pool: FaultPool, n: int, seed: int = 3, budget: float = 60.0,
                  log: Callable[[str], None] = lambda _: None) -> Result:
     """``n`` times: a profile switch through the coordinator (``POST /admin/profile``) between two profiles
@@ -546,6 +551,7 @@ def reload_kills(pool: FaultPool, n: int, seed: int = 3, budget: float = 60.0,
     active = nxt
     switch: Counter[str] = Counter()
     client: Counter[str] = Counter()
+    client_errors: Counter[str] = Counter()
     bands: Counter[str] = Counter()
     mid_load = 0
     answered_s: list[float] = []
@@ -558,8 +564,8 @@ def reload_kills(pool: FaultPool, n: int, seed: int = 3, budget: float = 60.0,
         frac = ((i % 3) + rng.random()) / 3
         before = pool.instances()
         outs: list[Outcome] = []
-        clients = [threading.Thread(target=lambda k=k, d=d: (time.sleep(d), outs.append(stream_chat(
-                       pool.url, story_body(40_000 + 10 * i + k, m), budget))), daemon=True)
+        clients = [threading.Thread(target=_delayed_stream, args=(pool.url, story_body(40_000 + 10 * i + k, m), d,
+                                                                   budget, outs), daemon=True)
                    for k, (d, m) in enumerate([(0.0, 64), (0.2, 8), (0.4 + load_s / 2, 8)])]
         for c in clients:
             c.start()
@@ -622,6 +628,8 @@ def reload_kills(pool: FaultPool, n: int, seed: int = 3, budget: float = 60.0,
             c.join(budget + 5)
         for o in outs:
             client[o.kind] += 1
+            if o.kind == ERROR:
+                client_errors[str(o.error_code)] += 1
             if not o.ok:
                 res.fail(f"kill {i + 1}: a client stream: {o.kind} {o.detail} (engine {o.engine})")
         if len(outs) != len(clients):
@@ -639,7 +647,8 @@ def reload_kills(pool: FaultPool, n: int, seed: int = 3, budget: float = 60.0,
     res.figures = {"kills": sum(bands.values()), "asked": n, "load_s": round(load_s, 2), "kill_moment": dict(bands),
                    "progress_at_kill": _stats(progress_at_kill), "victim_load_interrupted": mid_load,
                    "switch_status": dict(switch), "switch_answered_after_kill_s": _stats(answered_s),
-                   "client_streams": dict(client), "hangs": client[HANG] + switch["hang"],
+                   "client_streams": dict(client), "client_errors": dict(client_errors),
+                   "hangs": client[HANG] + switch["hang"],
                    "coordinator_crashes": res.figures.get("coordinator_crashes", 0),
                    "serving_active_profile_again": len(back_s), "kill_to_serving_s": _stats(back_s)}
     kills = sum(bands.values())
