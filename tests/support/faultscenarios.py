@@ -529,10 +529,11 @@ def reload_kills(pool: FaultPool, n: int, seed: int = 3, budget: float = 60.0,
     """``n`` times: a profile switch through the coordinator (``POST /admin/profile``) between two profiles
     of the same model whose parameters differ in a way that needs a model load (``use_mmap``, ``n_ctx``),
     with a stream and two short streams running; one engine (alternately) is killed with SIGKILL at a
-    seeded random moment of its load, early, mid or late by turns (the load's length measured first by a
-    switch without a fault). The script restarts the engine (systemd's Restart=); the coordinator, whose
-    active profile is the switch's target from the moment the switch begins, applies that profile to the
-    engine when it registers again (its model-less start differs from the profile)."""
+    seeded random moment of its load, early, mid or late by turns (the load's length measured first by two
+    switches without a fault, the longer; the thirds are of 85 % of it, as loads vary). The script restarts the engine
+    (systemd's Restart=); the coordinator, whose active profile is the switch's target from the moment the
+    switch begins, applies that profile to the engine when it registers again (its model-less start
+    differs from the profile)."""
     limit = 10.0
     res = Result("engine kill -9 mid-reload (profile switch)",
                  f"{n} kills of a reloading engine: the coordinator never crashes; the switch request answers (200, "
@@ -543,12 +544,15 @@ def reload_kills(pool: FaultPool, n: int, seed: int = 3, budget: float = 60.0,
     t_start = time.monotonic()
     profiles = list(pool.profile_params)
     active = pool.active_profile() or profiles[0]
-    nxt = next(p for p in profiles if p != active)
-    box, load_s = _time_load(pool, nxt, ENGINES[0], budget)
-    if box.get("status") != 200 or load_s is None:
-        res.fail(f"the switch without a fault: {box.get('status')} {str(box.get('body'))[:300]}, load seen: {load_s}")
-        load_s = load_s or 0.5
-    active = nxt
+    seen_s: list[float] = []
+    for _ in range(2):  # there and back, without a fault: the longer load seen is the load's length
+        nxt = next(p for p in profiles if p != active)
+        box, took = _time_load(pool, nxt, ENGINES[0], budget)
+        if box.get("status") != 200 or took is None:
+            res.fail(f"the switch without a fault: {box.get('status')} {str(box.get('body'))[:300]}, load seen: {took}")
+        seen_s.append(took or 0.0)
+        active = nxt
+    load_s = max(seen_s) or 0.5
     switch: Counter[str] = Counter()
     client: Counter[str] = Counter()
     client_errors: Counter[str] = Counter()
@@ -590,9 +594,12 @@ def reload_kills(pool: FaultPool, n: int, seed: int = 3, budget: float = 60.0,
                 c.join(budget + 5)
             active = target
             continue
-        kill_at = t_load + frac * load_s
+        kill_at = t_load + frac * 0.85 * load_s  # loads vary (the cores are shared): the last third ends early
         while time.monotonic() < kill_at:
-            seen = _health(pool, victim) or seen
+            h = _health(pool, victim)
+            if h and h.get("stage") not in LOADING_STAGES:
+                break  # the load ended sooner than measured: killed just after it (counted, not mid-load)
+            seen = h or seen
             time.sleep(0.005)
         killed_at = time.monotonic()
         pool.engines[victim].kill9()
@@ -654,7 +661,7 @@ def reload_kills(pool: FaultPool, n: int, seed: int = 3, budget: float = 60.0,
     kills = sum(bands.values())
     if kills < n:
         res.fail(f"only {kills} of {n} kills landed")
-    if mid_load < kills * 0.8:
+    if mid_load < kills - max(1, kills // 10):
         res.fail(f"only {mid_load} of {kills} kills interrupted the victim's load")
     if answered_s and max(answered_s) > limit:
         res.fail(f"a switch answered {max(answered_s):.1f}s after the kill")
