@@ -258,12 +258,12 @@ def test_text_overlap_changes_no_output(smollm_path: Path, start_engine: Callabl
     bodies = [{"prompt": "1, 2, 3, 4,", "max_tokens": 24, "temperature": 0, "stop": stop}
               for stop in (["7"], [", 9"], ["1"], ["zzz"], [" 5", "6"])]
     bodies.append({"prompt": "Once upon a time", "max_tokens": 20, "temperature": 0, "ignore_eos": True})
-    # a prompt longer than n_batch: its first step holds prompt rows only, which "on" does not wait for
-    bodies.append({"prompt": " ".join(f"alpha{i}" for i in range(900)), "max_tokens": 6, "temperature": 0})
+    # a prompt longer than n_batch (256 here): its first step holds prompt rows only, which "on" does not wait for
+    bodies.append({"prompt": " ".join(f"alpha{i}" for i in range(150)), "max_tokens": 6, "temperature": 0})
 
     def answers(mode: str) -> list[Any]:
         e = start_engine(name=f"overlap-{mode}", defaults={"model": "smollm2-135m", "temperature": 0,
-                                                           "text_overlap": mode})
+                                                           "text_overlap": mode, "n_batch": 256, "n_ubatch": 256})
         e.wait_ready()
         assert e.http.get("/control/config").json()["params"]["text_overlap"]["value"] == mode
         out = []
