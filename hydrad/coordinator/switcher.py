@@ -164,10 +164,10 @@ class ProfileSwitcher:
                     result.update(load_phase=loaded.phase, load_seconds=loaded.seconds)
                     replied = time.monotonic()  # an aborted load may have been superseded by one that loads ours
                 left = max(0.0, t0 + self.settings.load_timeout_s - time.monotonic())
-                why = await self._until_serving(engine, model, replied, left)
-                result["ok"] = why is None
-                if why is not None:
-                    result.update(error=why, code="not_loaded")
+                problem = await self._until_serving(engine, model, replied, left)
+                result["ok"] = problem is None
+                if problem is not None:
+                    result.update(error=problem, code="not_loaded")
             elif loaded is not None:
                 result.update(ok=loaded.phase == "done", load_phase=loaded.phase, load_seconds=loaded.seconds)
                 if loaded.phase != "done":
