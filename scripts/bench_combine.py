@@ -78,7 +78,7 @@ STOCK_THREADS = ("import sys, time\nfrom hydrad.engine import ggml\n"
                  "s = ggml.RpcServerThread('127.0.0.1', int(sys.argv[1]), None, int(sys.argv[2]))\ns.start()\n"
                  "while s.alive:\n    time.sleep(0.2)\nsys.exit(s.error or 'the ggml RPC server stopped')\n")
 SIDES = ("hydra", "direct", "stock", "solo")
-LABEL = {"hydra": "Hydra peer (merged port, checking relay)", "direct": "Hydra peer (merged port, direct line)",
+LABEL = {"hydra": "Hydra peer, relay (merged port)", "direct": "Hydra peer, direct line (merged port)",
          "stock": "stock ggml RPC server", "solo": "SOLO (no peer)"}
 SHORT = {"hydra": "H", "direct": "D", "stock": "S", "solo": "O"}
 SINGLE_THREAD_ENV = {k: "1" for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
