@@ -353,8 +353,10 @@ class EngineCore(Loading, Batching, KvOps, EmbedJobs):
     def _retire_idle(self) -> None:
         for old in [g for g in self.retiring if not g.n_active]:
             self.retiring.remove(old)
-            old.free()
-            log_event(log, logging.INFO, "generation retired", generation=old.tag.fingerprint)
+            t0 = time.perf_counter()
+            old.free()  # (on the engine thread: how long that holds the next step is in the log line)
+            log_event(log, logging.INFO, "generation retired", generation=old.tag.fingerprint,
+                      free_ms=round((time.perf_counter() - t0) * 1000, 1))
 
     def _drain_step(self) -> None:
         """Drain policy: once in-flight requests are done (or the bound passed), free the generation."""
