@@ -127,7 +127,7 @@ class Batching:
     _deferred: list[tuple[Generation, Slot, _Active]]
     _faults: bool
     _t_step_end: float = 0.0  # when the last step ended (perf_counter), for the gap between steps
-    _unsynced: list[Generation]  # generations whose last step the device may still be computing (see _step)
+    _unsynced: set[Generation]  # generations whose last step the device may still be computing (see _step)
     _pending_swap: Any  # a Swap command waiting for the slots to go idle
     # provided by EngineCore: queue an event for a request, hand the queued events to the loop,
     # whether a swap or a drain holds admission back, and whether a drain-policy reload runs
@@ -362,10 +362,11 @@ class Batching:
             # for the device. It builds and queues the next step while this one computes (llama.cpp orders
             # them on the device, as it does the ubatches of one batch); the engine thread waits before
             # anything else touches the context (settle_device).
-            self._unsynced.append(gen)
+            self._unsynced.add(gen)
             self.stats.steps_unwaited_total += 1
         else:
-            ctx.synchronize()
+            ctx.synchronize()  # (waits for any earlier step of this context left computing, too)
+            self._unsynced.discard(gen)
         t3 = time.perf_counter()
         for slot_id, a in watched:  # before this step's tokens: the last progress says the prompt is done
             self._progress(slot_id, a)

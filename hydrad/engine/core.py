@@ -97,7 +97,7 @@ class EngineCore(Loading, Batching, KvOps, EmbedJobs):
         self._out: list[tuple[RequestHandle, Any]] = []
         self.state_buffers = StateBuffers()  # KV state snapshots and uploads; any thread may take one
         self._deferred: list[tuple[Generation, Slot, _Active]] = []  # text to make while the device computes
-        self._unsynced: list[Generation] = []  # steps queued on the device and not waited for (batching._step)
+        self._unsynced: set[Generation] = set()  # steps queued on the device and not waited for (batching._step)
         self._pending_swap: Swap | None = None
         self._drain: tuple[float, Drain] | None = None  # drain-policy reload in progress: (deadline, command)
         self.drain_timeout_s = drain_timeout_s

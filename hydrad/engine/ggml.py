@@ -15,7 +15,7 @@ import stat
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from hydrad.engine import llama
 
@@ -185,40 +185,41 @@ def _own_sockets() -> list[tuple[int, socket.socket]]:
     return out
 
 
-def accepted_fd(endpoint: tuple[str, int], client: tuple[str, int]) -> int | None:
-    """The descriptor under which this process's server at ``endpoint`` holds the connection from
-    ``client`` (the accepted side of a connection this process made to itself), or None."""
+def _own_socket(match: Callable[[socket.socket], bool]) -> tuple[int, socket.socket] | None:
+    """The first INET stream socket of this process that ``match`` accepts, as (fd, a duplicate the caller
+    closes), or None; a socket whose inspection fails does not match."""
+    found = None
     sockets = _own_sockets()
     try:
         for fd, s in sockets:
             try:
-                if tuple(s.getsockname()[:2]) == tuple(endpoint) and tuple(s.getpeername()[:2]) == tuple(client):
-                    return fd
+                if found is None and match(s):
+                    found = (fd, s)
             except OSError:
                 continue
     finally:
         for _, s in sockets:
-            s.close()
-    return None
+            if found is None or s is not found[1]:
+                s.close()
+    return found
+
+
+def accepted_fd(endpoint: tuple[str, int], client: tuple[str, int]) -> int | None:
+    """The descriptor under which this process's server at ``endpoint`` holds the connection from
+    ``client`` (the accepted side of a connection this process made to itself), or None."""
+    found = _own_socket(lambda s: tuple(s.getsockname()[:2]) == tuple(endpoint)
+                        and tuple(s.getpeername()[:2]) == tuple(client))
+    if found is None:
+        return None
+    found[1].close()
+    return found[0]
 
 
 def listening_socket(endpoint: tuple[str, int]) -> socket.socket | None:
     """A duplicate of this process's listening socket at ``endpoint`` (the caller closes it), or None."""
-    found = None
-    sockets = _own_sockets()
-    try:
-        for _, s in sockets:
-            try:
-                if (found is None and tuple(s.getsockname()[:2]) == tuple(endpoint)
-                        and s.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)):
-                    found = s
-            except OSError:
-                continue
-    finally:
-        for _, s in sockets:
-            if s is not found:
-                s.close()
-    return found
+    found = _own_socket(lambda s: tuple(s.getsockname()[:2]) == tuple(endpoint)
+                        and bool(s.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)))
+    return found[1] if found is not None else None
 
 
 def seal_server(endpoint: tuple[str, int], keep: tuple[str, int]) -> int:

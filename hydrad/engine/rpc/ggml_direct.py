@@ -113,10 +113,9 @@ class DirectLine:
         with self._cond:
             self._prime(up)
             self._next = nxt
-        try:
-            self._wait_blocked(2.0)
-        except OSError as exc:
-            self._fail(f"cannot read the server thread's state ({exc}); the direct line stays off")
+        if not self._wait_blocked(2.0):
+            self._fail("the server thread was not seen waiting for a command (/proc/self/task/<tid>/syscall); "
+                       "the direct line stays off")
             return
         threading.Thread(target=self._watch, name="hydrad-ggml-direct", daemon=True).start()
         log_event(log, logging.INFO, "ggml-RPC direct line ready", endpoint=f"127.0.0.1:{port}")
@@ -199,8 +198,11 @@ class DirectLine:
         tid = self._server.tid if self._server is not None else None
         if tid is None or self._fd is None:
             return False
-        with open(f"/proc/self/task/{tid}/syscall") as f:
-            parts = f.read().split()
+        try:  # (readable at boot, or the line stayed off; a read that fails later is "not waiting")
+            with open(f"/proc/self/task/{tid}/syscall") as f:
+                parts = f.read().split()
+        except OSError:
+            return False
         if len(parts) < 4 or not parts[0].isdigit():
             return False  # "running": between two reads
         return (int(parts[0]) == RECVFROM[platform.machine().lower()] and int(parts[1], 16) == self._fd
@@ -236,20 +238,22 @@ class DirectLine:
         except OSError:
             first = b""
         with self._cond:
-            if not first:  # gone (or silent) before its first command: nothing was handed over
+            up, fd = self._up, self._fd
+            if not first or up is None or fd is None:  # gone (or silent) before its first command: not handed over
                 self._peer = None
                 self._cond.notify_all()
                 return True
-            up, fd = self._up, self._fd
-            assert up is not None and fd is not None
-            if not self._wait_blocked(1.0):  # (it was waiting a moment ago, and nothing else talks to it)
+            try:
+                if not self._wait_blocked(1.0):  # (it was waiting a moment ago, and nothing else talks to it)
+                    raise OSError("the direct line's server stopped waiting for a command")
+                conn.setblocking(True)  # the server's reads block (the flag belongs to the socket, shared by S)
+                os.dup2(conn.fileno(), fd, inheritable=False)
+            except OSError as exc:  # nothing changed hands; the peer's first byte is read, so it is closed
                 self._peer = None
+                self.error = f"{exc}; trusted peers go through the relay"
                 self._cond.notify_all()
-                self.error = "the direct line's server stopped waiting for a command; trusted peers go through the relay"
                 log_event(log, logging.ERROR, "ggml-RPC direct line unavailable", reason=self.error, peer=addr)
-                return True  # its first byte is read: the peer is closed, and its next connection uses the relay
-            conn.setblocking(True)  # the server's reads block (the flag belongs to the socket, shared by S)
-            os.dup2(conn.fileno(), fd, inheritable=False)
+                return True
             self._up = self._fd = None
         try:
             up.sendall(first)
@@ -267,8 +271,7 @@ class DirectLine:
         return True
 
     def public(self) -> dict[str, Any]:
-        with self._cond:
-            peer = self._peer
+        peer = self._peer  # (one read of a reference: no lock, so a view never waits on a hand-over)
         return {"ready": self.ready.is_set() and self.error is None, "error": self.error, "peer": peer,
                 "server": f"{self._endpoint[0]}:{self._endpoint[1]}" if self._endpoint[1] else None, **self.stats}
 
