@@ -41,6 +41,7 @@ from hydrad.engine.loading import EngineBusy, Loading
 from hydrad.engine.requests import Failed, RequestHandle
 from hydrad.engine.pairing import Pairing
 from hydrad.engine.prefixshare import PrefixShare
+from hydrad.engine.reaper import Reaper
 from hydrad.engine.settings import PrefixSettings
 from hydrad.engine.peer_watch import PeerWatch
 from hydrad.engine.snapshot import EngineSnapshot, ModelSummary, slot_rows
@@ -80,6 +81,7 @@ class EngineCore(Loading, Batching, KvOps, EmbedJobs):
         self.params: RuntimeParams | None = None  # T1 defaults in force
         self.gen: Generation | None = None  # serves new requests
         self.retiring: list[Generation] = []  # older generations finishing their in-flight requests (overlap)
+        self.reaper = Reaper()  # frees retired generations off this thread (see reaper)
         self.standby: Generation | None = None  # the other expert placement, resident for a fast mode switch
         self.loads: dict[int, LoadRecord] = {}
         self.current_load: LoadRecord | None = None
@@ -353,10 +355,14 @@ class EngineCore(Loading, Batching, KvOps, EmbedJobs):
     def _retire_idle(self) -> None:
         for old in [g for g in self.retiring if not g.n_active]:
             self.retiring.remove(old)
-            t0 = time.perf_counter()
-            old.free()  # (on the engine thread: how long that holds the next step is in the log line)
-            log_event(log, logging.INFO, "generation retired", generation=old.tag.fingerprint,
-                      free_ms=round((time.perf_counter() - t0) * 1000, 1))
+            self._bury(old, "its last request ended")
+
+    def _bury(self, gen: Generation, why: str) -> None:
+        """Hand a generation no slot uses any more to the reaper (freed on its thread, not this one)."""
+        if gen in self._unsynced:  # its last step may still compute: done before anyone frees it
+            self._unsynced.discard(gen)
+            gen.ctx.synchronize()
+        self.reaper.bury(gen, gen.tag.fingerprint, why)
 
     def _drain_step(self) -> None:
         """Drain policy: once in-flight requests are done (or the bound passed), free the generation."""
@@ -467,7 +473,7 @@ class EngineCore(Loading, Batching, KvOps, EmbedJobs):
                     elif rec.keep_standby:
                         self.standby = old
                     else:
-                        old.free()
+                        self._bury(old, "replaced while idle")
                 # done from the moment the model serves: a client that sees /health turn 200 and then asks
                 # /control/loads/{id} must not find the load still "installing" (the loader thread writes
                 # the rest of the record when it wakes)
@@ -575,6 +581,8 @@ class EngineCore(Loading, Batching, KvOps, EmbedJobs):
         for g in ([gen] if gen else []) + ([standby] if standby else []) + self.retiring:
             g.free()
         self.retiring.clear()
+        if not self.reaper.wait(60):
+            log_event(log, logging.WARNING, "a retired generation is still being freed at shutdown")
         if self._drain is not None:
             self._drain[1].done.set()
             self._drain = None

@@ -72,6 +72,10 @@ def test_overlap_switch_under_steady_traffic(smollm_path: Path, gemma_path: Path
     # still serving while reloading: the stage is "reloading" from the 202 on, so /health was polled
     # in it at least once (an empty list proved nothing), and it answered 200 every time
     assert seen_reloading and all(code == 200 for code in seen_reloading), seen_reloading
+    # the old generation is freed on the reaper's thread once its last request ended, not on the engine's
+    retired = eventually(lambda: [ln for ln in e.log_path.read_text().splitlines() if "generation retired" in ln],
+                         30, "the old generation to be freed")
+    assert len(retired) == 1 and "free_ms=" in retired[0] and "why=" in retired[0], retired
 
 
 def test_drain_serves_queued_requests_after_the_load(smollm_path: Path, gemma_path: Path,
