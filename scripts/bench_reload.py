@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 import tempfile
@@ -119,6 +120,9 @@ def run_policy(policy: str, switches: int, tmp: Path, models: tuple[str, ...] = 
                             "latencies": [end - start for start, end, st in during if st == 200]})
         client.stop.set()
         client.join(30)
+        # how long freeing each retired generation took (on the engine's reaper thread, off its step loop)
+        free_ms = [float(m.group(1)) for m in re.finditer(r"generation retired.* free_ms=([0-9.]+)",
+                                                           e.log_path.read_text())]
         steady_lat = [end - start for start, end, st in steady if st == 200]
         lat_during = [x for r in results for x in r["latencies"]]
         return {
@@ -126,6 +130,7 @@ def run_policy(policy: str, switches: int, tmp: Path, models: tuple[str, ...] = 
             "steady_gap_ms": steady_gap * 1000,
             "max_gap_ms_median": statistics.median(r["max_gap_s"] for r in results) * 1000,
             "max_gap_ms_worst": max(r["max_gap_s"] for r in results) * 1000,
+            "free_ms": free_ms,
             "steady_gap_ms_of": {m: round(g * 1000, 2) for m, g in steady_of.items()},
             "ratio_slower_median": statistics.median(r["ratio_slower"] for r in results),
             "ratio_slower_worst": max(r["ratio_slower"] for r in results),
@@ -157,15 +162,16 @@ def markdown(rows: list[dict[str, Any]], cmd: str, models: tuple[str, ...] = MOD
            f"{models[0]} under a steady one-at-a-time client (4-token completions).", "",
            "| policy | steady gap ms (each model) | max gap ms (median / worst) | gap ÷ slower model's steady gap "
            "(median / worst) | gap ÷ first model's steady gap | load ms (engine) | gap − load ms | "
-           "failed | p50 ms steady / switch | p99 ms steady / switch |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+           "failed | p50 ms steady / switch | p99 ms steady / switch | old model freed in ms (median, off the step loop) |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         each = " / ".join(f"{g:.1f}" for g in r["steady_gap_ms_of"].values())
         out.append(f"| {r['policy']} | {each} | {r['max_gap_ms_median']:.1f} / {r['max_gap_ms_worst']:.1f} "
                    f"| **{r['ratio_slower_median']:.2f}** / {r['ratio_slower_worst']:.2f} "
                    f"| {r['max_gap_ms_median'] / r['steady_gap_ms']:.2f} | {r['load_ms_median']:.0f} | "
                    f"{r['max_gap_ms_median'] - r['load_ms_median']:.0f} | {r['failed']} | "
-                   f"{r['p50_ms_steady']:.1f} / {r['p50_ms_switch']:.1f} | {r['p99_ms_steady']:.1f} / {r['p99_ms_switch']:.1f} |")
+                   f"{r['p50_ms_steady']:.1f} / {r['p50_ms_switch']:.1f} | {r['p99_ms_steady']:.1f} / {r['p99_ms_switch']:.1f} | "
+                   f"{statistics.median(r['free_ms']) if r['free_ms'] else float('nan'):.1f} |")
     out += ["", "Steady gaps are each model's own, measured while it alone serves (the first before any switch, "
             "the other after its first switch). Goals: overlap gap ≤ 1.5× steady gap (of the slower model); "
             "drain gap ≤ load time + 500 ms; 0 failed requests; "
