@@ -73,13 +73,20 @@ def median_gap(entries: list[tuple[float, float, int]]) -> float:
 
 def max_gap(entries: list[tuple[float, float, int]], start: float, end: float) -> float:
     """Longest stretch of the window [start, end] without a successful response ending."""
+    return longest_gap(entries, start, end)[1]
+
+
+def longest_gap(entries: list[tuple[float, float, int]], start: float, end: float) -> tuple[float, float]:
+    """Where (its start) and how long the longest stretch of [start, end] without a successful response is."""
     ends = [start] + sorted(e for _, e, st in entries if st == 200) + [end]
-    return max(b - a for a, b in zip(ends, ends[1:]))
+    return max(((a, b - a) for a, b in zip(ends, ends[1:])), key=lambda x: x[1])
 
 
-def run_policy(policy: str, switches: int, tmp: Path, models: tuple[str, ...] = MODELS) -> dict[str, Any]:
+def run_policy(policy: str, switches: int, tmp: Path, models: tuple[str, ...] = MODELS,
+               slow_turn_ms: float = 0.0) -> dict[str, Any]:
     e = Engine(tmp, defaults={"model": models[1], "temperature": 0, "reload_policy": policy,
-                              "reload_queue_timeout_s": 120, "n_parallel": 2}, name=f"bench-{policy}")
+                              "reload_queue_timeout_s": 120, "n_parallel": 2}, name=f"bench-{policy}",
+               extra={"logging": {"slow_turn_ms": slow_turn_ms}})
     try:
         e.wait_ready(120)
         client = Client(e.url)
@@ -97,7 +104,7 @@ def run_policy(policy: str, switches: int, tmp: Path, models: tuple[str, ...] = 
         results = []
         for i in range(switches):
             target, source = models[i % 2], models[(i + 1) % 2]
-            t0 = time.monotonic()
+            t0, t0_wall = time.monotonic(), time.time()
             r = e.http.post("/control/configure?wait=1", json={"model": target}, timeout=300)
             t1 = time.monotonic()
             body = r.json()
@@ -109,20 +116,26 @@ def run_policy(policy: str, switches: int, tmp: Path, models: tuple[str, ...] = 
             after = window(client.log, t1 + 0.5, t1 + 0.5 + STEADY_AFTER_S)
             if len(after) >= 3:
                 steady_of[target] = median_gap(after)
-            gap = max_gap(during, t0, t1 + 0.5)
+            gap_at, gap = longest_gap(during, t0, t1 + 0.5)
             # A request on the slower model takes longer whatever the switch does: the switch's own cost is
             # its longest gap over the slower model's steady gap.
             slower = max(steady_of.get(source, steady_gap), steady_of.get(target, steady_gap))
             results.append({"target": target, "switch_s": t1 - t0, "max_gap_s": gap, "slower_steady_s": slower,
                             "ratio_slower": gap / slower,
+                            "gap_from_ms": round((gap_at - t0) * 1000, 1),  # since the configure call
+                            "t0_wall": t0_wall,
+                            "timings": body["load"].get("timings"),
                             "load_s": body["load"]["timings"].get("load_s"), "policy": body["load"]["policy"],
                             "failed": sum(1 for *_, st in during if st != 200),
                             "latencies": [end - start for start, end, st in during if st == 200]})
         client.stop.set()
         client.join(30)
         # how long freeing each retired generation took (on the engine's reaper thread, off its step loop)
-        free_ms = [float(m.group(1)) for m in re.finditer(r"generation retired.* free_ms=([0-9.]+)",
-                                                           e.log_path.read_text())]
+        log_text = e.log_path.read_text()
+        free_ms = [float(m.group(1)) for m in re.finditer(r"generation retired.* free_ms=([0-9.]+)", log_text)]
+        # with --slow-turn-ms: the engine's own account of each turn of its loop that held the streams up
+        slow_turns = [ln for ln in log_text.splitlines() if "slow engine turn" in ln or "msg=stage" in ln
+                      or "model ready" in ln or "generation retired" in ln] if slow_turn_ms else []
         steady_lat = [end - start for start, end, st in steady if st == 200]
         lat_during = [x for r in results for x in r["latencies"]]
         return {
@@ -131,6 +144,8 @@ def run_policy(policy: str, switches: int, tmp: Path, models: tuple[str, ...] = 
             "max_gap_ms_median": statistics.median(r["max_gap_s"] for r in results) * 1000,
             "max_gap_ms_worst": max(r["max_gap_s"] for r in results) * 1000,
             "free_ms": free_ms,
+            "engine_log": slow_turns,
+            "switches_detail": [{k: v for k, v in r.items() if k != "latencies"} for r in results],
             "steady_gap_ms_of": {m: round(g * 1000, 2) for m, g in steady_of.items()},
             "ratio_slower_median": statistics.median(r["ratio_slower"] for r in results),
             "ratio_slower_worst": max(r["ratio_slower"] for r in results),
@@ -185,6 +200,8 @@ def main() -> int:
     ap.add_argument("--policies", default="overlap,drain")
     ap.add_argument("--models", default=",".join(MODELS), help="the two models switched between (aliases or GGUF "
                     "paths; the second is loaded first)")
+    ap.add_argument("--slow-turn-ms", type=float, default=0.0, help="the engine logs each turn of its loop longer "
+                    "than this (logging.slow_turn_ms); the lines go into the JSON (engine_log)")
     ap.add_argument("--json", metavar="FILE")
     ap.add_argument("--markdown", action="store_true", help="append the table to docs/benchmarks.md")
     args = ap.parse_args()
@@ -196,7 +213,7 @@ def main() -> int:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for policy in args.policies.split(","):
-            rows.append(run_policy(policy, args.switches, Path(tmp), models))
+            rows.append(run_policy(policy, args.switches, Path(tmp), models, args.slow_turn_ms))
             print(json.dumps(rows[-1]), flush=True)
     cmd = "scripts/bench_reload.py " + " ".join(sys.argv[1:])
     text = markdown(rows, ".venv/bin/python " + cmd.strip(), named)

@@ -72,8 +72,10 @@ class SlotsBusy(RuntimeError):
 
 class EngineCore(Loading, Batching, KvOps, EmbedJobs):
     def __init__(self, on_status: Callable[[EngineSnapshot], None] | None = None, max_queue: int = 64,
-                 drain_timeout_s: float = 30.0, device: str | None = None, prefix: PrefixSettings | None = None) -> None:
+                 drain_timeout_s: float = 30.0, device: str | None = None, prefix: PrefixSettings | None = None,
+                 slow_turn_ms: float = 0.0) -> None:
         self.stats = EngineStats()
+        self.slow_turn_s = slow_turn_ms / 1000  # a turn of the loop longer than this is logged with its parts (0: off)
         self.prefix = PrefixShare(prefix or PrefixSettings())
         self.pairing = Pairing()  # the COMBINE role (head, peer), read by every view
         self.stage = "starting"
@@ -289,24 +291,7 @@ class EngineCore(Loading, Batching, KvOps, EmbedJobs):
 
     def _run(self) -> None:
         try:
-            while True:
-                if not self._drain_commands(block=not self._busy()):
-                    break
-                if self._unsynced and not self._only_steps():
-                    self.settle_device()
-                self.heartbeat = time.monotonic()
-                self._maybe_swap()
-                self._drain_step()
-                self._expire_waiting()
-                self._admit()
-                self._embed_step()
-                for old in [g for g in self.retiring if g.n_active]:
-                    self._step(old)
-                if self.gen is not None and self.gen.n_active:
-                    self._step(self.gen)
-                self._retire_idle()
-                self.state_buffers.trim()
-                self._flush()
+            self._turns()
         except BaseException as exc:  # the engine is dead: every caller must hear it, not hang
             log.exception("engine thread died")
             self.last_error = f"engine thread died: {exc}"
@@ -318,6 +303,52 @@ class EngineCore(Loading, Batching, KvOps, EmbedJobs):
             self._shutdown_gen()
             self._running = False
             self._publish()
+
+    def _turns(self) -> None:
+        """The engine thread's loop, until a Stop command. With ``logging.slow_turn_ms`` a turn longer than
+        that is logged with where its time went (a few clock reads a turn: nothing beside a step)."""
+        clock, slow = time.perf_counter, self.slow_turn_s
+        while True:
+            idle = not self._busy()
+            t0 = clock()
+            if not self._drain_commands(block=idle):
+                return
+            t_cmd = clock()
+            if idle:  # an idle engine's wait for a command is not part of a turn
+                t0 = t_cmd
+            if self._unsynced and not self._only_steps():
+                self.settle_device()
+            self.heartbeat = time.monotonic()
+            self._maybe_swap()
+            self._drain_step()
+            self._expire_waiting()
+            self._admit()
+            self._embed_step()
+            t_admit = clock()
+            steps: list[tuple[Generation, float]] = []
+            for gen in [g for g in self.retiring if g.n_active] + ([self.gen] if self.gen and self.gen.n_active else []):
+                ts = clock()
+                self._step(gen)
+                steps.append((gen, clock() - ts))
+            t_steps = clock()
+            self._retire_idle()
+            self.state_buffers.trim()
+            self._flush()
+            if slow:
+                self._log_slow_turn(slow, t0, t_cmd, t_admit, steps, t_steps, clock())
+
+    @staticmethod
+    def _log_slow_turn(slow: float, t0: float, t_cmd: float, t_admit: float, steps: list[tuple[Generation, float]],
+                       t_steps: float, t_end: float) -> None:
+        if t_end - t0 <= slow:
+            return
+
+        def ms(seconds: float) -> float:
+            return round(seconds * 1000, 1)
+
+        log_event(log, logging.INFO, "slow engine turn", ms=ms(t_end - t0), commands_ms=ms(t_cmd - t0),
+                  admit_ms=ms(t_admit - t_cmd), after_ms=ms(t_end - t_steps),
+                  steps=",".join(f"{g.tag.fingerprint}:{ms(d)}" for g, d in steps) or "-")
 
     def _only_steps(self) -> bool:
         """Whether this turn of the loop can do nothing but step: no request, embedding, swap, drain or

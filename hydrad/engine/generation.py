@@ -66,7 +66,11 @@ def kv_family(info: llama.ModelInfo, path: Path) -> str:
     return hashlib.sha256(layout.encode()).hexdigest()[:24]
 
 
-WARMUP_PROMPT_TOKENS = 8  # the throw-away prompt of a new generation's warm-up (then one decode step)
+WARMUP_PROMPT_TOKENS = 8  # the throw-away prompt of a new generation's warm-up (then WARMUP_DECODE_STEPS steps)
+WARMUP_DECODE_STEPS = 3
+"""Single-token steps of the warm-up: llama.cpp's CUDA back end captures a decode step as a CUDA graph only
+once it has seen the same graph twice in a row, so with one step the first user request still paid for
+the capture (and its instantiation) of its decode graph; with three, the warm-up has replayed it once."""
 SPARE_TAIL = 4  # tokens past a shared prefix that still count as the same conversation (its last reply re-tokenized)
 
 
@@ -324,7 +328,7 @@ class Generation:
         return {"carried": carried, "dropped": dropped}
 
     def warmup(self) -> None:
-        """A short prompt and one decode step, thrown away, so that the first user request does not pay
+        """A short prompt and a few decode steps, thrown away, so that the first user request does not pay
         for lazy work. Both shapes matter: on a GPU a batch of several tokens takes other kernels than a
         single token (a multi-token attention product goes through cuBLAS, whose handle each new context
         creates on first use), and under an overlap reload whatever the first request pays is a gap in
@@ -335,9 +339,10 @@ class Generation:
         for pos in range(n):
             self.batch.add(tok, pos, 0, pos == n - 1)
         self.batch.decode(self.ctx)
-        self.batch.clear()
-        self.batch.add(tok, n, 0, True)
-        self.batch.decode(self.ctx)
+        for pos in range(n, min(n + WARMUP_DECODE_STEPS, self.ctx.n_ctx_seq)):
+            self.batch.clear()
+            self.batch.add(tok, pos, 0, True)
+            self.batch.decode(self.ctx)
         self.ctx.clear()
 
     def free(self) -> None:

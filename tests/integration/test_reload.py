@@ -302,3 +302,16 @@ def test_a_new_generations_warm_up_leaves_nothing_behind(smollm_engine: Engine, 
     first = e.http.post("/v1/completions", json=body).json()["choices"][0]["text"]
     second = e.http.post("/v1/completions", json=body).json()["choices"][0]["text"]
     assert first == second and first
+
+
+def test_slow_turns_are_logged_with_where_their_time_went(start_engine: Callable[..., Engine]) -> None:
+    e = start_engine(defaults={"model": "smollm2-135m", "temperature": 0},
+                     extra={"logging": {"slow_turn_ms": 0.001}})  # every busy turn is "slow"
+    e.wait_ready()
+    r = e.http.post("/v1/completions", json={"prompt": "Say something", "max_tokens": 3})
+    assert r.status_code == 200, r.text
+    fp = r.json()["system_fingerprint"]
+    lines = eventually(lambda: [ln for ln in e.log_path.read_text().splitlines() if "slow engine turn" in ln],
+                       10, "slow turns in the log")
+    stepped = [ln for ln in lines if f"steps={fp}:" in ln]
+    assert stepped and all(k in stepped[0] for k in ("ms=", "commands_ms=", "admit_ms=", "after_ms=")), lines
