@@ -8,6 +8,7 @@ header (the vocabulary arrays are skipped by their lengths), not a second model 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import struct
 from pathlib import Path
@@ -51,13 +52,36 @@ def _value(f: BinaryIO, vtype: int) -> Any:
         if etype in _SCALAR:
             f.seek(count * struct.calcsize(_SCALAR[etype]), 1)
         elif etype == _STRING:
-            for _ in range(count):
-                (n,) = struct.unpack("<Q", _read(f, 8))
-                f.seek(n, 1)
+            _skip_strings(f, count)
         else:
             raise GgufError(f"array of type {etype}")
         return None
     raise GgufError(f"value type {vtype}")
+
+
+_U64 = struct.Struct("<Q")
+_CHUNK = 1 << 20
+
+
+def _skip_strings(f: BinaryIO, count: int) -> None:
+    """Skip ``count`` length-prefixed strings, walked in a buffer read a megabyte at a time rather than
+    with a read and a seek per string. The walk is the only Python loop of a header scan, and it runs on
+    the loader thread while the engine thread serves: a scan that takes long holds the engine's steps
+    up, each time they need the interpreter back from a llama.cpp call."""
+    base, buf, p = f.tell(), b"", 0
+    unpack = _U64.unpack_from
+    for _ in range(count):
+        if p + 8 > len(buf):
+            base += p
+            f.seek(base)
+            buf, p = f.read(_CHUNK), 0
+            if len(buf) < 8:
+                raise GgufError("truncated header")
+        (n,) = unpack(buf, p)
+        if n > 1 << 24:
+            raise GgufError(f"string of {n} bytes in the header")
+        p += 8 + n
+    f.seek(base + p)
 
 
 def _open_header(f: BinaryIO, path: Path) -> int:
@@ -90,20 +114,34 @@ def metadata(path: Path, keys: set[str] | None = None) -> dict[str, Any]:
 def vocab_digest(path: Path) -> str:
     """A digest of the vocabulary as the file stores it (the tokenizer model, its pre-tokenizer and
     the raw bytes of the token list): two quants of one model have the same, so KV computed from the
-    token ids of one means the same on the other. The token list is hashed in place, not decoded."""
+    token ids of one means the same on the other. The token list is hashed in place, not decoded.
+
+    Kept per file (path, size, modification time): a reload of a model read before costs nothing, and
+    the scan (tens of milliseconds of Python on the loader thread for a large vocabulary, slowing the
+    serving generation's steps meanwhile) runs once per file."""
+    st = path.stat()
+    return _vocab_digest(path, st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=64)
+def _vocab_digest(path: Path, _size: int, _mtime_ns: int) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         n_kv = _open_header(f, path)
+        found: list[bytes] = []
         for _ in range(n_kv):
             key = _string(f).decode("utf-8", "replace")
             (vtype,) = struct.unpack("<I", _read(f, 4))
             start = f.tell()
-            value = _value(f, vtype)
+            _value(f, vtype)
             if key in _VOCAB_KEYS:
                 end = f.tell()
                 f.seek(start)
-                h.update(key.encode() + b"=" + _read(f, end - start))
-            del value
+                found.append(key.encode() + b"=" + _read(f, end - start))
+                if len(found) == len(_VOCAB_KEYS):  # the rest (merges: as long again) is not needed
+                    break
+        for part in sorted(found):  # in key order, whatever order the file stores them in
+            h.update(part)
     return h.hexdigest()[:32]
 
 
