@@ -462,13 +462,14 @@ class Batch:
         self._np_logits = np.ctypeslib.as_array(self._logits, shape=(capacity,))
         self._np_arange = np.arange(capacity, dtype=np.int32)
         # seq_id is an array of per-token pointers to separately allocated rows; point them into one
-        # contiguous array we own so seq ids are written by slice too (the originals go back before free)
+        # contiguous array we own so seq ids are written by slice too (the originals go back before free).
+        # The pointers are rewritten as one numpy array: a Python loop over n_batch of them on the loader
+        # thread slows the serving generation's steps (docs/engine.md, "the interpreter lock").
         self._seq_own = np.zeros(capacity, dtype=np.int32)
-        self._seq_orig = [ctypes.cast(self._seq[i], ctypes.c_void_p).value for i in range(capacity)]
-        base = self._seq_own.ctypes.data
-        row_t = type(self._seq[0])
-        for i in range(capacity):
-            self._seq[i] = ctypes.cast(base + 4 * i, row_t)
+        self._np_seq_ptrs = np.ctypeslib.as_array(ctypes.cast(self._seq, ctypes.POINTER(ctypes.c_uint64)),
+                                                  shape=(capacity,))
+        self._seq_orig = self._np_seq_ptrs.copy()
+        self._np_seq_ptrs[:] = self._seq_own.ctypes.data + 4 * np.arange(capacity, dtype=np.uint64)
 
     def clear(self) -> None:
         self.n = 0
@@ -503,9 +504,7 @@ class Batch:
 
     def free(self) -> None:
         if self.raw is not None:
-            row_t = type(self._seq[0])
-            for i, addr in enumerate(self._seq_orig):
-                self._seq[i] = ctypes.cast(addr, row_t)
+            self._np_seq_ptrs[:] = self._seq_orig
             self.raw.n_tokens = self.capacity
             lib().llama_batch_free(self.raw)
             self.raw = None
