@@ -5,8 +5,9 @@ A client sends short completions back to back (one at a time, like a steady user
 engine switches SmolLM2-135M → Gemma-3-270M → SmolLM2-135M. For each policy we report the
 longest gap between two successful responses during a switch, each model's steady-state gap
 (measured while it alone serves), the gap over the slower model's steady gap (a request on the
-slower model takes longer whatever the switch does), failed requests, p50/p99 request latency during the switch vs steady state, and the
-model load time measured by the engine itself. Medians over the switches.
+slower model takes longer whatever the switch does), failed requests, p50/p99 request latency
+during the switch vs steady state, and the model load time measured by the engine itself.
+Medians over the switches.
 
     .venv/bin/python scripts/bench_reload.py --switches 6 --markdown
 """
@@ -69,11 +70,6 @@ def median_gap(entries: list[tuple[float, float, int]]) -> float:
     """The median time between two consecutive responses ending."""
     ends = [e for _, e, _ in entries]
     return statistics.median(b - a for a, b in zip(ends, ends[1:]))
-
-
-def max_gap(entries: list[tuple[float, float, int]], start: float, end: float) -> float:
-    """Longest stretch of the window [start, end] without a successful response ending."""
-    return longest_gap(entries, start, end)[1]
 
 
 def longest_gap(entries: list[tuple[float, float, int]], start: float, end: float) -> tuple[float, float]:

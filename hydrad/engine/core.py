@@ -325,17 +325,26 @@ class EngineCore(Loading, Batching, KvOps, EmbedJobs):
             self._admit()
             self._embed_step()
             t_admit = clock()
-            steps: list[tuple[Generation, float]] = []
-            for gen in [g for g in self.retiring if g.n_active] + ([self.gen] if self.gen and self.gen.n_active else []):
-                ts = clock()
-                self._step(gen)
-                steps.append((gen, clock() - ts))
+            steps: list[tuple[Generation, float]] | None = [] if slow else None
+            for old in [g for g in self.retiring if g.n_active]:
+                self._timed_step(old, steps)
+            if self.gen is not None and self.gen.n_active:
+                self._timed_step(self.gen, steps)
             t_steps = clock()
             self._retire_idle()
             self.state_buffers.trim()
             self._flush()
-            if slow:
+            if steps is not None:
                 self._log_slow_turn(slow, t0, t_cmd, t_admit, steps, t_steps, clock())
+
+    def _timed_step(self, gen: Generation, into: list[tuple[Generation, float]] | None) -> None:
+        """One step of ``gen``; with the slow-turn log on, its duration goes ``into`` the turn's list."""
+        if into is None:
+            self._step(gen)
+            return
+        t0 = time.perf_counter()
+        self._step(gen)
+        into.append((gen, time.perf_counter() - t0))
 
     @staticmethod
     def _log_slow_turn(slow: float, t0: float, t_cmd: float, t_admit: float, steps: list[tuple[Generation, float]],

@@ -101,8 +101,9 @@ class LogSettings(BaseModel):
         "warning", description="Least level of llama.cpp's own log lines that reach our log.")
     slow_turn_ms: float = Field(
         0.0, ge=0, description="Log (info) every turn of the engine loop that took longer than this many ms, with "
-                               "where its time went (commands, admission, each generation's step, freeing, the hand-"
-                               "over of events): finds what holds streams up, e.g. during a reload. 0 = off.")
+                               "where its time went (commands, admission, each generation's step, and what follows: "
+                               "handing retired generations to the reaper, the hand-over of events): finds what "
+                               "holds streams up, e.g. during a reload. 0 = off.")
 
 
 class BusSettings(BaseModel):
