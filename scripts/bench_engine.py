@@ -336,10 +336,12 @@ class Hydrad(Server):
 
     name = "hydrad"
 
-    def __init__(self, workdir: Path, settings: ServerSettings, env_lib: str | None) -> None:
+    def __init__(self, workdir: Path, settings: ServerSettings, env_lib: str | None,
+                 config: dict[str, Any] | None = None) -> None:
         super().__init__(workdir)
         self.settings = settings
         self.env_lib = env_lib
+        self.config = config or {}  # extra engine YAML (--hydrad-config)
         self.notify: NotifyListener | None = None
 
     def start(self) -> None:
@@ -353,6 +355,7 @@ class Hydrad(Server):
                          "n_parallel": s.n_parallel, "kv_unified": s.kv_unified, "n_threads": s.threads,
                          "n_threads_batch": s.threads, "flash_attn": s.flash_attn,
                          "n_gpu_layers": s.gpu_layers, "cache_prompt": False, **s.hydrad_params},
+            **self.config,
         }
         path = self.workdir / "hydrad.yaml"
         path.write_text(yaml.safe_dump(cfg))
@@ -832,7 +835,7 @@ def bench_model(alias: str, args: argparse.Namespace, settings: ServerSettings, 
     with tempfile.TemporaryDirectory(prefix="hydra-bench-") as tmp:
         work = Path(tmp)
         (work / "hydrad").mkdir()
-        hyd = Hydrad(work / "hydrad", settings, args.env_lib)
+        hyd = Hydrad(work / "hydrad", settings, args.env_lib, args.hydrad_config)
         ref: LlamaServer | None = None
         try:
             log(f"[{alias}] starting hydrad")
@@ -1046,6 +1049,8 @@ def markdown_section(report: dict[str, Any]) -> str:
            f"hydrad: commit {report.get('hydrad_commit', 'unknown')}.", ""]
     if s.get("hydrad_params"):
         out += [f"hydrad's own parameters: `{json.dumps(s['hydrad_params'])}`.", ""]
+    if report.get("hydrad_config"):
+        out += [f"hydrad's engine YAML also had: `{json.dumps(report['hydrad_config'])}`.", ""]
     if report.get("env_lib"):
         out += [f"hydrad ran with `LLAMA_CPP_LIB_PATH={report['env_lib']}`.", ""]
     if with_ref:
@@ -1115,6 +1120,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--llama-server-args", default="", metavar="ARGS", help="extra llama-server arguments (one string)")
     ap.add_argument("--hydrad-params", type=json.loads, default={}, metavar="JSON",
                     help='extra runtime parameters for hydrad alone, e.g. \'{"text_overlap": "off"}\'')
+    ap.add_argument("--hydrad-config", type=json.loads, default={}, metavar="JSON",
+                    help='extra engine YAML for hydrad, e.g. \'{"switch_interval_ms": 0.05}\'')
     ap.add_argument("--hydrad-only", action="store_true", help="skip llama-server; report hydrad alone")
     ap.add_argument("--max-foreign", type=float, default=0.05, metavar="SHARE",
                     help="redo a run when other processes used more than this share of all CPUs during it "
@@ -1166,6 +1173,7 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"), "command": command,
         "machine": machine(), "settings": asdict(settings), "runs": args.runs, "workloads": keys,
+        "hydrad_config": args.hydrad_config,
         "llama_server": None, "env_lib": display_path(args.env_lib) if args.env_lib else None, "results": [],
         "hydrad_commit": git_describe(), "retries": args.retries, "max_foreign": args.max_foreign,
     }

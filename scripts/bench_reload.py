@@ -28,6 +28,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from hydrad.engine.settings import ReaperSettings  # noqa: E402
 from tests.support.engine import Engine  # noqa: E402
 
 MODELS = ("gemma3-270m", "smollm2-135m")  # the first is switched to first; --models replaces them
@@ -79,10 +80,14 @@ def longest_gap(entries: list[tuple[float, float, int]], start: float, end: floa
 
 
 def run_policy(policy: str, switches: int, tmp: Path, models: tuple[str, ...] = MODELS,
-               slow_turn_ms: float = 0.0) -> dict[str, Any]:
+               slow_turn_ms: float = 0.0, config: dict[str, Any] | None = None) -> dict[str, Any]:
+    config = config or {}
+    reaper = ReaperSettings(**(config.get("reaper") or {}))
+    # the paced free (reaper.delay_ms, pause_ms) ends after the switch: its gaps count as the switch's
+    settle = 0.5 + (reaper.delay_ms + reaper.pause_ms) / 1000
     e = Engine(tmp, defaults={"model": models[1], "temperature": 0, "reload_policy": policy,
-                              "reload_queue_timeout_s": 120, "n_parallel": 2}, name=f"bench-{policy}",
-               extra={"logging": {"slow_turn_ms": slow_turn_ms}})
+                              "reload_queue_timeout_s": 120, "n_parallel": 2}, name=f"bench-{policy}-{time.monotonic_ns()}",
+               extra={**config, "logging": {"slow_turn_ms": slow_turn_ms, **config.get("logging", {})}})
     try:
         e.wait_ready(120)
         client = Client(e.url)
@@ -106,13 +111,13 @@ def run_policy(policy: str, switches: int, tmp: Path, models: tuple[str, ...] = 
             body = r.json()
             if r.status_code != 200:
                 raise SystemExit(f"switch to {target} failed: {body}")
-            time.sleep(0.5)
-            during = window(client.log, t0, t1 + 0.5)
+            time.sleep(settle)
+            during = window(client.log, t0, t1 + settle)
             time.sleep(STEADY_AFTER_S)
-            after = window(client.log, t1 + 0.5, t1 + 0.5 + STEADY_AFTER_S)
+            after = window(client.log, t1 + settle, t1 + settle + STEADY_AFTER_S)
             if len(after) >= 3:
                 steady_of[target] = median_gap(after)
-            gap_at, gap = longest_gap(during, t0, t1 + 0.5)
+            gap_at, gap = longest_gap(during, t0, t1 + settle)
             # A request on the slower model takes longer whatever the switch does: the switch's own cost is
             # its longest gap over the slower model's steady gap.
             slower = max(steady_of.get(source, steady_gap), steady_of.get(target, steady_gap))
@@ -129,6 +134,7 @@ def run_policy(policy: str, switches: int, tmp: Path, models: tuple[str, ...] = 
         # how long freeing each retired generation took (on the engine's reaper thread, off its step loop)
         log_text = e.log_path.read_text()
         free_ms = [float(m.group(1)) for m in re.finditer(r"generation retired.* free_ms=([0-9.]+)", log_text)]
+        free_parts = re.findall(r"generation retired.* parts=(\S+)", log_text)
         # with --slow-turn-ms: the engine's own account of each turn of its loop that held the streams up
         slow_turns = [ln for ln in log_text.splitlines() if "slow engine turn" in ln or "msg=stage" in ln
                       or "model ready" in ln or "generation retired" in ln] if slow_turn_ms else []
@@ -139,7 +145,7 @@ def run_policy(policy: str, switches: int, tmp: Path, models: tuple[str, ...] = 
             "steady_gap_ms": steady_gap * 1000,
             "max_gap_ms_median": statistics.median(r["max_gap_s"] for r in results) * 1000,
             "max_gap_ms_worst": max(r["max_gap_s"] for r in results) * 1000,
-            "free_ms": free_ms,
+            "free_ms": free_ms, "free_parts": free_parts, "engine_config": config,
             "engine_log": slow_turns,
             "switches_detail": [{k: v for k, v in r.items() if k != "latencies"} for r in results],
             "steady_gap_ms_of": {m: round(g * 1000, 2) for m, g in steady_of.items()},
@@ -177,7 +183,8 @@ def markdown(rows: list[dict[str, Any]], cmd: str, models: tuple[str, ...] = MOD
            "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         each = " / ".join(f"{g:.1f}" for g in r["steady_gap_ms_of"].values())
-        out.append(f"| {r['policy']} | {each} | {r['max_gap_ms_median']:.1f} / {r['max_gap_ms_worst']:.1f} "
+        variant = f" `{json.dumps(r['engine_config'])}`" if r.get("engine_config") else ""
+        out.append(f"| {r['policy']}{variant} | {each} | {r['max_gap_ms_median']:.1f} / {r['max_gap_ms_worst']:.1f} "
                    f"| **{r['ratio_slower_median']:.2f}** / {r['ratio_slower_worst']:.2f} "
                    f"| {r['max_gap_ms_median'] / r['steady_gap_ms']:.2f} | {r['load_ms_median']:.0f} | "
                    f"{r['max_gap_ms_median'] - r['load_ms_median']:.0f} | {r['failed']} | "
@@ -198,6 +205,9 @@ def main() -> int:
                     "paths; the second is loaded first)")
     ap.add_argument("--slow-turn-ms", type=float, default=0.0, help="the engine logs each turn of its loop longer "
                     "than this (logging.slow_turn_ms); the lines go into the JSON (engine_log)")
+    ap.add_argument("--engine-configs", type=json.loads, default=[{}], metavar="JSON",
+                    help="a list of engine YAML variants to run each policy with, e.g. "
+                         "'[{}, {\"reaper\": {\"pause_ms\": 100}}]' (default: [{}], the defaults)")
     ap.add_argument("--json", metavar="FILE")
     ap.add_argument("--markdown", action="store_true", help="append the table to docs/benchmarks.md")
     args = ap.parse_args()
@@ -209,8 +219,9 @@ def main() -> int:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for policy in args.policies.split(","):
-            rows.append(run_policy(policy, args.switches, Path(tmp), models, args.slow_turn_ms))
-            print(json.dumps(rows[-1]), flush=True)
+            for config in args.engine_configs:
+                rows.append(run_policy(policy, args.switches, Path(tmp), models, args.slow_turn_ms, config))
+                print(json.dumps(rows[-1]), flush=True)
     cmd = "scripts/bench_reload.py " + " ".join(sys.argv[1:])
     text = markdown(rows, ".venv/bin/python " + cmd.strip(), named)
     print(text)

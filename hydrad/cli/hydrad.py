@@ -123,8 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     bind_devices(loaded.settings.device, os.environ)
     set_cuda_graphs(loaded.settings.cuda_graphs, os.environ)
     # The engine thread and the event loop hand work to each other every decode step; a shorter GIL
-    # switch interval keeps the loop from waiting up to 5 ms for the engine thread's Python parts.
-    sys.setswitchinterval(0.0005)
+    # switch interval than Python's 5 ms keeps each from waiting long for the other's Python parts.
+    sys.setswitchinterval(loaded.settings.switch_interval_ms / 1000)
     try:
         daemon = Daemon(loaded)
     except StoreError as exc:  # prefix.store names a directory the engine cannot use

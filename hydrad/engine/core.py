@@ -42,7 +42,7 @@ from hydrad.engine.requests import Failed, RequestHandle
 from hydrad.engine.pairing import Pairing
 from hydrad.engine.prefixshare import PrefixShare
 from hydrad.engine.reaper import Reaper
-from hydrad.engine.settings import PrefixSettings
+from hydrad.engine.settings import PrefixSettings, ReaperSettings
 from hydrad.engine.peer_watch import PeerWatch
 from hydrad.engine.snapshot import EngineSnapshot, ModelSummary, slot_rows
 from hydrad.engine.statebuf import StateBuffers
@@ -73,7 +73,7 @@ class SlotsBusy(RuntimeError):
 class EngineCore(Loading, Batching, KvOps, EmbedJobs):
     def __init__(self, on_status: Callable[[EngineSnapshot], None] | None = None, max_queue: int = 64,
                  drain_timeout_s: float = 30.0, device: str | None = None, prefix: PrefixSettings | None = None,
-                 slow_turn_ms: float = 0.0) -> None:
+                 slow_turn_ms: float = 0.0, reaper: ReaperSettings | None = None) -> None:
         self.stats = EngineStats()
         self.slow_turn_s = slow_turn_ms / 1000  # a turn of the loop longer than this is logged with its parts (0: off)
         self.prefix = PrefixShare(prefix or PrefixSettings())
@@ -83,7 +83,8 @@ class EngineCore(Loading, Batching, KvOps, EmbedJobs):
         self.params: RuntimeParams | None = None  # T1 defaults in force
         self.gen: Generation | None = None  # serves new requests
         self.retiring: list[Generation] = []  # older generations finishing their in-flight requests (overlap)
-        self.reaper = Reaper()  # frees retired generations off this thread (see reaper)
+        pace = reaper or ReaperSettings()
+        self.reaper = Reaper(pace.delay_ms / 1000, pace.pause_ms / 1000)  # frees retired generations off this thread
         self.standby: Generation | None = None  # the other expert placement, resident for a fast mode switch
         self.loads: dict[int, LoadRecord] = {}
         self.current_load: LoadRecord | None = None
@@ -402,7 +403,7 @@ class EngineCore(Loading, Batching, KvOps, EmbedJobs):
         if gen in self._unsynced:  # its last step may still compute: done before anyone frees it
             self._unsynced.discard(gen)
             gen.ctx.synchronize()
-        self.reaper.bury(gen, gen.tag.fingerprint, why)
+        self.reaper.bury(gen, gen.tag.fingerprint, why, gen.model.info.size_bytes)
 
     def _drain_step(self) -> None:
         """Drain policy: once in-flight requests are done (or the bound passed), free the generation."""

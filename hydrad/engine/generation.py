@@ -346,18 +346,27 @@ class Generation:
         self.ctx.clear()
 
     def free(self) -> None:
+        for _name, part in self.free_parts():
+            part()
+
+    def free_parts(self) -> list[tuple[str, Callable[[], None]]]:
+        """What freeing this generation does, in two parts (its context, then its weights): the reaper
+        pauses between them so that no request of the next generation waits for both."""
         if self.watch is not None:
             self.watch.stop()
         if self.abandoned:
-            return
-        for s in self.slots:
-            if s.active is not None and getattr(s.active, "sampler", None) is not None:
-                s.active.sampler.free()
-        if self.embedder is not None:
-            self.embedder.free()
-        self.batch.free()
-        self.ctx.free()
-        self.model.free()
+            return []
+
+        def context() -> None:
+            for s in self.slots:
+                if s.active is not None and getattr(s.active, "sampler", None) is not None:
+                    s.active.sampler.free()
+            if self.embedder is not None:
+                self.embedder.free()
+            self.batch.free()
+            self.ctx.free()
+
+        return [("context", context), ("model", self.model.free)]
 
 
 def build_generation(resolved: ResolvedModel, params: RuntimeParams, progress: Callable[[float], bool],

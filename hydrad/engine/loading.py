@@ -22,6 +22,7 @@ from hydrad.engine.commands import Drain, Install, Resume
 from hydrad.engine.generation import Generation, build_generation
 from hydrad.engine.gpu import GPU_KINDS, local_devices
 from hydrad.engine.loader import LoadRecord, choose_policy, estimate_bytes, mem_available
+from hydrad.engine.reaper import Reaper
 from hydrad.engine.stats import EngineStats
 
 log = logging.getLogger("hydrad.engine")
@@ -38,6 +39,7 @@ class Loading:
     loads: dict[int, LoadRecord]
     current_load: LoadRecord | None
     _cmds: Any
+    reaper: Reaper
     _lock: threading.Lock
     _load_ids: int
     _pending_swap: Any
@@ -61,7 +63,10 @@ class Loading:
             except OSError as exc:
                 need = 0
                 rec.estimate = {"error": str(exc)}
-            chosen, why = choose_policy(policy, need, self._free_memory(), self.gen is not None)
+            # a retired generation the reaper still holds is freed before this load allocates (see _load_thread)
+            free = self._free_memory()
+            chosen, why = choose_policy(policy, need, free + self.reaper.held_bytes if free > 0 else free,
+                                        self.gen is not None)
             if carry_kv:
                 chosen, why = "overlap", {**why, "why": "carry_kv installs once in-flight requests finish"}
             rec.policy, rec.estimate = chosen, {**rec.estimate, **why}
@@ -118,6 +123,8 @@ class Loading:
             if rec.abort.is_set():
                 raise llama.LoadAborted("superseded by a newer configure")
             rec.phase = "loading"
+            if not self.reaper.wait(60):  # a generation the reaper still holds: its memory is wanted now
+                log_event(log, logging.WARNING, "a retired generation is still being freed; loading beside it")
             log_event(log, logging.INFO, "loading model", load=rec.id, model=resolved.id, path=str(resolved.path),
                       policy=rec.policy)
             t1 = time.monotonic()

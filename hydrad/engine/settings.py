@@ -106,6 +106,21 @@ class LogSettings(BaseModel):
                                "holds streams up, e.g. during a reload. 0 = off.")
 
 
+class ReaperSettings(BaseModel):
+    """Pacing of the reaper thread, which frees a retired generation while the new one serves.
+
+    Freeing device memory (cudaFree) waits for the device and holds up the serving generation's next
+    launches while it runs, so the free is paced: first the context (KV cache, compute buffers), then,
+    ``pause_ms`` later, the weights, so that no request of the new generation waits for both."""
+
+    model_config = ConfigDict(extra="forbid")
+    delay_ms: float = Field(1000.0, ge=0, le=600_000,
+                            description="Wait this long after a generation's last request before freeing it (its "
+                                        "memory stays in use meanwhile). A load or shutdown frees it at once.")
+    pause_ms: float = Field(200.0, ge=0, le=60_000,
+                            description="Pause between freeing a retired generation's context and its weights.")
+
+
 class BusSettings(BaseModel):
     """The engine's link to the coordinator's ZeroMQ bus (start-only, like every setting here)."""
 
@@ -171,6 +186,14 @@ class EngineSettings(BaseModel):
                           "decode on an H200 with a small model). false sets GGML_CUDA_DISABLE_GRAPHS=1 for this engine: "
                           "the way around a CUDA-graph fault of the bundled llama.cpp seen with 32-64 concurrent streams "
                           "(docs/benchmarks.md). Read at start; ignored without CUDA.")
+    switch_interval_ms: float = Field(
+        0.05, gt=0, le=100,
+        description="The interpreter's thread switch interval (sys.setswitchinterval), ms. The engine thread gives "
+                    "the interpreter lock up around every llama.cpp call of a step and, while the event loop (HTTP, "
+                    "streaming) or the loader thread runs Python, waits up to this long for it each time: shorter "
+                    "means shorter waits for the step and more switches for the others (Python's default is 5).")
+    reaper: ReaperSettings = Field(default_factory=ReaperSettings,
+                                   description="How a generation retired by a reload is freed.")
     drain_timeout_s: float = Field(30.0, gt=0, description="On SIGTERM, how long in-flight requests may run before they are ended.")
     max_queue: int = Field(64, ge=0, description="Requests that may wait for a free slot; beyond that new ones get 503.")
     logging: LogSettings = Field(default_factory=LogSettings, description="Logging.")

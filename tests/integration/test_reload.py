@@ -76,6 +76,29 @@ def test_overlap_switch_under_steady_traffic(smollm_path: Path, gemma_path: Path
     retired = eventually(lambda: [ln for ln in e.log_path.read_text().splitlines() if "generation retired" in ln],
                          30, "the old generation to be freed")
     assert len(retired) == 1 and "free_ms=" in retired[0] and "why=" in retired[0], retired
+    assert "parts=context:" in retired[0] and ",model:" in retired[0], retired
+
+
+def test_a_load_frees_what_the_reaper_still_holds_first(smollm_path: Path, gemma_path: Path,
+                                                         start_engine: Callable[..., Engine]) -> None:
+    """The reaper holds a retired generation for ``reaper.delay_ms``; a load that comes sooner has it
+    freed before it allocates, and the freed generation's log line says how long it was held."""
+    e = start_engine(defaults={"model": "smollm2-135m", "temperature": 0, "reload_policy": "overlap"},
+                     extra={"reaper": {"delay_ms": 60_000, "pause_ms": 60_000}})
+    e.wait_ready()
+    assert e.configure(model="gemma3-270m").status_code == 200
+    time.sleep(0.3)
+    assert not [ln for ln in e.log_path.read_text().splitlines() if "generation retired" in ln]  # held
+    t0 = time.monotonic()
+    assert e.configure(model="smollm2-135m").status_code == 200
+    assert time.monotonic() - t0 < 30  # neither the delay nor the pause was waited for
+    lines = e.log_path.read_text().splitlines()
+    retired = [i for i, ln in enumerate(lines) if "generation retired" in ln]
+    loading = [i for i, ln in enumerate(lines) if "loading model" in ln and "load=3" in ln]
+    assert retired and loading and retired[0] < loading[0], lines[-20:]
+    held = float(lines[retired[0]].split("held_ms=")[1].split()[0])
+    assert held < 30_000, lines[retired[0]]
+    assert e.http.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 3}).status_code == 200
 
 
 def test_drain_serves_queued_requests_after_the_load(smollm_path: Path, gemma_path: Path,

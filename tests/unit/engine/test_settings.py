@@ -44,6 +44,8 @@ GOOD = """\
     control_allow_from: [10.1.0.0/16, "fd00::/8"]
     drain_timeout_s: 12.5
     max_queue: 3
+    switch_interval_ms: 0.2
+    reaper: {delay_ms: 0, pause_ms: 50}
     logging:
       level: debug
       llama_level: error
@@ -70,6 +72,7 @@ def test_load_good_config(tmp_path: Path) -> None:
     assert s.registry == Path("/srv/models.yaml")
     assert s.control_allow_from == ["10.1.0.0/16", "fd00::/8"]
     assert s.drain_timeout_s == 12.5 and s.max_queue == 3
+    assert s.switch_interval_ms == 0.2 and (s.reaper.delay_ms, s.reaper.pause_ms) == (0, 50)
     assert (s.logging.level, s.logging.llama_level) == ("debug", "error")
     assert s.defaults == {"model": "smollm2-135m", "n_ctx": 4096, "flash_attn": "on"}
     assert loaded.raw["http"] == {"host": "0.0.0.0", "port": 8085}
@@ -194,6 +197,11 @@ def test_wrong_type_names_file_and_dotted_field(tmp_path: Path) -> None:
     ("name: 'has space'\n", "name"),
     ("name: 3060\n", "name"),  # unquoted: an int, not a name
     ("drain_timeout_s: 0\n", "drain_timeout_s"),
+    ("switch_interval_ms: 0\n", "switch_interval_ms"),
+    ("switch_interval_ms: 500\n", "switch_interval_ms"),
+    ("reaper: {delay_ms: -1}\n", "reaper.delay_ms"),
+    ("reaper: {pause_ms: 1e9}\n", "reaper.pause_ms"),
+    ("reaper: {pace: 3}\n", "reaper.pace"),
     ("max_queue: -1\n", "max_queue"),
     ("models_dir: [a]\n", "models_dir"),
 ])
