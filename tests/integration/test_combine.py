@@ -116,7 +116,9 @@ def test_layer_split_through_the_merged_port_matches_the_stock_server(head: Engi
     # the same head, the same split, llama.cpp's stock server as the peer
     load(head, rpc_servers=[stock])
     assert greedy(head) == combined
-    assert peer.http.get("/health").json()["role"] == "solo"  # the head let go of the peer's buffers
+    # the head lets go of the peer's buffers when its reaper frees the retired split (reaper.delay_ms after the switch)
+    eventually(lambda: peer.http.get("/health").json(), 15, "the peer released", until=lambda h: h["role"] == "solo",
+               context=peer.log)
 
     load(head, rpc_servers=None, tensor_split=None)  # back to SOLO: a T3 reload
     solo = greedy(head)
@@ -232,8 +234,11 @@ def test_a_peer_that_dies_between_requests_leaves_a_solo_engine(head: Engine, pe
     """The head's watch sees the peer go, sets the split generation aside without touching the peer
     (llama.cpp would abort), and reloads SOLO: the next request is served, not garbage, not an abort."""
     endpoint = f"127.0.0.1:{rpc_port(peer)}"
-    load(head, model="smollm2-135m", rpc_servers=[endpoint], tensor_split=[0.5, 0.5])
-    combined = greedy(head)
+    load(head, model="smollm2-135m")
+    alone = greedy(head)  # the reference: the peer's backend may round differently from the head's (CPU repacks)
+    load(head, rpc_servers=[endpoint], tensor_split=[0.5, 0.5])
+    assert head.http.get("/health").json()["role"] == "head"
+    assert greedy(head)
     peer.proc.kill()
     peer.proc.wait(10)
 
@@ -244,7 +249,7 @@ def test_a_peer_that_dies_between_requests_leaves_a_solo_engine(head: Engine, pe
     h = eventually(solo, 60, "the head back in SOLO", until=lambda h: h["status"] == "ok" and h["role"] == "solo",
                    context=head.log)
     assert "peers" not in h
-    assert greedy(head) == combined  # the same CPU kernels: SOLO answers as the pair did
+    assert greedy(head) == alone  # SOLO again answers as SOLO did before the split
     assert "COMBINE peer lost" in head.log() and "reloading SOLO" in head.log()
     assert "hydra_peer_losses_total 1.0" in head.http.get("/metrics").text.splitlines()
     params = info(head)["params"]

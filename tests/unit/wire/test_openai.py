@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from hydrad.wire.grammar import MAX_GRAMMAR_CHARS, MAX_SCHEMA_CHARS, GrammarError, check_gbnf
@@ -402,8 +402,11 @@ def _check_parse(kind: str, raw: bytes) -> None:
         return
     assert isinstance(gen, GenRequest)
     if kind == "chat":
-        assert gen.messages and all(set(m) == {"role", "content"} for m in gen.messages)
-        assert all(isinstance(m["content"], str) for m in gen.messages)
+        # role and text content always; a tool result may carry its call id and name, an assistant its calls
+        tool_fields = {"tool": {"tool_call_id", "name"}, "assistant": {"tool_calls"}}
+        assert gen.messages and all({"role", "content"} <= set(m) <= {"role", "content"} | tool_fields.get(m["role"], set())
+                                    for m in gen.messages), gen.messages
+        assert all(isinstance(v, str) for m in gen.messages for v in m.values())
     else:
         assert isinstance(gen.prompt, str)
     assert len(gen.stop) <= 4 and all(isinstance(s, str) for s in gen.stop)
@@ -483,6 +486,10 @@ def _body(draw: st.DrawFn) -> dict[str, Any]:
 
 @settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(kind=st.sampled_from(["chat", "completion"]), obj=_body())
+@example(kind="chat", obj={"messages": [{"role": "tool", "name": "", "tool_call_id": "c1"}]})
+@example(kind="chat", obj={"messages": [{"role": "assistant", "content": None,
+                                         "tool_calls": [{"id": "c1", "type": "function",
+                                                         "function": {"name": "f", "arguments": "{}"}}]}]})
 def test_json_objects_never_crash(kind: str, obj: dict[str, Any]) -> None:
     _check_parse(kind, json.dumps(obj).encode())
 
