@@ -296,6 +296,7 @@ class Server:
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = workdir / f"{self.name}.log"
         self.timings: dict[str, float] = {}
+        self.wrap: list[str] = []  # a command the server runs under (a profiler's), none by default
 
     def log_tail(self, n: int = 30) -> str:
         try:
@@ -367,7 +368,7 @@ class Hydrad(Server):
         python = REPO / ".venv" / "bin" / "python"
         argv = [str(python if python.exists() else Path(sys.executable)), "-m", "hydrad.cli.hydrad", "--config", str(path)]
         t0 = time.perf_counter()
-        self.proc = subprocess.Popen(argv, stdout=open(self.log_path, "wb"), stderr=subprocess.STDOUT,
+        self.proc = subprocess.Popen([*self.wrap, *argv], stdout=open(self.log_path, "wb"), stderr=subprocess.STDOUT,
                                      env=env, cwd=str(self.workdir), preexec_fn=_die_with_parent)
         ready = self.notify.wait_for("READY=1", 60)
         self.timings["boot_to_ready_ms"] = (ready - t0) * 1000
@@ -425,7 +426,7 @@ class LlamaServer(Server):
 
     def start(self) -> None:
         t0 = time.perf_counter()
-        self.proc = subprocess.Popen(self.argv, stdout=open(self.log_path, "wb"), stderr=subprocess.STDOUT,
+        self.proc = subprocess.Popen([*self.wrap, *self.argv], stdout=open(self.log_path, "wb"), stderr=subprocess.STDOUT,
                                      cwd=str(self.workdir), preexec_fn=_die_with_parent)
         healthy = self.wait_health(600)
         self.timings["start_to_healthy_ms"] = (healthy - t0) * 1000
