@@ -128,7 +128,14 @@ def analyse(kernels: list[tuple[str, float]]) -> dict[str, Any]:
             "kernel_us_per_step_all": [round(x, 1) for x in per_step], "top": top[:12]}
 
 
-def timed(srv: be.Server, settings: be.ServerSettings, maker: be.PromptMaker, args: argparse.Namespace) -> dict[str, Any]:
+def up(srv: be.Server, args: argparse.Namespace) -> None:
+    """Start a server; hydrad boots without a model and is configured with it."""
+    srv.start()
+    if isinstance(srv, be.Hydrad):
+        srv.load(args.alias)
+
+
+def timed(srv: be.Server, maker: be.PromptMaker, args: argparse.Namespace) -> dict[str, Any]:
     w = be.Workload("a", args.n_prompt, args.n_gen, 1)
     be.run_workload(srv.url, be.Workload("warm", 64, 16, 1), [maker.make(64)], args.seed)
     before = be.step_counters(srv.url)
@@ -138,17 +145,15 @@ def timed(srv: be.Server, settings: be.ServerSettings, maker: be.PromptMaker, ar
     return {"decode_tps": tps, "decode_tps_all": rates, "step_us": 1e6 / tps, "hydrad_step_parts_ms": prof}
 
 
-def side(name: str, make: Any, settings: be.ServerSettings, maker: be.PromptMaker, args: argparse.Namespace,
+def side(name: str, make: Any, maker: be.PromptMaker, args: argparse.Namespace,
          work: Path, log: Any) -> dict[str, Any]:
     d = work / name
     d.mkdir()
     srv = make(d)
     log(f"{name}: timing {args.runs} runs, unprofiled")
-    srv.start()
     try:
-        if isinstance(srv, be.Hydrad):
-            srv.load(args.alias)
-        out = timed(srv, settings, maker, args)
+        up(srv, args)
+        out = timed(srv, maker, args)
     finally:
         srv.stop()
     log(f"{name}: {out['decode_tps']:.1f} tok/s, {out['step_us']:.0f} µs a step; now under ncu")
@@ -159,10 +164,8 @@ def side(name: str, make: Any, settings: be.ServerSettings, maker: be.PromptMake
     srv.wrap = [args.ncu, "--target-processes", "all", "--clock-control", "none", "--graph-profiling", "node",
                "--metrics", "gpu__time_duration.sum", "--launch-skip", str(args.skip), "--launch-count",
                 str(args.count), "-f", "-o", str(report)]
-    srv.start()
     try:
-        if isinstance(srv, be.Hydrad):
-            srv.load(args.alias)
+        up(srv, args)
         t0 = time.monotonic()
         be.run_workload(srv.url, be.Workload("p", args.n_prompt, args.n_gen, 1), [maker.make(args.n_prompt)], args.seed)
         log(f"{name}: profiled request took {time.monotonic() - t0:.0f} s")
@@ -243,10 +246,10 @@ def main() -> None:
                            "physical_limit_us": gguf.stat().st_size / (args.bandwidth * 1e12) * 1e6}
     with tempfile.TemporaryDirectory(prefix="hydra-profile-") as tmp:
         work = Path(tmp)
-        res["hydrad"] = side("hydrad", lambda d: be.Hydrad(d, settings, args.env_lib), settings, maker, args, work, log)
+        res["hydrad"] = side("hydrad", lambda d: be.Hydrad(d, settings, args.env_lib), maker, args, work, log)
         if args.llama_server:
             res["llama-server"] = side("llama-server", lambda d: be.LlamaServer(d, args.llama_server, settings, gguf, []),
-                                       settings, maker, args, work, log)
+                                       maker, args, work, log)
     tok.close()
     md = markdown(res)
     print(md)

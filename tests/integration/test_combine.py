@@ -235,7 +235,7 @@ def test_a_peer_that_dies_between_requests_leaves_a_solo_engine(head: Engine, pe
     (llama.cpp would abort), and reloads SOLO: the next request is served, not garbage, not an abort."""
     endpoint = f"127.0.0.1:{rpc_port(peer)}"
     load(head, model="smollm2-135m")
-    alone = greedy(head)  # the reference: the peer's backend may round differently from the head's (CPU repacks)
+    alone = greedy(head)  # the reference: on some CPUs the peer's backend rounds differently from the head's
     load(head, rpc_servers=[endpoint], tensor_split=[0.5, 0.5])
     assert head.http.get("/health").json()["role"] == "head"
     assert greedy(head)
