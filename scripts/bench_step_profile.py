@@ -8,15 +8,19 @@ do the same work):
 1. unprofiled: one greedy stream of ``--n-prompt`` → ``--n-gen`` tokens, ``--runs`` times; the step
    time is 1000 ÷ the median decode rate (and hydrad's own step counters split it into submit,
    overlap, device wait, sample and the rest);
-2. under ``ncu`` (``--graph-profiling node``, only ``gpu__time_duration``, the clocks left alone): the
-   same request once, with ``--count`` kernels profiled after the first ``--skip`` (past the load, the
-   warm-up and the prompt, deep in the decode). The decode step's kernel sequence repeats, so its
-   period is found from the kernel names and the kernels of one period are one step.
+2. under ``ncu`` (``--graph-profiling node``, only ``gpu__time_duration``, the clocks and, by default, the
+   caches left alone): the same request once, with ``--count`` kernels profiled after the first
+   ``--skip`` (past the load, the warm-up and the prompt, deep in the decode). The decode step's kernel
+   sequence repeats, so its period is found from the kernel names and the kernels of one period are
+   one step.
 
 What a step costs is then split: the kernels' own time (summed, as the profiler serialises them) and
-the rest (the host's work between steps, launch gaps, synchronisation). The kernels' time is set
-beside the physical limit (the weights' bytes read once per token ÷ ``--bandwidth``). Profiling slows
-the request many times over; only the kernels' durations are used from that run.
+the rest (the host's work between steps, launch gaps, synchronisation). The profiler runs each kernel
+alone, which costs a small kernel a few microseconds more than inside a graph, so on a device-bound
+step the kernels' sum comes out above the unprofiled step and "the rest" is negative: read that as
+"no host time shows". The kernels' time is set beside the physical limit (the weights' bytes read once
+per token ÷ ``--bandwidth``). Profiling slows the request many times over; only the kernels' durations
+are used from that run.
 
     scripts/bench_step_profile.py --llama-server "$(scripts/build_llama_server -q --cuda 90)" \\
         --model models/rand-3b.Q4_K_M.gguf --json profile.json --markdown
@@ -125,7 +129,8 @@ def analyse(kernels: list[tuple[str, float]]) -> dict[str, Any]:
         by[short(name)][1] += 1
     top = sorted(([n, round(v[0], 1), v[1] // steps] for n, v in by.items()), key=lambda r: -r[1])
     return {"kernels": len(kernels), "period": p, "steps": steps, "kernel_us_per_step": statistics.median(per_step),
-            "kernel_us_per_step_all": [round(x, 1) for x in per_step], "top": top[:12]}
+            "kernel_us_per_step_all": [round(x, 1) for x in per_step], "top": top[:12],
+            "one_step": [[short(n), round(t, 2)] for n, t in kernels[:p]]}
 
 
 def up(srv: be.Server, args: argparse.Namespace) -> None:
@@ -161,7 +166,8 @@ def side(name: str, make: Any, maker: be.PromptMaker, args: argparse.Namespace,
     d2.mkdir()
     srv = make(d2)
     report = d2 / "report"
-    srv.wrap = [args.ncu, "--target-processes", "all", "--clock-control", "none", "--graph-profiling", "node",
+    srv.wrap = [args.ncu, "--target-processes", "all", "--clock-control", "none", "--cache-control", args.cache_control,
+                "--graph-profiling", "node",
                "--metrics", "gpu__time_duration.sum", "--launch-skip", str(args.skip), "--launch-count",
                 str(args.count), "-f", "-o", str(report)]
     try:
@@ -169,9 +175,13 @@ def side(name: str, make: Any, maker: be.PromptMaker, args: argparse.Namespace,
         t0 = time.monotonic()
         be.run_workload(srv.url, be.Workload("p", args.n_prompt, args.n_gen, 1), [maker.make(args.n_prompt)], args.seed)
         log(f"{name}: profiled request took {time.monotonic() - t0:.0f} s")
-    finally:
         stop_profiled(srv)
-    kernels = read_kernels(args.ncu, report.with_suffix(".ncu-rep"))
+        kernels = read_kernels(args.ncu, report.with_suffix(".ncu-rep"))
+    except (RuntimeError, OSError, StopIteration, ValueError, subprocess.CalledProcessError, be.httpx.HTTPError) as e:
+        stop_profiled(srv)
+        log(f"{name}: the profiled run failed ({type(e).__name__}: {e}); its log ends:\n{srv.log_tail()}")
+        out["profile"] = {"kernels": 0, "period": None, "error": f"{type(e).__name__}: {e}"}
+        return out
     out["profile"] = analyse(kernels)
     a = out["profile"]
     if a.get("period"):
@@ -224,6 +234,8 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3, help="unprofiled runs that time a step")
     ap.add_argument("--skip", type=int, default=30000, help="kernels let through unprofiled first")
     ap.add_argument("--count", type=int, default=2000, help="kernels profiled (a few steps' worth)")
+    ap.add_argument("--cache-control", choices=("none", "all"), default="none",
+                    help="ncu's cache flush before each kernel; none keeps the L2 warm as in an unprofiled step")
     ap.add_argument("--bandwidth", type=float, default=4.8, help="memory bandwidth, TB/s (H200: 4.8)")
     ap.add_argument("--n-ctx", type=int, default=4096)
     ap.add_argument("--seed", type=int, default=1234)
