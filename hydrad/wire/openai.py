@@ -112,6 +112,8 @@ class _Common(BaseModel):
     id_slot: int | None = Field(None, ge=-1, le=INT32_MAX,
                                 description="Pin the request to a slot (llama-server's id_slot); -1 = any.")
     ignore_eos: bool = False
+    cache_prompt: bool | None = Field(None, description="Reuse the slot's matching prompt prefix (llama-server's "
+                                                        "cache_prompt); unset: the engine's default.")
 
     @field_validator("stop")
     @classmethod
@@ -352,8 +354,8 @@ def parse(kind: Literal["chat", "completion"], raw: bytes) -> tuple[_Common, Gen
     if isinstance(req, ChatRequest):
         tools = tool_spec(req.model_extra or {}, sampling.grammar)
         gen = GenRequest(messages=chat_messages(req.messages), tools=tools, max_tokens=req.limit(), stop=req.stops(),
-                         sampling=sampling,
-                         ignore_eos=req.ignore_eos, slot=req.slot(), logprobs=req.wants_logprobs())
+                         sampling=sampling, ignore_eos=req.ignore_eos, slot=req.slot(), logprobs=req.wants_logprobs(),
+                         cache_prompt=req.cache_prompt)
     else:
         assert isinstance(req, CompletionRequest)
         prompt = req.prompt
@@ -362,7 +364,8 @@ def parse(kind: Literal["chat", "completion"], raw: bytes) -> tuple[_Common, Gen
                 raise ApiError(400, "prompt: one prompt per request (a list of several is not supported)", "unsupported_field", "prompt")
             prompt = prompt[0]
         gen = GenRequest(prompt=prompt, max_tokens=req.limit(), stop=req.stops(), sampling=sampling,
-                         ignore_eos=req.ignore_eos, slot=req.slot(), logprobs=req.wants_logprobs())
+                         ignore_eos=req.ignore_eos, slot=req.slot(), logprobs=req.wants_logprobs(),
+                         cache_prompt=req.cache_prompt)
     return req, gen
 
 

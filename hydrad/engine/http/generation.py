@@ -89,6 +89,7 @@ async def start(ctx: HttpContext, greq: GenRequest, prompt_field: str,
 def lag_of(handle: RequestHandle, t_arrival: float, t_event: float) -> dict[str, Any]:
     """Where the time to the first token (arriving at ``t_event``) went, server side."""
     return {"server_ttft_ms": round((t_event - t_arrival) * 1000, 3),
+            "to_engine_ms": round((handle.t_enqueued - t_arrival) * 1000, 3) if handle.t_enqueued else None,
             "admit_ms": round((handle.t_admitted - t_arrival) * 1000, 3) if handle.t_admitted else None,
             "first_token_handoff_ms": round((t_event - handle.t_first_token) * 1000, 3)
             if handle.t_first_token else None}

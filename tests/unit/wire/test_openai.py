@@ -132,6 +132,14 @@ def test_ignore_eos() -> None:
     assert completion(ignore_eos=False)[1].ignore_eos is False
 
 
+def test_cache_prompt_reaches_the_engine() -> None:
+    """llama-server's ``cache_prompt`` on the OpenAI doors: unset leaves the engine's default."""
+    assert chat()[1].cache_prompt is None and completion()[1].cache_prompt is None
+    assert chat(cache_prompt=True)[1].cache_prompt is True
+    assert completion(cache_prompt=False)[1].cache_prompt is False
+    assert completion(cache_prompt=True)[1].cache_prompt is True
+
+
 def test_n_predict_as_limit() -> None:
     assert completion(n_predict=20)[1].max_tokens == 20
     assert completion(n_predict=-1)[1].max_tokens is None
@@ -364,7 +372,7 @@ def test_missing_prompt() -> None:
     ("min_p", 2), ("repeat_penalty", -1), ("frequency_penalty", 3), ("presence_penalty", -2.5),
     ("max_tokens", -1), ("max_tokens", 1.5), ("max_tokens", "ten"), ("n_predict", -2), ("seed", "s"),
     ("stop", 5), ("stop", [1, 2]), ("stream", [1]), ("ignore_eos", "sometimes"), ("stream_options", "yes"),
-    ("model", 3), ("n", "two"),
+    ("model", 3), ("n", "two"), ("cache_prompt", "often"), ("cache_prompt", [True]),
 ])
 def test_invalid_values_name_field(field: str, value: Any) -> None:
     err = chat_refused(**{field: value})
@@ -466,6 +474,7 @@ _FIELD_VALUES: dict[str, st.SearchStrategy[Any]] = {
     "json_schema": _maybe(st.sampled_from([{}, {"type": "object"}, {"type": "bogus"}, [], "x", {"$ref": "#/no"}])),
     "echo": _maybe(st.booleans()),
     "ignore_eos": _maybe(st.booleans()),
+    "cache_prompt": _maybe(st.booleans()),
     "best_of": _maybe(st.integers(0, 3)),
     "messages": _maybe(st.lists(_message, max_size=4)),
     "prompt": _maybe(st.one_of(st.text(max_size=10), st.lists(st.text(max_size=5), max_size=3))),
