@@ -304,18 +304,22 @@ class CoordinatorBus:
         if len(frames) > 2 and frames[2] == M.Register.KIND and not self._register_allowed(ident):
             return
         try:
-            msg = M.decode(frames[1:])
+            msgs = M.decode_all(frames[1:])
         except M.BusDecodeError as exc:
             self._warn(f"malformed:{name}", "malformed bus message dropped", engine=name, error=exc.reason)
             return
-        if type(msg) not in M.FROM_ENGINE:
-            self._warn(f"direction:{name}", "bus message of the wrong direction dropped", engine=name,
-                       kind=msg.KIND.decode())
-            return
-        if isinstance(msg, M.Register):
-            self._register(name, ident, msg)
-            return
-        assert rec is not None
+        for msg in msgs:
+            if type(msg) not in M.FROM_ENGINE:
+                self._warn(f"direction:{name}", "bus message of the wrong direction dropped", engine=name,
+                           kind=msg.KIND.decode())
+            elif isinstance(msg, M.Register):  # never in a batch (decode_all): frames[2] was REGISTER
+                self._register(name, ident, msg)
+            else:
+                assert rec is not None
+                self._on_message(rec, name, msg)
+
+    def _on_message(self, rec: EngineRecord, name: str, msg: M.Message) -> None:
+        """One message of an admitted engine."""
         rec.last_seen = time.monotonic()
         if isinstance(msg, M.Heartbeat):
             self._status(rec, msg.status)

@@ -1,4 +1,7 @@
-"""Typed bus messages and their multipart frames: ``[PROTOCOL, KIND, JSON body]``.
+"""Typed bus messages and their multipart frames: ``[PROTOCOL, KIND, JSON body]``, or, for a
+request's stream messages (TOKENS, DONE, ERROR) queued in one pass of the engine's event loop,
+several of them behind one protocol frame: ``[PROTOCOL, KIND, BODY, KIND, BODY, ...]`` (a batch:
+one send and one receive a step instead of one per request).
 
 Both ends import this module and nothing else of each other. Decoding is the one place
 bytes from the network become objects, so it follows the sans-IO rule: either it returns a
@@ -24,7 +27,7 @@ from hydrad.wire import toolcalls
 from hydrad.wire.requests import GenRequest, SamplingOverrides
 from hydrad.wire.tools import MAX_CALL_ID, NAME_RE, ToolSpec
 
-PROTOCOL = b"hydra-bus/1"
+PROTOCOL = b"hydra-bus/2"  # 2: stream messages may travel in batches
 NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"  # an engine name is its DEALER identity and its systemd instance
 REQ_PATTERN = r"^[A-Za-z0-9_.:-]{1,80}$"
 MAX_BODY = 16 << 20  # the largest body either end accepts; a sender checks it before sending (see fits)
@@ -362,6 +365,8 @@ KINDS: dict[bytes, type[_Msg]] = {cls.KIND: cls for cls in (
     Welcome, Refused, Ping, Reregister, Generate, Cancel, Configure)}
 
 FROM_ENGINE = frozenset({Register, Heartbeat, Goodbye, Tokens, Done, Error, ConfigureReply, LoadDone})
+BATCHABLE = frozenset({Tokens, Done, Error})  # the only kinds a batch may carry (see encode_batch)
+MAX_BATCH = 4096  # messages in one batch: a receiver refuses more before decoding any
 TO_ENGINE = frozenset({Welcome, Refused, Ping, Reregister, Generate, Cancel, Configure})
 
 
@@ -391,6 +396,17 @@ def encode(msg: _Msg) -> list[bytes]:
     return [PROTOCOL, msg.KIND, body]
 
 
+def encode_batch(encoded: list[list[bytes]]) -> list[bytes]:
+    """One batch of already encoded messages (each ``encode``'s frames), all of kinds in BATCHABLE;
+    a single message stays as it is."""
+    if len(encoded) == 1:
+        return encoded[0]
+    out = [PROTOCOL]
+    for frames in encoded:
+        out += frames[1:]
+    return out
+
+
 def decode(frames: list[bytes]) -> Message:
     """Frames (without the ROUTER identity) → a message, or ``BusDecodeError``; nothing else escapes."""
     try:
@@ -398,21 +414,55 @@ def decode(frames: list[bytes]) -> Message:
             n = len(frames) if isinstance(frames, (list, tuple)) else "?"
             raise BusDecodeError(f"expected 3 frames (protocol, kind, body), got {n}")
         proto, kind, body = (bytes(f) for f in frames)
-        if proto != PROTOCOL:
-            raise BusDecodeError(f"unknown protocol {proto[:32]!r} (this end speaks {PROTOCOL.decode()})")
-        cls = KINDS.get(kind)
-        if cls is None:
-            raise BusDecodeError(f"unknown message kind {kind[:32]!r}")
-        if len(body) > MAX_BODY:
-            raise BusDecodeError(f"{kind.decode()}: body of {len(body)} bytes exceeds {MAX_BODY}", kind.decode())
-        try:
-            return cls.model_validate_json(body)  # type: ignore[return-value]
-        except ValueError as exc:  # pydantic's ValidationError is a ValueError
-            raise BusDecodeError(f"{kind.decode()}: {_first_error(exc)}", kind.decode()) from None
+        _check_protocol(proto)
+        return _decode_one(kind, body)
     except BusDecodeError:
         raise
     except Exception as exc:  # RecursionError, MemoryError on absurd input...: still a typed error
         raise BusDecodeError(f"undecodable message: {type(exc).__name__}") from None
+
+
+def decode_all(frames: list[bytes]) -> list[Message]:
+    """Frames of a message or of a batch (see the module doc) → its messages, or ``BusDecodeError``
+    for the whole: a batch holds only BATCHABLE kinds, at most MAX_BATCH of them."""
+    try:
+        if not isinstance(frames, (list, tuple)) or len(frames) < 3 or len(frames) % 2 == 0:
+            n = len(frames) if isinstance(frames, (list, tuple)) else "?"
+            raise BusDecodeError(f"expected the protocol frame and (kind, body) pairs, got {n} frames")
+        if len(frames) == 3:
+            return [decode(frames)]
+        if (len(frames) - 1) // 2 > MAX_BATCH:
+            raise BusDecodeError(f"a batch of {(len(frames) - 1) // 2} messages; at most {MAX_BATCH}")
+        _check_protocol(bytes(frames[0]))
+        out: list[Message] = []
+        for i in range(1, len(frames), 2):
+            kind = bytes(frames[i])
+            cls = KINDS.get(kind)
+            if cls is not None and cls not in BATCHABLE:
+                raise BusDecodeError(f"a {kind.decode()} cannot travel in a batch", kind.decode())
+            out.append(_decode_one(kind, bytes(frames[i + 1])))
+        return out
+    except BusDecodeError:
+        raise
+    except Exception as exc:
+        raise BusDecodeError(f"undecodable message: {type(exc).__name__}") from None
+
+
+def _check_protocol(proto: bytes) -> None:
+    if proto != PROTOCOL:
+        raise BusDecodeError(f"unknown protocol {proto[:32]!r} (this end speaks {PROTOCOL.decode()})")
+
+
+def _decode_one(kind: bytes, body: bytes) -> Message:
+    cls = KINDS.get(kind)
+    if cls is None:
+        raise BusDecodeError(f"unknown message kind {kind[:32]!r}")
+    if len(body) > MAX_BODY:
+        raise BusDecodeError(f"{kind.decode()}: body of {len(body)} bytes exceeds {MAX_BODY}", kind.decode())
+    try:
+        return cls.model_validate_json(body)  # type: ignore[return-value]
+    except ValueError as exc:  # pydantic's ValidationError is a ValueError
+        raise BusDecodeError(f"{kind.decode()}: {_first_error(exc)}", kind.decode()) from None
 
 
 def _first_error(exc: Exception) -> str:

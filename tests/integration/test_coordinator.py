@@ -492,16 +492,20 @@ def test_engine_link_against_a_raw_router(smollm_path: Path, start_engine: Calla
         e = start_engine(name="solo", defaults={"model": "smollm2-135m", "n_ctx": 1024, "n_parallel": 1},
                          extra={"bus": {"endpoint": f"tcp://127.0.0.1:{port}", "heartbeat_interval_s": INTERVAL}})
 
+        held: list[Any] = []  # the rest of a batch (a step's stream messages travel together)
+
         def recv(kind: Any, timeout: float = 20.0, pred: Callable[[Any], bool] = lambda _: True) -> Any:
             """Next message of ``kind``; every message is answered with a PING, as a coordinator would."""
             deadline = time.monotonic() + timeout
             while time.monotonic() < deadline:
-                if router.poll(100):
+                if not held and router.poll(100):
                     ident[0], *frames = router.recv_multipart()
                     assert ident[0].split(b"~")[0] == b"solo" and len(ident[0]) > len(b"solo~")
-                    msg = M.decode(frames)
+                    held.extend(M.decode_all(frames))
                     if answering[0]:
                         router.send_multipart([ident[0], *M.encode(M.Ping())])
+                while held:
+                    msg = held.pop(0)
                     if isinstance(msg, kind) and pred(msg):
                         return msg
             raise AssertionError(f"no {kind} from the engine within {timeout}s\n{e.log()}")

@@ -73,11 +73,11 @@ def test_frame_json_refuses_lone_surrogates() -> None:
 
 
 NON_FINITE_BUS = [
-    b'hydra-bus/1\n\x1eDONE\n\x1e{"req":"r1","finish_reason":"stop","usage":{"prompt_ms":Infinity}}',
-    b'hydra-bus/1\n\x1eLOADED\n\x1e{"req":"r1","load_id":1,"phase":"done","seconds":1e999}',
-    b'hydra-bus/1\n\x1eHEARTBEAT\n\x1e{"status":{"decode_tps":Infinity}}',
-    b'hydra-bus/1\n\x1eCONFIGURE\n\x1e{"req":"r1","payload":{"model":1e999}}',
-    b'hydra-bus/1\n\x1eCONFIGURED\n\x1e{"req":"r1","ok":true,"result":{"a":NaN}}',  # found 2026-12-02, seed 2
+    b'hydra-bus/2\n\x1eDONE\n\x1e{"req":"r1","finish_reason":"stop","usage":{"prompt_ms":Infinity}}',
+    b'hydra-bus/2\n\x1eLOADED\n\x1e{"req":"r1","load_id":1,"phase":"done","seconds":1e999}',
+    b'hydra-bus/2\n\x1eHEARTBEAT\n\x1e{"status":{"decode_tps":Infinity}}',
+    b'hydra-bus/2\n\x1eCONFIGURE\n\x1e{"req":"r1","payload":{"model":1e999}}',
+    b'hydra-bus/2\n\x1eCONFIGURED\n\x1e{"req":"r1","ok":true,"result":{"a":NaN}}',  # found 2026-12-02, seed 2
 ]
 
 

@@ -217,7 +217,7 @@ def bus(endpoint: str, seconds: float, peers: int = 8, names: tuple[str, ...] = 
         for s in socks:
             x = rng.random()
             if x < 0.001:
-                frames, what = [b"hydra-bus/1", b"TOKENS", big], "oversized"
+                frames, what = [b"hydra-bus/2", b"TOKENS", big], "oversized"
             elif x < 0.05:
                 frames, what = [bytes(rng.randrange(256) for _ in range(rng.randint(0, 64)))
                                 for _ in range(rng.randint(1, 5))], "random"

@@ -24,7 +24,11 @@ the engine core exactly as HTTP requests do. Ownership follows the zguide's reli
   refuses it answers REFUSED, which is logged and retried at the reconnect backoff;
 - the socket has no ZeroMQ message size limit: with one, a single oversized message makes
   ZeroMQ drop the whole connection (and every request on it). A body over ``MAX_BODY`` is
-  instead refused by ``decode`` like any malformed message, and the link stays up.
+  instead refused by ``decode`` like any malformed message, and the link stays up;
+- a request's TOKENS, DONE and ERROR are queued, and everything queued in one pass of the loop
+  goes out as one batch (``messages.encode_batch``): the engine hands a step's events to the
+  loop at once, so at 8 streams that is one send a step instead of eight, and one receive on
+  the coordinator's side.
 """
 
 from __future__ import annotations
@@ -123,6 +127,7 @@ class EngineLink:
         self._closing = False
         self._token: str | None = None
         self._refused: str | None = None  # why the coordinator refused the last REGISTER, until admitted
+        self._outbox: list[tuple[str, list[bytes]]] = []  # (request id, encoded frames) until _flush
 
     # ----- lifecycle -------------------------------------------------------------------
 
@@ -132,6 +137,7 @@ class EngineLink:
     async def close(self, reason: str = "engine stopping") -> None:
         """Say GOODBYE (so the coordinator stops routing here at once), then drop everything."""
         self._closing = True  # no heartbeat or re-REGISTER after the GOODBYE
+        self._flush()
         if self._sock is not None and self._welcomed:
             self._send(M.Goodbye(reason=reason))
             await asyncio.sleep(0.05)  # let the I/O thread put it on the wire before linger 0 drops it
@@ -237,29 +243,70 @@ class EngineLink:
 
     def _send(self, msg: Any) -> bool:
         """Non-blocking send from the loop thread; False when the coordinator is not reachable now."""
-        sock = self._sock
-        if sock is None:
+        if self._sock is None:
             return False
         try:
             frames = M.encode(msg)
         except M.BusEncodeError as exc:
-            # A request's text or result the bus cannot carry: end that request with an error the
-            # coordinator can pass on, rather than leave it waiting for a token that never comes.
-            req = getattr(msg, "req", None)
-            self._warn("encode", "bus message cannot be encoded", kind=msg.KIND.decode(), error=exc.reason)
-            if req is not None and isinstance(msg, (M.Tokens, M.Done)):
-                self._send(M.Error(req=req, message=f"the engine's answer cannot be sent: {exc.reason}"[:8192],
-                                   status=500, code="encode_failed"))
+            self._encode_failed(msg, exc)
             return False  # the caller's message did not go: a generation stops (and is cancelled in the core)
+        return self._send_frames(frames, msg.KIND.decode())
+
+    def _queue(self, msg: M.Tokens | M.Done | M.Error) -> bool:
+        """A request's stream message, sent in one batch with every other one queued in this pass of the
+        loop (see the module doc). False when it cannot go: no connection, or a message the bus cannot
+        carry (an ERROR is queued in its place)."""
+        if self._sock is None:
+            return False
+        try:
+            frames = M.encode(msg)
+        except M.BusEncodeError as exc:
+            self._encode_failed(msg, exc)
+            return False
+        self._outbox.append((msg.req, frames))
+        if len(self._outbox) == 1:
+            asyncio.get_running_loop().call_soon(self._flush)
+        return True
+
+    def _flush(self) -> None:
+        """Send the queued stream messages, in batches of at most ``MAX_BODY`` bytes and ``MAX_BATCH``
+        messages. The requests of a batch that could not go are cancelled, as a failed send of their own
+        would have stopped them."""
+        out, self._outbox = self._outbox, []
+        i = 0
+        while i < len(out):
+            j, size = i + 1, len(out[i][1][2])
+            while j < len(out) and j - i < M.MAX_BATCH and size + len(out[j][1][2]) <= M.MAX_BODY:
+                size += len(out[j][1][2])
+                j += 1
+            part, i = out[i:j], j
+            if not self._send_frames(M.encode_batch([frames for _, frames in part]), part[0][1][1].decode()):
+                for req, _ in part:
+                    task = self._inflight.pop(req, None)
+                    if task is not None:
+                        task.cancel()
+
+    def _encode_failed(self, msg: Any, exc: M.BusEncodeError) -> None:
+        """A request's text or result the bus cannot carry: end that request with an error the
+        coordinator can pass on, rather than leave it waiting for a token that never comes."""
+        self._warn("encode", "bus message cannot be encoded", kind=msg.KIND.decode(), error=exc.reason)
+        req = getattr(msg, "req", None)
+        if req is not None and isinstance(msg, (M.Tokens, M.Done)):
+            self._queue(M.Error(req=req, message=f"the engine's answer cannot be sent: {exc.reason}"[:8192],
+                                status=500, code="encode_failed"))
+
+    def _send_frames(self, frames: list[bytes], kind: str) -> bool:
+        sock = self._sock
+        if sock is None:
+            return False
         try:
             sock.send_multipart(frames, flags=zmq.NOBLOCK).result()
             return True
         except zmq.Again:
             if self._welcomed:  # before WELCOME, a REGISTER finding no connection yet is the normal case
-                self._warn("again", "bus send would block (coordinator not connected or not reading)",
-                           kind=msg.KIND.decode())
+                self._warn("again", "bus send would block (coordinator not connected or not reading)", kind=kind)
         except Exception as exc:  # ZMQError, or a socket closed under us during shutdown
-            self._warn("zmq", "bus send failed", kind=msg.KIND.decode(), error=str(exc))
+            self._warn("zmq", "bus send failed", kind=kind, error=str(exc))
         return False
 
     def _warn(self, key: str, text: str, **fields: Any) -> None:
@@ -386,7 +433,8 @@ class EngineLink:
             self._send(self._register())
         elif isinstance(msg, M.Generate):
             if msg.req in self._inflight:
-                self._send(M.Error(req=msg.req, message="duplicate request id", status=409, code="duplicate_request"))
+                self._queue(M.Error(req=msg.req, message="duplicate request id", status=409,
+                                    code="duplicate_request"))
                 return
             self._inflight[msg.req] = asyncio.create_task(self._generate(msg), name=f"bus-gen-{msg.req}")
         elif isinstance(msg, M.Cancel):
@@ -413,16 +461,16 @@ class EngineLink:
         try:
             if msg.model and not self.control.serves(msg.model):
                 serving = self.core.snapshot().model_id
-                self._send(M.Error(req=req, status=503, code="model_not_loaded",
-                                   message=f"engine {self.settings.name} serves "
-                                           f"{serving or 'no model'}, not '{msg.model}'"))
+                self._queue(M.Error(req=req, status=503, code="model_not_loaded",
+                                    message=f"engine {self.settings.name} serves "
+                                            f"{serving or 'no model'}, not '{msg.model}'"))
                 return
             request = msg.to_request()
             try:
                 await self.core.prepare(request)  # a long prompt is tokenized off the engine thread
             except PromptTooLong as exc:
-                self._send(M.Error(req=req, status=400, code="context_length_exceeded", message=str(exc),
-                                   n_prompt_tokens=exc.n_prompt_tokens, n_ctx=exc.n_ctx))
+                self._queue(M.Error(req=req, status=400, code="context_length_exceeded", message=str(exc),
+                                    n_prompt_tokens=exc.n_prompt_tokens, n_ctx=exc.n_ctx))
                 return
             handle = self.core.submit(request)
             try:
@@ -432,25 +480,26 @@ class EngineLink:
                         batch.append(handle.queue.get_nowait())
                     texts = [ev.text for ev in batch if isinstance(ev, Token) and ev.text]
                     step = _tokens(req, batch, texts, request.logprobs is not None)
-                    if step is not None and not self._send(step):
+                    if step is not None and not self._queue(step):
                         return  # nobody to stream to: the finally cancels it in the core
                     last = batch[-1]
                     if isinstance(last, Done):
                         handle.finished = True
                         u = last.usage
-                        self._send(M.Done(req=req, finish_reason=last.finish_reason, model=last.generation.model,
-                                          fingerprint=last.generation.fingerprint, slot=last.slot,
-                                          kv_tokens=last.kv_tokens, kv_hash=last.kv_hash, stop_word=last.stop_word,
-                                          usage=M.UsageInfo(prompt_tokens=u.prompt_tokens,
-                                                            completion_tokens=u.completion_tokens,
-                                                            cached_tokens=u.cached_tokens, prompt_ms=u.prompt_ms,
-                                                            predicted_ms=u.predicted_ms)))
+                        self._queue(M.Done(req=req, finish_reason=last.finish_reason, model=last.generation.model,
+                                           fingerprint=last.generation.fingerprint, slot=last.slot,
+                                           kv_tokens=last.kv_tokens, kv_hash=last.kv_hash, stop_word=last.stop_word,
+                                           usage=M.UsageInfo(prompt_tokens=u.prompt_tokens,
+                                                             completion_tokens=u.completion_tokens,
+                                                             cached_tokens=u.cached_tokens, prompt_ms=u.prompt_ms,
+                                                             predicted_ms=u.predicted_ms)))
                         return
                     if isinstance(last, Failed):
                         handle.finished = True
-                        self._send(M.Error(req=req, message=last.message[:8192], status=min(599, max(100, last.status)),
-                                           code=last.code[:64], engine_failed=last.engine_failed,
-                                           n_prompt_tokens=last.n_prompt_tokens, n_ctx=last.n_ctx))
+                        self._queue(M.Error(req=req, message=last.message[:8192],
+                                            status=min(599, max(100, last.status)),
+                                            code=last.code[:64], engine_failed=last.engine_failed,
+                                            n_prompt_tokens=last.n_prompt_tokens, n_ctx=last.n_ctx))
                         return
             finally:
                 if not handle.finished:
@@ -459,7 +508,7 @@ class EngineLink:
             raise
         except Exception as exc:
             log_event(log, logging.ERROR, "bus request failed", req=req, error=repr(exc), exc_info=True)
-            self._send(M.Error(req=req, message=f"engine error: {exc}"[:8192], status=500, code="internal_error"))
+            self._queue(M.Error(req=req, message=f"engine error: {exc}"[:8192], status=500, code="internal_error"))
         finally:
             if self._inflight.get(req) is asyncio.current_task():
                 del self._inflight[req]

@@ -83,6 +83,42 @@ def test_malformed_frames_give_a_typed_error(frames: list[bytes], words: str) ->
     assert words in info.value.reason
 
 
+STREAM = [M.Tokens(req="g-1", texts=["Hel", "lo"]), M.Tokens(req="g-2", texts=["x"]),
+          M.Error(req="g-3", message="boom", status=500, code="internal_error"),
+          M.Done(req="g-1", finish_reason="stop", usage=M.UsageInfo(prompt_tokens=3, completion_tokens=2))]
+
+
+def test_a_batch_of_stream_messages_round_trips_in_order() -> None:
+    frames = M.encode_batch([M.encode(m) for m in STREAM])
+    assert len(frames) == 1 + 2 * len(STREAM) and frames[0] == M.PROTOCOL
+    assert M.decode_all(frames) == STREAM
+    assert M.encode_batch([M.encode(STREAM[0])]) == M.encode(STREAM[0])  # one message stays a plain one
+    assert M.decode_all(M.encode(M.Ping())) == [M.Ping()]
+
+
+@pytest.mark.parametrize("frames, words", [
+    ([M.PROTOCOL, b"TOKENS", b'{"req": "g", "texts": ["a"]}', b"DONE"], "pairs"),
+    ([], "pairs"),
+    ([b"hydra-bus/1", b"TOKENS", b'{"req": "g", "texts": ["a"]}', b"TOKENS", b'{"req": "h", "texts": ["b"]}'],
+     "unknown protocol"),
+    ([M.PROTOCOL, b"TOKENS", b'{"req": "g", "texts": ["a"]}', b"REGISTER", b"{}"], "cannot travel in a batch"),
+    ([M.PROTOCOL, b"HEARTBEAT", b"{}", b"TOKENS", b'{"req": "g", "texts": ["a"]}'], "cannot travel in a batch"),
+    ([M.PROTOCOL, b"TOKENS", b'{"req": "g", "texts": ["a"]}', b"TOKENS", b'{"req": "g", "texts": []}'], "texts"),
+    ([M.PROTOCOL, b"TOKENS", b'{"req": "g", "texts": ["a"]}', b"NOPE", b"{}"], "unknown message kind"),
+    ([M.PROTOCOL] + [b"TOKENS", b'{"req": "g", "texts": ["a"]}'] * (M.MAX_BATCH + 1), "at most"),
+])
+def test_a_malformed_batch_is_refused_whole(frames: list[bytes], words: str) -> None:
+    with pytest.raises(M.BusDecodeError) as info:
+        M.decode_all(frames)
+    assert words in info.value.reason
+
+
+def test_decode_takes_no_batch() -> None:
+    """A receiver that only expects single messages (the engine's side) refuses a batch as malformed."""
+    with pytest.raises(M.BusDecodeError, match="expected 3 frames"):
+        M.decode(M.encode_batch([M.encode(m) for m in STREAM[:2]]))
+
+
 def test_oversized_body_is_refused_before_parsing() -> None:
     with pytest.raises(M.BusDecodeError, match="exceeds"):
         M.decode([M.PROTOCOL, b"PING", b" " * (M.MAX_BODY + 1)])
@@ -106,10 +142,22 @@ json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats
 @settings(max_examples=300, deadline=None)
 @given(frames_strategy)
 def test_arbitrary_frames_never_raise_anything_else(frames: list[bytes]) -> None:
+    for decoder in (M.decode, M.decode_all):
+        try:
+            decoder(frames)
+        except M.BusDecodeError:
+            pass
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(kind, st.binary(max_size=48)), min_size=1, max_size=4), st.sampled_from([0, 1]))
+def test_arbitrary_batches_decode_or_raise_the_typed_error(pairs: list[tuple[bytes, bytes]], extra: int) -> None:
+    frames = [M.PROTOCOL] + [f for pair in pairs for f in pair] + [b"x"] * extra
     try:
-        M.decode(frames)
+        out = M.decode_all(frames)
     except M.BusDecodeError:
-        pass
+        return
+    assert len(out) == len(pairs) and not extra
 
 
 @settings(max_examples=300, deadline=None)

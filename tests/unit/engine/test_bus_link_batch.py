@@ -1,0 +1,85 @@
+"""The engine's bus link sends the stream messages queued in one pass of its event loop as one batch
+(one send a step instead of one per request), in order; a batch that cannot go cancels its requests, as
+a failed send of their own would. A real DEALER (the link's own socket) and a real ROUTER on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import zmq
+import zmq.asyncio
+
+from hydrad.common.registry import Registry
+from hydrad.engine.bus.link import EngineLink
+from hydrad.engine.control import EngineControl
+from hydrad.engine.core import EngineCore
+from hydrad.engine.settings import EngineSettings
+from hydrad.wire import messages as M
+
+STREAM = [M.Tokens(req="g-1", texts=["a"]), M.Tokens(req="g-2", texts=["b", "c"]),
+          M.Done(req="g-1", finish_reason="length", usage=M.UsageInfo(prompt_tokens=1, completion_tokens=1)),
+          M.Error(req="g-3", message="x", status=500, code="internal_error")]
+
+
+def _link(endpoint: str) -> EngineLink:
+    control = EngineControl(EngineCore(), Registry.load(None, Path(".")), {})
+    return EngineLink(EngineSettings(name="t", bus={"endpoint": endpoint}), control, http=None, rpc=None)
+
+
+def test_one_pass_of_stream_messages_goes_as_one_batch() -> None:
+    async def scenario() -> list[list[bytes]]:
+        ctx = zmq.asyncio.Context()
+        router = ctx.socket(zmq.ROUTER)
+        port = router.bind_to_random_port("tcp://127.0.0.1")
+        link = _link(f"tcp://127.0.0.1:{port}")
+        try:
+            link._open()
+            for _ in range(200):  # any message, once the connection is up (IMMEDIATE: no queueing before)
+                if link._send(M.Ping()):
+                    break
+                await asyncio.sleep(0.05)
+            await asyncio.wait_for(router.recv_multipart(), 10)
+            assert all(link._queue(m) for m in STREAM)  # one pass of the loop: nothing sent yet
+            assert len(link._outbox) == len(STREAM)
+            got = [await asyncio.wait_for(router.recv_multipart(), 10)]
+            await asyncio.sleep(0.2)
+            while await router.poll(0):
+                got.append(await router.recv_multipart())
+            return got
+        finally:
+            link._sock.close(linger=0)  # type: ignore[union-attr]
+            router.close(linger=0)
+            link._ctx.term()
+            ctx.term()
+
+    got = asyncio.run(scenario())
+    assert len(got) == 1, f"{len(got)} sends for one pass of the loop"
+    assert M.decode_all(got[0][1:]) == STREAM
+
+
+def test_a_batch_that_cannot_go_cancels_its_requests() -> None:
+    async def scenario() -> tuple[bool, bool, bool]:
+        link = _link("tcp://127.0.0.1:9")  # nothing listens: with IMMEDIATE set the send would block
+        try:
+            link._open()
+            link._welcomed = True
+            waiting = {req: asyncio.create_task(asyncio.sleep(60)) for req in ("g-1", "g-2")}
+            link._inflight.update(waiting)
+            queued = link._queue(STREAM[0]) and link._queue(STREAM[1])
+            await asyncio.sleep(0.05)
+            return queued, all(t.cancelled() for t in waiting.values()), not link._inflight
+        finally:
+            link._sock.close(linger=0)  # type: ignore[union-attr]
+            link._ctx.term()
+
+    queued, cancelled, forgotten = asyncio.run(scenario())
+    assert queued and cancelled and forgotten
+
+
+def test_nothing_is_queued_without_a_connection() -> None:
+    async def scenario() -> tuple[bool, int]:
+        link = _link("tcp://127.0.0.1:9")
+        return link._queue(STREAM[0]), len(link._outbox)
+
+    assert asyncio.run(scenario()) == (False, 0)
