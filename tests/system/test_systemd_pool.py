@@ -259,7 +259,7 @@ def test_combine_peer_killed_mid_compute_head_comes_back(sandbox: Sandbox) -> No
     auth = "Authorization: Bearer $(cat /etc/hydra/engine.token)"
     body = {"messages": [{"role": "user", "content": "Count from one to one hundred in words."}],
             "max_tokens": 600, "temperature": 0, "ignore_eos": True,
-            "cache_prompt": False}  # each request prefills the whole prompt, the same batches every time
+            "cache_prompt": True}  # after the first, each request reuses the prompt's KV: the same batches every time
 
     def configure(payload: dict) -> dict:
         out = sb.run("sh", "-c", f"curl -sS -X POST -H \"{auth}\" -H 'Content-Type: application/json' "
