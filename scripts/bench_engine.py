@@ -529,6 +529,7 @@ class Stream:
     completion_tokens: int | None = None
     logprob_tokens: int = 0  # tokens whose log-probabilities the stream carried
     admit_ms: float | None = None  # hydrad's own timings: arrival → the request had its slot
+    server: dict[str, float] = field(default_factory=dict)  # the answer's timings named in LAG_KEYS
 
 
 async def stream_completion(client: httpx.AsyncClient, url: str, payload: dict[str, Any]) -> Stream:
@@ -566,6 +567,8 @@ async def stream_completion(client: httpx.AsyncClient, url: str, payload: dict[s
                 st.completion_tokens = timings.get("predicted_n")
             if timings and timings.get("admit_ms") is not None:
                 st.admit_ms = timings["admit_ms"]
+            if timings:
+                st.server.update({k: timings[k] for k in LAG_KEYS if isinstance(timings.get(k), (int, float))})
     st.t_end = time.perf_counter()
     return st
 
@@ -642,7 +645,7 @@ def run_workload(url: str, w: Workload, prompts: list[str], seed: int,
         per.append({"ttft_ms": ttft * 1000, "prefill_tps": w.n_prompt / ttft if ttft > 0 else None,
                     "decode_tps": decode, "completion_tokens": n_gen, "prompt_tokens_reported": st.prompt_tokens,
                     "text_events": st.text_events, "total_ms": (st.t_end - st.t_send) * 1000,
-                    "logprob_tokens": st.logprob_tokens, "admit_ms": st.admit_ms})
+                    "logprob_tokens": st.logprob_tokens, "admit_ms": st.admit_ms, "server": st.server})
     out: dict[str, Any] = {"streams": per}
     if w.streams == 1:
         out.update({k: per[0][k] for k in ("ttft_ms", "prefill_tps", "decode_tps")})
@@ -658,6 +661,9 @@ def run_workload(url: str, w: Workload, prompts: list[str], seed: int,
     admits = [p["admit_ms"] for p in per if p["admit_ms"] is not None]
     if admits:
         out["admit_ms_median"], out["admit_ms_max"] = statistics.median(admits), max(admits)
+    lag = {k: statistics.median(vs) for k in LAG_KEYS if (vs := [p["server"][k] for p in per if k in p["server"]])}
+    if lag:
+        out["server_ms"] = lag
     return out
 
 
@@ -737,6 +743,10 @@ def py_spy(pid: int, out: Path | None) -> Iterator[None]:
 
 
 STEP_PARTS = ("submit", "overlap", "device_wait", "sample", "between")
+# Where the time to the first token went, as the servers' own `timings` say (median stream of a run):
+# both report prompt_ms (the prompt's compute up to the first token); hydrad also the arrival at its
+# HTTP handler → its engine thread's queue → its slot, and the first token → back at the handler.
+LAG_KEYS = ("prompt_ms", "to_engine_ms", "admit_ms", "first_token_handoff_ms", "server_ttft_ms")
 
 
 def step_counters(url: str) -> dict[str, float] | None:
@@ -812,7 +822,9 @@ def summarize(result: dict[str, Any], workloads: list[Workload], max_foreign: fl
                  "llama-server": median([m.get("decode_calls") for m in clean(ref_runs)]) if ref_runs else None}
         if steps is not None:
             steps["decode_calls"] = calls
-        summary[w.key] = {"label": w.label, "rows": rows, "hydrad_steps": steps, "clean_runs": {
+        lag = {name: {k: median([m["server_ms"][k] for m in clean(ms) if k in m.get("server_ms", {})])
+                      for k in LAG_KEYS} for name, ms in (("hydrad", hyd_runs), ("llama-server", ref_runs or []))}
+        summary[w.key] = {"label": w.label, "rows": rows, "hydrad_steps": steps, "server_ms": lag, "clean_runs": {
             "hydrad": len(clean(hyd_runs)), **({"llama-server": len(clean(ref_runs))} if ref_runs is not None else {})}}
     return summary
 
@@ -987,6 +999,24 @@ def steps_table(res: dict[str, Any]) -> str:
         "tokens on; *between* is the gap to the next step while steps follow each other (commands, admission).")
 
 
+def lag_table(res: dict[str, Any]) -> str:
+    """The time to the first token split by what the servers report (medians of the runs' median streams)."""
+    lines = ["| TTFT, server side (ms) | client TTFT, hydrad / llama-server | prompt_ms, hydrad / llama-server | "
+             "hydrad: arrival → engine thread | → slot (tokenized) | first token → HTTP handler | server TTFT |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for key, s in res["summary"].items():
+        lag = s.get("server_ms") or {}
+        h, r = lag.get("hydrad", {}), lag.get("llama-server", {})
+        if h.get("server_ttft_ms") is None:
+            continue
+        ttft = {row["metric"]: row for row in s["rows"]}.get("ttft_ms", {})
+        lines.append(f"| {s['label']} | {_fmt(ttft.get('hydrad'))} / {_fmt(ttft.get('llama_server'))} | "
+                     f"{_fmt(h.get('prompt_ms'))} / {_fmt(r.get('prompt_ms'))} | {_fmt(h.get('to_engine_ms'))} | "
+                     f"{_fmt(h.get('admit_ms'))} | {_fmt(h.get('first_token_handoff_ms'))} | "
+                     f"{_fmt(h.get('server_ttft_ms'))} |")
+    return "\n".join(lines) if len(lines) > 2 else ""
+
+
 def startup_table(res: dict[str, Any]) -> str:
     st = res["startup"]
     h = st["hydrad"]
@@ -1058,9 +1088,9 @@ def markdown_section(report: dict[str, Any]) -> str:
         out += [f"llama-server: `{report['llama_server']}` ({report.get('llama_server_build', '')}).", ""]
     for res in report["results"]:
         c = res["contention"]
-        steps = steps_table(res)
+        steps, lag = steps_table(res), lag_table(res)
         out += [f"### {res['model']} ({res['gguf']})", "", table(res, with_ref), "",
-                *([steps, ""] if steps else []), startup_table(res), "",
+                *([steps, ""] if steps else []), *([lag, ""] if lag else []), startup_table(res), "",
                 f"Other processes' share of the CPUs during a counted run: at most {c['max_foreign_cpu']:.1%}; "
                 f"runs redone because of other load: {c['redone']}; still over the limit after "
                 f"{report.get('retries', 5)} retries, so left out of the medians: {c['flagged']}.", ""]
@@ -1187,7 +1217,9 @@ def main(argv: list[str] | None = None) -> int:
     for alias in [m.strip() for m in args.models.split(",") if m.strip()]:
         res = bench_model(alias, args, settings, binary, workloads, log)
         report["results"].append(res)
-        print(f"\n{res['model']}\n" + table(res, binary is not None) + "\n\n" + startup_table(res) + "\n", flush=True)
+        lag = lag_table(res)
+        print(f"\n{res['model']}\n" + table(res, binary is not None) + "\n\n" + (lag + "\n\n" if lag else "")
+              + startup_table(res) + "\n", flush=True)
     log("done")
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
