@@ -60,6 +60,7 @@ class _Configure:
     loaded: asyncio.Future[M.LoadDone]
 
 
+SUBSCRIPTIONS_READ = 256  # subscription messages read per event at most (the rest at the next one)
 Listener = Callable[[str, EngineRecord], None]  # kind: "up" | "down" | "status"
 
 
@@ -185,7 +186,7 @@ class CoordinatorBus:
         last unsubscription (a subscriber that disconnects unsubscribes); they are read here, when an
         event is about to go, which is as soon as a plain PUB would have applied them."""
         assert self._pub_plain is not None  # set with _pub
-        while True:
+        for _ in range(SUBSCRIPTIONS_READ):  # bounded: a peer flooding the socket cannot hold the loop here
             try:
                 msg = self._pub_plain.recv(zmq.NOBLOCK)
             except zmq.ZMQError:
@@ -194,6 +195,7 @@ class CoordinatorBus:
                 self._subscriptions += 1
             elif msg[:1] == b"\x00":
                 self._subscriptions = max(0, self._subscriptions - 1)
+        return self._subscriptions > 0
 
     def new_id(self, kind: str) -> str:
         return f"{kind}-{self._prefix}-{next(self._ids)}"

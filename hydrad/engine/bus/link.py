@@ -243,30 +243,31 @@ class EngineLink:
 
     def _send(self, msg: Any) -> bool:
         """Non-blocking send from the loop thread; False when the coordinator is not reachable now."""
-        if self._sock is None:
-            return False
-        try:
-            frames = M.encode(msg)
-        except M.BusEncodeError as exc:
-            self._encode_failed(msg, exc)
-            return False  # the caller's message did not go: a generation stops (and is cancelled in the core)
-        return self._send_frames(frames, msg.KIND.decode())
+        frames = self._encoded(msg)
+        return frames is not None and self._send_frames(frames, msg.KIND.decode())
 
     def _queue(self, msg: M.Tokens | M.Done | M.Error) -> bool:
         """A request's stream message, sent in one batch with every other one queued in this pass of the
         loop (see the module doc). False when it cannot go: no connection, or a message the bus cannot
         carry (an ERROR is queued in its place)."""
-        if self._sock is None:
-            return False
-        try:
-            frames = M.encode(msg)
-        except M.BusEncodeError as exc:
-            self._encode_failed(msg, exc)
+        frames = self._encoded(msg)
+        if frames is None:
             return False
         self._outbox.append((msg.req, frames))
         if len(self._outbox) == 1:
             asyncio.get_running_loop().call_soon(self._flush)
         return True
+
+    def _encoded(self, msg: Any) -> list[bytes] | None:
+        """``msg``'s frames, or None when there is no connection or the bus cannot carry it (then the
+        caller's generation stops, and is cancelled in the core)."""
+        if self._sock is None:
+            return None
+        try:
+            return M.encode(msg)
+        except M.BusEncodeError as exc:
+            self._encode_failed(msg, exc)
+            return None
 
     def _flush(self) -> None:
         """Send the queued stream messages, in batches of at most ``MAX_BODY`` bytes and ``MAX_BATCH``
