@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import time
 from typing import Sequence
 
 
@@ -55,8 +56,22 @@ class NetLink:
     def cut(self) -> None:
         _ip("link", "set", self.host_if, "down")
 
-    def heal(self) -> None:
+    def heal(self, timeout: float = 5.0) -> None:
+        """Link up, and back only once both ends carry traffic: the kernel moves a veth to operational
+        UP (and gives it a working queue) from its link-watch work, which it defers by up to a second,
+        so a stopwatch started at ``ip link set up`` would count the kernel's delay as the engine's."""
         _ip("link", "set", self.host_if, "up")
+        deadline = time.monotonic() + timeout
+        while not (self._up(["ip", "-o", "link", "show", "dev", self.host_if])
+                   and self._up(["ip", "netns", "exec", self.ns, "ip", "-o", "link", "show", "dev", self.ns_if])):
+            if time.monotonic() > deadline:
+                raise PartitionUnavailable(f"the link {self.host_if} did not come up within {timeout:.0f} s")
+            time.sleep(0.01)
+
+    @staticmethod
+    def _up(argv: list[str]) -> bool:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=10).stdout
+        return " state UP " in out
 
     def close(self) -> None:
         """Deleting the namespace deletes its end of the pair, and with it the host's end."""
