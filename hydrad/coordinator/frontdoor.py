@@ -45,7 +45,8 @@ from hydrad.coordinator.bus import CoordinatorBus
 from hydrad.coordinator.records import EngineLost, EngineRecord, EngineUnreachable, RequestUnsendable, pairs
 from hydrad.coordinator.metrics import CONTENT_TYPE, CoordinatorMetrics
 from hydrad.coordinator.native import EMBEDDING_PATHS, PATHS as NATIVE_PATHS, NativeDoor
-from hydrad.coordinator.replies import Lost, Turn, api_error, collect, disconnected, relay
+from hydrad.common.serving import until_disconnected
+from hydrad.coordinator.replies import Lost, Turn, api_error, collect, relay
 from hydrad.coordinator.mobility import LEAVING_STAGES, SessionMobility
 from hydrad.coordinator.sessions import SessionKeeper
 from hydrad.coordinator.kvmove import Placements, TransferMeter, stream_slot
@@ -322,7 +323,7 @@ class FrontDoor:
         # request on its engine the moment the client goes (a non-streaming request has no
         # send that would fail; without this it would generate to max_tokens for nobody).
         work = asyncio.ensure_future(self._generate(kind, req, greq, session, outcome, rid, record or self._record))
-        gone = asyncio.ensure_future(disconnected(request))
+        gone = asyncio.ensure_future(until_disconnected(request))
         try:
             await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
         except BaseException:

@@ -40,7 +40,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from hydrad.common import jsonbody
-from hydrad.coordinator.replies import disconnected
+from hydrad.common.serving import until_disconnected
 from hydrad.wire import embeddings, infill, native_completion
 from hydrad.wire.openai import ApiError
 
@@ -164,7 +164,7 @@ class NativeDoor:
         timeout = httpx.Timeout(TIMEOUT_S, read=max(first, between) if stream else first + GENERATION_S)
         sent = self.client.build_request("POST", url, content=content, headers=self._headers(request), timeout=timeout)
         answer = asyncio.ensure_future(self._answer(sent, stream, broken))
-        gone = asyncio.ensure_future(disconnected(request))
+        gone = asyncio.ensure_future(until_disconnected(request))
         try:
             await asyncio.wait({answer, gone}, return_when=asyncio.FIRST_COMPLETED)
         finally:

@@ -13,7 +13,6 @@ import logging
 import time
 from typing import Any, AsyncIterator, Callable
 
-from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from hydrad.common.logs import log_event
@@ -159,12 +158,3 @@ async def relay(bus: CoordinatorBus, token_timeout_s: float, turn: Turn, stream:
     finally:
         if not stream.finished:
             bus.cancel(stream)
-
-
-async def disconnected(request: Request) -> None:
-    """Returns when the client has gone away (its body was read already, so the next message of
-    the ASGI ``receive`` channel is ``http.disconnect``)."""
-    while True:
-        message = await request.receive()
-        if message.get("type") == "http.disconnect":
-            return

@@ -248,6 +248,48 @@ def test_abandoned_non_streaming_request_stops_generating(engine: Engine) -> Non
     _alive_and_serving(engine)
 
 
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "whole"])
+def test_request_abandoned_in_the_queue_is_never_prefilled(engine: Engine, stream: bool) -> None:
+    """Every slot busy; a request queued behind them whose client hangs up before its first token
+    leaves the queue while the slots are still busy, and its prompt is never evaluated: the prompt
+    tokens counter grows by the busy requests' prompts alone."""
+    n_slots = len(engine.http.get("/slots").json())
+    before = _counter(engine, "llamacpp:prompt_tokens_total")
+    evaluated: list[int] = []
+
+    def busy(i: int) -> None:
+        r = httpx.post(engine.url + COMPLETIONS, timeout=120, json={
+            "prompt": f"Busy writer {i} {stream}, go on:", "max_tokens": 160, "ignore_eos": True})
+        assert r.status_code == 200, r.text
+        evaluated.append(int(r.json()["timings"]["prompt_n"]))
+
+    workers = [threading.Thread(target=busy, args=(i,)) for i in range(n_slots)]
+    for w in workers:
+        w.start()
+    try:
+        eventually(lambda: engine.http.get("/slots").json(), 30, "every slot busy",
+                   until=lambda slots: all(s["is_processing"] for s in slots), interval=0.02)
+        body = ('{"prompt": "' + "An abandoned prompt that must never be evaluated. " * 20
+                + f'", "max_tokens": 4, "stream": {str(stream).lower()}}}').encode()
+        sock = socket.create_connection(("127.0.0.1", engine.port))
+        sock.sendall(b"POST " + COMPLETIONS.encode() + b" HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        eventually(lambda: _counter(engine, "llamacpp:requests_deferred"), 10, "the request queued",
+                   until=lambda n: n >= 1, interval=0.02)
+        sock.close()
+        eventually(lambda: _counter(engine, "llamacpp:requests_deferred"), 10, "the abandoned request dequeued",
+                   until=lambda n: n == 0, interval=0.02)
+        assert all(s["is_processing"] for s in engine.http.get("/slots").json()), "left the queue only as a slot freed"
+    finally:
+        for w in workers:
+            w.join(120)
+    assert len(evaluated) == n_slots
+    eventually(lambda: engine.http.get("/slots").json(), 10, "every slot idle",
+               until=lambda slots: not any(s["is_processing"] for s in slots), interval=0.05)
+    assert _counter(engine, "llamacpp:prompt_tokens_total") - before == sum(evaluated)
+    _alive_and_serving(engine)
+
+
 def test_idle_and_slow_connections_are_closed(engine: Engine) -> None:
     """A connection that sends nothing, or its headers a byte at a time, is closed after
     header_timeout_s (1 s here) instead of holding a file descriptor for ever."""

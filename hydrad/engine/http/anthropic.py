@@ -44,7 +44,10 @@ async def _messages(request: Request) -> Response:
     t_arrival = time.monotonic()
     req, greq = anthropic.parse(await ctx.body_of(request))
     model_id = ctx.check_serving(req)  # type: ignore[arg-type]  # reads only ``model``
-    handle, first, _ = await start(ctx, greq, "messages", t_arrival)
+    started = await start(request, ctx, greq, "messages", t_arrival)
+    if started is None:
+        return Response(status_code=499)
+    handle, first, _ = started
     if handle.generation is not None:
         model_id = handle.generation.model
     rid = anthropic.new_id()

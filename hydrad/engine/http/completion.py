@@ -77,7 +77,10 @@ async def serve(request: Request, ctx: HttpContext, req: native.NativeCompletion
                 t_arrival: float) -> Response:
     """A parsed /completion (or /infill) request admitted, generated and answered."""
     model_id = ctx.check_serving(req)
-    handle, first, lag = await start(ctx, greq, "prompt", t_arrival)
+    started = await start(request, ctx, greq, "prompt", t_arrival)
+    if started is None:
+        return Response(status_code=499)
+    handle, first, lag = started
     if handle.generation is not None:
         model_id = handle.generation.model
     settings = _settings(ctx, req, model_id)

@@ -38,7 +38,10 @@ async def generate(request: Request, kind: str) -> Response:
     t_arrival = time.monotonic()
     req, greq = openai.parse(kind, await ctx.body_of(request))
     model_id = ctx.check_serving(req)
-    handle, first, lag = await start(ctx, greq, "messages" if kind == "chat" else "prompt", t_arrival)
+    started = await start(request, ctx, greq, "messages" if kind == "chat" else "prompt", t_arrival)
+    if started is None:
+        return Response(status_code=499)
+    handle, first, lag = started
     rid = openai.new_id(kind)
     if handle.generation is not None:  # the generation that took the request, not the one asked at arrival
         model_id = handle.generation.model
@@ -59,12 +62,25 @@ async def generate(request: Request, kind: str) -> Response:
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-async def start(ctx: HttpContext, greq: GenRequest, prompt_field: str,
-                t_arrival: float) -> tuple[RequestHandle, Token | Done | Progress, dict[str, Any]]:
+GONE = object()
+"""Put in a request's event queue when its client leaves before the first event."""
+
+
+async def _wake_when_gone(request: Request, handle: RequestHandle) -> None:
+    await until_disconnected(request)
+    handle.queue.put_nowait(GONE)
+
+
+async def start(request: Request, ctx: HttpContext, greq: GenRequest, prompt_field: str,
+                t_arrival: float) -> tuple[RequestHandle, Token | Done | Progress, dict[str, Any]] | None:
     """Submit a parsed request and wait for its first event: the handle, that event, and where the
     time to it went, server side (parsing and queueing, prefill, hand-over to the loop). A failure
     before any token is raised as the ApiError it stands for. A request that asked for prompt
-    progress gets a :class:`Progress` first: its reader measures the lag again at its first token."""
+    progress gets a :class:`Progress` first: its reader measures the lag again at its first token.
+
+    None when the client left before the first event: the request is cancelled, so one queued behind
+    busy slots is never prefilled for nobody (a client that gave up on a slow server used to leave its
+    prompt in the queue, and every retry added another)."""
     core = ctx.core
     try:
         await core.prepare(greq)
@@ -72,11 +88,18 @@ async def start(ctx: HttpContext, greq: GenRequest, prompt_field: str,
         raise ApiError(400, str(exc), "context_length_exceeded", prompt_field,
                        details=overflow_details(exc.n_prompt_tokens, exc.n_ctx)) from None
     handle = core.submit(greq)
+    watch = asyncio.ensure_future(_wake_when_gone(request, handle))
     try:
         first = await handle.queue.get()
     except asyncio.CancelledError:
         core.cancel(handle)
         raise
+    finally:
+        watch.cancel()
+    if first is GONE or watch.done():  # done, not cancelled: it queued GONE behind the first event
+        core.cancel(handle)
+        log_event(log, logging.INFO, "client disconnected before the first token; request cancelled", req=handle.id)
+        return None
     lag = lag_of(handle, t_arrival, time.monotonic())
     if isinstance(first, Failed):
         handle.finished = True
