@@ -45,7 +45,7 @@ from hydrad.coordinator.bus import CoordinatorBus
 from hydrad.coordinator.records import EngineLost, EngineRecord, EngineUnreachable, RequestUnsendable, pairs
 from hydrad.coordinator.metrics import CONTENT_TYPE, CoordinatorMetrics
 from hydrad.coordinator.native import EMBEDDING_PATHS, PATHS as NATIVE_PATHS, NativeDoor
-from hydrad.common.serving import until_disconnected
+from hydrad.common.serving import EventStream, until_disconnected
 from hydrad.coordinator.replies import Lost, Turn, api_error, collect, relay
 from hydrad.coordinator.mobility import LEAVING_STAGES, SessionMobility
 from hydrad.coordinator.sessions import SessionKeeper
@@ -404,7 +404,7 @@ class FrontDoor:
                 headers.update({"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
                 events = relay(self.bus, self.settings.token_timeout_s, turn, stream, first,
                                lambda: self._fingerprint(engine), record)
-                return StreamingResponse(events, media_type="text/event-stream", headers=headers)
+                return EventStream(events, headers=headers)
             try:
                 return await collect(self.bus, self.settings.token_timeout_s, turn, stream, first, headers, record)
             except Lost as exc:  # engine_failed part-way: the engine's fault, and nothing was sent
@@ -611,7 +611,7 @@ class FrontDoor:
         if isinstance(response, StreamingResponse):
             events = _anthropic_events(response.body_iterator, rid, dones,  # type: ignore[arg-type]
                                        greq.tools is not None)
-            return StreamingResponse(events, media_type="text/event-stream", headers=headers)
+            return EventStream(events, headers=headers)
         body = anthropic.from_openai(json.loads(bytes(response.body)), rid, _stop_word(dones))
         return JSONResponse(body, headers=headers)
 

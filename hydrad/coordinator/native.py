@@ -37,10 +37,10 @@ from typing import Any, AsyncIterator, Callable
 
 import httpx
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
 from hydrad.common import jsonbody
-from hydrad.common.serving import until_disconnected
+from hydrad.common.serving import EventStream, until_disconnected
 from hydrad.wire import embeddings, infill, native_completion
 from hydrad.wire.openai import ApiError
 
@@ -183,7 +183,7 @@ class NativeDoor:
         passed = {k: v for k, v in r.headers.items() if k.lower().startswith("x-hydra-")}
         if stream and r.status_code == 200 and ctype.startswith("text/event-stream"):
             passed.update({"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-            return StreamingResponse(self._relay(r, broken), media_type="text/event-stream", headers=passed)
+            return EventStream(self._relay(r, broken), headers=passed)
         try:
             content = await r.aread()
         except httpx.HTTPError as exc:

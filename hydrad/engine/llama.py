@@ -531,7 +531,7 @@ the end-of-generation tokens are banned, or nothing in the vocabulary can contin
 
 
 GRAMMAR_STEP_LIMIT_S = 0.5
-"""Most time one token's grammar work may take. A grammar whose ambiguity grows with the text
+"""Most CPU time (of the engine thread) one token's grammar work may take. A grammar whose ambiguity grows with the text
 (``r ::= "a" r "b" | "a" r "c" | ""`` doubles llama.cpp's stacks per "a") cannot be bounded before
 it runs; it ends its request the first time a token costs this much, before it stalls the engine."""
 
@@ -726,7 +726,7 @@ class Sampler:
         row = lib().llama_get_logits_ith(ctx.ptr, idx)  # waits for the device: the clock starts after it
         if not row:
             raise RuntimeError(f"no logits for batch row {idx}")
-        t0 = time.monotonic()
+        t0 = time.thread_time()  # CPU, not wall: a busy machine that preempts the thread must not fail requests
         logits = self.grammar.logits(row)
         tok = self.grammar.pick(self.ptr, logits, constrained=False)
         if tok is None or not self.grammar.allows(tok, float(logits[tok])):
@@ -735,7 +735,7 @@ class Sampler:
                 return END_OF_GRAMMAR
         lib().llama_sampler_accept(self.ptr, tok)
         self.grammar.accept(tok)
-        spent = time.monotonic() - t0
+        spent = time.thread_time() - t0
         if spent > GRAMMAR_STEP_LIMIT_S:
             raise GrammarTooSlow(f"grammar: one token took {spent:.2f} s of grammar work (the grammar is too "
                                  "ambiguous for llama.cpp's grammar sampler)")

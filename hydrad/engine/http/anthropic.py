@@ -12,9 +12,10 @@ import time
 from typing import Any, AsyncIterator
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
 from hydrad.common.logs import log_event
+from hydrad.common.serving import EventStream
 from hydrad.engine.core import EngineCore
 from hydrad.engine.http.context import ctx_of
 from hydrad.engine.http.generation import SSE_HEADERS, gather, start
@@ -53,8 +54,7 @@ async def _messages(request: Request) -> Response:
     rid = anthropic.new_id()
     if req.stream:
         events = anthropic.Stream(rid, model_id, tools=greq.tools is not None)
-        return StreamingResponse(_stream(ctx.core, events, handle, first), media_type="text/event-stream",
-                                 headers=SSE_HEADERS)
+        return EventStream(_stream(ctx.core, events, handle, first), headers=SSE_HEADERS)
     got = await gather(request, ctx.core, handle, first)
     if got is None:
         return Response(status_code=499)

@@ -12,8 +12,9 @@ import time
 from typing import Any, AsyncIterator
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
+from hydrad.common.serving import EventStream
 from hydrad.engine import fim
 from hydrad.engine.core import EngineCore
 from hydrad.engine.http.context import HttpContext, ctx_of
@@ -85,8 +86,7 @@ async def serve(request: Request, ctx: HttpContext, req: native.NativeCompletion
         model_id = handle.generation.model
     settings = _settings(ctx, req, model_id)
     if req.stream:
-        return StreamingResponse(_stream(ctx.core, handle, first, model_id, settings, lag, t_arrival),
-                                 media_type="text/event-stream", headers=SSE_HEADERS)
+        return EventStream(_stream(ctx.core, handle, first, model_id, settings, lag, t_arrival), headers=SSE_HEADERS)
     got = await gather(request, ctx.core, handle, first)
     if got is None:
         return Response(status_code=499)

@@ -9,10 +9,10 @@ import time
 from typing import Any, AsyncIterator
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
 from hydrad.common.logs import log_event
-from hydrad.common.serving import until_disconnected
+from hydrad.common.serving import EventStream, until_disconnected
 from hydrad.engine.core import EngineCore, PromptTooLong
 from hydrad.engine.http.context import HttpContext, ctx_of
 from hydrad.engine.requests import Done, Failed, Progress, RequestHandle, Token
@@ -46,8 +46,7 @@ async def generate(request: Request, kind: str) -> Response:
     if handle.generation is not None:  # the generation that took the request, not the one asked at arrival
         model_id = handle.generation.model
     if req.stream:
-        return StreamingResponse(_stream(core, kind, rid, model_id, req, handle, first, lag),
-                                 media_type="text/event-stream", headers=SSE_HEADERS)
+        return EventStream(_stream(core, kind, rid, model_id, req, handle, first, lag), headers=SSE_HEADERS)
     got = await gather(request, core, handle, first)
     if got is None:
         return Response(status_code=499)
