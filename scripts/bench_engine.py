@@ -24,7 +24,11 @@ Workloads (prompt tokens are exact, counted with the model's own tokenizer):
   j  as (a), held by a GBNF ``grammar`` (WORDS_GRAMMAR: a JSON-like list of lower-case words that
      never has to end, so ``ignore_eos`` cannot meet a grammar whose only continuation is the end
      and both servers generate exactly 256 tokens): the cost of constrained decoding
-  (f to j are not in the default set)
+  k  1 stream,   512-token prompt,   1 generated, the prompt cached: the same prompt every run with
+     ``cache_prompt: true``, answered once by each server before the runs, so only its last token is
+     evaluated and the TTFT is each server's own time around a request (HTTP, parsing, tokenizing,
+     the slot, hand-overs), the part of (d) that is not the prefill
+  (f to k are not in the default set)
 
 Before the workloads, each server is also asked for the same 4 streams (32-token prompt, 64
 generated) one after another and then all at once: the ratio of the two wall times is what
@@ -102,6 +106,7 @@ class Workload:
     logprobs: int | None = None  # each request asks for its tokens' log-probabilities and this many alternatives
     sampled: bool = False  # SAMPLED's temperature/top-k/top-p instead of greedy decoding
     grammar: str | None = None  # a GBNF grammar every request is held to
+    cached: bool = False  # one prompt for every run, prompt caching on: only its last token is evaluated
 
     @property
     def label(self) -> str:
@@ -109,6 +114,7 @@ class Workload:
         extra = f", top-{self.logprobs} logprobs" if self.logprobs is not None else ""
         extra += ", sampled" if self.sampled else ""
         extra += ", grammar" if self.grammar is not None else ""
+        extra += ", prompt cached" if self.cached else ""
         return f"({self.key}) {s}{self.n_prompt}→{self.n_gen}{extra}"
 
 
@@ -133,6 +139,7 @@ WORKLOADS: dict[str, Workload] = {
     "h": Workload("h", 128, 128, 32),
     "i": Workload("i", 128, 128, 64),
     "j": Workload("j", 128, 256, 1, grammar=WORDS_GRAMMAR),
+    "k": Workload("k", 512, 1, 1, cached=True),
 }
 
 BATCHING = Workload("batching", 32, 64, 4)  # streams one after another, then all at once
@@ -147,6 +154,7 @@ METRICS: dict[str, list[tuple[str, str, bool]]] = {
     "e": [("ttft_ms", "TTFT ms", False), ("prefill_tps", "prefill tok/s", True), ("decode_tps", "decode tok/s", True)],
 }
 METRICS["f"] = METRICS["j"] = METRICS["a"]
+METRICS["k"] = [("ttft_ms", "TTFT ms (the server's own time)", False)]
 METRICS["g"] = METRICS["h"] = METRICS["i"] = METRICS["b"]
 
 
@@ -582,11 +590,11 @@ def _logprob_tokens(logprobs: Any) -> int:
 
 
 def request_payload(prompt: str, n_gen: int, seed: int, slot: int, logprobs: int | None = None,
-                    sampled: bool = False, grammar: str | None = None) -> dict[str, Any]:
+                    sampled: bool = False, grammar: str | None = None, cached: bool = False) -> dict[str, Any]:
     """Stream ``slot`` of a workload runs in slot ``slot`` on both servers (``id_slot``): each slot then
     holds at most its last request's KV, so idle caches never crowd the unified KV pool."""
     payload = {"prompt": prompt, "max_tokens": n_gen, "temperature": 0, "ignore_eos": True, "seed": seed,
-               "stream": True, "stream_options": {"include_usage": True}, "cache_prompt": False, "id_slot": slot}
+               "stream": True, "stream_options": {"include_usage": True}, "cache_prompt": cached, "id_slot": slot}
     if logprobs is not None:
         payload["logprobs"] = logprobs
     if sampled:
@@ -624,7 +632,7 @@ def run_workload(url: str, w: Workload, prompts: list[str], seed: int,
     ``disturbed`` is asked about once a second; when it says so the run is abandoned
     (:class:`Disturbed`) instead of crawling on under foreign load.
     """
-    payloads = [request_payload(p, w.n_gen, seed, i, w.logprobs, w.sampled, w.grammar)
+    payloads = [request_payload(p, w.n_gen, seed, i, w.logprobs, w.sampled, w.grammar, w.cached)
                 for i, p in enumerate(prompts)]
     t0, streams = asyncio.run(_run_streams(url, payloads, disturbed))
     per: list[dict[str, Any]] = []
@@ -839,7 +847,7 @@ def bench_model(alias: str, args: argparse.Namespace, settings: ServerSettings, 
     prompts_cache: dict[tuple[str, int, str], list[str]] = {}
 
     def prompts(w: Workload, run: int, side: str) -> list[str]:
-        key = (w.key, run, side)
+        key = (w.key, 0 if w.cached else run, side)
         if key not in prompts_cache:
             prompts_cache[key] = [maker.make(w.n_prompt) for _ in range(w.streams)]
         return prompts_cache[key]
@@ -879,6 +887,9 @@ def bench_model(alias: str, args: argparse.Namespace, settings: ServerSettings, 
                         f"at once {b['concurrent_s']:.2f} s (batching speedup {b['speedup']:.2f}×)")
             for w in workloads:
                 result["runs"][w.key] = {srv.name: [] for srv in servers}
+                if w.cached:  # the prompt into each server's slot 0, so that every timed run finds it there
+                    for srv in servers:
+                        run_workload(srv.url, w, prompts(w, 0, srv.name), args.seed)
 
             def timed_run(srv: Server, w: Workload, ps: list[str]) -> dict[str, Any]:
                 """One run on one server, redone (after waiting for quiet) when other work intruded."""
@@ -1076,7 +1087,8 @@ def markdown_section(report: dict[str, Any]) -> str:
            f"n_ubatch {s['n_ubatch']}, n_parallel {s['n_parallel']}, kv_unified {str(s['kv_unified']).lower()}, "
            f"threads {s['threads']}, flash_attn {s['flash_attn']}, gpu layers {s['gpu_layers']}; "
            f"{report['runs']} {'paired ' if with_ref else ''}runs, "
-           "medians; `temperature 0`, `ignore_eos`, prompt caching off, fresh prompt prefix per request.", "",
+           "medians; `temperature 0`, `ignore_eos`, prompt caching off, fresh prompt prefix per request"
+           + (" (but (k): one prompt, cached)" if "k" in report.get("workloads", []) else "") + ".", "",
            f"hydrad: commit {report.get('hydrad_commit', 'unknown')}.", ""]
     if s.get("hydrad_params"):
         out += [f"hydrad's own parameters: `{json.dumps(s['hydrad_params'])}`.", ""]

@@ -11,7 +11,7 @@ import hashlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from hydrad.engine import ggml, gguf_meta, llama
 from hydrad.engine.embedder import Embedder
@@ -74,12 +74,25 @@ the capture (and its instantiation) of its decode graph; with three, the warm-up
 SPARE_TAIL = 4  # tokens past a shared prefix that still count as the same conversation (its last reply re-tokenized)
 
 
-def common_prefix(a: list[int], b: list[int]) -> int:
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` share. Slices are compared (in C) in a binary search:
+    the element-by-element loop it replaces cost about 30 us per 512 tokens, and choosing a slot
+    compares the prompt with every free slot's cache on the engine thread."""
+    if type(a) is not type(b):  # a list never equals a tuple or an array, element for element or not
+        a, b = list(a), list(b)
     n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+    if n == 0 or a[0] != b[0]:  # the common case of a slot holding another conversation
+        return 0
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 class Generation:
