@@ -25,7 +25,7 @@ Workloads (prompt tokens are exact, counted with the model's own tokenizer):
      never has to end, so ``ignore_eos`` cannot meet a grammar whose only continuation is the end
      and both servers generate exactly 256 tokens): the cost of constrained decoding
   k  1 stream,   512-token prompt,   1 generated, the prompt cached: the same prompt every run with
-     ``cache_prompt: true``, answered once by each server before the runs, so only its last token is
+     ``cache_prompt: true``, answered by each server just before each timed run, so only its last token is
      evaluated and the TTFT is each server's own time around a request (HTTP, parsing, tokenizing,
      the slot, hand-overs), the part of (d) that is not the prefill
   (f to k are not in the default set)
@@ -887,9 +887,6 @@ def bench_model(alias: str, args: argparse.Namespace, settings: ServerSettings, 
                         f"at once {b['concurrent_s']:.2f} s (batching speedup {b['speedup']:.2f}×)")
             for w in workloads:
                 result["runs"][w.key] = {srv.name: [] for srv in servers}
-                if w.cached:  # the prompt into each server's slot 0, so that every timed run finds it there
-                    for srv in servers:
-                        run_workload(srv.url, w, prompts(w, 0, srv.name), args.seed)
 
             def timed_run(srv: Server, w: Workload, ps: list[str]) -> dict[str, Any]:
                 """One run on one server, redone (after waiting for quiet) when other work intruded."""
@@ -931,6 +928,8 @@ def bench_model(alias: str, args: argparse.Namespace, settings: ServerSettings, 
                 for run in range(args.runs):
                     for w in workloads:
                         for srv in servers:  # hydrad, then llama-server: one at a time
+                            if w.cached:  # untimed: the prompt into its slot (another workload may have used it)
+                                run_workload(srv.url, w, prompts(w, run, srv.name), args.seed)
                             m = timed_run(srv, w, prompts(w, run, srv.name))
                             result["runs"][w.key][srv.name].append(m)
                         parts = []
