@@ -70,6 +70,13 @@ async def _wake_when_gone(request: Request, handle: RequestHandle) -> None:
     handle.queue.put_nowait(GONE)
 
 
+def _queued_gone(watch: asyncio.Future[None]) -> bool:
+    """Whether the watcher finished (the client left) after the first event came: GONE is queued
+    behind that event. A watcher still pending has only been asked to stop; one that failed tells
+    nothing about the client."""
+    return watch.done() and not watch.cancelled() and watch.exception() is None
+
+
 async def start(request: Request, ctx: HttpContext, greq: GenRequest, prompt_field: str,
                 t_arrival: float) -> tuple[RequestHandle, Token | Done | Progress, dict[str, Any]] | None:
     """Submit a parsed request and wait for its first event: the handle, that event, and where the
@@ -95,7 +102,7 @@ async def start(request: Request, ctx: HttpContext, greq: GenRequest, prompt_fie
         raise
     finally:
         watch.cancel()
-    if first is GONE or watch.done():  # done, not cancelled: it queued GONE behind the first event
+    if first is GONE or _queued_gone(watch):
         core.cancel(handle)
         log_event(log, logging.INFO, "client disconnected before the first token; request cancelled", req=handle.id)
         return None
