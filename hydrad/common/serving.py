@@ -124,10 +124,13 @@ async def until_disconnected(request: Any) -> None:
 
     A non-streaming answer is written only at the end, so nothing else notices a client that
     gave up; without this its request kept generating to ``max_tokens``."""
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
+    await _disconnect(request.receive)
+
+
+async def _disconnect(receive: Any) -> None:
+    """Read an ASGI ``receive`` channel until its ``http.disconnect``."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 class EventStream(StreamingResponse):
@@ -150,8 +153,7 @@ class EventStream(StreamingResponse):
 
         async def watch() -> None:
             nonlocal left
-            while (await receive())["type"] != "http.disconnect":
-                pass
+            await _disconnect(receive)
             if streaming:
                 left = True
                 writer.cancel()

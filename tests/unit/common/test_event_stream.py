@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
-import time
 from typing import Any, AsyncIterator, Iterator
 
 import pytest
@@ -17,6 +16,7 @@ from starlette.routing import Route
 
 from hydrad.common.serving import EventStream, uvicorn_server
 from tests.support.engine import free_port
+from tests.support.wait import eventually
 
 
 class Probe:
@@ -25,7 +25,6 @@ class Probe:
     def __init__(self) -> None:
         self.release: asyncio.Event | None = None
         self.closed = threading.Event()
-        self.cancelled_outside = threading.Event()
         self.leftover_cancels: list[int] = []
 
 
@@ -63,10 +62,7 @@ def served() -> Iterator[tuple[int, Probe, Any]]:
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_until_complete, args=(server.serve(),), daemon=True)
     thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.01)
+    eventually(lambda: server.started, 10, "the server to start", interval=0.01)
     try:
         yield port, probe, loop
     finally:
@@ -118,8 +114,5 @@ def test_a_finished_stream_leaves_no_cancellation_behind(served: tuple[int, Prob
     s = _get(port, "/after")
     _read_until(s, b"data: done\n\n")
     s.close()
-    deadline = time.monotonic() + 5
-    while not probe.leftover_cancels:
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    eventually(lambda: probe.leftover_cancels, 5, "the app's work after the answer", interval=0.01)
     assert probe.leftover_cancels == [0]
