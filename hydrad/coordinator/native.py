@@ -40,7 +40,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from hydrad.common import jsonbody
-from hydrad.common.serving import EventStream, until_disconnected
+from hydrad.common.eventstream import EventStream
+from hydrad.common.serving import until_disconnected
 from hydrad.wire import embeddings, infill, native_completion
 from hydrad.wire.openai import ApiError
 

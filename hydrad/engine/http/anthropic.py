@@ -14,8 +14,8 @@ from typing import Any, AsyncIterator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from hydrad.common.eventstream import EventStream
 from hydrad.common.logs import log_event
-from hydrad.common.serving import EventStream
 from hydrad.engine.core import EngineCore
 from hydrad.engine.http.context import ctx_of
 from hydrad.engine.http.generation import SSE_HEADERS, gather, start

@@ -14,7 +14,7 @@ from typing import Any, AsyncIterator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from hydrad.common.serving import EventStream
+from hydrad.common.eventstream import EventStream
 from hydrad.engine import fim
 from hydrad.engine.core import EngineCore
 from hydrad.engine.http.context import HttpContext, ctx_of

@@ -12,7 +12,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from hydrad.common.logs import log_event
-from hydrad.common.serving import EventStream, until_disconnected
+from hydrad.common.eventstream import EventStream
+from hydrad.common.serving import until_disconnected
 from hydrad.engine.core import EngineCore, PromptTooLong
 from hydrad.engine.http.context import HttpContext, ctx_of
 from hydrad.engine.requests import Done, Failed, Progress, RequestHandle, Token

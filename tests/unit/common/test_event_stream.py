@@ -14,7 +14,8 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.routing import Route
 
-from hydrad.common.serving import EventStream, uvicorn_server
+from hydrad.common.eventstream import EventStream
+from hydrad.common.serving import uvicorn_server
 from tests.support.engine import free_port
 from tests.support.wait import eventually
 
