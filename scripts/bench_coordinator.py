@@ -48,6 +48,7 @@ import httpx
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from hydrad.common import heap  # noqa: E402
 from tests.support.coordinator import Coordinator  # noqa: E402
 from tests.support.engine import SMOLLM, Engine, models_dir  # noqa: E402
 
@@ -144,7 +145,8 @@ def measure(direct: str, through: str, concurrency: int, runs: int, tokens: int,
             order.reverse()
         for path, base in order:
             cpu0 = cpu_seconds(coordinator_pid)
-            wall, streams = asyncio.run(batch(base, concurrency, tokens, prompt_words))
+            with heap.paused():
+                wall, streams = asyncio.run(batch(base, concurrency, tokens, prompt_words))
             if path == "through":
                 coord_cpu += cpu_seconds(coordinator_pid) - cpu0
                 relayed += sum(st.tokens for st in streams)
@@ -423,7 +425,8 @@ def main() -> int:
                 asyncio.run(batch(base, 2, 8, args.prompt_words))
             if args.overhead_pairs:
                 print(f"added latency with constant engine work, {args.overhead_pairs} pairs ...", flush=True)
-                overhead = asyncio.run(overhead_pairs(e.url, c.url, args.overhead_pairs))
+                with heap.paused():
+                    overhead = asyncio.run(overhead_pairs(e.url, c.url, args.overhead_pairs))
                 print(f"  TTFT p50 direct {overhead['direct']['ttft_p50_ms']:.2f} ms / through "
                       f"{overhead['through']['ttft_p50_ms']:.2f} ms (added {overhead['added_p50_ms']:+.2f} ms, "
                       f"p99 {overhead['added_p99_ms']:+.2f} ms)", flush=True)

@@ -84,6 +84,8 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 REGISTRY = REPO / "etc" / "hydra" / "models.yaml"
 DOC = REPO / "docs" / "benchmarks.md"
+sys.path.insert(0, str(REPO))
+from hydrad.common import heap  # noqa: E402
 DEFAULT_MODELS = "smollm2-135m,gemma3-270m"
 
 # Filler words that are one token each (with their leading space) in common BPE vocabularies.
@@ -898,7 +900,8 @@ def bench_model(alias: str, args: argparse.Namespace, settings: ServerSettings, 
                     watch = guard.watcher(args.abort_foreign) if args.abort_foreign > 0 and aborted < 20 else None
                     steps0 = step_counters(srv.url)
                     try:
-                        m, foreign = guard.measure(functools.partial(run_workload, srv.url, w, ps, args.seed, watch))
+                        with heap.paused():
+                            m, foreign = guard.measure(functools.partial(run_workload, srv.url, w, ps, args.seed, watch))
                     except Disturbed:
                         aborted += 1
                         log(f"[{alias}] {srv.name} {w.label}: other processes took over "

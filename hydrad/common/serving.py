@@ -6,6 +6,8 @@ import asyncio
 import contextlib
 from typing import Any, Coroutine, Iterator
 
+from hydrad.common import heap
+
 
 def uvicorn_server(app: Any, host: str, port: int, header_timeout_s: float = 10.0) -> Any:
     """A uvicorn server without its own signal handling: the daemon owns SIGTERM/SIGINT/SIGHUP.
@@ -83,7 +85,9 @@ def _deadline_protocol(timeout_s: float) -> type:
 
 
 def run_loop(main: Coroutine[Any, Any, int]) -> int:
-    """Run a daemon's main coroutine on uvloop when it is installed (less CPU per streamed chunk)."""
+    """Run a daemon's main coroutine on uvloop when it is installed (less CPU per streamed chunk).
+    Everything imported by now is left out of the collector's full passes (:mod:`hydrad.common.heap`)."""
+    heap.settle()
     try:
         import uvloop
     except ImportError:

@@ -14,6 +14,7 @@ import threading
 import time
 from typing import Any, Callable
 
+from hydrad.common import heap
 from hydrad.common.logs import log_event
 from hydrad.common.params import RuntimeParams
 from hydrad.common.registry import ResolvedModel
@@ -139,6 +140,7 @@ class Loading:
             self._cmds.put(install)
             install.fut.result()
             rec.timings["install_s"] = round(time.monotonic() - t2, 4)
+            heap.settle()  # the new generation's Python side lives until the next load
             if on_success is not None:
                 on_success()
         except Exception as exc:  # the old generation keeps serving (overlap); report and roll back the stage
