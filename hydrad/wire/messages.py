@@ -327,19 +327,22 @@ class Generate(_Msg):
     slot: int | None = Field(None, ge=0)
     logprobs: int | None = Field(None, ge=0, le=lp.MAX_TOP_LOGPROBS, description=(
         "Report each token's log-probability and this many most likely tokens in TOKENS; absent: none."))
+    cache_prompt: bool | None = Field(None, description=(
+        "Reuse a slot's matching prompt prefix (llama-server's cache_prompt); absent: the engine's default. "
+        "Sent only when set, so an engine of an earlier release still takes the message."))
 
     @classmethod
     def from_request(cls, req: str, gen: GenRequest, model: str | None) -> Generate:
         return cls(req=req, model=model, prompt=gen.prompt, messages=gen.messages, tools=gen.tools,
                    max_tokens=gen.max_tokens,
                    stop=list(gen.stop), ignore_eos=gen.ignore_eos, slot=gen.slot,
-                   sampling=gen.sampling, logprobs=gen.logprobs)
+                   sampling=gen.sampling, logprobs=gen.logprobs, cache_prompt=gen.cache_prompt)
 
     def to_request(self) -> GenRequest:
         return GenRequest(prompt=self.prompt, messages=self.messages, tools=self.tools, max_tokens=self.max_tokens,
                           stop=list(self.stop),
                           sampling=self.sampling, ignore_eos=self.ignore_eos,
-                          slot=self.slot, logprobs=self.logprobs)
+                          slot=self.slot, logprobs=self.logprobs, cache_prompt=self.cache_prompt)
 
 
 class Cancel(_Msg):

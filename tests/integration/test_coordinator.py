@@ -676,3 +676,39 @@ def test_device_binding_is_reported_on_the_bus_in_hydractl_and_in_info(
             assert rpc.info()["device"] == "1"
     finally:
         c.stop()
+
+
+def test_cache_prompt_reaches_the_engine_through_the_front_door(tmp_path: Path, smollm_path: Path,
+                                                                start_engine: Callable[..., Engine]) -> None:
+    """A client's ``cache_prompt`` is the engine's to honour whichever door it came in by: GENERATE
+    once dropped it, so through the coordinator a ``cache_prompt: false`` request reused a slot's
+    KV as the engine's default said."""
+    c = Coordinator(tmp_path, heartbeat_interval_s=INTERVAL)
+    try:
+        c.wait_ready()
+        e = start_engine(name="dev-a", defaults={"model": "smollm2-135m", "n_ctx": 2048, "n_parallel": 1,
+                                                 "n_threads": 1, "cache_prompt": True},
+                         extra={"bus": c.engine_bus(heartbeat_interval_s=INTERVAL)})
+        e.wait_ready()
+        c.wait_serving({"dev-a": "smollm2-135m"})
+
+        def prompt_tokens() -> tuple[float, float]:
+            text = e.http.get("/metrics").text
+            values = {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
+                      if line and not line.startswith("#")}
+            return values["llamacpp:prompt_tokens_total"], values["hydra_cached_prompt_tokens_total"]
+
+        body = {"prompt": "The quick brown fox jumps over the lazy dog, and then it", "max_tokens": 1,
+                "temperature": 0}
+        for cache, evaluated_again in ((False, True), (False, True), (True, False)):
+            before = prompt_tokens()
+            r = c.http.post("/v1/completions", json={**body, "cache_prompt": cache})
+            assert r.status_code == 200, r.text
+            evaluated, cached = (a - b for a, b in zip(prompt_tokens(), before))
+            n_prompt = r.json()["usage"]["prompt_tokens"]
+            if evaluated_again:
+                assert (evaluated, cached) == (n_prompt, 0), (cache, evaluated, cached)
+            else:
+                assert evaluated < n_prompt and cached > 0, (cache, evaluated, cached)
+    finally:
+        c.stop()

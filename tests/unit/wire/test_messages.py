@@ -61,6 +61,38 @@ def test_generate_carries_a_request_both_ways() -> None:
     assert (back.prompt, back.max_tokens, back.stop, back.sampling) == (gen.prompt, gen.max_tokens, gen.stop, gen.sampling)
 
 
+# GenRequest fields the bus does not carry, and why: the native doors (token-id prompts, returned ids,
+# progress events) reach an engine over HTTP (hydrad.coordinator.native); the rest are the engine's own.
+NOT_ON_THE_BUS = {"prompt_ids", "return_tokens", "return_progress", "tokens", "tokens_for", "stored_prefix", "id"}
+
+
+@pytest.mark.parametrize("kind, body", [
+    ("completion", {"prompt": "Once", "max_tokens": 7, "stop": ["."], "ignore_eos": True, "id_slot": 2,
+                    "cache_prompt": False, "logprobs": 3, "temperature": 0.3, "top_k": 9, "seed": 4}),
+    ("chat", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "stop": "!", "cache_prompt": True,
+              "logprobs": True, "top_logprobs": 2, "id_slot": 1, "ignore_eos": False, "presence_penalty": 0.5,
+              "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]}),
+])
+def test_every_field_an_openai_door_sets_survives_the_bus(kind: str, body: dict) -> None:
+    """What the front door parsed is what the engine runs: a field GENERATE drops is a request
+    silently answered differently through the coordinator (``cache_prompt`` once was)."""
+    import dataclasses
+
+    from hydrad.wire import openai
+
+    _, gen = openai.parse(kind, json.dumps(body).encode())  # type: ignore[arg-type]
+    back = M.decode(M.encode(M.Generate.from_request("gen-1", gen, "m"))).to_request()  # type: ignore[union-attr]
+    carried = [f.name for f in dataclasses.fields(GenRequest) if f.name not in NOT_ON_THE_BUS]
+    assert {f: getattr(back, f) for f in carried} == {f: getattr(gen, f) for f in carried}
+
+
+def test_generate_sends_cache_prompt_only_when_set() -> None:
+    unset = M.encode(M.Generate.from_request("gen-1", GenRequest(prompt="x"), None))
+    assert b"cache_prompt" not in unset[2]  # an engine of an earlier release refuses fields it does not know
+    assert M.decode(M.encode(M.Generate.from_request("gen-1", GenRequest(prompt="x", cache_prompt=False), None))
+                    ).cache_prompt is False  # type: ignore[union-attr]
+
+
 @pytest.mark.parametrize("frames, words", [
     ([], "expected 3 frames"),
     ([M.PROTOCOL, b"PING"], "expected 3 frames"),
