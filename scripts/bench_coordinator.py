@@ -99,12 +99,18 @@ async def one_stream(client: httpx.AsyncClient, base: str, payload: dict[str, An
     return st
 
 
-async def batch(base: str, n: int, tokens: int, prompt_words: int) -> tuple[float, list[Stream]]:
+async def batch(base: str, n: int, tokens: int, prompt_words: int, kept: bool = False) -> tuple[float, list[Stream]]:
+    """``n`` streams at once, each on its own connection: opened for the batch (a client without
+    keep-alive), or with ``kept`` opened before it by an untimed one-token request each (a client
+    that keeps its connections, as an SDK does)."""
     payloads = [{"prompt": prompt(prompt_words), "max_tokens": tokens, "temperature": 0, "ignore_eos": True,
                  "stream": True, "stream_options": {"include_usage": True}, "cache_prompt": False}
                 for _ in range(n)]
     limits = httpx.Limits(max_connections=n + 2, max_keepalive_connections=n + 2)
     async with httpx.AsyncClient(timeout=httpx.Timeout(300, connect=10), limits=limits) as client:
+        if kept:
+            await asyncio.gather(*(one_stream(client, base, dict(p, prompt=prompt(prompt_words), max_tokens=1))
+                                   for p in payloads))
         t0 = time.perf_counter()
         streams = await asyncio.gather(*(one_stream(client, base, p) for p in payloads))
         wall = time.perf_counter() - t0
@@ -134,7 +140,7 @@ def cpu_seconds(pid: int) -> float:
 
 
 def measure(direct: str, through: str, concurrency: int, runs: int, tokens: int, prompt_words: int,
-            coordinator_pid: int) -> dict[str, Any]:
+            coordinator_pid: int, kept: bool = False) -> dict[str, Any]:
     rows: dict[str, dict[str, list[float]]] = {p: {"ttft_ms": [], "tps": [], "aggregate": []}
                                                for p in ("direct", "through")}
     paired: list[float] = []  # per run: median TTFT through − direct, the two batches back to back
@@ -146,7 +152,7 @@ def measure(direct: str, through: str, concurrency: int, runs: int, tokens: int,
         for path, base in order:
             cpu0 = cpu_seconds(coordinator_pid)
             with heap.paused():
-                wall, streams = asyncio.run(batch(base, concurrency, tokens, prompt_words))
+                wall, streams = asyncio.run(batch(base, concurrency, tokens, prompt_words, kept))
             if path == "through":
                 coord_cpu += cpu_seconds(coordinator_pid) - cpu0
                 relayed += sum(st.tokens for st in streams)
@@ -160,7 +166,8 @@ def measure(direct: str, through: str, concurrency: int, runs: int, tokens: int,
               f" / through {pct(t['ttft_ms'][-concurrency:], .5):.1f} ms; tok/s direct "
               f"{statistics.median(d['tps'][-concurrency:]):.1f} / through {statistics.median(t['tps'][-concurrency:]):.1f}",
               flush=True)
-    out: dict[str, Any] = {"concurrency": concurrency, "runs": runs, "samples": len(rows["direct"]["ttft_ms"])}
+    out: dict[str, Any] = {"concurrency": concurrency, "runs": runs, "samples": len(rows["direct"]["ttft_ms"]),
+                           "connections": "kept" if kept else "fresh"}
     for path, r in rows.items():
         out[path] = {"ttft_p50_ms": pct(r["ttft_ms"], .5), "ttft_p99_ms": pct(r["ttft_ms"], .99),
                      "tps_median": statistics.median(r["tps"]), "aggregate_median": statistics.median(r["aggregate"])}
@@ -390,6 +397,9 @@ def main() -> int:
     ap.add_argument("--prompt-words", type=int, default=16,
                     help="words of each prompt (default 16: a short prefill keeps TTFT's noise small)")
     ap.add_argument("--concurrency", default="1,8", help="comma-separated stream counts (default 1,8)")
+    ap.add_argument("--kept-connections", action="store_true",
+                    help="open each batch's connections before timing it (a client with keep-alive); default: "
+                         "every stream opens its connection inside the timed batch")
     ap.add_argument("--threads", type=int, default=1,
                     help="engine n_threads (default 1: the other cores stay for the coordinator and this client)")
     ap.add_argument("--overhead-pairs", type=int, default=300,
@@ -432,7 +442,8 @@ def main() -> int:
                       f"p99 {overhead['added_p99_ms']:+.2f} ms)", flush=True)
             for n in (int(x) for x in args.concurrency.split(",")):
                 print(f"{n} concurrent stream(s), {args.runs} runs ...", flush=True)
-                streams.append(measure(e.url, c.url, n, args.runs, args.tokens, args.prompt_words, c.proc.pid))
+                streams.append(measure(e.url, c.url, n, args.runs, args.tokens, args.prompt_words, c.proc.pid,
+                                       args.kept_connections))
         finally:
             if e is not None:
                 e.stop()
