@@ -15,7 +15,9 @@ dropped inside a reference cycle is never collected. So it is called only where 
 meant to live on: when a daemon starts its loop, and when a model load has been installed.
 A retired generation is freed by reference counting (the llama.cpp side by the reaper): over
 four loads of two models, a full collection afterwards found 13 objects in cycles, all ctypes
-type records, which llama-cpp-python caches anyway.
+type records, which llama-cpp-python caches anyway. The requests in flight when a load is
+installed are frozen with it; what of theirs ends up in a cycle (a task and its frames) stays
+allocated after they end. That is bounded by the requests of one moment, once per load.
 """
 
 from __future__ import annotations
