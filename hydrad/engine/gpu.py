@@ -13,7 +13,7 @@ import logging
 import os
 from typing import Any, Mapping, MutableMapping
 
-from hydrad.wire.messages import GpuInfo
+from hydrad.wire.gpuinfo import GpuInfo
 
 log = logging.getLogger("hydrad.bus")
 

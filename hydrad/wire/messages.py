@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_vali
 
 from hydrad.wire import logprobs as lp
 from hydrad.wire import toolcalls
+from hydrad.wire.gpuinfo import GpuInfo
 from hydrad.wire.requests import GenRequest, SamplingOverrides
 from hydrad.wire.tools import MAX_CALL_ID, NAME_RE, ToolSpec
 
@@ -48,18 +49,6 @@ class _Msg(BaseModel):
 
 
 # ----- shared parts ----------------------------------------------------------------------
-
-
-class GpuInfo(BaseModel):
-    """The device an engine computes on, as ggml reports it."""
-
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-    name: str = Field("cpu", max_length=256, description="ggml device name (CUDA0, CPU, ...).")
-    description: str = Field("", max_length=512, description="Marketing name (NVIDIA GeForce RTX 5060 Ti, ...).")
-    kind: str = Field("cpu", max_length=32, description="cpu | gpu | igpu | accel.")
-    arch: str = Field("cpu", max_length=32, description="Compute architecture (sm_90, ...) or 'cpu'.")
-    vram_total: int = Field(0, ge=0, description="Bytes of device memory.")
-    vram_free: int = Field(0, ge=0, description="Bytes free when measured.")
 
 
 class EngineStatus(BaseModel):
