@@ -24,7 +24,7 @@ from typing import Any, AsyncIterator
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from starlette.responses import StreamingResponse  # noqa: E402
 
-from hydrad.common.eventstream import EventStream
+from hydrad.common.eventstream import EventStream  # noqa: E402
 from hydrad.common.serving import run_loop  # noqa: E402
 
 SCOPE = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}}

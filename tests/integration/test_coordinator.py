@@ -27,7 +27,7 @@ from hydrad.wire import messages as M
 from hydrad.engine.gpu import bound_device
 from hydrad.wire.rpcclient import RpcClient
 from tests.support.coordinator import Coordinator
-from tests.support.engine import GEMMA, REPO, SMOLLM, Engine, models_dir
+from tests.support.engine import GEMMA, REPO, SMOLLM, Engine, metric, models_dir
 from tests.support.wait import eventually
 
 pytestmark = pytest.mark.model
@@ -693,10 +693,7 @@ def test_cache_prompt_reaches_the_engine_through_the_front_door(tmp_path: Path, 
         c.wait_serving({"dev-a": "smollm2-135m"})
 
         def prompt_tokens() -> tuple[float, float]:
-            text = e.http.get("/metrics").text
-            values = {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
-                      if line and not line.startswith("#")}
-            return values["llamacpp:prompt_tokens_total"], values["hydra_cached_prompt_tokens_total"]
+            return metric(e, "llamacpp:prompt_tokens_total"), metric(e, "hydra_cached_prompt_tokens_total")
 
         body = {"prompt": "The quick brown fox jumps over the lazy dog, and then it", "max_tokens": 1,
                 "temperature": 0}

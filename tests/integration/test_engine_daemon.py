@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from tests.support.engine import Engine
+from tests.support.engine import Engine, metric
 from tests.support.wait import eventually
 
 CHAT = [{"role": "user", "content": "Write a long story about a cat who learns to sail."}]
@@ -22,13 +22,6 @@ CHAT = [{"role": "user", "content": "Write a long story about a cat who learns t
 
 def client(e: Engine) -> openai.OpenAI:
     return openai.OpenAI(base_url=e.url + "/v1", api_key="unused", max_retries=0, timeout=120)
-
-
-def metric(e: Engine, name: str) -> float:
-    for line in e.http.get("/metrics").text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    raise AssertionError(f"{name} not in /metrics")
 
 
 # ---- boot, readiness, loading --------------------------------------------------------------

@@ -117,6 +117,14 @@ class NotifyListener:
         self.sock.close()
 
 
+def metric(e: "Engine", name: str) -> float:
+    """The value of an unlabelled sample ``name`` on the engine's ``/metrics``."""
+    for line in e.http.get("/metrics").text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"{name} not in /metrics")
+
+
 def terminate(proc: subprocess.Popen[bytes], timeout: float) -> None:
     """SIGTERM, as systemd stops a service; SIGKILL if it is still there after ``timeout``."""
     if proc.poll() is None:
