@@ -200,8 +200,18 @@ class CoordinatorBus:
     def new_id(self, kind: str) -> str:
         return f"{kind}-{self._prefix}-{next(self._ids)}"
 
-    def generate(self, engine: str, msg: M.Generate) -> RequestStream:
-        """Send GENERATE and return the stream its events will arrive on.
+    @staticmethod
+    def encode_generate(msg: M.Generate) -> list[bytes]:
+        """GENERATE's frames; ``RequestUnsendable`` (the request's own fault, never retried) when
+        it cannot be encoded."""
+        try:
+            return M.encode(msg)
+        except M.BusEncodeError as exc:
+            raise RequestUnsendable(exc.reason, too_large=exc.too_large) from None
+
+    def generate(self, engine: str, msg: M.Generate, frames: list[bytes] | None = None) -> RequestStream:
+        """Send GENERATE (``frames``: encoded before, so a burst's sends follow each other closely)
+        and return the stream its events will arrive on.
 
         The stream is registered only once the message is on its way: a request that fails to
         encode or to send leaves nothing behind (an entry left here would count as a busy slot
@@ -212,11 +222,7 @@ class CoordinatorBus:
         rec = self.engines.get(engine)
         if rec is None or not rec.alive:
             raise EngineUnreachable(f"engine {engine} is not alive")
-        try:
-            frames = M.encode(msg)
-        except M.BusEncodeError as exc:
-            raise RequestUnsendable(exc.reason, too_large=exc.too_large) from None
-        self._send_to(rec.ident, engine, frames)
+        self._send_to(rec.ident, engine, frames if frames is not None else self.encode_generate(msg))
         stream = RequestStream(msg.req, engine, msg.logprobs)
         self._streams[msg.req] = stream
         return stream

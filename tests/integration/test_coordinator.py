@@ -709,3 +709,53 @@ def test_cache_prompt_reaches_the_engine_through_the_front_door(tmp_path: Path, 
                 assert evaluated < n_prompt and cached > 0, (cache, evaluated, cached)
     finally:
         c.stop()
+
+
+def test_a_burst_through_the_front_door_reaches_the_engine_in_one_step(tmp_path: Path, smollm_path: Path,
+                                                                        start_engine: Callable[..., Engine]) -> None:
+    """Requests that reach the front door together are sent to their engine back to back, so the engine
+    prefills them in one step as it does when they come straight to its port. Before the front door's
+    burst gate it parsed, routed and sent them one by one, a few hundred microseconds apart; the engine
+    started a step with the first alone and the rest waited that whole step (hydrad/coordinator/burst.py).
+    Each request is written to its own connection but its last byte, then the four last bytes back to
+    back, as a burst arrives; the engine's ``llama_decode`` count says how many steps they took."""
+    import socket
+    from urllib.parse import urlsplit
+
+    c = Coordinator(tmp_path, heartbeat_interval_s=INTERVAL)
+    try:
+        c.wait_ready()
+        e = start_engine(name="dev-a", defaults={"model": "smollm2-135m", "temperature": 0, "n_parallel": 4,
+                                                 "n_threads": 1, "prefill_split": "batch"},
+                         extra={"bus": c.engine_bus(heartbeat_interval_s=INTERVAL)})
+        e.wait_ready()
+        c.wait_serving({"dev-a": "smollm2-135m"})
+        host, port = urlsplit(c.url).hostname, urlsplit(c.url).port
+
+        def raw(i: int) -> bytes:
+            body = json.dumps({"prompt": f"Burst {i}: the river carries light stone", "max_tokens": 1,
+                               "temperature": 0, "cache_prompt": False})
+            return (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                    f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n{body}").encode()
+
+        steps = []
+        for _ in range(5):
+            conns = [socket.create_connection((host, port), timeout=60) for _ in range(4)]
+            before = metric(e, "llamacpp:n_decode_total")
+            bodies = [raw(i) for i in range(len(conns))]
+            for s, b in zip(conns, bodies):  # all but the last byte: no request is complete yet
+                s.sendall(b[:-1])
+            time.sleep(0.05)
+            for s, b in zip(conns, bodies):  # then the last bytes back to back: the four complete together
+                s.sendall(b[-1:])
+            for s in conns:
+                answer = b""
+                while chunk := s.recv(65536):
+                    answer += chunk
+                s.close()
+                assert answer.startswith(b"HTTP/1.1 200"), answer[:300]
+            steps.append(metric(e, "llamacpp:n_decode_total") - before)
+        print('STEPS', steps)
+        assert min(steps) == 1, steps
+    finally:
+        c.stop()
