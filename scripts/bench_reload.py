@@ -47,23 +47,32 @@ class Client(threading.Thread):
         self.url = url
         self.stop = threading.Event()
         self.log: list[tuple[float, float, int]] = []  # (start, end, status)
+        self.served: dict[float, dict[str, Any]] = {}  # end → what the engine said of the request
 
     def run(self) -> None:
         with httpx.Client(base_url=self.url, timeout=120) as c:
             while not self.stop.is_set():
                 t0 = time.monotonic()
+                info: dict[str, Any] = {}
                 try:
-                    status = c.post("/v1/completions", json={"prompt": "Say hello", "max_tokens": 4,
-                                                             "temperature": 0}).status_code
-                except httpx.HTTPError:
+                    r = c.post("/v1/completions", json={"prompt": "Say hello", "max_tokens": 4, "temperature": 0})
+                    status = r.status_code
+                    if status == 200:
+                        body = r.json()
+                        info = {"model": body.get("model"), **{k: body.get("timings", {}).get(k) for k in SERVED}}
+                except (httpx.HTTPError, ValueError):
                     status = 0
-                self.log.append((t0, time.monotonic(), status))
+                t1 = time.monotonic()
+                self.served[t1] = info
+                self.log.append((t0, t1, status))
 
 
 def window(log: list[tuple[float, float, int]], a: float, b: float) -> list[tuple[float, float, int]]:
     return [r for r in log if a <= r[1] <= b]
 
 
+# what each response's ``timings`` say of where its time went, kept for the requests around a switch's longest gap
+SERVED = ("queue_ms", "admit_ms", "prompt_ms", "predicted_ms", "server_ttft_ms")
 STEADY_AFTER_S = 1.5  # after each switch, how long the new model serves alone for its own steady gap
 
 
@@ -77,6 +86,17 @@ def longest_gap(entries: list[tuple[float, float, int]], start: float, end: floa
     """Where (its start) and how long the longest stretch of [start, end] without a successful response is."""
     ends = [start] + sorted(e for _, e, st in entries if st == 200) + [end]
     return max(((a, b - a) for a, b in zip(ends, ends[1:])), key=lambda x: x[1])
+
+
+def around(client: Client, during: list[tuple[float, float, int]], gap_at: float, gap: float,
+           t0: float) -> list[dict[str, Any]]:
+    """The responses that opened and closed the longest gap and the one after, times in ms since the
+    configure call, with what the engine said of each (its model, queue, prompt and decode times)."""
+    ends = sorted(during, key=lambda r: r[1])
+    near = [r for r in ends if gap_at - 1e-6 <= r[1] <= gap_at + gap + 1e-6]
+    later = [r for r in ends if r[1] > gap_at + gap + 1e-6][:1]
+    return [{"sent_ms": round((a - t0) * 1000, 2), "ended_ms": round((b - t0) * 1000, 2), "status": st,
+             **client.served.get(b, {})} for a, b, st in near + later]
 
 
 def run_policy(policy: str, switches: int, tmp: Path, models: tuple[str, ...] = MODELS,
@@ -127,8 +147,13 @@ def run_policy(policy: str, switches: int, tmp: Path, models: tuple[str, ...] = 
                             "t0_wall": t0_wall,
                             "timings": body["load"].get("timings"),
                             "load_s": body["load"]["timings"].get("load_s"), "policy": body["load"]["policy"],
+                            "around_gap": around(client, during, gap_at, gap, t0),
                             "failed": sum(1 for *_, st in during if st != 200),
                             "latencies": [end - start for start, end, st in during if st == 200]})
+            print(f"  switch {i + 1} to {target}: longest gap {gap * 1000:.1f} ms from {(gap_at - t0) * 1000:.0f} ms "
+                  f"({gap / slower:.2f}x); around it: " + "; ".join(
+                      f"[{x['sent_ms']:.0f}-{x['ended_ms']:.0f} {str(x.get('model'))[:12]} q{x.get('queue_ms')} "
+                      f"p{x.get('prompt_ms')} d{x.get('predicted_ms')}]" for x in results[-1]["around_gap"]), flush=True)
         client.stop.set()
         client.join(30)
         # how long freeing each retired generation took (on the engine's reaper thread, off its step loop)
