@@ -150,8 +150,9 @@ def run_policy(policy: str, switches: int, tmp: Path, models: tuple[str, ...] = 
                             "around_gap": around(client, during, gap_at, gap, t0),
                             "failed": sum(1 for *_, st in during if st != 200),
                             "latencies": [end - start for start, end, st in during if st == 200]})
+            tm = body["load"].get("timings") or {}
             print(f"  switch {i + 1} to {target}: longest gap {gap * 1000:.1f} ms from {(gap_at - t0) * 1000:.0f} ms "
-                  f"({gap / slower:.2f}x); around it: " + "; ".join(
+                  f"({gap / slower:.2f}x; load {tm.get('load_s')} s, warm-up {tm.get('warmup_s')} s); around it: " + "; ".join(
                       f"[{x['sent_ms']:.0f}-{x['ended_ms']:.0f} {str(x.get('model'))[:12]} q{x.get('queue_ms')} "
                       f"p{x.get('prompt_ms')} d{x.get('predicted_ms')}]" for x in results[-1]["around_gap"]), flush=True)
         client.stop.set()

@@ -131,6 +131,7 @@ class Loading:
             t1 = time.monotonic()
             gen = build_generation(resolved, params, progress, rec.id, on_warming=lambda: self._warming(rec, reloading))
             rec.timings["load_s"] = round(time.monotonic() - t1, 4)
+            rec.timings["warmup_s"] = round(gen.warmup_seconds, 4)  # part of load_s
             if rec.abort.is_set():
                 gen.free()
                 raise llama.LoadAborted("superseded by a newer configure")

@@ -315,9 +315,13 @@ def test_sighup_change_shadowed_by_a_runtime_setting_is_a_warning(smollm_path: P
 
 def test_a_new_generations_warm_up_leaves_nothing_behind(smollm_engine: Engine, gemma_path: Path) -> None:
     """The warm-up (a short throw-away prompt and one decode step on each new generation) must leave no
-    KV behind: the first answer after a reload is the same as the second, and every slot is empty."""
+    KV behind: the first answer after a reload is the same as the second, and every slot is empty. The
+    load record says how long the warm-up took, as part of the load."""
     e = smollm_engine
-    assert e.configure(model=str(gemma_path)).status_code == 200
+    r = e.http.post("/control/configure?wait=1", json={"model": str(gemma_path)}, timeout=180)
+    assert r.status_code == 200, r.text
+    timings = r.json()["load"]["timings"]
+    assert 0 < timings["warmup_s"] < timings["load_s"], timings
     eventually(lambda: e.http.get("/health").json(), 120, "gemma loaded",
                until=lambda h: h["status"] == "ok" and h["model"] != "smollm2-135m")
     assert all(row["n_tokens"] == 0 for row in e.http.get("/slots").json())
