@@ -346,10 +346,7 @@ class Generation:
         for lazy work. Both shapes matter: on a GPU a batch of several tokens takes other kernels than a
         single token (a multi-token attention product goes through cuBLAS, whose handle each new context
         creates on first use), and under an overlap reload whatever the first request pays is a gap in
-        service. It waits for the device at the end: llama_decode only queues a step on a GPU, and a
-        generation installed with its warm-up still queued made its first request wait behind it (on
-        the H200 the first request of a 3B model after an overlap reload took 5–7 ms longer than the
-        next ones)."""
+        service."""
         tok = self.bos if self.bos >= 0 else 0
         n = max(1, min(WARMUP_PROMPT_TOKENS, self.ctx.n_batch - 1, self.ctx.n_ctx_seq - 1))
         self.batch.clear()
@@ -361,7 +358,6 @@ class Generation:
             self.batch.add(tok, pos, 0, True)
             self.batch.decode(self.ctx)
         self.ctx.clear()
-        self.ctx.synchronize()
 
     def free(self) -> None:
         for _name, part in self.free_parts():
