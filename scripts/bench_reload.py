@@ -9,6 +9,12 @@ slower model takes longer whatever the switch does), failed requests, p50/p99 re
 during the switch vs steady state, and the model load time measured by the engine itself.
 Medians over the switches.
 
+The client repeats one prompt, so in steady state each request finds all but its last prompt token
+in its slot's KV, and the first request of a new generation cannot (a new model has no KV): it
+prefills the whole prompt, which is work the switch did not cause the service to lose.
+``--no-cache-prompt`` sends ``cache_prompt: false``, so steady requests and the first one after a
+switch do the same work and a gap measures only what the switch costs.
+
     .venv/bin/python scripts/bench_reload.py --switches 6 --markdown
 """
 
@@ -42,9 +48,12 @@ def pct(values: list[float], q: float) -> float:
 
 
 class Client(threading.Thread):
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, cache_prompt: bool = True) -> None:
         super().__init__(daemon=True)
         self.url = url
+        self.body: dict[str, Any] = {"prompt": "Say hello", "max_tokens": 4, "temperature": 0}
+        if not cache_prompt:
+            self.body["cache_prompt"] = False
         self.stop = threading.Event()
         self.log: list[tuple[float, float, int]] = []  # (start, end, status)
         self.served: dict[float, dict[str, Any]] = {}  # end → what the engine said of the request
@@ -55,7 +64,7 @@ class Client(threading.Thread):
                 t0 = time.monotonic()
                 info: dict[str, Any] = {}
                 try:
-                    r = c.post("/v1/completions", json={"prompt": "Say hello", "max_tokens": 4, "temperature": 0})
+                    r = c.post("/v1/completions", json=self.body)
                     status = r.status_code
                     if status == 200:
                         body = r.json()
@@ -100,7 +109,8 @@ def around(client: Client, during: list[tuple[float, float, int]], gap_at: float
 
 
 def run_policy(policy: str, switches: int, tmp: Path, models: tuple[str, ...] = MODELS,
-               slow_turn_ms: float = 0.0, config: dict[str, Any] | None = None) -> dict[str, Any]:
+               slow_turn_ms: float = 0.0, config: dict[str, Any] | None = None,
+               cache_prompt: bool = True) -> dict[str, Any]:
     config = config or {}
     reaper = ReaperSettings(**(config.get("reaper") or {}))
     # the paced free (reaper.delay_ms, pause_ms) ends after the switch: its gaps count as the switch's
@@ -110,7 +120,7 @@ def run_policy(policy: str, switches: int, tmp: Path, models: tuple[str, ...] = 
                extra={**config, "logging": {"slow_turn_ms": slow_turn_ms, **config.get("logging", {})}})
     try:
         e.wait_ready(120)
-        client = Client(e.url)
+        client = Client(e.url, cache_prompt)
         client.start()
         while len(client.log) < 2:  # the first request pays for lazy allocations
             time.sleep(0.05)
@@ -171,7 +181,7 @@ def run_policy(policy: str, switches: int, tmp: Path, models: tuple[str, ...] = 
             "steady_gap_ms": steady_gap * 1000,
             "max_gap_ms_median": statistics.median(r["max_gap_s"] for r in results) * 1000,
             "max_gap_ms_worst": max(r["max_gap_s"] for r in results) * 1000,
-            "free_ms": free_ms, "free_parts": free_parts, "engine_config": config,
+            "free_ms": free_ms, "free_parts": free_parts, "engine_config": config, "cache_prompt": cache_prompt,
             "engine_log": slow_turns,
             "switches_detail": [{k: v for k, v in r.items() if k != "latencies"} for r in results],
             "steady_gap_ms_of": {m: round(g * 1000, 2) for m, g in steady_of.items()},
@@ -234,6 +244,8 @@ def main() -> int:
     ap.add_argument("--engine-configs", type=json.loads, default=[{}], metavar="JSON",
                     help="a list of engine YAML variants to run each policy with, e.g. "
                          "'[{}, {\"reaper\": {\"pause_ms\": 100}}]' (default: [{}], the defaults)")
+    ap.add_argument("--no-cache-prompt", action="store_true",
+                    help="the client sends cache_prompt: false, so no request reuses its slot's KV (see above)")
     ap.add_argument("--json", metavar="FILE")
     ap.add_argument("--markdown", action="store_true", help="append the table to docs/benchmarks.md")
     args = ap.parse_args()
@@ -246,7 +258,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for policy in args.policies.split(","):
             for config in args.engine_configs:
-                rows.append(run_policy(policy, args.switches, Path(tmp), models, args.slow_turn_ms, config))
+                rows.append(run_policy(policy, args.switches, Path(tmp), models, args.slow_turn_ms, config,
+                                       cache_prompt=not args.no_cache_prompt))
                 print(json.dumps(rows[-1]), flush=True)
     cmd = "scripts/bench_reload.py " + " ".join(sys.argv[1:])
     text = markdown(rows, ".venv/bin/python " + cmd.strip(), named)
