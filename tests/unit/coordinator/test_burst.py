@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from hydrad.coordinator.burst import MAX_PASSES, MIN_PASSES, BurstGate
+from hydrad.coordinator.burst import GATHER_PASSES, MAX_PASSES, MIN_PASSES, BurstGate
 
 
 class Passes:
@@ -92,6 +92,58 @@ def test_a_request_that_stays_on_its_way_holds_the_others_a_bounded_number_of_pa
     assert MAX_PASSES <= fast_waited <= MAX_PASSES + 1, fast_waited
     assert on_way_meanwhile == 1  # the slow one still counts until it sends or fails
     assert slow_waited <= MIN_PASSES + 1, slow_waited
+
+
+def test_requests_arriving_after_the_burst_do_not_hold_it() -> None:
+    """Under a steady flood every pass of a busy loop brings new requests. A burst (A ready at once, B
+    parsed and routed for 12 passes) waits for B, but not for L, which arrived once A's burst had
+    stopped gathering and stays on its way far longer: A and B leave together as soon as B is ready."""
+
+    async def main() -> tuple[int, int, int]:
+        gate, passes = BurstGate(min_passes=3, max_passes=40), Passes()
+        out: dict[str, int] = {}
+
+        async def request(name: str, start: int, work: int) -> None:
+            await _yield(start)
+            with gate.arrival() as a:
+                await _yield(work)
+                await a.ready()
+                out[name] = passes.n
+
+        t0 = passes.n
+        await asyncio.gather(request("A", 0, 0), request("B", 0, 12), request("L", GATHER_PASSES + 2, 30))
+        return out["A"] - t0, out["B"] - t0, out["L"] - t0
+
+    a, b, late = asyncio.run(main())
+    assert a == b, (a, b)  # one burst
+    assert b <= 12 + 3, b  # released once B was ready, not at the bound (40)
+    assert late > b
+
+
+def test_a_request_arriving_while_the_burst_gathers_joins_it() -> None:
+    """A request counted one pass after the first is ready (read by the same poll, parsed later) is part
+    of the burst: the first waits for it and both leave in the same pass."""
+
+    async def main() -> list[tuple[str, int]]:
+        gate, passes, sent = BurstGate(), Passes(), []
+
+        async def second() -> None:
+            await _yield(1)
+            with gate.arrival() as a:
+                await _yield(MIN_PASSES + 3)
+                await a.ready()
+                sent.append(("second", passes.n))
+
+        task = asyncio.ensure_future(second())
+        with gate.arrival() as a:
+            await a.ready()
+            sent.append(("first", passes.n))
+        await task
+        return sent
+
+    sent = asyncio.run(main())
+    assert [name for name, _ in sent] == ["first", "second"]
+    assert sent[0][1] == sent[1][1], sent
 
 
 def test_a_cancelled_or_failed_request_leaves_the_count_and_frees_the_others() -> None:
