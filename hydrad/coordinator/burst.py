@@ -92,10 +92,6 @@ class Arrival:
         self.gate = gate
         self.number = 0  # 0: not on its way (not entered, or sent)
 
-    @property
-    def on_way(self) -> bool:
-        return self.number != 0
-
     def __enter__(self) -> "Arrival":
         self.number = self.gate._enter()
         return self

@@ -27,7 +27,7 @@ from hydrad.wire import messages as M
 from hydrad.engine.gpu import bound_device
 from hydrad.wire.rpcclient import RpcClient
 from tests.support.coordinator import Coordinator
-from tests.support.engine import GEMMA, REPO, SMOLLM, Engine, metric, models_dir
+from tests.support.engine import GEMMA, REPO, SMOLLM, Engine, metric, models_dir, steps_of_bursts
 from tests.support.wait import eventually
 
 pytestmark = pytest.mark.model
@@ -719,9 +719,6 @@ def test_a_burst_through_the_front_door_reaches_the_engine_in_one_step(tmp_path:
     started a step with the first alone and the rest waited that whole step (hydrad/coordinator/burst.py).
     Each request is written to its own connection but its last byte, then the four last bytes back to
     back, as a burst arrives; the engine's ``llama_decode`` count says how many steps they took."""
-    import socket
-    from urllib.parse import urlsplit
-
     c = Coordinator(tmp_path, heartbeat_interval_s=INTERVAL)
     try:
         c.wait_ready()
@@ -730,32 +727,9 @@ def test_a_burst_through_the_front_door_reaches_the_engine_in_one_step(tmp_path:
                          extra={"bus": c.engine_bus(heartbeat_interval_s=INTERVAL)})
         e.wait_ready()
         c.wait_serving({"dev-a": "smollm2-135m"})
-        host, port = urlsplit(c.url).hostname, urlsplit(c.url).port
-
-        def raw(i: int) -> bytes:
-            body = json.dumps({"prompt": f"Burst {i}: the river carries light stone", "max_tokens": 1,
-                               "temperature": 0, "cache_prompt": False})
-            return (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                    f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n{body}").encode()
-
-        steps = []
-        for _ in range(5):
-            conns = [socket.create_connection((host, port), timeout=60) for _ in range(4)]
-            before = metric(e, "llamacpp:n_decode_total")
-            bodies = [raw(i) for i in range(len(conns))]
-            for s, b in zip(conns, bodies):  # all but the last byte: no request is complete yet
-                s.sendall(b[:-1])
-            time.sleep(0.05)
-            for s, b in zip(conns, bodies):  # then the last bytes back to back: the four complete together
-                s.sendall(b[-1:])
-            for s in conns:
-                answer = b""
-                while chunk := s.recv(65536):
-                    answer += chunk
-                s.close()
-                assert answer.startswith(b"HTTP/1.1 200"), answer[:300]
-            steps.append(metric(e, "llamacpp:n_decode_total") - before)
-        print('STEPS', steps)
+        bodies = [json.dumps({"prompt": f"Burst {i}: the river carries light stone", "max_tokens": 1,
+                              "temperature": 0, "cache_prompt": False}).encode() for i in range(4)]
+        steps = steps_of_bursts(e, c.url, "/v1/completions", bodies)
         assert min(steps) == 1, steps
     finally:
         c.stop()

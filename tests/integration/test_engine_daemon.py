@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from tests.support.engine import Engine, metric
+from tests.support.engine import Engine, metric, steps_of_bursts
 from tests.support.wait import eventually
 
 CHAT = [{"role": "user", "content": "Write a long story about a cat who learns to sail."}]
@@ -190,36 +190,12 @@ def test_a_burst_arriving_at_an_idle_engine_starts_in_one_step(smollm_path: Path
     so four short prompts arriving together are prefilled in one llama_decode, not the first alone and
     the others a step later. (Each request is written to its own connection but its last byte, then the
 four last bytes back to back, as a burst arrives.)"""
-    import socket
-    from urllib.parse import urlsplit
-
     e = start_engine(name="burst", defaults={"model": "smollm2-135m", "temperature": 0, "n_parallel": 4,
                                              "n_threads": 1, "prefill_split": "batch"})
     e.wait_ready()
-    host, port = urlsplit(e.url).hostname, urlsplit(e.url).port
-
-    def raw(i: int) -> bytes:
-        body = json.dumps({"prompt": [1 + 7 * i + k for k in range(8)], "n_predict": 1, "cache_prompt": False})
-        return (f"POST /completion HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n{body}").encode()
-
-    steps = []
-    for _ in range(5):
-        conns = [socket.create_connection((host, port), timeout=60) for _ in range(4)]
-        before = metric(e, "llamacpp:n_decode_total")
-        bodies = [raw(i) for i in range(len(conns))]
-        for c, b in zip(conns, bodies):  # all but the last byte: no request is complete yet
-            c.sendall(b[:-1])
-        time.sleep(0.05)
-        for c, b in zip(conns, bodies):  # then the last bytes back to back: the four complete together
-            c.sendall(b[-1:])
-        for c in conns:
-            answer = b""
-            while chunk := c.recv(65536):
-                answer += chunk
-            c.close()
-            assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
-        steps.append(metric(e, "llamacpp:n_decode_total") - before)
+    bodies = [json.dumps({"prompt": [1 + 7 * i + k for k in range(8)], "n_predict": 1, "cache_prompt": False}).encode()
+              for i in range(4)]
+    steps = steps_of_bursts(e, e.url, "/completion", bodies)
     assert min(steps) == 1, steps
 
 

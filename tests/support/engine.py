@@ -125,6 +125,34 @@ def metric(e: "Engine", name: str) -> float:
     raise AssertionError(f"{name} not in /metrics")
 
 
+def steps_of_bursts(e: "Engine", url: str, path: str, bodies: Sequence[bytes], tries: int = 5) -> list[float]:
+    """How many ``llama_decode`` calls engine ``e`` made for each of ``tries`` bursts of POSTs to ``url``:
+    each body goes on its own connection but its last byte, then the last bytes back to back, so the
+    requests complete together, as a burst arrives. Every answer must be a 200."""
+    from urllib.parse import urlsplit
+
+    host, port = urlsplit(url).hostname, urlsplit(url).port
+    raw = [(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(b)}\r\nConnection: close\r\n\r\n").encode() + b for b in bodies]
+    steps = []
+    for _ in range(tries):
+        conns = [socket.create_connection((host, port), timeout=60) for _ in raw]
+        before = metric(e, "llamacpp:n_decode_total")
+        for c, r in zip(conns, raw):  # all but the last byte: no request is complete yet
+            c.sendall(r[:-1])
+        time.sleep(0.05)
+        for c, r in zip(conns, raw):  # then the last bytes back to back: they complete together
+            c.sendall(r[-1:])
+        for c in conns:
+            answer = b""
+            while chunk := c.recv(65536):
+                answer += chunk
+            c.close()
+            assert answer.startswith(b"HTTP/1.1 200"), answer[:300]
+        steps.append(metric(e, "llamacpp:n_decode_total") - before)
+    return steps
+
+
 def terminate(proc: subprocess.Popen[bytes], timeout: float) -> None:
     """SIGTERM, as systemd stops a service; SIGKILL if it is still there after ``timeout``."""
     if proc.poll() is None:

@@ -23,6 +23,14 @@ class Passes:
         self._loop.call_soon(self._tick)
 
 
+async def passes_to_send(gate: BurstGate, passes: Passes) -> int:
+    """A request that arrives now and is ready at once: the passes it waits before it may send."""
+    with gate.arrival() as a:
+        t0 = passes.n
+        await a.ready()
+        return passes.n - t0
+
+
 async def _yield(passes: int) -> None:
     for _ in range(passes):
         await asyncio.sleep(0)
@@ -31,10 +39,7 @@ async def _yield(passes: int) -> None:
 def test_a_lone_request_waits_the_minimum_passes_only() -> None:
     async def main() -> tuple[int, int]:
         gate, passes = BurstGate(), Passes()
-        with gate.arrival() as a:
-            t0 = passes.n
-            await a.ready()
-            waited = passes.n - t0
+        waited = await passes_to_send(gate, passes)
         return waited, gate.on_way
 
     waited, on_way = asyncio.run(main())
@@ -80,10 +85,7 @@ def test_a_request_that_stays_on_its_way_holds_the_others_a_bounded_number_of_pa
 
         slow_task = asyncio.ensure_future(slow())
         await asyncio.sleep(0)
-        with gate.arrival() as a:
-            t0 = passes.n
-            await a.ready()
-            fast_waited = passes.n - t0
+        fast_waited = await passes_to_send(gate, passes)
         on_way_meanwhile = gate.on_way
         slow_may_go.set()
         return fast_waited, await slow_task, on_way_meanwhile
@@ -167,10 +169,7 @@ def test_a_cancelled_or_failed_request_leaves_the_count_and_frees_the_others() -
         gone.cancel()
         with pytest.raises(asyncio.CancelledError):
             await gone
-        with gate.arrival() as a:
-            t0 = passes.n
-            await a.ready()
-            waited = passes.n - t0
+        waited = await passes_to_send(gate, passes)
         return waited, gate.on_way
 
     waited, on_way = asyncio.run(main())
