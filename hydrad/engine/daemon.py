@@ -12,7 +12,6 @@ import contextlib
 import logging
 import os
 import signal
-import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -137,14 +136,11 @@ class Daemon:
         s = self.settings
         endpoint = None
         if s.rpc.ggml_rpc:
-            with socket.socket() as probe:  # an internal loopback port for llama.cpp's RPC server
-                probe.bind(("127.0.0.1", 0))
-                internal = probe.getsockname()[1]
             cache = s.rpc.cache_dir or Path(os.environ.get("CACHE_DIRECTORY") or Path.home() / ".cache" / "hydra") / f"rpc-{s.name}"
-            self.ggml_server = ggml.RpcServerThread("127.0.0.1", internal, cache,
-                                                    s.rpc.ggml_threads or os.cpu_count() or 1)
+            # on an internal loopback port, reserved before anything else of this engine binds one
+            self.ggml_server = ggml.RpcServerThread("127.0.0.1", 0, cache, s.rpc.ggml_threads or os.cpu_count() or 1)
             self.ggml_server.start()
-            endpoint = ("127.0.0.1", internal)
+            endpoint = ("127.0.0.1", self.ggml_server.port)
         gs = self.ggml_server
         self.merged = MergedPort(s, self.control, loop, endpoint,
                                  devices=lambda: [d.public() for d in gs.devices] if gs else [])  # type: ignore[union-attr]

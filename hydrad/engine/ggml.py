@@ -108,10 +108,35 @@ def serving_devices() -> list[Device]:
     return gpus or [d for d in local if d.kind == "cpu"]
 
 
+def reserve_port(host: str = "127.0.0.1") -> socket.socket:
+    """A socket bound to a free port of ``host`` and never listened on, which holds the port for a server
+    that binds it later with ``SO_REUSEADDR`` (llama.cpp's RPC server does).
+
+    Picking a port by binding port 0 and closing the probe left the port free until the server's thread
+    bound it, and another ``bind(("", 0))`` of this process (the merged port, the HTTP listener) could be
+    handed that very port meanwhile: the relay then took its own listener for llama.cpp's and sealed it
+    (connections refused). While a bound socket holds the port, the kernel hands it to no ``bind(0)``,
+    and a server that sets ``SO_REUSEADDR`` can still bind and listen on it beside this one."""
+    s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((host, 0))
+    except OSError:
+        s.close()
+        raise
+    return s
+
+
 class RpcServerThread:
-    """llama.cpp's ggml RPC server, running in-process on its own thread (the call never returns)."""
+    """llama.cpp's ggml RPC server, running in-process on its own thread (the call never returns).
+
+    ``port`` 0 picks a free port and holds it (:func:`reserve_port`) for the life of the server."""
 
     def __init__(self, host: str, port: int, cache_dir: Path | None, n_threads: int) -> None:
+        self._reservation = reserve_port(host) if port == 0 else None
+        if self._reservation is not None:
+            port = self._reservation.getsockname()[1]
+        self.port = port
         self.endpoint = f"{host}:{port}"
         self.cache_dir = cache_dir
         self.n_threads = n_threads
@@ -247,7 +272,7 @@ def seal_server(endpoint: tuple[str, int], keep: tuple[str, int]) -> int:
                     if tuple(s.getpeername()[:2]) == tuple(keep):
                         continue
                 except OSError:
-                    pass
+                    continue  # bound but neither listening nor connected: the port's reservation
                 cut += 1
             try:
                 s.shutdown(socket.SHUT_RDWR)

@@ -83,11 +83,8 @@ class DirectLine:
         if platform.machine().lower() not in RECVFROM:
             self._fail(f"the direct line cannot tell when the server waits on {platform.machine()}")
             return
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
-        self._endpoint = ("127.0.0.1", port)
-        self._server = ggml.RpcServerThread("127.0.0.1", port, self.cache_dir, self.n_threads)
+        self._server = ggml.RpcServerThread("127.0.0.1", 0, self.cache_dir, self.n_threads)
+        self._endpoint = ("127.0.0.1", self._server.port)
         self._server.start()
         deadline = time.monotonic() + 10.0
         up = None
@@ -118,7 +115,7 @@ class DirectLine:
                        "the direct line stays off")
             return
         threading.Thread(target=self._watch, name="hydrad-ggml-direct", daemon=True).start()
-        log_event(log, logging.INFO, "ggml-RPC direct line ready", endpoint=f"127.0.0.1:{port}")
+        log_event(log, logging.INFO, "ggml-RPC direct line ready", endpoint=self._server.endpoint)
         self.ready.set()
 
     def _connect(self) -> socket.socket:
