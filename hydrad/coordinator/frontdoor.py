@@ -43,8 +43,7 @@ from hydrad.wire import messages as M
 from hydrad.coordinator.affinity import Affinity, prefix_of
 from hydrad.coordinator.burst import Arrival, BurstGate
 from hydrad.coordinator.bus import CoordinatorBus
-from hydrad.coordinator.records import (EngineLost, EngineRecord, EngineUnreachable, RequestStream, RequestUnsendable,
-                                        pairs)
+from hydrad.coordinator.records import EngineLost, EngineRecord, EngineUnreachable, RequestUnsendable, pairs
 from hydrad.coordinator.metrics import CONTENT_TYPE, CoordinatorMetrics
 from hydrad.coordinator.native import EMBEDDING_PATHS, PATHS as NATIVE_PATHS, NativeDoor
 from hydrad.common.eventstream import EventStream
@@ -74,7 +73,6 @@ log = logging.getLogger("hydra.coordinator")
 RETRY_CODES = frozenset({"no_model", "reloading", "queue_full", "shutting_down", "context_full",
                          "model_not_loaded", "busy"})
 MAX_SESSION_ID = 256
-ANNOUNCE_WITHIN_S = 0.05  # a decision whose request has no first event yet is logged and published by then
 # A session id travels back in the X-Session-Id header and into logs and events: printable ASCII
 # only (no control characters, nothing a header cannot carry), no leading or trailing space.
 _SESSION_RE = re.compile(r"[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?")  # fullmatch: "$" would let a trailing newline through
@@ -243,31 +241,10 @@ class FrontDoor:
         return route(rr, self.views(rr.session_id, rr.prefix_hash, rr.model), self.specs, exclude=frozenset(exclude),
                      policy=self.policy)
 
-    def _announce_soon(self, rr: RouteRequest, decision: Decision, rid: str, attempt: int,
-                       within_s: float = 0.0) -> Callable[[], None]:
-        """Log and publish a decision off the request's path: a pass of the loop later, or after
-        ``within_s`` unless the returned callable (call it when the request's first event is in) brings
-        it forward to the next pass. Once only, whichever comes first.
-
-        The announcement costs about a quarter of the coordinator's per-request time. Made right after
-        GENERATE's send, as it was, it delayed GENERATE's arrival at the engine (its log write and event
-        send compete with ZeroMQ's I/O thread): 424 against 180 µs from send to the engine's receive
-        on 2 cores. At the first event, the answer's first bytes are written in the pass that event
-        wakes, before this one; the bound keeps a long prefill's decision visible to consoles."""
-        loop = asyncio.get_running_loop()
-        done = False
-
-        def fire() -> None:
-            nonlocal done
-            if not done:
-                done = True
-                self._announce(rr, decision, rid, attempt)
-
-        if within_s > 0:
-            loop.call_later(within_s, fire)
-        else:
-            loop.call_soon(fire)
-        return lambda: loop.call_soon(fire)
+    def _announce_soon(self, rr: RouteRequest, decision: Decision, rid: str, attempt: int) -> None:
+        """Log and publish a decision a pass of the loop later: called once GENERATE is on its way,
+        since the announcement costs about a quarter of the coordinator's per-request time."""
+        asyncio.get_running_loop().call_soon(self._announce, rr, decision, rid, attempt)
 
     def _announce(self, rr: RouteRequest, decision: Decision, rid: str, attempt: int) -> None:
         self.metrics.decisions.labels(decision.step).inc()
@@ -391,7 +368,6 @@ class FrontDoor:
                 why = decision.reason if not failures else f"{'; '.join(failures)}; no other engine: {decision.reason}"
                 raise ApiError(503, why, "no_engine", headers={"Retry-After": "1"})
             engine, served = decision.engine, decision.model
-            stream: RequestStream | None = None
             try:
                 msg = _generate_message(self.bus.new_id("gen"), greq, served)
                 await self._ensure(engine, served)
@@ -415,15 +391,13 @@ class FrontDoor:
                 failures.append(str(exc))
                 exclude.add(engine)
                 continue
-            finally:  # GENERATE is on its way (announced at its first event) or failed to go (now)
-                announce = self._announce_soon(rr, decision, rid, attempt, ANNOUNCE_WITHIN_S if stream else 0.0)
+            finally:  # after GENERATE is on its way (or failed to go)
+                self._announce_soon(rr, decision, rid, attempt)
             try:
                 first = await stream.next(self.settings.first_token_timeout_s)
             except BaseException:
                 self.bus.cancel(stream)
                 raise
-            finally:
-                announce()
             retry = self._retry_reason(engine, first, self.settings.first_token_timeout_s)
             if retry is not None:
                 self.bus.cancel(stream)
