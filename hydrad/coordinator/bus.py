@@ -42,6 +42,7 @@ import zmq.asyncio
 from hydrad.common import tokenfile
 from hydrad.wire import messages as M
 from hydrad.common.logs import LogThrottle, log_event
+from hydrad.coordinator.reqstream import RequestStreamDoor
 from hydrad.coordinator.records import (  # noqa: F401 (re-exported: the bus's public types)
     EngineLost, EngineRecord, EngineUnreachable, RequestStream, RequestUnsendable, engine_of,
 )
@@ -51,6 +52,7 @@ log = logging.getLogger("hydra.coordinator.bus")
 HWM = 10_000
 READ_BATCH = 64  # bus messages handled before the reader lets the event loop run other tasks
 REGISTER_GAP_S = 0.05
+STREAM_KINDS = frozenset({M.Generate.KIND, M.Cancel.KIND})  # what goes on an engine's request stream when it has one
 
 
 @dataclass
@@ -86,6 +88,7 @@ class CoordinatorBus:
         self.bus_endpoint = ""
         self.events_endpoint = ""
         self.token: str | None = None  # the pool's bus token; None = an open bus (loopback only)
+        self.request_stream: RequestStreamDoor | None = None  # the request path beside the bus, when configured
 
     def load_token(self) -> None:
         """Read the bus token (``HYDRA_BUS_TOKEN_FILE`` wins over ``bus_token_file``); raises TokenError."""
@@ -121,12 +124,24 @@ class CoordinatorBus:
             router.close(linger=0)
             pub.close(linger=0)
             raise
+        door = None
+        if s.bus.request_stream:
+            door = RequestStreamDoor(self, s.bus.request_stream)
+            try:
+                door.bind()
+            except OSError as exc:
+                router.close(linger=0)
+                pub.close(linger=0)
+                raise zmq.ZMQError(exc.errno or zmq.EADDRINUSE, f"request_stream {s.bus.request_stream}: {exc}") from None
         self._router, self._pub = router, pub
+        self.request_stream = door
         self._pub_plain = zmq.Socket.shadow(pub.underlying)
         self.bus_endpoint = router.getsockopt(zmq.LAST_ENDPOINT).decode()
         self.events_endpoint = pub.getsockopt(zmq.LAST_ENDPOINT).decode()
         self._tasks = [asyncio.create_task(self._read(), name="bus-reader"),
                        asyncio.create_task(self._liveness(), name="bus-liveness")]
+        if door is not None:
+            self._tasks.append(asyncio.create_task(door.serve(), name="bus-request-stream"))
 
     @property
     def healthy(self) -> bool:
@@ -139,6 +154,8 @@ class CoordinatorBus:
         for t in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
+        if self.request_stream is not None:
+            self.request_stream.close()
         for stream in list(self._streams.values()):
             stream.push(EngineLost("coordinator stopping"))
         self._streams.clear()
@@ -164,6 +181,8 @@ class CoordinatorBus:
 
     def _send_to(self, ident: bytes, engine: str, frames: list[bytes]) -> None:
         assert self._router is not None
+        if self.request_stream is not None and frames[1] in STREAM_KINDS and self.request_stream.send(ident, engine, frames):
+            return
         try:
             self._router.send_multipart([ident, *frames], flags=zmq.NOBLOCK).result()
         except zmq.Again:
@@ -397,7 +416,8 @@ class CoordinatorBus:
         rec.info, rec.alive, rec.down_reason, rec.ident = msg, True, None, ident
         rec.last_seen = time.monotonic()
         with contextlib.suppress(EngineUnreachable, M.BusEncodeError):
-            self.send(name, M.Welcome(coordinator=self.settings.name, version=self.version))
+            self.send(name, M.Welcome(coordinator=self.settings.name, version=self.version,
+                                      stream=self.settings.bus.request_stream))
         if repeat:
             self._status(rec, msg.status)
             return
@@ -467,15 +487,20 @@ class CoordinatorBus:
         self._notify("down", rec)
 
     def _fail_engine(self, name: str, reason: str) -> None:
-        for req, stream in list(self._streams.items()):
-            if stream.engine == name:
-                self._streams.pop(req, None)
-                stream.push(EngineLost(reason))
+        self.fail_requests(name, reason)
         for pending in self._configures.values():
             if pending.engine == name:
                 for fut in (pending.reply, pending.loaded):
                     if not fut.done():
                         fut.set_exception(EngineUnreachable(reason))
+
+    def fail_requests(self, name: str, reason: str) -> None:
+        """End every request in flight on engine ``name`` with EngineLost (retried elsewhere if it has
+        not streamed yet)."""
+        for req, stream in list(self._streams.items()):
+            if stream.engine == name:
+                self._streams.pop(req, None)
+                stream.push(EngineLost(reason))
 
     def _notify(self, kind: str, rec: EngineRecord) -> None:
         for listener in list(self.listeners):

@@ -581,6 +581,8 @@ class FrontDoor:
                             "serving": sum(len(v) for v in served.values())},
                 "models": sorted(served), "profile": self.switcher.active, "switching": self.switcher.switching,
                 "inflight": self.bus.inflight_total()}
+        if self.bus.request_stream is not None:
+            body["request_stream"] = self.bus.request_stream.public()
         return JSONResponse(body, status_code=200 if body["status"] == "ok" else 503)
 
     async def prom(self, _: Request) -> Response:

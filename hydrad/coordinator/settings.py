@@ -32,11 +32,18 @@ class BusSettings(BaseModel):
     endpoint: str = Field("tcp://127.0.0.1:9500", description="ROUTER endpoint the engines' DEALERs connect to.")
     curve_public_key: str | None = Field(None, min_length=40, max_length=40, description="Coordinator CURVE public key (Z85); engines name it as curve_server_key.")
     curve_secret_key: str | None = Field(None, min_length=40, max_length=40, description="Coordinator CURVE secret key (Z85); with it the bus and events are encrypted.")
+    request_stream: str | None = Field(None, max_length=300, description="host:port of a plain TCP listener that admitted engines connect to for the request path alone (GENERATE and CANCEL out, tokens back): one thread wake per hop instead of ZeroMQ's three (docs/coordinator.md). Off when unset; not with CURVE, since it is not encrypted. Engines of an earlier release cannot join a bus that sets it.")
 
     @model_validator(mode="after")
     def _pair(self) -> "BusSettings":
         if (self.curve_public_key is None) != (self.curve_secret_key is None):
             raise ValueError("curve_public_key and curve_secret_key come together")
+        if self.request_stream is not None:
+            from hydrad.wire.streamframes import parse_endpoint
+
+            parse_endpoint(self.request_stream)
+            if self.curve_secret_key is not None:
+                raise ValueError("request_stream is not encrypted: it cannot be used with CURVE keys")
         return self
 
 

@@ -278,6 +278,8 @@ class Welcome(_Msg):
     KIND = b"WELCOME"
     coordinator: str = Field(max_length=64)
     version: str = Field(max_length=64)
+    stream: str | None = Field(None, max_length=300, description="the coordinator's request stream (host:port), "
+                               "when it has one (hydrad/coordinator/reqstream.py); sent only then")
 
 
 class Refused(_Msg):

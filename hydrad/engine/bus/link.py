@@ -50,6 +50,7 @@ from hydrad import __version__
 from hydrad.common import tokenfile
 from hydrad.wire import messages as M
 from hydrad.engine.gpu import bound_device, local_gpu
+from hydrad.engine.bus.stream import EngineStream
 from hydrad.engine.control import EngineControl
 from hydrad.engine.refusals import refusal
 from hydrad.engine.core import PromptTooLong
@@ -128,6 +129,8 @@ class EngineLink:
         self._token: str | None = None
         self._refused: str | None = None  # why the coordinator refused the last REGISTER, until admitted
         self._outbox: list[tuple[str, list[bytes]]] = []  # (request id, encoded frames) until _flush
+        self._identity = b""  # this bus connection's DEALER identity
+        self._stream: EngineStream | None = None  # the coordinator's request stream, while it has one
 
     # ----- lifecycle -------------------------------------------------------------------
 
@@ -145,6 +148,7 @@ class EngineLink:
             self._main.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._main
+        self._close_stream()
         self._cancel_all()
         for t in list(self._side):
             t.cancel()
@@ -164,6 +168,7 @@ class EngineLink:
                 reader.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await reader
+                self._close_stream()
                 self._cancel_all()
                 self._welcomed = False
                 self._sock = None
@@ -212,7 +217,8 @@ class EngineLink:
         self._read_token()
         sock = self._ctx.socket(zmq.DEALER)
         # A fresh identity per connection: the coordinator sends only to the one it admitted.
-        sock.setsockopt(zmq.IDENTITY, f"{self.settings.name}~{secrets.token_hex(16)}".encode())
+        self._identity = f"{self.settings.name}~{secrets.token_hex(16)}".encode()
+        sock.setsockopt(zmq.IDENTITY, self._identity)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.IMMEDIATE, 1)  # no queueing towards a connection that is not up: fail, don't flood later
         sock.setsockopt(zmq.SNDHWM, SNDHWM)
@@ -302,6 +308,8 @@ class EngineLink:
         sock = self._sock
         if sock is None:
             return False
+        if self._stream is not None and self._stream.send(frames):
+            return True
         try:
             sock.send_multipart(frames, flags=zmq.NOBLOCK).result()
             return True
@@ -422,6 +430,10 @@ class EngineLink:
                           endpoint=self.endpoint)
             self._welcomed = True
             self._refused = None
+            if msg.stream and self._stream is None and not self._closing:
+                self._stream = EngineStream(msg.stream, self._identity, self._token, self.interval, self._dispatch,
+                                            self._cancel_all, self._warn)
+                self._stream.start()
         elif isinstance(msg, M.Refused):
             # Drop this connection and retry at the backoff: hammering a coordinator that will say
             # no again helps nobody, but a fixed token file must heal the pool without a restart.
@@ -451,6 +463,11 @@ class EngineLink:
         else:
             self._warn(f"unexpected-{msg.KIND!r}", "unexpected bus message for an engine dropped",
                        kind=msg.KIND.decode())
+
+    def _close_stream(self) -> None:
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
 
     def _cancel_all(self) -> None:
         for task in self._inflight.values():

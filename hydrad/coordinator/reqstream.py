@@ -1,0 +1,175 @@
+"""The coordinator's end of the request streams (``bus.request_stream``): a plain TCP listener that
+admitted engines connect to, carrying a request's path alone (GENERATE and CANCEL out, TOKENS, DONE
+and ERROR back) with one thread wake per hop instead of ZeroMQ's three (hydrad/wire/streamframes.py).
+Registration, heartbeats, configuration and events stay on the bus; so does every request of an
+engine whose stream is not up.
+
+- An engine learns the endpoint from WELCOME and opens its stream with HELLO: ``[b"HELLO", identity,
+  token]``, its bus identity (``<name>~<nonce>``, new for each bus connection) and the bus token (empty
+  without one). Only the identity the bus admitted last, of a live engine, and the pool's token are
+  accepted, within ``HELLO_TIMEOUT_S``, and answered ``[b"READY"]``; anything else is closed at once.
+  So the stream is as guarded as the bus, and one engine has one stream (a newer one replaces it).
+- Every message after HELLO goes to the bus's own handler with that identity, so it is decoded,
+  checked and dropped exactly as a bus message would be; a malformed or oversized frame closes the
+  stream (its length is refused unread).
+- A stream that ends fails the requests in flight on its engine (``EngineLost``): a request sent on it
+  may not have arrived, and one that has not streamed yet is retried elsewhere, as when an engine goes.
+  The engine cancels them on its side, reconnects, and meanwhile its requests go over the bus.
+- A send that would queue more than ``WRITE_LIMIT`` bytes for a stream that is not read fails like a
+  full bus queue (``EngineUnreachable``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from typing import Any
+
+from hydrad.common import tokenfile
+from hydrad.common.logs import log_event
+from hydrad.coordinator.records import EngineUnreachable, engine_of
+from hydrad.wire import messages as M
+from hydrad.wire import streamframes as SF
+
+log = logging.getLogger("hydra.coordinator.reqstream")
+
+HELLO = b"HELLO"
+READY = b"READY"  # the answer to an accepted HELLO: only then does the engine use the stream
+HELLO_TIMEOUT_S = 5.0
+HELLO_LIMIT = 4096  # an identity and a token: anything longer is not an engine's HELLO
+WRITE_LIMIT = 64 << 20
+STREAM_KINDS = frozenset({M.Tokens.KIND, M.Done.KIND, M.Error.KIND})  # what an engine sends on it (a batch's first kind)
+
+
+class RequestStreamDoor:
+    def __init__(self, bus: Any, endpoint: str) -> None:
+        """``bus``: the CoordinatorBus that owns this door (its engines, token, ``_handle``, ``_warn`` and
+        ``fail_requests``); not imported here, since the bus imports this module."""
+        self.bus = bus
+        self.endpoint = endpoint
+        self._links: dict[bytes, asyncio.StreamWriter] = {}  # admitted identity → its stream
+        self._sock: socket.socket | None = None
+        self._server: asyncio.Server | None = None
+        self.stats = {"opened": 0, "refused": 0, "lost": 0, "sent": 0, "received": 0}
+
+    def bind(self) -> None:
+        """Bind now (an OSError names a taken port before the coordinator says it is ready)."""
+        host, port = SF.parse_endpoint(self.endpoint)
+        s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind((host, port))
+            s.listen(128)
+        except OSError:
+            s.close()
+            raise
+        s.setblocking(False)
+        self._sock = s
+
+    async def serve(self) -> None:
+        assert self._sock is not None
+        self._server = await asyncio.start_server(self._serve, sock=self._sock, limit=1 << 16)
+        await self._server.serve_forever()
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for w in list(self._links.values()):
+            w.close()
+        self._links.clear()
+
+    def public(self) -> dict[str, object]:
+        """For /health: the endpoint, the engines whose stream is up, and the counts of streams opened,
+        refused and lost and of messages sent and received on them."""
+        up = sorted(engine_of(i) or "?" for i, w in self._links.items() if not w.is_closing())
+        return {"endpoint": self.endpoint, "engines": up, **self.stats}
+
+    def send(self, ident: bytes, engine: str, frames: list[bytes]) -> bool:
+        """Write a message on ``ident``'s stream; False when it has none (the caller uses the bus)."""
+        w = self._links.get(ident)
+        if w is None or w.is_closing():
+            return False
+        if w.transport.get_write_buffer_size() > WRITE_LIMIT:
+            raise EngineUnreachable(f"engine {engine}: request stream not read")
+        w.write(SF.pack(frames))
+        self.stats["sent"] += 1
+        return True
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = writer.get_extra_info("peername")
+        with contextlib.suppress(OSError):
+            writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        ident = None
+        try:
+            try:
+                hello = await asyncio.wait_for(SF.read(reader, HELLO_LIMIT), HELLO_TIMEOUT_S)
+            except (asyncio.TimeoutError, asyncio.IncompleteReadError, SF.FrameError, OSError) as exc:
+                self._refuse(peer, f"no valid HELLO ({type(exc).__name__})")
+                return
+            why = self._check_hello(hello)
+            if why is not None:
+                self._refuse(peer, why)
+                return
+            ident = hello[1]
+            old = self._links.pop(ident, None)
+            if old is not None:
+                old.close()
+            self._links[ident] = writer
+            writer.write(SF.pack([READY]))
+            self.stats["opened"] += 1
+            name = engine_of(ident)
+            log_event(log, logging.INFO, "request stream open", engine=name, peer=str(peer))
+            while True:
+                try:
+                    frames = await SF.read(reader)
+                except asyncio.IncompleteReadError:
+                    return
+                except SF.FrameError as exc:
+                    self.bus._warn(f"stream:{name}", "malformed request stream message; stream closed",
+                                   engine=name, error=str(exc))
+                    return
+                if len(frames) < 2 or frames[1] not in STREAM_KINDS:
+                    self.bus._warn(f"stream-kind:{name}", "a message the request stream does not carry; stream closed",
+                                   engine=name, kind=repr(frames[1][:16]) if len(frames) > 1 else "?")
+                    return
+                self.stats["received"] += 1
+                self.bus._handle([ident, *frames])
+                rec = self.bus.engines.get(name or "")
+                if rec is None or not rec.alive or rec.ident != ident:
+                    return  # the engine re-registered or went: this stream is not its own any more
+        except OSError:
+            return
+        finally:
+            if ident is not None and self._links.get(ident) is writer:
+                del self._links[ident]
+                self._lost(ident)
+            writer.close()
+
+    def _check_hello(self, hello: list[bytes]) -> str | None:
+        if len(hello) != 3 or hello[0] != HELLO:
+            return "the first message is not HELLO"
+        ident, token = hello[1], hello[2]
+        name = engine_of(ident)
+        rec = self.bus.engines.get(name or "")
+        if rec is None or not rec.alive or rec.ident != ident:
+            return "not the identity of an admitted engine"
+        if self.bus.token is not None and not tokenfile.same(token.decode("utf-8", "replace"), self.bus.token):
+            return "wrong bus token"
+        return None
+
+    def _refuse(self, peer: object, why: str) -> None:
+        self.stats["refused"] += 1
+        self.bus._warn(f"stream-refused:{peer}", "request stream refused", peer=str(peer), why=why)
+
+    def _lost(self, ident: bytes) -> None:
+        """The stream ended: what was sent on it may not have arrived; fail its engine's requests."""
+        name = engine_of(ident) or "?"
+        rec = self.bus.engines.get(name)
+        if rec is None or rec.ident != ident or not rec.alive:
+            return  # the engine is gone or re-registered: the bus failed its requests already
+        self.stats["lost"] += 1
+        log_event(log, logging.WARNING, "request stream lost; its engine's requests in flight fail", engine=name)
+        self.bus.fail_requests(name, f"engine {name}: request stream lost")
+
