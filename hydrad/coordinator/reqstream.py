@@ -7,7 +7,8 @@ engine whose stream is not up.
 - An engine learns the endpoint from WELCOME and opens its stream with HELLO: ``[b"HELLO", identity,
   token]``, its bus identity (``<name>~<nonce>``, new for each bus connection) and the bus token (empty
   without one). Only the identity the bus admitted last, of a live engine, and the pool's token are
-  accepted, within ``HELLO_TIMEOUT_S``, and answered ``[b"READY"]``; anything else is closed at once.
+  accepted, within ``HELLO_TIMEOUT_S``, and answered ``[b"READY"]``; anything else is closed at once,
+  and so is a connection beyond ``MAX_PENDING`` still owing its HELLO (idle sockets cannot pile up).
   So the stream is as guarded as the bus, and one engine has one stream (a newer one replaces it).
 - Every message after HELLO goes to the bus's own handler with that identity, so it is decoded,
   checked and dropped exactly as a bus message would be; a malformed or oversized frame closes the
@@ -39,6 +40,7 @@ HELLO = b"HELLO"
 READY = b"READY"  # the answer to an accepted HELLO: only then does the engine use the stream
 HELLO_TIMEOUT_S = 5.0
 HELLO_LIMIT = 4096  # an identity and a token: anything longer is not an engine's HELLO
+MAX_PENDING = 64  # connections still owing their HELLO; beyond, a new one is closed at once
 WRITE_LIMIT = 64 << 20
 STREAM_KINDS = frozenset({M.Tokens.KIND, M.Done.KIND, M.Error.KIND})  # what an engine sends on it (a batch's first kind)
 
@@ -52,6 +54,7 @@ class RequestStreamDoor:
         self._links: dict[bytes, asyncio.StreamWriter] = {}  # admitted identity → its stream
         self._sock: socket.socket | None = None
         self._server: asyncio.Server | None = None
+        self._pending = 0
         self.stats = {"opened": 0, "refused": 0, "lost": 0, "sent": 0, "received": 0}
 
     def bind(self) -> None:
@@ -103,11 +106,17 @@ class RequestStreamDoor:
             writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         ident = None
         try:
+            if self._pending >= MAX_PENDING:
+                self._refuse(peer, f"more than {MAX_PENDING} connections without HELLO")
+                return
+            self._pending += 1
             try:
                 hello = await asyncio.wait_for(SF.read(reader, HELLO_LIMIT), HELLO_TIMEOUT_S)
             except (asyncio.TimeoutError, asyncio.IncompleteReadError, SF.FrameError, OSError) as exc:
                 self._refuse(peer, f"no valid HELLO ({type(exc).__name__})")
                 return
+            finally:
+                self._pending -= 1
             why = self._check_hello(hello)
             if why is not None:
                 self._refuse(peer, why)
@@ -161,7 +170,8 @@ class RequestStreamDoor:
 
     def _refuse(self, peer: object, why: str) -> None:
         self.stats["refused"] += 1
-        self.bus._warn(f"stream-refused:{peer}", "request stream refused", peer=str(peer), why=why)
+        host = peer[0] if isinstance(peer, tuple) and peer else peer
+        self.bus._warn(f"stream-refused:{host}", "request stream refused", peer=str(peer), why=why)  # once per 10 s a host
 
     def _lost(self, ident: bytes) -> None:
         """The stream ended: what was sent on it may not have arrived; fail its engine's requests."""

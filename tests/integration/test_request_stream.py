@@ -19,6 +19,7 @@ from tests.conftest import SOLO_PROFILES
 from tests.support.coordinator import Coordinator
 from tests.support.engine import Engine
 from tests.support.wait import eventually
+from hydrad.coordinator import reqstream
 from hydrad.wire import streamframes as SF
 
 pytestmark = pytest.mark.model
@@ -104,8 +105,18 @@ def test_strangers_on_the_stream_port_are_closed_and_the_pool_serves_on(
     t0 = time.monotonic()
     with socket.create_connection((host, port), timeout=5) as silent:  # says nothing: closed at the deadline
         assert _closed(silent, 10) and time.monotonic() - t0 < 9
-    h = stream_health(c)
-    assert h["refused"] == len(cases) + 1 and h["engines"] == ["solo"] and h["lost"] == 0
+    assert stream_health(c)["refused"] == len(cases) + 1
+    idle = [socket.create_connection((host, port), timeout=5) for _ in range(reqstream.MAX_PENDING)]
+    try:
+        time.sleep(0.3)
+        with socket.create_connection((host, port), timeout=5) as extra:  # one too many owing a HELLO
+            assert _closed(extra, 2)
+    finally:
+        for s in idle:
+            s.close()
+    h = eventually(lambda: (h := stream_health(c))["refused"] >= len(cases) + 2 + reqstream.MAX_PENDING and h, 10,
+                   "the idle connections closed")
+    assert h["engines"] == ["solo"] and h["lost"] == 0
     r = c.http.post("/v1/completions", json={"model": "smollm2-135m", "prompt": "Hi", "max_tokens": 4})
     assert r.status_code == 200, r.text
     assert "Traceback" not in c.log()
