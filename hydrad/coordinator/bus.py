@@ -52,7 +52,6 @@ log = logging.getLogger("hydra.coordinator.bus")
 HWM = 10_000
 READ_BATCH = 64  # bus messages handled before the reader lets the event loop run other tasks
 REGISTER_GAP_S = 0.05
-STREAM_KINDS = frozenset({M.Generate.KIND, M.Cancel.KIND})  # what goes on an engine's request stream when it has one
 
 
 @dataclass
@@ -166,22 +165,26 @@ class CoordinatorBus:
 
     # ----- sending ---------------------------------------------------------------------
 
-    def send(self, engine: str, msg: Any) -> None:
+    def send(self, engine: str, msg: Any, on_stream: bool = False) -> None:
         """Non-blocking send to an admitted engine; ``EngineUnreachable`` when it is not connected or
         its queue is full; ``M.BusEncodeError`` (nothing sent) when the message cannot be encoded."""
         rec = self.engines.get(engine)
         if rec is None or not rec.ident:
             raise EngineUnreachable(f"engine {engine} is not registered")
-        self._send_to(rec.ident, engine, M.encode(msg))
+        self._send_to(rec.ident, engine, M.encode(msg), on_stream)
 
     def _reply(self, ident: bytes, msg: Any) -> None:
         """An answer to whoever sent a message (admitted or not): WELCOME, REFUSED, REREGISTER."""
         with contextlib.suppress(EngineUnreachable, M.BusEncodeError):
             self._send_to(ident, ident.decode("ascii", "replace"), M.encode(msg))
 
-    def _send_to(self, ident: bytes, engine: str, frames: list[bytes]) -> None:
+    def _send_to(self, ident: bytes, engine: str, frames: list[bytes], on_stream: bool = False) -> None:
+        """``on_stream``: on the engine's request stream (EngineUnreachable when it is down), else the bus.
+        A request's messages all go the way its GENERATE went: the two paths keep no order between them."""
         assert self._router is not None
-        if self.request_stream is not None and frames[1] in STREAM_KINDS and self.request_stream.send(ident, engine, frames):
+        if on_stream:
+            if self.request_stream is None or not self.request_stream.send(ident, engine, frames):
+                raise EngineUnreachable(f"engine {engine}: its request stream is down")
             return
         try:
             self._router.send_multipart([ident, *frames], flags=zmq.NOBLOCK).result()
@@ -241,8 +244,10 @@ class CoordinatorBus:
         rec = self.engines.get(engine)
         if rec is None or not rec.alive:
             raise EngineUnreachable(f"engine {engine} is not alive")
-        self._send_to(rec.ident, engine, frames if frames is not None else self.encode_generate(msg))
+        on_stream = self.request_stream is not None and self.request_stream.carries(rec.ident)
+        self._send_to(rec.ident, engine, frames if frames is not None else self.encode_generate(msg), on_stream)
         stream = RequestStream(msg.req, engine, msg.logprobs)
+        stream.on_stream = on_stream
         self._streams[msg.req] = stream
         return stream
 
@@ -250,7 +255,7 @@ class CoordinatorBus:
         """The client went away (or gave up): tell the engine, forget the stream."""
         if self._streams.pop(stream.req, None) is not None and not stream.finished:
             with contextlib.suppress(EngineUnreachable, M.BusEncodeError):
-                self.send(stream.engine, M.Cancel(req=stream.req))
+                self.send(stream.engine, M.Cancel(req=stream.req), stream.on_stream)
             self._ended(stream)
 
     def _ended(self, stream: RequestStream) -> None:
@@ -379,7 +384,7 @@ class CoordinatorBus:
                 stream.finished = False
                 stream.push(EngineLost("the client is not reading the stream"))
                 with contextlib.suppress(EngineUnreachable, M.BusEncodeError):
-                    self.send(name, M.Cancel(req=msg.req))
+                    self.send(name, M.Cancel(req=msg.req), stream.on_stream)
             elif stream.finished:
                 self._streams.pop(msg.req, None)
                 self._ended(stream)

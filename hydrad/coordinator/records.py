@@ -69,6 +69,7 @@ class RequestStream:
         self.req = req
         self.engine = engine
         self.logprobs = logprobs  # what its GENERATE asked: the reply renders log-probabilities when not None
+        self.on_stream = False  # its GENERATE went on the engine's request stream: so does its CANCEL
         self.t0 = time.monotonic()
         self._items: deque[StreamEvent] = deque()
         self._waiter: asyncio.Future[None] | None = None

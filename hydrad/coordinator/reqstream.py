@@ -83,6 +83,11 @@ class RequestStreamDoor:
             w.close()
         self._links.clear()
 
+    def carries(self, ident: bytes) -> bool:
+        """Whether ``ident`` has a stream up now (its next GENERATE goes on it)."""
+        w = self._links.get(ident)
+        return w is not None and not w.is_closing()
+
     def public(self) -> dict[str, object]:
         """For /health: the endpoint, the engines whose stream is up, and the counts of streams opened,
         refused and lost and of messages sent and received on them."""

@@ -128,7 +128,8 @@ class EngineLink:
         self._closing = False
         self._token: str | None = None
         self._refused: str | None = None  # why the coordinator refused the last REGISTER, until admitted
-        self._outbox: list[tuple[str, list[bytes]]] = []  # (request id, encoded frames) until _flush
+        self._outbox: list[tuple[str, list[bytes], bool]] = []  # (request id, frames, on the stream) until _flush
+        self._on_stream: set[str] = set()  # requests whose GENERATE came on the request stream: they answer on it
         self._identity = b""  # this bus connection's DEALER identity
         self._stream: EngineStream | None = None  # the coordinator's request stream, while it has one
 
@@ -261,7 +262,7 @@ class EngineLink:
         frames = self._encoded(msg)
         if frames is None:
             return False
-        self._outbox.append((msg.req, frames))
+        self._outbox.append((msg.req, frames, msg.req in self._on_stream))
         if len(self._outbox) == 1:
             asyncio.get_running_loop().call_soon(self._flush)
         return True
@@ -281,19 +282,26 @@ class EngineLink:
         """Send the queued stream messages, in batches of at most ``MAX_BODY`` bytes and ``MAX_BATCH``
         messages. The requests of a batch that could not go are cancelled, as a failed send of their own
         would have stopped them."""
-        out, self._outbox = self._outbox, []
-        i = 0
-        while i < len(out):
-            j, size = i + 1, len(out[i][1][2])
-            while j < len(out) and j - i < M.MAX_BATCH and size + len(out[j][1][2]) <= M.MAX_BODY:
-                size += len(out[j][1][2])
-                j += 1
-            part, i = out[i:j], j
-            if not self._send_frames(M.encode_batch([frames for _, frames in part]), part[0][1][1].decode()):
-                for req, _ in part:
-                    task = self._inflight.pop(req, None)
-                    if task is not None:
-                        task.cancel()
+        queued, self._outbox = self._outbox, []
+        for on_stream in (True, False):  # a request answers the way its GENERATE came (no order between the two)
+            out = [(req, frames) for req, frames, via in queued if via == on_stream]
+            i = 0
+            while i < len(out):
+                j, size = i + 1, len(out[i][1][2])
+                while j < len(out) and j - i < M.MAX_BATCH and size + len(out[j][1][2]) <= M.MAX_BODY:
+                    size += len(out[j][1][2])
+                    j += 1
+                part, i = out[i:j], j
+                frames = M.encode_batch([f for _, f in part])
+                if on_stream:
+                    sent = self._stream is not None and self._stream.send(frames)
+                else:
+                    sent = self._send_frames(frames, part[0][1][1].decode())
+                if not sent:
+                    for req, _ in part:
+                        task = self._inflight.pop(req, None)
+                        if task is not None:
+                            task.cancel()
 
     def _encode_failed(self, msg: Any, exc: M.BusEncodeError) -> None:
         """A request's text or result the bus cannot carry: end that request with an error the
@@ -308,8 +316,6 @@ class EngineLink:
         sock = self._sock
         if sock is None:
             return False
-        if self._stream is not None and self._stream.send(frames):
-            return True
         try:
             sock.send_multipart(frames, flags=zmq.NOBLOCK).result()
             return True
@@ -431,8 +437,8 @@ class EngineLink:
             self._welcomed = True
             self._refused = None
             if msg.stream and self._stream is None and not self._closing:
-                self._stream = EngineStream(msg.stream, self._identity, self._token, self.interval, self._dispatch,
-                                            self._cancel_all, self._warn)
+                self._stream = EngineStream(msg.stream, self._identity, self._token, self.interval,
+                                            self._dispatch_streamed, self._cancel_all, self._warn)
                 self._stream.start()
         elif isinstance(msg, M.Refused):
             # Drop this connection and retry at the backoff: hammering a coordinator that will say
@@ -464,6 +470,12 @@ class EngineLink:
             self._warn(f"unexpected-{msg.KIND!r}", "unexpected bus message for an engine dropped",
                        kind=msg.KIND.decode())
 
+    def _dispatch_streamed(self, msg: M.Message) -> None:
+        """A GENERATE or CANCEL that came on the request stream: its request answers on the stream."""
+        if isinstance(msg, M.Generate) and msg.req not in self._inflight:
+            self._on_stream.add(msg.req)
+        self._dispatch(msg)
+
     def _close_stream(self) -> None:
         if self._stream is not None:
             self._stream.close()
@@ -473,6 +485,7 @@ class EngineLink:
         for task in self._inflight.values():
             task.cancel()
         self._inflight.clear()
+        self._on_stream.clear()
 
     # ----- handlers --------------------------------------------------------------------
 
@@ -532,6 +545,7 @@ class EngineLink:
         finally:
             if self._inflight.get(req) is asyncio.current_task():
                 del self._inflight[req]
+                self._on_stream.discard(req)  # what it queued keeps its way (see _queue)
 
     async def _configure(self, msg: M.Configure) -> None:
         req = msg.req

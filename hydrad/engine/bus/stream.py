@@ -3,7 +3,8 @@
 Opened when WELCOME names the coordinator's stream, with HELLO carrying this bus connection's
 identity and the bus token, and used once the coordinator answers READY; it lives as long as that bus
 connection. GENERATE and CANCEL that arrive
-on it are dispatched as the bus's are; the link sends its request messages on it while it is up. When
+on it are dispatched as the bus's are, and those requests answer on it (never on the bus: the two
+paths keep no order between them). When
 it ends, the requests in flight are cancelled (the coordinator fails them on its side: one sent on
 the stream may not have arrived), and it is opened again an interval later while the bus stays up.
 """
@@ -56,8 +57,9 @@ class EngineStream:
         return self._writer is not None and not self._writer.is_closing()
 
     def send(self, frames: list[bytes]) -> bool:
-        """Write a request message (or a batch of them) on the stream; False when it cannot carry it
-        now, and the caller sends it over the bus."""
+        """Write a request message (or a batch of them) on the stream; False when it cannot carry it now
+        (down, or a coordinator that does not read it): the caller cancels those requests, as a failed
+        bus send's, since a request answers the way its GENERATE came."""
         w = self._writer
         if w is None or w.is_closing() or frames[1] not in STREAM_KINDS:
             return False

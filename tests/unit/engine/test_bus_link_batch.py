@@ -83,3 +83,56 @@ def test_nothing_is_queued_without_a_connection() -> None:
         return link._queue(STREAM[0]), len(link._outbox)
 
     assert asyncio.run(scenario()) == (False, 0)
+
+
+def test_a_request_answers_the_way_its_generate_came() -> None:
+    """Requests that came on the request stream answer on it, the others on the bus, both in one pass; a
+    stream request whose stream is down is cancelled, never sent on the bus (the two keep no order)."""
+    from hydrad.engine.bus.stream import EngineStream
+    from hydrad.wire import streamframes as SF
+
+    async def scenario() -> tuple[list[M.Message], list[M.Message], bool]:
+        ctx = zmq.asyncio.Context()
+        router = ctx.socket(zmq.ROUTER)
+        port = router.bind_to_random_port("tcp://127.0.0.1")
+        accepted: asyncio.Queue[asyncio.StreamReader] = asyncio.Queue()
+        server = await asyncio.start_server(lambda r, w: accepted.put_nowait(r), "127.0.0.1", 0)
+        link = _link(f"tcp://127.0.0.1:{port}")
+        try:
+            link._open()
+            for _ in range(200):
+                if link._send(M.Ping()):
+                    break
+                await asyncio.sleep(0.05)
+            await asyncio.wait_for(router.recv_multipart(), 10)
+            stream = EngineStream("127.0.0.1:1", b"t~x", None, 1.0, link._dispatch_streamed, link._cancel_all, link._warn)
+            _, stream._writer = await asyncio.open_connection(*server.sockets[0].getsockname()[:2])
+            link._stream = stream
+            link._dispatch_streamed(M.Generate(req="g-1", prompt="x"))  # came on the stream
+            link._dispatch(M.Generate(req="g-2", prompt="y"))  # came on the bus
+            for task in list(link._inflight.values()):
+                task.cancel()  # the core is not serving: only the ways out are looked at here
+            link._inflight.update({"g-1": asyncio.create_task(asyncio.sleep(60)),
+                                   "g-2": asyncio.create_task(asyncio.sleep(60))})
+            assert link._queue(STREAM[0]) and link._queue(STREAM[1]) and link._queue(STREAM[2])
+            reader = await asyncio.wait_for(accepted.get(), 10)
+            on_stream = M.decode_all(await asyncio.wait_for(SF.read(reader), 10))
+            on_bus = M.decode_all((await asyncio.wait_for(router.recv_multipart(), 10))[1:])
+            stream._writer.close()
+            await asyncio.sleep(0.05)
+            waiting = link._inflight["g-1"]
+            link._queue(M.Tokens(req="g-1", texts=["late"]))
+            await asyncio.sleep(0.05)
+            quiet = not await router.poll(100)
+            return on_stream, on_bus, waiting.cancelled() and quiet
+        finally:
+            link._sock.close(linger=0)  # type: ignore[union-attr]
+            router.close(linger=0)
+            server.close()
+            link._ctx.term()
+            ctx.term()
+
+    on_stream, on_bus, cancelled_not_rerouted = asyncio.run(scenario())
+    assert on_stream == [STREAM[0], STREAM[2]]  # g-1's tokens and DONE, in order
+    assert on_bus == [STREAM[1]]  # g-2's
+    assert cancelled_not_rerouted
