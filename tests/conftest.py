@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import pytest
 
@@ -65,11 +65,18 @@ def solo_pool(tmp_path: Path, smollm_path: Path,
               start_engine: Callable[..., Engine]) -> Iterator[tuple[Coordinator, Engine]]:
     """A coordinator and one greedy SmolLM2 engine ``solo`` on its bus: a request checked at the front
     door against the same request sent to the engine itself."""
-    c = Coordinator(tmp_path, profiles=SOLO_PROFILES, heartbeat_interval_s=0.5)
+    c, e = start_solo_pool(tmp_path, start_engine)
+    yield c, e
+    c.stop()
+
+
+def start_solo_pool(tmp_path: Path, start_engine: Callable[..., Engine],
+                    **coordinator: Any) -> tuple[Coordinator, Engine]:
+    """A coordinator (``coordinator``: more of its arguments) and the greedy SmolLM2 engine ``solo``, serving."""
+    c = Coordinator(tmp_path, profiles=SOLO_PROFILES, heartbeat_interval_s=0.5, **coordinator)
     c.wait_ready()
     e = start_engine(name="solo", defaults={"n_ctx": 2048, "n_threads": 1, "temperature": 0},
                      extra={"bus": c.engine_bus(heartbeat_interval_s=0.5)})
     c.wait_engines(lambda es: es.get("solo", {}).get("model") == "smollm2-135m"
                    and es["solo"].get("stage") == "ready", timeout=120)
-    yield c, e
-    c.stop()
+    return c, e

@@ -31,7 +31,6 @@ from typing import Any
 from hydrad.common import tokenfile
 from hydrad.common.logs import log_event
 from hydrad.coordinator.records import EngineUnreachable, engine_of
-from hydrad.wire import messages as M
 from hydrad.wire import streamframes as SF
 
 log = logging.getLogger("hydra.coordinator.reqstream")
@@ -42,7 +41,6 @@ HELLO_TIMEOUT_S = 5.0
 HELLO_LIMIT = 4096  # an identity and a token: anything longer is not an engine's HELLO
 MAX_PENDING = 64  # connections still owing their HELLO; beyond, a new one is closed at once
 WRITE_LIMIT = 64 << 20
-STREAM_KINDS = frozenset({M.Tokens.KIND, M.Done.KIND, M.Error.KIND})  # what an engine sends on it (a batch's first kind)
 
 
 class RequestStreamDoor:
@@ -144,7 +142,7 @@ class RequestStreamDoor:
                     self.bus._warn(f"stream:{name}", "malformed request stream message; stream closed",
                                    engine=name, error=str(exc))
                     return
-                if len(frames) < 2 or frames[1] not in STREAM_KINDS:
+                if len(frames) < 2 or frames[1] not in SF.ANSWER_KINDS:
                     self.bus._warn(f"stream-kind:{name}", "a message the request stream does not carry; stream closed",
                                    engine=name, kind=repr(frames[1][:16]) if len(frames) > 1 else "?")
                     return

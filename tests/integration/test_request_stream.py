@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterator
 import httpx
 import pytest
 
-from tests.conftest import SOLO_PROFILES
+from tests.conftest import start_solo_pool
 from tests.support.coordinator import Coordinator
 from tests.support.engine import Engine
 from tests.support.wait import eventually
@@ -28,12 +28,7 @@ pytestmark = pytest.mark.model
 @pytest.fixture
 def stream_pool(tmp_path: Path, smollm_path: Path,
                 start_engine: Callable[..., Engine]) -> Iterator[tuple[Coordinator, Engine]]:
-    c = Coordinator(tmp_path, profiles=SOLO_PROFILES, heartbeat_interval_s=0.5, request_stream=True)
-    c.wait_ready()
-    e = start_engine(name="solo", defaults={"n_ctx": 2048, "n_threads": 1, "temperature": 0},
-                     extra={"bus": c.engine_bus(heartbeat_interval_s=0.5)})
-    c.wait_engines(lambda es: es.get("solo", {}).get("model") == "smollm2-135m"
-                   and es["solo"].get("stage") == "ready", timeout=120)
+    c, e = start_solo_pool(tmp_path, start_engine, request_stream=True)
     yield c, e
     c.stop()
 

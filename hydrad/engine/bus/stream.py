@@ -2,10 +2,9 @@
 
 Opened when WELCOME names the coordinator's stream, with HELLO carrying this bus connection's
 identity and the bus token, and used once the coordinator answers READY; it lives as long as that bus
-connection. GENERATE and CANCEL that arrive
-on it are dispatched as the bus's are, and those requests answer on it (never on the bus: the two
-paths keep no order between them). When
-it ends, the requests in flight are cancelled (the coordinator fails them on its side: one sent on
+connection. GENERATE and CANCEL that arrive on it are dispatched as the bus's are, and those requests
+answer on it (never on the bus: the two paths keep no order between them). When it ends, the requests
+in flight are cancelled (the coordinator fails them on its side: one sent on
 the stream may not have arrived), and it is opened again an interval later while the bus stays up.
 """
 
@@ -24,8 +23,7 @@ from hydrad.wire import streamframes as SF
 log = logging.getLogger("hydrad.bus")
 
 CONNECT_TIMEOUT_S = 5.0
-WRITE_LIMIT = 64 << 20  # bytes queued for a coordinator that does not read: beyond, sends go over the bus
-STREAM_KINDS = frozenset({M.Tokens.KIND, M.Done.KIND, M.Error.KIND})  # a batch's first kind is one of these
+WRITE_LIMIT = 64 << 20  # bytes queued for a coordinator that does not read: beyond, sends fail (the link cancels)
 
 
 class EngineStream:
@@ -52,16 +50,12 @@ class EngineStream:
             self._writer.close()
             self._writer = None
 
-    @property
-    def up(self) -> bool:
-        return self._writer is not None and not self._writer.is_closing()
-
     def send(self, frames: list[bytes]) -> bool:
         """Write a request message (or a batch of them) on the stream; False when it cannot carry it now
         (down, or a coordinator that does not read it): the caller cancels those requests, as a failed
         bus send's, since a request answers the way its GENERATE came."""
         w = self._writer
-        if w is None or w.is_closing() or frames[1] not in STREAM_KINDS:
+        if w is None or w.is_closing() or frames[1] not in SF.ANSWER_KINDS:
             return False
         if w.transport.get_write_buffer_size() > WRITE_LIMIT:
             return False
@@ -121,4 +115,8 @@ class EngineStream:
                 self._warn(f"stream-kind-{msg.KIND!r}", "unexpected message on the request stream dropped",
                            kind=msg.KIND.decode())
                 continue
-            self._dispatch(msg)
+            try:
+                self._dispatch(msg)
+            except Exception as exc:  # a handler bug must not end the stream's reader (as on the bus)
+                log_event(log, logging.ERROR, "request stream message handler failed", kind=msg.KIND.decode(),
+                          error=repr(exc), exc_info=True)
