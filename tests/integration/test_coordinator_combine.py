@@ -57,7 +57,10 @@ def test_a_combine_profile_pairs_two_engines_and_the_pool_shows_the_pair(
                             extra={"bus": c.engine_bus(heartbeat_interval_s=INTERVAL)})
         es = c.wait_engines(
             lambda es: "head" in es and es["head"]["stage"] == "ready" and es["head"]["model"] == "smollm2-135m"
-            and es["head"]["role"] == "head" and es["peer"]["role"] == "peer", 180,
+            and es["head"]["role"] == "head" and es["peer"]["role"] == "peer"
+            # the switcher records its result when its wait for the serving heartbeat resumes,
+            # which may come a poll after the heartbeat itself
+            and es["head"]["last_configure"] is not None, 180,
             what="head serving smollm2-135m across the peer")
         h, p = es["head"], es["peer"]
         # the coordinator applied the profile on the head's REGISTER, with the peer's real address
