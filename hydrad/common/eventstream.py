@@ -3,12 +3,11 @@ daemons import before they are ready: Starlette's responses cost about 0.1 s to 
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from starlette.responses import StreamingResponse
 
-from hydrad.common.serving import disconnect_of
+from hydrad.common.serving import CancelOnLeave
 
 
 class EventStream(StreamingResponse):
@@ -25,27 +24,10 @@ class EventStream(StreamingResponse):
     media_type = "text/event-stream"
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        writer = asyncio.current_task()
-        assert writer is not None
-        streaming, left = True, False
-
-        async def watch() -> None:
-            nonlocal left
-            await disconnect_of(receive)
-            if streaming:
-                left = True
-                writer.cancel()
-
-        watcher = asyncio.ensure_future(watch())
         try:
-            await self.stream_response(send)
-        except asyncio.CancelledError:
-            if not left:
-                raise
-            writer.uncancel()  # the client left: this answer ends here, quietly
+            async with CancelOnLeave(receive):
+                await self.stream_response(send)
         finally:
-            streaming = False
-            watcher.cancel()
             aclose = getattr(self.body_iterator, "aclose", None)
             if aclose is not None:  # a stream cut off between events: its finally runs now, not at GC
                 await aclose()

@@ -129,6 +129,46 @@ async def until_disconnected(request: Any) -> None:
     await disconnect_of(request.receive)
 
 
+class CancelOnLeave:
+    """``async with CancelOnLeave(receive):`` cancels the task that entered when the client of an ASGI
+    ``receive`` channel disconnects, and ends the block quietly then (``left`` says it happened).
+
+    The task doing the work is the handler's own and a plain watcher cancels it: a task for the work
+    beside the watcher cost a pass of the loop and ~0.1 ms per request. The watcher cancels only
+    while the block runs, so a cancellation never lands after it has ended; a cancellation from
+    anywhere else passes through."""
+
+    def __init__(self, receive: Any) -> None:
+        self._receive = receive
+        self._task: asyncio.Task[Any] | None = None
+        self._watcher: asyncio.Future[None] | None = None
+        self._inside = False
+        self.left = False
+
+    async def __aenter__(self) -> "CancelOnLeave":
+        self._task = asyncio.current_task()
+        assert self._task is not None
+        self._inside = True
+        self._watcher = asyncio.ensure_future(self._watch())
+        return self
+
+    async def _watch(self) -> None:
+        await disconnect_of(self._receive)
+        if self._inside:
+            self.left = True
+            assert self._task is not None
+            self._task.cancel()
+
+    async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> bool:
+        self._inside = False
+        assert self._watcher is not None and self._task is not None
+        self._watcher.cancel()
+        if kind is not None and issubclass(kind, asyncio.CancelledError) and self.left:
+            self._task.uncancel()  # the client left: the block ends here, quietly
+            return True
+        return False
+
+
 async def disconnect_of(receive: Any) -> None:
     """Read an ASGI ``receive`` channel until its ``http.disconnect``."""
     while (await receive())["type"] != "http.disconnect":

@@ -47,7 +47,7 @@ from hydrad.coordinator.records import EngineLost, EngineRecord, EngineUnreachab
 from hydrad.coordinator.metrics import CONTENT_TYPE, CoordinatorMetrics
 from hydrad.coordinator.native import EMBEDDING_PATHS, PATHS as NATIVE_PATHS, NativeDoor
 from hydrad.common.eventstream import EventStream
-from hydrad.common.serving import until_disconnected
+from hydrad.common.serving import CancelOnLeave
 from hydrad.coordinator.replies import Lost, Turn, api_error, collect, relay
 from hydrad.coordinator.mobility import LEAVING_STAGES, SessionMobility
 from hydrad.coordinator.sessions import SessionKeeper
@@ -327,30 +327,9 @@ class FrontDoor:
         rid = openai.new_id(kind)
         # From here on the request waits on engines: watch the client meanwhile, and cancel the
         # request on its engine the moment the client goes (a non-streaming request has no
-        # send that would fail; without this it would generate to max_tokens for nobody). The
-        # handler's own task does the work and the watcher cancels it, as EventStream does: a task
-        # for the work beside the watcher cost a pass of the loop and ~0.1 ms per request.
-        handler = asyncio.current_task()
-        assert handler is not None
-        waiting, left = True, False
-
-        async def watch() -> None:
-            nonlocal left
-            await until_disconnected(request)
-            if waiting:
-                left = True
-                handler.cancel()
-
-        watcher = asyncio.ensure_future(watch())
-        try:
+        # send that would fail; without this it would generate to max_tokens for nobody).
+        async with CancelOnLeave(request.receive):
             return await self._generate(kind, req, greq, session, outcome, rid, arrival, record or self._record)
-        except asyncio.CancelledError:
-            if not left:
-                raise
-            handler.uncancel()  # the client left: this answer ends here, quietly
-        finally:
-            waiting = False
-            watcher.cancel()
         log_event(log, logging.INFO, "client went away; request cancelled", req=rid)
         return Response(status_code=499)  # nobody reads it; uvicorn drops it
 
