@@ -421,8 +421,9 @@ class CoordinatorBus:
         rec.info, rec.alive, rec.down_reason, rec.ident = msg, True, None, ident
         rec.last_seen = time.monotonic()
         with contextlib.suppress(EngineUnreachable, M.BusEncodeError):
-            self.send(name, M.Welcome(coordinator=self.settings.name, version=self.version,
-                                      stream=self.settings.bus.request_stream))
+            self.send(name, M.Welcome(coordinator=self.settings.name, version=self.version))
+            if self.request_stream is not None:
+                self.send(name, M.StreamOffer(endpoint=self.request_stream.endpoint))
         if repeat:
             self._status(rec, msg.status)
             return

@@ -32,7 +32,7 @@ class BusSettings(BaseModel):
     endpoint: str = Field("tcp://127.0.0.1:9500", description="ROUTER endpoint the engines' DEALERs connect to.")
     curve_public_key: str | None = Field(None, min_length=40, max_length=40, description="Coordinator CURVE public key (Z85); engines name it as curve_server_key.")
     curve_secret_key: str | None = Field(None, min_length=40, max_length=40, description="Coordinator CURVE secret key (Z85); with it the bus and events are encrypted.")
-    request_stream: str | None = Field(None, max_length=300, description="host:port of a plain TCP listener that admitted engines connect to for the request path alone (GENERATE and CANCEL out, tokens back): one thread wake per hop instead of ZeroMQ's three (docs/coordinator.md). Off when unset; not with CURVE, since it is not encrypted. Engines of an earlier release cannot join a bus that sets it.")
+    request_stream: str | None = Field(None, max_length=300, description="host:port of a plain TCP listener that admitted engines connect to for the request path alone (GENERATE and CANCEL out, tokens back): one thread wake per hop instead of ZeroMQ's three (docs/coordinator.md). Off when unset; not with CURVE, since it is not encrypted. Engines of an earlier release ignore the offer and keep to the bus.")
 
     @model_validator(mode="after")
     def _pair(self) -> "BusSettings":

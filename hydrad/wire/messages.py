@@ -278,8 +278,16 @@ class Welcome(_Msg):
     KIND = b"WELCOME"
     coordinator: str = Field(max_length=64)
     version: str = Field(max_length=64)
-    stream: str | None = Field(None, max_length=300, description="the coordinator's request stream (host:port), "
-                               "when it has one (hydrad/coordinator/reqstream.py); sent only then")
+
+
+class StreamOffer(_Msg):
+    """The coordinator's request stream (hydrad/coordinator/reqstream.py), offered right after WELCOME
+    when it has one. A kind of its own rather than a member of WELCOME: an engine of an earlier release
+    drops a kind it does not know (one warning) and stays on the bus, while a WELCOME with a member it
+    does not know would fail its decoding, and such an engine would never count itself admitted."""
+
+    KIND = b"STREAM"
+    endpoint: str = Field(max_length=300, description="host:port of the request stream")
 
 
 class Refused(_Msg):
@@ -352,16 +360,16 @@ class Configure(_Msg):
 
 
 Message = (Register | Heartbeat | Goodbye | Tokens | Done | Error | ConfigureReply | LoadDone
-           | Welcome | Refused | Ping | Reregister | Generate | Cancel | Configure)
+           | Welcome | StreamOffer | Refused | Ping | Reregister | Generate | Cancel | Configure)
 
 KINDS: dict[bytes, type[_Msg]] = {cls.KIND: cls for cls in (
     Register, Heartbeat, Goodbye, Tokens, Done, Error, ConfigureReply, LoadDone,
-    Welcome, Refused, Ping, Reregister, Generate, Cancel, Configure)}
+    Welcome, StreamOffer, Refused, Ping, Reregister, Generate, Cancel, Configure)}
 
 FROM_ENGINE = frozenset({Register, Heartbeat, Goodbye, Tokens, Done, Error, ConfigureReply, LoadDone})
 BATCHABLE = frozenset({Tokens, Done, Error})  # the only kinds a batch may carry (see encode_batch)
 MAX_BATCH = 4096  # messages in one batch: a receiver refuses more before decoding any
-TO_ENGINE = frozenset({Welcome, Refused, Ping, Reregister, Generate, Cancel, Configure})
+TO_ENGINE = frozenset({Welcome, StreamOffer, Refused, Ping, Reregister, Generate, Cancel, Configure})
 
 
 class BusEncodeError(ValueError):

@@ -436,8 +436,9 @@ class EngineLink:
                           endpoint=self.endpoint)
             self._welcomed = True
             self._refused = None
-            if msg.stream and self._stream is None and not self._closing:
-                self._stream = EngineStream(msg.stream, self._identity, self._token, self.interval,
+        elif isinstance(msg, M.StreamOffer):
+            if self._welcomed and self._stream is None and not self._closing:
+                self._stream = EngineStream(msg.endpoint, self._identity, self._token, self.interval,
                                             self._dispatch_streamed, self._cancel_all, self._warn)
                 self._stream.start()
         elif isinstance(msg, M.Refused):

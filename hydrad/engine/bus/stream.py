@@ -1,6 +1,6 @@
 """The engine's end of a request stream (hydrad/coordinator/reqstream.py says what it is and why).
 
-Opened when WELCOME names the coordinator's stream, with HELLO carrying this bus connection's
+Opened when the coordinator offers its stream (STREAM, right after WELCOME), with HELLO carrying this bus connection's
 identity and the bus token, and used once the coordinator answers READY; it lives as long as that bus
 connection. GENERATE and CANCEL that arrive on it are dispatched as the bus's are, and those requests
 answer on it (never on the bus: the two paths keep no order between them). When it ends, the requests

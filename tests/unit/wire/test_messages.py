@@ -30,6 +30,7 @@ SAMPLES: list[M._Msg] = [
     M.ConfigureReply(req="cfg-2", ok=False, status=404, code="model_not_found", message="unknown model 'x'"),
     M.LoadDone(req="cfg-1", load_id=1, phase="done", model="gemma3-270m", seconds=1.25),
     M.Welcome(coordinator="coordinator", version="0.1.0"),
+    M.StreamOffer(endpoint="127.0.0.1:9502"),
     M.Ping(),
     M.Reregister(reason="unknown engine"),
     M.Generate(req="gen-3", model="smollm2-135m", messages=[{"role": "user", "content": "hi"}], max_tokens=8,

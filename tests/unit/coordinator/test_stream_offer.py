@@ -1,0 +1,61 @@
+"""How a coordinator offers its request stream (``bus.request_stream``): WELCOME keeps the members an
+engine of an earlier release decodes (it refuses a member it does not know, and would then never
+count itself admitted), and the endpoint follows in a STREAM message of its own, a kind such an
+engine drops with a warning. A real ROUTER on loopback and a raw DEALER standing in for the engine
+(no model needed)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import zmq
+import zmq.asyncio
+
+from hydrad.coordinator.bus import CoordinatorBus
+from hydrad.coordinator.settings import CoordinatorSettings
+from hydrad.wire import messages as M
+from tests.support.engine import free_port
+
+
+async def _welcome_and_after(stream: str | None) -> list[list[bytes]]:
+    """The raw messages a registering engine receives within 0.5 s."""
+    bus_settings: dict[str, object] = {"endpoint": "tcp://127.0.0.1:*"}
+    if stream is not None:
+        bus_settings["request_stream"] = stream
+    bus = CoordinatorBus(CoordinatorSettings(bus=bus_settings, events="tcp://127.0.0.1:*"), version="test")
+    bus.load_token()
+    bus.start()
+    ctx = zmq.asyncio.Context()
+    try:
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.IDENTITY, b"e1~0001")
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(bus.bus_endpoint)
+        await sock.send_multipart(M.encode(M.Register(
+            engine="e1", instance="i.1", version="t", pid=1, heartbeat_interval_s=60,
+            status=M.EngineStatus(stage="ready", model="m", slots_total=1))))
+        out: list[list[bytes]] = []
+        while await sock.poll(500):
+            out.append(await sock.recv_multipart())
+        return out
+    finally:
+        ctx.destroy(0)
+        await bus.close()
+
+
+def test_welcome_keeps_its_earlier_members_and_the_stream_comes_apart(tmp_path: Path) -> None:
+    endpoint = f"127.0.0.1:{free_port()}"
+    got = asyncio.run(_welcome_and_after(endpoint))
+    kinds = [frames[1] for frames in got]
+    assert kinds[:2] == [M.Welcome.KIND, M.StreamOffer.KIND], kinds
+    assert set(json.loads(got[0][2])) == {"coordinator", "version"}  # what every earlier engine decodes
+    offer = M.decode(got[1])
+    assert isinstance(offer, M.StreamOffer) and offer.endpoint == endpoint
+
+
+def test_no_stream_offer_without_a_request_stream(tmp_path: Path) -> None:
+    got = asyncio.run(_welcome_and_after(None))
+    kinds = [frames[1] for frames in got]
+    assert kinds and kinds[0] == M.Welcome.KIND and M.StreamOffer.KIND not in kinds, kinds
