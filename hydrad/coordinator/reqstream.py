@@ -6,10 +6,11 @@ engine whose stream is not up.
 
 - An engine learns the endpoint from the STREAM offer that follows WELCOME and opens its stream with
   HELLO: ``[b"HELLO", identity, token]``, its bus identity (``<name>~<nonce>``, new for each bus
-  connection) and the bus token (empty without one). Only the identity the bus admitted last, of a live engine, and the pool's token are
-  accepted, within ``HELLO_TIMEOUT_S``, and answered ``[b"READY"]``; anything else is closed at once,
-  and so is a connection beyond ``MAX_PENDING`` still owing its HELLO (idle sockets cannot pile up).
-  So the stream is as guarded as the bus, and one engine has one stream (a newer one replaces it).
+  connection) and the bus token (empty without one). Only the identity the bus admitted last, of a
+  live engine, and the pool's token are accepted, within ``HELLO_TIMEOUT_S``, and answered
+  ``[b"READY"]``; anything else is closed at once, and so is a connection beyond ``MAX_PENDING``
+  still owing its HELLO (idle sockets cannot pile up). So the stream is as guarded as the bus, and
+  one engine has one stream (a newer one replaces it).
 - Every message after HELLO goes to the bus's own handler with that identity, so it is decoded,
   checked and dropped exactly as a bus message would be; a malformed or oversized frame closes the
   stream (its length is refused unread).

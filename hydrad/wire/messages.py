@@ -289,6 +289,14 @@ class StreamOffer(_Msg):
     KIND = b"STREAM"
     endpoint: str = Field(max_length=300, description="host:port of the request stream")
 
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint(cls, v: str) -> str:
+        from hydrad.wire.streamframes import parse_endpoint  # it imports this module
+
+        parse_endpoint(v)  # an offer the engine could not connect to is dropped as malformed, here
+        return v
+
 
 class Refused(_Msg):
     """The coordinator does not admit this REGISTER (no token, or the wrong one). The engine gets

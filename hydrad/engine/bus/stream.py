@@ -1,11 +1,12 @@
 """The engine's end of a request stream (hydrad/coordinator/reqstream.py says what it is and why).
 
-Opened when the coordinator offers its stream (STREAM, right after WELCOME), with HELLO carrying this bus connection's
-identity and the bus token, and used once the coordinator answers READY; it lives as long as that bus
-connection. GENERATE and CANCEL that arrive on it are dispatched as the bus's are, and those requests
-answer on it (never on the bus: the two paths keep no order between them). When it ends, the requests
-in flight are cancelled (the coordinator fails them on its side: one sent on
-the stream may not have arrived), and it is opened again an interval later while the bus stays up.
+Opened when the coordinator offers its stream (STREAM, right after WELCOME), with HELLO carrying
+this bus connection's identity and the bus token, and used once the coordinator answers READY; it
+lives as long as that bus connection. GENERATE and CANCEL that arrive on it are dispatched as the
+bus's are, and those requests answer on it (never on the bus: the two paths keep no order between
+them). When it ends, the requests in flight are cancelled (the coordinator fails them on its side:
+one sent on the stream may not have arrived), and it is opened again an interval later while the bus
+stays up.
 """
 
 from __future__ import annotations

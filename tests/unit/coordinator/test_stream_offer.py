@@ -10,6 +10,7 @@ import asyncio
 import json
 from pathlib import Path
 
+import pytest
 import zmq
 import zmq.asyncio
 
@@ -59,3 +60,12 @@ def test_no_stream_offer_without_a_request_stream(tmp_path: Path) -> None:
     got = asyncio.run(_welcome_and_after(None))
     kinds = [frames[1] for frames in got]
     assert kinds and kinds[0] == M.Welcome.KIND and M.StreamOffer.KIND not in kinds, kinds
+
+
+@pytest.mark.parametrize("endpoint", ["", "no-port", "host:", ":9502", "host:0", "host:65536", "host:x1"])
+def test_an_offer_the_engine_could_not_use_is_a_malformed_message(endpoint: str) -> None:
+    """Refused where bytes become messages, so the engine's link drops it with its usual warning and
+    never starts a stream task that would fail on it."""
+    frames = [M.PROTOCOL, M.StreamOffer.KIND, json.dumps({"endpoint": endpoint}).encode()]
+    with pytest.raises(M.BusDecodeError):
+        M.decode(frames)
