@@ -39,9 +39,12 @@ class BusSettings(BaseModel):
         if (self.curve_public_key is None) != (self.curve_secret_key is None):
             raise ValueError("curve_public_key and curve_secret_key come together")
         if self.request_stream is not None:
-            from hydrad.wire.streamframes import parse_endpoint
+            from hydrad.wire.messages import parse_endpoint
 
-            parse_endpoint(self.request_stream)
+            try:
+                parse_endpoint(self.request_stream)
+            except ValueError as e:
+                raise ValueError(f"request_stream: {e}") from None
             if self.curve_secret_key is not None:
                 raise ValueError("request_stream is not encrypted: it cannot be used with CURVE keys")
         return self

@@ -280,6 +280,14 @@ class Welcome(_Msg):
     version: str = Field(max_length=64)
 
 
+def parse_endpoint(value: str) -> tuple[str, int]:
+    """``host:port`` (``[v6]:port`` for IPv6) → (host, port); ValueError naming what is wrong."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"an endpoint must be host:port with a port of 1-65535, not {value!r}")
+    return host.strip("[]"), int(port)
+
+
 class StreamOffer(_Msg):
     """The coordinator's request stream (hydrad/coordinator/reqstream.py), offered right after WELCOME
     when it has one. A kind of its own rather than a member of WELCOME: an engine of an earlier release
@@ -292,8 +300,6 @@ class StreamOffer(_Msg):
     @field_validator("endpoint")
     @classmethod
     def _endpoint(cls, v: str) -> str:
-        from hydrad.wire.streamframes import parse_endpoint  # it imports this module
-
         parse_endpoint(v)  # an offer the engine could not connect to is dropped as malformed, here
         return v
 

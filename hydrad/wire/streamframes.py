@@ -17,21 +17,13 @@ import asyncio
 import struct
 
 from hydrad.wire import messages as M
-from hydrad.wire.messages import MAX_BATCH, MAX_BODY
+from hydrad.wire.messages import MAX_BATCH, MAX_BODY, parse_endpoint  # noqa: F401 (the stream's callers name it here)
 
 ANSWER_KINDS = frozenset({M.Tokens.KIND, M.Done.KIND, M.Error.KIND})  # what an engine sends on it (a batch's first kind)
 U32 = struct.Struct("<I")
 U16 = struct.Struct("<H")
 MAX_FRAMES = 1 + 2 * MAX_BATCH  # a full batch: the protocol frame, then kind and body per message
 LIMIT = MAX_BODY + 8 * MAX_FRAMES + 64 * 1024  # the largest body, every frame's header, kinds
-
-
-def parse_endpoint(value: str) -> tuple[str, int]:
-    """``host:port`` (``[v6]:port`` for IPv6) → (host, port); ValueError naming what is wrong."""
-    host, sep, port = value.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"request_stream must be host:port with a port of 1-65535, not {value!r}")
-    return host.strip("[]"), int(port)
 
 
 class FrameError(Exception):

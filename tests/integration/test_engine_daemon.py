@@ -29,7 +29,9 @@ def client(e: Engine) -> openai.OpenAI:
 def test_model_less_boot_is_ready_within_one_second(start_engine: Callable[..., Engine]) -> None:
     """READY=1 within a second of the process starting. Judged on the median of three boots, one after
     another: on a shared 2-core machine a single boot (0.6 s when quiet) now and then took 1.03 s
-    while other work held the cores, and a slower boot code path shows in every one of them."""
+    while other work held the cores, and a slower boot code path shows in every one of them. It relies on the
+    package's bytecode being written (scripts/setup does it): compiling every module from source at each
+    start, where PYTHONDONTWRITEBYTECODE is set, costs about 0.3 s more."""
     boots = []
     for i in range(3):
         e = start_engine(name=f"boot{i}")
