@@ -24,7 +24,7 @@ Then, in this process, the time of one routing decision: ``routing.route`` over 
 (token estimate of the 16K-character conversation, its prefix hash, ``route``).
 
     .venv/bin/python scripts/bench_coordinator.py --runs 10
-    .venv/bin/python scripts/bench_coordinator.py --runs 10 --request-stream   # requests beside the bus
+    .venv/bin/python scripts/bench_coordinator.py --runs 10 --bus-only   # requests over the bus, not beside it
     .venv/bin/python scripts/bench_coordinator.py --runs 20 --markdown     # appends to docs/benchmarks.md
 """
 
@@ -407,8 +407,9 @@ def main() -> int:
                     help="pairs of one-token requests on a cached prompt, for the added latency alone "
                          "(default 300; 0 skips)")
     ap.add_argument("--route-iterations", type=int, default=20000, help="routing decisions timed (default 20000)")
-    ap.add_argument("--request-stream", action="store_true",
-                    help="the coordinator carries requests on its request stream (bus.request_stream), not the bus")
+    ap.add_argument("--bus-only", action="store_true",
+                    help="requests go over the ZeroMQ bus (bus.request_stream: off); default: on the request stream, "
+                         "as in a default pool")
     ap.add_argument("--json", metavar="FILE", help="write every figure to FILE")
     ap.add_argument("--markdown", action="store_true", help="append a dated section to docs/benchmarks.md")
     args = ap.parse_args()
@@ -424,7 +425,7 @@ def main() -> int:
     overhead: dict[str, Any] | None = None
     with tempfile.TemporaryDirectory(prefix="hydra-bench-coord-") as tmp:
         c = Coordinator(Path(tmp), heartbeat_interval_s=1.0, extra={"first_token_timeout_s": 300, "token_timeout_s": 120},
-                        request_stream=args.request_stream)
+                        request_stream=not args.bus_only)
         e = None
         try:
             c.wait_ready()

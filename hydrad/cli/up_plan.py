@@ -150,11 +150,18 @@ def plan(config_dir: Path, profile: str | None, offset: int, copy_dir: Path, sta
     ports += [Port(cs.http.host, cs.http.port + offset, "coordinator HTTP", f"{shown}: http.port"),
               Port(bus_host, bus_port + offset, "coordinator bus", f"{shown}: bus"),
               Port(ev_host, ev_port + offset, "coordinator events", f"{shown}: events")]
+    stream = cs.bus.stream_plan()
+    explicit_stream = stream[0] if stream is not None and stream[1] else None  # auto follows the bus, and a taken
+    if explicit_stream is not None:                                          # port there only keeps requests on it
+        st_host, st_port = split_endpoint(explicit_stream)
+        ports.append(Port(st_host, st_port + offset, "coordinator request stream", f"{shown}: bus.request_stream"))
     if copies:
         raw = _read_yaml(coord_path)
         raw.setdefault("http", {})["port"] = cs.http.port + offset
         if isinstance(raw.get("bus"), dict):
             raw["bus"]["endpoint"] = _moved(cs.bus.endpoint, offset)
+            if explicit_stream is not None:
+                raw["bus"]["request_stream"] = _moved(explicit_stream, offset).split("://", 1)[1]
         else:
             raw["bus"] = _moved(cs.bus.endpoint, offset)
         raw["events"] = _moved(cs.events, offset)

@@ -124,14 +124,20 @@ class CoordinatorBus:
             pub.close(linger=0)
             raise
         door = None
-        if s.bus.request_stream:
-            door = RequestStreamDoor(self, s.bus.request_stream)
+        plan = s.bus.stream_plan()
+        if plan is not None:
+            endpoint, strict = plan
+            door = RequestStreamDoor(self, endpoint)
             try:
                 door.bind()
             except OSError as exc:
-                router.close(linger=0)
-                pub.close(linger=0)
-                raise zmq.ZMQError(exc.errno or zmq.EADDRINUSE, f"request_stream {s.bus.request_stream}: {exc}") from None
+                if strict:
+                    router.close(linger=0)
+                    pub.close(linger=0)
+                    raise zmq.ZMQError(exc.errno or zmq.EADDRINUSE, f"request_stream {endpoint}: {exc}") from None
+                log_event(log, logging.WARNING, "request stream not started; requests go over the bus",
+                          endpoint=endpoint, error=str(exc), hint="set bus.request_stream to a free host:port, or off")
+                door = None
         self._router, self._pub = router, pub
         self.request_stream = door
         self._pub_plain = zmq.Socket.shadow(pub.underlying)

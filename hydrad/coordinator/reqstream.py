@@ -57,18 +57,26 @@ class RequestStreamDoor:
         self.stats = {"opened": 0, "refused": 0, "lost": 0, "sent": 0, "received": 0}
 
     def bind(self) -> None:
-        """Bind now (an OSError names a taken port before the coordinator says it is ready)."""
-        host, port = SF.parse_endpoint(self.endpoint)
-        s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        """Bind now (an OSError names a taken port before the coordinator says it is ready). Port 0 takes a
+        free one, which the endpoint (and so the offer) then names. A wildcard host (``*``, as in a bus
+        endpoint) listens on every IPv4 address; the offer keeps it, and each engine connects to the host it
+        reaches the bus at (hydrad/engine/bus/stream.py)."""
+        host, _, digits = self.endpoint.rpartition(":")  # port 0 too, which an offer may not name
+        host, port = host.strip("[]"), int(digits)
+        bind_host = "0.0.0.0" if host in ("*", "") else host
+        s = socket.socket(socket.AF_INET6 if ":" in bind_host else socket.AF_INET, socket.SOCK_STREAM)
         try:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            s.bind((host, port))
+            s.bind((bind_host, port))
             s.listen(128)
         except OSError:
             s.close()
             raise
         s.setblocking(False)
         self._sock = s
+        if port == 0:
+            shown = f"[{host}]" if ":" in host else host
+            self.endpoint = f"{shown}:{s.getsockname()[1]}"
 
     async def serve(self) -> None:
         assert self._sock is not None

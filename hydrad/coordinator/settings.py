@@ -32,22 +32,38 @@ class BusSettings(BaseModel):
     endpoint: str = Field("tcp://127.0.0.1:9500", description="ROUTER endpoint the engines' DEALERs connect to.")
     curve_public_key: str | None = Field(None, min_length=40, max_length=40, description="Coordinator CURVE public key (Z85); engines name it as curve_server_key.")
     curve_secret_key: str | None = Field(None, min_length=40, max_length=40, description="Coordinator CURVE secret key (Z85); with it the bus and events are encrypted.")
-    request_stream: str | None = Field(None, max_length=300, description="host:port of a plain TCP listener that admitted engines connect to for the request path alone (GENERATE and CANCEL out, tokens back): one thread wake per hop instead of ZeroMQ's three (docs/coordinator.md). Off when unset; not with CURVE, since it is not encrypted. Engines of an earlier release ignore the offer and keep to the bus.")
+    request_stream: str | None = Field("auto", max_length=300, description="The request stream: a plain TCP listener that admitted engines connect to for the request path alone (GENERATE and CANCEL out, tokens back), one thread wake per hop instead of ZeroMQ's three (docs/coordinator.md). \"auto\" (default): on a tcp bus without CURVE, the bus's host at the bus's port + 2 (9502 beside 9500 and the events' 9501; a bus on port 0 gets a free port too); if that port cannot be bound the coordinator warns and keeps requests on the bus. \"host:port\": that listener, and a port that cannot be bound stops the start. \"off\" or null: none. Not with CURVE, since it is not encrypted. Engines of an earlier release ignore the offer and keep to the bus.")
 
     @model_validator(mode="after")
     def _pair(self) -> "BusSettings":
         if (self.curve_public_key is None) != (self.curve_secret_key is None):
             raise ValueError("curve_public_key and curve_secret_key come together")
-        if self.request_stream is not None:
+        if self.request_stream not in (None, "auto", "off"):
             from hydrad.wire.messages import parse_endpoint
 
             try:
                 parse_endpoint(self.request_stream)
             except ValueError as e:
-                raise ValueError(f"request_stream: {e}") from None
+                raise ValueError(f"request_stream: {e} (or \"auto\", or \"off\")") from None
             if self.curve_secret_key is not None:
                 raise ValueError("request_stream is not encrypted: it cannot be used with CURVE keys")
         return self
+
+    def stream_plan(self) -> tuple[str, bool] | None:
+        """Where the request stream listens and whether failing to bind there stops the start (an explicit
+        endpoint) or only leaves requests on the bus (``auto``); None when there is none."""
+        if self.request_stream in (None, "off"):
+            return None
+        if self.request_stream != "auto":
+            return self.request_stream, True
+        scheme, _, rest = self.endpoint.partition("://")
+        host, sep, port = rest.rpartition(":")
+        if self.curve_secret_key is not None or scheme != "tcp" or not sep or not (port.isdigit() or port == "*"):
+            return None
+        n = 0 if port == "*" else int(port)  # ZeroMQ's "*" port, like 0, is a free one: so is the stream's
+        if n + 2 > 65535:
+            return None
+        return f"{host}:{n + 2 if n else 0}", False
 
 
 class LogSettings(BaseModel):

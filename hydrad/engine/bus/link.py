@@ -439,7 +439,8 @@ class EngineLink:
         elif isinstance(msg, M.StreamOffer):
             if self._welcomed and self._stream is None and not self._closing:
                 self._stream = EngineStream(msg.endpoint, self._identity, self._token, self.interval,
-                                            self._dispatch_streamed, self._cancel_all, self._warn)
+                                            self._dispatch_streamed, self._cancel_all, self._warn,
+                                            bus_endpoint=self.endpoint)
                 self._stream.start()
         elif isinstance(msg, M.Refused):
             # Drop this connection and retry at the backoff: hammering a coordinator that will say

@@ -24,14 +24,16 @@ from hydrad.wire import streamframes as SF
 log = logging.getLogger("hydrad.bus")
 
 CONNECT_TIMEOUT_S = 5.0
+WILDCARD = frozenset({"*", "0.0.0.0", "::"})  # a coordinator listening everywhere: connect where the bus is
 WRITE_LIMIT = 64 << 20  # bytes queued for a coordinator that does not read: beyond, sends fail (the link cancels)
 
 
 class EngineStream:
     def __init__(self, endpoint: str, identity: bytes, token: str | None, interval: float,
                  dispatch: Callable[[M.Message], None], lost: Callable[[], None],
-                 warn: Callable[..., None]) -> None:
+                 warn: Callable[..., None], bus_endpoint: str = "") -> None:
         self.endpoint = endpoint
+        self.bus_endpoint = bus_endpoint
         self.identity = identity
         self.token = token
         self.interval = interval
@@ -63,8 +65,17 @@ class EngineStream:
         w.write(SF.pack(frames))
         return True
 
-    async def _run(self) -> None:
+    def _target(self) -> tuple[str, int]:
+        """Where to connect: the offered host, or for a wildcard one (a stream bound to every address, as
+        a bus at ``tcp://*:9500``) the host this engine reaches the bus at."""
         host, port = SF.parse_endpoint(self.endpoint)
+        if host in WILDCARD:
+            rest = self.bus_endpoint.partition("://")[2]
+            host = rest.rpartition(":")[0].strip("[]") or "127.0.0.1"
+        return host, port
+
+    async def _run(self) -> None:
+        host, port = self._target()
         while True:
             try:
                 reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port, limit=1 << 16),

@@ -43,6 +43,25 @@ def test_a_port_offset_moves_every_port_into_copies(tmp_path: Path) -> None:
     assert p.http_url == "http://127.0.0.1:9100"
 
 
+def test_an_explicit_request_stream_is_a_port_of_the_pool_and_moves_with_the_offset(tmp_path: Path) -> None:
+    """The default stream (the bus's port + 2) follows the bus by itself; one the config names is
+    checked like the other ports and moved in the copies, or two pools would share it."""
+    conf = tmp_path / "conf"
+    shutil.copytree(DEV, conf)
+    raw = yaml.safe_load((conf / "coordinator.yaml").read_text())
+    for key in ("registry", "profiles"):
+        raw[key] = str((DEV / raw[key]).resolve())
+    raw["bus"] = {"endpoint": raw["bus"], "request_stream": "127.0.0.1:9700"}
+    (conf / "coordinator.yaml").write_text(yaml.safe_dump(raw))
+    for d in "abc":
+        (tmp_path / d).mkdir()
+    assert {q.what: q.port for q in plan(conf, None, 0, tmp_path / "a").ports}["coordinator request stream"] == 9700
+    p = plan(conf, None, 100, tmp_path / "b")
+    assert {q.what: q.port for q in p.ports}["coordinator request stream"] == 9800
+    assert yaml.safe_load(p.coordinator_config.read_text())["bus"]["request_stream"] == "127.0.0.1:9800"
+    assert "coordinator request stream" not in {q.what for q in plan(DEV, None, 0, tmp_path / "c").ports}
+
+
 def test_another_profile_is_written_as_the_default_of_a_copy(tmp_path: Path) -> None:
     p = plan(DEV, "swapped", 0, tmp_path)
     assert p.copies and p.profile == "swapped"

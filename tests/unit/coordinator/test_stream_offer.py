@@ -21,7 +21,7 @@ from tests.support.engine import free_port
 
 
 async def _welcome_and_after(stream: str | None) -> list[list[bytes]]:
-    """The raw messages a registering engine receives within 0.5 s."""
+    """The raw messages a registering engine receives within 0.5 s (``stream`` None: the default)."""
     bus_settings: dict[str, object] = {"endpoint": "tcp://127.0.0.1:*"}
     if stream is not None:
         bus_settings["request_stream"] = stream
@@ -57,9 +57,19 @@ def test_welcome_keeps_its_earlier_members_and_the_stream_comes_apart(tmp_path: 
 
 
 def test_no_stream_offer_without_a_request_stream(tmp_path: Path) -> None:
-    got = asyncio.run(_welcome_and_after(None))
+    got = asyncio.run(_welcome_and_after("off"))
     kinds = [frames[1] for frames in got]
     assert kinds and kinds[0] == M.Welcome.KIND and M.StreamOffer.KIND not in kinds, kinds
+
+
+def test_a_default_pool_offers_its_stream_at_the_port_it_got() -> None:
+    """``auto``: a bus on a free port (ZeroMQ's ``*``) gets a stream on a free port too, and the offer
+    names the port the listener was given, not 0."""
+    got = asyncio.run(_welcome_and_after(None))
+    offer = M.decode(got[1])
+    assert isinstance(offer, M.StreamOffer), got
+    host, port = M.parse_endpoint(offer.endpoint)
+    assert host == "127.0.0.1" and port > 0
 
 
 @pytest.mark.parametrize("endpoint", ["", "no-port", "host:", ":9502", "host:0", "host:65536", "host:x1"])

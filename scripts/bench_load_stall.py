@@ -1,0 +1,169 @@
+#!/usr/bin/env python3
+"""What loading a second model on the same GPU does to the decode steps of a context already serving.
+
+An overlap reload (docs/reload.md) keeps the old generation decoding while the new one loads. On the
+H200 its longest gap is 1.4–1.9× the steady gap, and the engine's slow-turn log puts that in one or two
+single steps of the old generation that take 8–20 ms instead of 2–5. This script finds which part of a
+load those steps fall in, with llama.cpp alone (no engine, no HTTP), so what it shows is the library's
+and the driver's, not the serving layer's.
+
+One thread decodes one token at a time on a small model (``--serving``), waiting for each step's result
+(``llama_synchronize``) and stamping it. Meanwhile the main thread goes through the phases below, each
+stamped, with a pause between them so that every phase's effect stands alone:
+
+- ``cudaMalloc`` of ``--alloc-mb`` in one call, then freed; the same bytes in 64 MiB calls; one call
+  again (does a big allocation stall the other context's kernels in proportion to its size, and does
+  memory the process had before come back cheaper?);
+- ``llama_model_load_from_file`` of ``--model`` (its progress callback stamps the first and last tensor
+  upload: before the first is metadata and buffer allocation, after the last the loader's tail);
+- ``llama_init_from_model`` (KV cache, compute buffers, graph reservation), one warm-up decode;
+- ``llama_free`` and ``llama_model_free`` of the new model.
+
+For each phase: the steps that overlap it, their median and longest step time against the steady
+median before any phase.
+
+    .venv/bin/python scripts/bench_load_stall.py --model models/rand-3b.Q4_K_M.gguf
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from tests.support.engine import SMOLLM, models_dir  # noqa: E402
+
+
+def _cudart() -> ctypes.CDLL | None:
+    """The CUDA runtime the ggml CUDA back end loaded (found in this process's maps); None on a CPU build."""
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        if "libcudart.so" in line:
+            return ctypes.CDLL(line.split()[-1])
+    return None
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--serving", type=Path, default=models_dir() / SMOLLM, help="the model that keeps decoding")
+    ap.add_argument("--model", type=Path, required=True, help="the model loaded beside it")
+    ap.add_argument("--n-ctx", type=int, default=4096, help="both contexts' n_ctx (default 4096, as bench_reload)")
+    ap.add_argument("--alloc-mb", type=int, default=2048, help="bytes of the raw cudaMalloc phases (MiB)")
+    ap.add_argument("--pause", type=float, default=0.25, help="seconds between phases")
+    ap.add_argument("--json", metavar="FILE")
+    args = ap.parse_args()
+
+    import llama_cpp as L
+
+    quiet = L.llama_log_callback(lambda _level, _text, _user: None)
+    L.llama_log_set(quiet, ctypes.c_void_p(0))
+    L.llama_backend_init()
+    mp = L.llama_model_default_params()
+    mp.n_gpu_layers = 999
+    serving = L.llama_model_load_from_file(str(args.serving).encode(), mp)
+    cp = L.llama_context_default_params()
+    cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max = args.n_ctx, 512, 512, 1
+    ctx = L.llama_init_from_model(serving, cp)
+    if not serving or not ctx:
+        raise SystemExit(f"could not load {args.serving}")
+    cuda = _cudart()
+
+    steps: list[tuple[float, float]] = []
+    stop = threading.Event()
+
+    def decode_loop() -> None:
+        tok = (L.llama_token * 1)(1)
+        pos = 0
+        while not stop.is_set():
+            if pos >= args.n_ctx - 1:
+                L.llama_memory_clear(L.llama_get_memory(ctx), True)
+                pos = 0
+            batch = L.llama_batch_get_one(tok, 1)
+            t0 = time.perf_counter()
+            L.llama_decode(ctx, batch)
+            L.llama_synchronize(ctx)
+            steps.append((t0, time.perf_counter()))
+            pos += 1
+
+    phases: list[tuple[str, float, float]] = []
+
+    def phase(name: str, fn) -> object:
+        t0 = time.perf_counter()
+        out = fn()
+        phases.append((name, t0, time.perf_counter()))
+        time.sleep(args.pause)
+        return out
+
+    worker = threading.Thread(target=decode_loop, daemon=True)
+    worker.start()
+    time.sleep(1.0)
+    steady_end = time.perf_counter()
+
+    if cuda is not None:
+        nbytes = args.alloc_mb << 20
+        ptr = ctypes.c_void_p()
+        phase("cudaMalloc one call", lambda: cuda.cudaMalloc(ctypes.byref(ptr), ctypes.c_size_t(nbytes)))
+        phase("cudaFree one call", lambda: cuda.cudaFree(ptr))
+        chunks = [ctypes.c_void_p() for _ in range(nbytes // (64 << 20))]
+        phase("cudaMalloc 64 MiB calls",
+              lambda: [cuda.cudaMalloc(ctypes.byref(c), ctypes.c_size_t(64 << 20)) for c in chunks])
+        phase("cudaFree 64 MiB calls", lambda: [cuda.cudaFree(c) for c in chunks])
+        phase("cudaMalloc one call, again", lambda: cuda.cudaMalloc(ctypes.byref(ptr), ctypes.c_size_t(nbytes)))
+        phase("cudaFree one call, again", lambda: cuda.cudaFree(ptr))
+    else:
+        print("no CUDA runtime in this process (a CPU build): the raw cudaMalloc phases are left out")
+
+    uploads: list[float] = []
+
+    def progress(value: float, _user: object) -> bool:
+        uploads.append(time.perf_counter())
+        return True
+
+    cb = L.llama_progress_callback(progress)
+    mp2 = L.llama_model_default_params()
+    mp2.n_gpu_layers = 999
+    mp2.progress_callback = cb
+    t_load = time.perf_counter()
+    model = phase("model load (whole)", lambda: L.llama_model_load_from_file(str(args.model).encode(), mp2))
+    if uploads:
+        phases.append(("model load: before the first upload", t_load, uploads[0]))
+        phases.append(("model load: uploads", uploads[0], uploads[-1]))
+        phases.append(("model load: after the last upload", uploads[-1], phases[-3][2]))
+    ctx2 = phase("context creation", lambda: L.llama_init_from_model(model, cp))
+    tok = (L.llama_token * 8)(*([1] * 8))
+    phase("warm-up decode (8 tokens)", lambda: (L.llama_decode(ctx2, L.llama_batch_get_one(tok, 8)), L.llama_synchronize(ctx2)))
+    phase("context free", lambda: L.llama_free(ctx2))
+    phase("model free", lambda: L.llama_model_free(model))
+    stop.set()
+    worker.join()
+
+    base = [b - a for a, b in steps if b < steady_end]
+    med = statistics.median(base)
+    print(f"steady step (serving {args.serving.name}): median {med * 1000:.2f} ms, p99 "
+          f"{sorted(base)[int(len(base) * 0.99)] * 1000:.2f} ms over {len(base)} steps")
+    print("| phase | phase ms | steps in it | median step ms | longest step ms | longest ÷ steady median |")
+    print("|---|---:|---:|---:|---:|---:|")
+    rows = []
+    for name, t0, t1 in phases:
+        inside = [b - a for a, b in steps if b > t0 and a < t1]
+        longest = max(inside, default=0.0)
+        rows.append({"phase": name, "ms": (t1 - t0) * 1000, "steps": len(inside),
+                     "median_step_ms": statistics.median(inside) * 1000 if inside else None,
+                     "longest_step_ms": longest * 1000})
+        print(f"| {name} | {(t1 - t0) * 1000:.1f} | {len(inside)} | "
+              f"{statistics.median(inside) * 1000 if inside else 0:.2f} | {longest * 1000:.2f} | {longest / med:.1f} |")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"steady_median_ms": med * 1000, "phases": rows}, indent=1))
+    L.llama_free(ctx)
+    L.llama_model_free(serving)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
