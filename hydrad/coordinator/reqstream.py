@@ -51,6 +51,7 @@ class RequestStreamDoor:
         self.bus = bus
         self.endpoint = endpoint
         self._links: dict[bytes, asyncio.StreamWriter] = {}  # admitted identity → its stream
+        self._corked: dict[asyncio.StreamWriter, list[bytes]] = {}  # what this pass queued, per stream
         self._sock: socket.socket | None = None
         self._server: asyncio.Server | None = None
         self._pending = 0
@@ -106,11 +107,24 @@ class RequestStreamDoor:
         w = self._links.get(ident)
         if w is None or w.is_closing():
             return False
-        if w.transport.get_write_buffer_size() > WRITE_LIMIT:
+        if w.transport.get_write_buffer_size() + sum(map(len, self._corked.get(w, ()))) > WRITE_LIMIT:
             raise EngineUnreachable(f"engine {engine}: request stream not read")
-        w.write(SF.pack(frames))
+        queued = self._corked.get(w)
+        if queued is None:
+            queued = self._corked[w] = []
+            asyncio.get_running_loop().call_soon(self._uncork, w)
+        queued.append(SF.pack(frames))
         self.stats["sent"] += 1
         return True
+
+    def _uncork(self, w: asyncio.StreamWriter) -> None:
+        """Write what this pass of the loop queued for one stream in one go: a burst the gate released
+        together (hydrad/coordinator/burst.py) leaves in one send and so reaches the engine in one read,
+        as the bus's messages of one pass do; one write each could split it over several reads when the
+        coordinator is preempted between them, and the engine would start a step with part of it."""
+        queued = self._corked.pop(w, [])
+        if queued and not w.is_closing():
+            w.write(b"".join(queued))
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
