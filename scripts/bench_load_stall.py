@@ -22,6 +22,10 @@ stamped, with a pause between them so that every phase's effect stands alone:
 For each phase: the steps that overlap it, their median and longest step time against the steady
 median before any phase.
 
+On the H200 (docs/benchmarks.md, fourteenth session) the context's creation stalled a step by about 10 ms,
+which ``GGML_CUDA_NO_PINNED=1`` (host buffers in pageable memory, no ``cudaMallocHost``) removed; a large
+``cudaMalloc`` alone stalled nothing.
+
     .venv/bin/python scripts/bench_load_stall.py --model models/rand-3b.Q4_K_M.gguf
 """
 
