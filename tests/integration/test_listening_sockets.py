@@ -4,8 +4,8 @@ The listening sockets are read from the kernel (the process's file descriptors m
 ``/proc/<pid>/net/{tcp,tcp6,udp,udp6}``), not from the daemon's own account: a door the code opened
 by accident (a library's debug server, a second RPC listener) would show up here. The documented
 doors (docs/reliability.md): an engine has its HTTP API and its merged RPC port; the coordinator its
-HTTP front door, the bus ROUTER and the events PUB. All on the configured address (loopback by
-default)."""
+HTTP front door, the bus ROUTER, the events PUB and the request stream (on by default; with it off,
+one door fewer). All on the configured address (loopback by default)."""
 
 from __future__ import annotations
 
@@ -71,10 +71,23 @@ def test_engine_and_coordinator_listen_only_on_their_documented_doors(
         assert listening(e.proc.pid) == {("tcp", "127.0.0.1", e.port), ("tcp", "127.0.0.1", rpc_port)}
         bus_port = int(c.bus.rsplit(":", 1)[1])
         events_port = int(c.events_endpoint.rsplit(":", 1)[1])
+        stream_port = int((c.request_stream or "").rsplit(":", 1)[1])
         assert listening(c.proc.pid) == {("tcp", "127.0.0.1", c.port), ("tcp", "127.0.0.1", bus_port),
-                                         ("tcp", "127.0.0.1", events_port)}
+                                         ("tcp", "127.0.0.1", events_port), ("tcp", "127.0.0.1", stream_port)}
         # the engine's merged port is opened by the engine itself, not by a child process
         children = Path(f"/proc/{e.proc.pid}/task/{e.proc.pid}/children").read_text().split()
         assert children == []
+    finally:
+        c.stop()
+
+
+def test_a_coordinator_without_the_request_stream_has_one_door_fewer(tmp_path: Path) -> None:
+    c = Coordinator(tmp_path, heartbeat_interval_s=0.5, request_stream=False)
+    try:
+        c.wait_ready()
+        bus_port = int(c.bus.rsplit(":", 1)[1])
+        events_port = int(c.events_endpoint.rsplit(":", 1)[1])
+        assert listening(c.proc.pid) == {("tcp", "127.0.0.1", c.port), ("tcp", "127.0.0.1", bus_port),
+                                         ("tcp", "127.0.0.1", events_port)}
     finally:
         c.stop()
