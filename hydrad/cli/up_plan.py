@@ -150,9 +150,11 @@ def plan(config_dir: Path, profile: str | None, offset: int, copy_dir: Path, sta
     ports += [Port(cs.http.host, cs.http.port + offset, "coordinator HTTP", f"{shown}: http.port"),
               Port(bus_host, bus_port + offset, "coordinator bus", f"{shown}: bus"),
               Port(ev_host, ev_port + offset, "coordinator events", f"{shown}: events")]
+    # An explicit request stream is a port of the pool like the others. The default (auto) follows the bus
+    # by itself, and a taken port there only keeps requests on the bus, so it is not checked.
     stream = cs.bus.stream_plan()
-    explicit_stream = stream[0] if stream is not None and stream[1] else None  # auto follows the bus, and a taken
-    if explicit_stream is not None:                                          # port there only keeps requests on it
+    explicit_stream = stream[0] if stream is not None and stream[1] else None
+    if explicit_stream is not None:
         st_host, st_port = split_endpoint(explicit_stream)
         ports.append(Port(st_host, st_port + offset, "coordinator request stream", f"{shown}: bus.request_stream"))
     if copies:
