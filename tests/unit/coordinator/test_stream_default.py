@@ -113,3 +113,34 @@ def test_an_engine_connects_to_a_wildcard_stream_where_it_reaches_the_bus(
         offer: str, bus: str, target: tuple[str, int]) -> None:
     s = EngineStream(offer, b"e~1", None, 1.0, lambda m: None, lambda: None, lambda *a, **k: None, bus_endpoint=bus)
     assert s._target() == target
+
+
+def test_what_one_pass_sends_on_a_stream_leaves_in_one_write() -> None:
+    """A burst the front door's gate released together goes out in one write, so the engine reads it at
+    once and starts one step with all of it (tests/integration/test_coordinator.py has the step count).
+    A real socket pair; the writer's write is counted, and what arrives is read back message by message."""
+    from hydrad.coordinator.reqstream import RequestStreamDoor
+    from hydrad.wire import messages as M
+    from hydrad.wire import streamframes as SF
+
+    async def run() -> None:
+        a, b = socket.socketpair()
+        _, writer = await asyncio.open_connection(sock=a)
+        reader, far = await asyncio.open_connection(sock=b)
+        writes: list[int] = []
+        write = writer.write
+        writer.write = lambda data: (writes.append(len(data)), write(data))[1]  # type: ignore[method-assign]
+        door = RequestStreamDoor(bus=None, endpoint="127.0.0.1:0")
+        door._links[b"e~1"] = writer
+        sent = [[M.PROTOCOL, M.Cancel.KIND, f'{{"req": "r{i}"}}'.encode()] for i in range(4)]
+        for frames in sent:
+            assert door.send(b"e~1", "e", frames)
+        assert writes == []  # nothing leaves inside the pass that queued it
+        await asyncio.sleep(0)
+        assert len(writes) == 1
+        got = [await asyncio.wait_for(SF.read(reader), 5) for _ in sent]
+        assert got == sent and door.stats["sent"] == 4
+        writer.close()
+        far.close()
+
+    asyncio.run(run())
