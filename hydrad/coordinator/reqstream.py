@@ -32,6 +32,7 @@ from typing import Any
 from hydrad.common import tokenfile
 from hydrad.common.logs import log_event
 from hydrad.coordinator.records import EngineUnreachable, engine_of
+from hydrad.wire import messages as M
 from hydrad.wire import streamframes as SF
 
 log = logging.getLogger("hydra.coordinator.reqstream")
@@ -62,8 +63,7 @@ class RequestStreamDoor:
         free one, which the endpoint (and so the offer) then names. A wildcard host (``*``, as in a bus
         endpoint) listens on every IPv4 address; the offer keeps it, and each engine connects to the host it
         reaches the bus at (hydrad/engine/bus/stream.py)."""
-        host, _, digits = self.endpoint.rpartition(":")  # port 0 too, which an offer may not name
-        host, port = host.strip("[]"), int(digits)
+        host, port = M.parse_endpoint(self.endpoint, allow_zero=True)
         bind_host = "0.0.0.0" if host in ("*", "") else host
         s = socket.socket(socket.AF_INET6 if ":" in bind_host else socket.AF_INET, socket.SOCK_STREAM)
         try:
@@ -107,7 +107,7 @@ class RequestStreamDoor:
         w = self._links.get(ident)
         if w is None or w.is_closing():
             return False
-        if w.transport.get_write_buffer_size() + sum(map(len, self._corked.get(w, ()))) > WRITE_LIMIT:
+        if w.transport.get_write_buffer_size() > WRITE_LIMIT:  # what one pass corks is flushed before the next
             raise EngineUnreachable(f"engine {engine}: request stream not read")
         queued = self._corked.get(w)
         if queued is None:

@@ -280,11 +280,13 @@ class Welcome(_Msg):
     version: str = Field(max_length=64)
 
 
-def parse_endpoint(value: str) -> tuple[str, int]:
-    """``host:port`` (``[v6]:port`` for IPv6) → (host, port); ValueError naming what is wrong."""
+def parse_endpoint(value: str, *, allow_zero: bool = False) -> tuple[str, int]:
+    """``host:port`` (``[v6]:port`` for IPv6) → (host, port); ValueError naming what is wrong. Port 0
+    (a free one) only where a listener binds (``allow_zero``): an endpoint to connect to needs a port."""
     host, sep, port = value.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"an endpoint must be host:port with a port of 1-65535, not {value!r}")
+    low = 0 if allow_zero else 1
+    if not sep or not host or not port.isdigit() or not low <= int(port) < 65536:
+        raise ValueError(f"an endpoint must be host:port with a port of {low}-65535, not {value!r}")
     return host.strip("[]"), int(port)
 
 

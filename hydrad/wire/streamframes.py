@@ -17,7 +17,7 @@ import asyncio
 import struct
 
 from hydrad.wire import messages as M
-from hydrad.wire.messages import MAX_BATCH, MAX_BODY, parse_endpoint  # noqa: F401 (the stream's callers name it here)
+from hydrad.wire.messages import MAX_BATCH, MAX_BODY
 
 ANSWER_KINDS = frozenset({M.Tokens.KIND, M.Done.KIND, M.Error.KIND})  # what an engine sends on it (a batch's first kind)
 U32 = struct.Struct("<I")

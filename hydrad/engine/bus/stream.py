@@ -68,7 +68,7 @@ class EngineStream:
     def _target(self) -> tuple[str, int]:
         """Where to connect: the offered host, or for a wildcard one (a stream bound to every address, as
         a bus at ``tcp://*:9500``) the host this engine reaches the bus at."""
-        host, port = SF.parse_endpoint(self.endpoint)
+        host, port = M.parse_endpoint(self.endpoint)
         if host in WILDCARD:
             rest = self.bus_endpoint.partition("://")[2]
             host = rest.rpartition(":")[0].strip("[]") or "127.0.0.1"

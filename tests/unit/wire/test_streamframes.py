@@ -84,5 +84,12 @@ def test_the_request_stream_is_refused_beside_curve() -> None:
     key = "x" * 40
     with pytest.raises(ValidationError, match="not encrypted"):
         BusSettings(request_stream="127.0.0.1:9502", curve_public_key=key, curve_secret_key=key)
-    assert SF.parse_endpoint("[::1]:9502") == ("::1", 9502)
+    assert M.parse_endpoint("[::1]:9502") == ("::1", 9502)
     assert BusSettings(request_stream="127.0.0.1:9502").request_stream == "127.0.0.1:9502"
+
+
+def test_port_zero_is_an_endpoint_to_bind_not_one_to_connect_to() -> None:
+    """The stream's listener may take a free port (a bus on a free port); an offer must name a real one."""
+    assert M.parse_endpoint("127.0.0.1:0", allow_zero=True) == ("127.0.0.1", 0)
+    with pytest.raises(ValueError, match="port of 1-65535"):
+        M.parse_endpoint("127.0.0.1:0")
