@@ -93,6 +93,15 @@ def set_cuda_graphs(enabled: bool, environ: MutableMapping[str, str]) -> None:
         environ.setdefault("GGML_CUDA_DISABLE_GRAPHS", "1")
 
 
+def set_cuda_pinned_host(enabled: bool, environ: MutableMapping[str, str]) -> None:
+    """``cuda_pinned_host: false`` → GGML_CUDA_NO_PINNED=1: ggml's CUDA back end then offers no
+    page-locked host buffer type, and llama.cpp puts those buffers in ordinary memory. ggml reads the
+    variable at each such allocation, so it is set here, once, before any thread exists to race a
+    later change; an operator's own variable wins."""
+    if not enabled:
+        environ.setdefault("GGML_CUDA_NO_PINNED", "1")
+
+
 def bound_device(setting: str | None, environ: Mapping[str, str] | None = None) -> str | None:
     """The GPU binding in force, as the bus (REGISTER) and the merged port (INFO) report it.
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from hydrad.engine.gpu import DEVICE_ENV, bind_devices, set_cuda_graphs
+from hydrad.engine.gpu import DEVICE_ENV, bind_devices, set_cuda_graphs, set_cuda_pinned_host
 from hydrad.engine.settings import EngineSettings
 
 
@@ -54,3 +54,15 @@ def test_cuda_graphs_off_sets_the_variable_ggml_reads_and_on_leaves_it_alone() -
     set_cuda_graphs(False, operator)
     assert operator == {"GGML_CUDA_DISABLE_GRAPHS": ""}
     assert EngineSettings().cuda_graphs is True
+
+
+def test_pinned_host_off_sets_the_variable_ggml_reads_and_on_leaves_it_alone() -> None:
+    env: dict[str, str] = {}
+    set_cuda_pinned_host(True, env)
+    assert env == {}
+    set_cuda_pinned_host(False, env)
+    assert env == {"GGML_CUDA_NO_PINNED": "1"}
+    operator = {"GGML_CUDA_NO_PINNED": ""}  # an operator's own value wins, even an empty one
+    set_cuda_pinned_host(False, operator)
+    assert operator == {"GGML_CUDA_NO_PINNED": ""}
+    assert EngineSettings().cuda_pinned_host is True
