@@ -26,6 +26,21 @@ On the H200 (docs/benchmarks.md, fourteenth session) the context's creation stal
 which ``GGML_CUDA_NO_PINNED=1`` (host buffers in pageable memory, no ``cudaMallocHost``) removed; a large
 ``cudaMalloc`` alone stalled nothing.
 
+The engine's own steps stalled more at the start of the weights' upload (10–27 ms) than this script's
+did (5–7 ms), so the differences between the two can be switched on one at a time:
+
+- ``--threads`` and ``--slots``: both contexts' CPU threads and sequences. llama.cpp's default is 4
+  threads; the engine's is every core (16 on the GPU host), and a CPU thread pool that large can lose
+  one of its threads to the loader mid-step, which holds up the whole step.
+- ``--through-engine``: the new model and both contexts go through the engine's own wrappers
+  (``hydrad.engine.llama``: its context parameters, its log callback into Python logging, its progress
+  callback), with the engine's interpreter switch interval.
+
+Beside the stepping thread, a probe thread makes 20 short C calls at a time, as the engine's step thread
+does around each ``llama_decode``; each call gives the interpreter lock up and takes it back. Its longest
+batch in each phase says how long a thread that needs the lock waited for it there: Python work of the
+load (callbacks, the engine's wrappers) shows there, and not in the step column, which is llama.cpp's.
+
     .venv/bin/python scripts/bench_load_stall.py --model models/rand-3b.Q4_K_M.gguf
 """
 
@@ -34,6 +49,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import os
 import statistics
 import sys
 import threading
@@ -42,6 +58,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from hydrad.common.params import RuntimeParams  # noqa: E402
+from hydrad.engine import llama  # noqa: E402
+from hydrad.engine.settings import EngineSettings  # noqa: E402
 from tests.support.engine import SMOLLM, models_dir  # noqa: E402
 
 
@@ -60,23 +79,43 @@ def main() -> int:
     ap.add_argument("--n-ctx", type=int, default=4096, help="both contexts' n_ctx (default 4096, as bench_reload)")
     ap.add_argument("--alloc-mb", type=int, default=2048, help="bytes of the raw cudaMalloc phases (MiB)")
     ap.add_argument("--pause", type=float, default=0.25, help="seconds between phases")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="both contexts' CPU threads (default: llama.cpp's own, 4; the engine's default is every core)")
+    ap.add_argument("--slots", type=int, default=1, help="both contexts' sequences (n_seq_max; the engine's default is 4)")
+    ap.add_argument("--through-engine", action="store_true",
+                    help="load the new model and make both contexts through the engine's own wrappers and callbacks")
+    ap.add_argument("--loader-nice", type=int, default=0, metavar="N",
+                    help="lower the loading thread's priority by N (Linux: per thread; the thread pools llama.cpp "
+                         "starts from it inherit it), as the engine's loader does")
     ap.add_argument("--json", metavar="FILE")
     args = ap.parse_args()
 
     import llama_cpp as L
 
-    quiet = L.llama_log_callback(lambda _level, _text, _user: None)
-    L.llama_log_set(quiet, ctypes.c_void_p(0))
-    L.llama_backend_init()
-    mp = L.llama_model_default_params()
-    mp.n_gpu_layers = 999
-    serving = L.llama_model_load_from_file(str(args.serving).encode(), mp)
-    cp = L.llama_context_default_params()
-    cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max = args.n_ctx, 512, 512, 1
-    ctx = L.llama_init_from_model(serving, cp)
+    sys.setswitchinterval(EngineSettings().switch_interval_ms / 1000)
+    params = RuntimeParams(n_ctx=args.n_ctx, n_batch=512, n_ubatch=512, n_parallel=args.slots,
+                           n_threads=args.threads, n_gpu_layers=-1)
+    if args.through_engine:
+        llama.lib()  # the engine's log callback (into Python logging) and backend set-up
+        serving_model = llama.Model.load(args.serving, params)
+        ctx = llama.Context(serving_model, params).ptr
+        serving = serving_model.ptr
+    else:
+        quiet = L.llama_log_callback(lambda _level, _text, _user: None)
+        L.llama_log_set(quiet, ctypes.c_void_p(0))
+        L.llama_backend_init()
+        mp = L.llama_model_default_params()
+        mp.n_gpu_layers = 999
+        serving = L.llama_model_load_from_file(str(args.serving).encode(), mp)
+        cp = L.llama_context_default_params()
+        cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max = args.n_ctx, 512, 512, args.slots
+        if args.threads:
+            cp.n_threads = cp.n_threads_batch = args.threads
+        ctx = L.llama_init_from_model(serving, cp)
     if not serving or not ctx:
         raise SystemExit(f"could not load {args.serving}")
     cuda = _cudart()
+    libc = ctypes.CDLL(None)
 
     steps: list[tuple[float, float]] = []
     stop = threading.Event()
@@ -95,6 +134,16 @@ def main() -> int:
             steps.append((t0, time.perf_counter()))
             pos += 1
 
+    waits: list[tuple[float, float]] = []
+
+    def probe_loop() -> None:
+        while not stop.is_set():
+            t0 = time.perf_counter()
+            for _ in range(20):
+                libc.getpid()
+            waits.append((t0, time.perf_counter()))
+            time.sleep(0.0002)
+
     phases: list[tuple[str, float, float]] = []
 
     def phase(name: str, fn) -> object:
@@ -106,6 +155,8 @@ def main() -> int:
 
     worker = threading.Thread(target=decode_loop, daemon=True)
     worker.start()
+    prober = threading.Thread(target=probe_loop, daemon=True)
+    prober.start()
     time.sleep(1.0)
     steady_end = time.perf_counter()
 
@@ -123,49 +174,70 @@ def main() -> int:
     else:
         print("no CUDA runtime in this process (a CPU build): the raw cudaMalloc phases are left out")
 
+    if args.loader_nice:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), args.loader_nice)
     uploads: list[float] = []
 
     def progress(value: float, _user: object) -> bool:
         uploads.append(time.perf_counter())
         return True
 
-    cb = L.llama_progress_callback(progress)
-    mp2 = L.llama_model_default_params()
-    mp2.n_gpu_layers = 999
-    mp2.progress_callback = cb
     t_load = time.perf_counter()
-    model = phase("model load (whole)", lambda: L.llama_model_load_from_file(str(args.model).encode(), mp2))
+    if args.through_engine:
+        loaded = phase("model load (whole)", lambda: llama.Model.load(args.model, params, lambda v: progress(v, None)))
+        model = loaded.ptr
+    else:
+        cb = L.llama_progress_callback(progress)
+        mp2 = L.llama_model_default_params()
+        mp2.n_gpu_layers = 999
+        mp2.progress_callback = cb
+        model = phase("model load (whole)", lambda: L.llama_model_load_from_file(str(args.model).encode(), mp2))
     if uploads:
         phases.append(("model load: before the first upload", t_load, uploads[0]))
         phases.append(("model load: uploads", uploads[0], uploads[-1]))
         phases.append(("model load: after the last upload", uploads[-1], phases[-3][2]))
-    ctx2 = phase("context creation", lambda: L.llama_init_from_model(model, cp))
+    if args.through_engine:
+        ctx2 = phase("context creation", lambda: llama.Context(loaded, params).ptr)
+    else:
+        ctx2 = phase("context creation", lambda: L.llama_init_from_model(model, cp))
     tok = (L.llama_token * 8)(*([1] * 8))
     phase("warm-up decode (8 tokens)", lambda: (L.llama_decode(ctx2, L.llama_batch_get_one(tok, 8)), L.llama_synchronize(ctx2)))
     phase("context free", lambda: L.llama_free(ctx2))
     phase("model free", lambda: L.llama_model_free(model))
     stop.set()
     worker.join()
+    prober.join()
 
     base = [b - a for a, b in steps if b < steady_end]
     med = statistics.median(base)
+    probe_base = [b - a for a, b in waits if b < steady_end]
+    probe_p99 = sorted(probe_base)[int(len(probe_base) * 0.99)]
+    way = "the engine's wrappers" if args.through_engine else "llama.cpp's C API"
+    threads = args.threads or ("every core" if args.through_engine else "llama.cpp's default")
+    print(f"through {way}; threads {threads}, slots {args.slots}")
     print(f"steady step (serving {args.serving.name}): median {med * 1000:.2f} ms, p99 "
-          f"{sorted(base)[int(len(base) * 0.99)] * 1000:.2f} ms over {len(base)} steps")
-    print("| phase | phase ms | steps in it | median step ms | longest step ms | longest ÷ steady median |")
-    print("|---|---:|---:|---:|---:|---:|")
+          f"{sorted(base)[int(len(base) * 0.99)] * 1000:.2f} ms over {len(base)} steps; "
+          f"probe batch p99 {probe_p99 * 1e6:.0f} µs")
+    print("| phase | phase ms | steps in it | median step ms | longest step ms | longest ÷ steady median "
+          "| longest probe batch µs |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     rows = []
     for name, t0, t1 in phases:
         inside = [b - a for a, b in steps if b > t0 and a < t1]
         longest = max(inside, default=0.0)
+        probe = max((b - a for a, b in waits if b > t0 and a < t1), default=0.0)
         rows.append({"phase": name, "ms": (t1 - t0) * 1000, "steps": len(inside),
                      "median_step_ms": statistics.median(inside) * 1000 if inside else None,
-                     "longest_step_ms": longest * 1000})
+                     "longest_step_ms": longest * 1000, "longest_probe_us": probe * 1e6})
         print(f"| {name} | {(t1 - t0) * 1000:.1f} | {len(inside)} | "
-              f"{statistics.median(inside) * 1000 if inside else 0:.2f} | {longest * 1000:.2f} | {longest / med:.1f} |")
+              f"{statistics.median(inside) * 1000 if inside else 0:.2f} | {longest * 1000:.2f} | {longest / med:.1f} "
+              f"| {probe * 1e6:.0f} |")
     if args.json:
-        Path(args.json).write_text(json.dumps({"steady_median_ms": med * 1000, "phases": rows}, indent=1))
+        Path(args.json).write_text(json.dumps({
+            "through_engine": args.through_engine, "threads": args.threads, "slots": args.slots,
+            "steady_median_ms": med * 1000, "probe_p99_us": probe_p99 * 1e6, "phases": rows}, indent=1))
     L.llama_free(ctx)
-    L.llama_model_free(serving)
+    L.llama_model_free(serving)  # the engine's Model wrappers have no finaliser: freed here either way
     return 0
 
 

@@ -73,7 +73,7 @@ class SlotsBusy(RuntimeError):
 class EngineCore(Loading, Batching, KvOps, EmbedJobs):
     def __init__(self, on_status: Callable[[EngineSnapshot], None] | None = None, max_queue: int = 64,
                  drain_timeout_s: float = 30.0, device: str | None = None, prefix: PrefixSettings | None = None,
-                 slow_turn_ms: float = 0.0, reaper: ReaperSettings | None = None) -> None:
+                 slow_turn_ms: float = 0.0, reaper: ReaperSettings | None = None, load_threads: int = 1) -> None:
         self.stats = EngineStats()
         self.slow_turn_s = slow_turn_ms / 1000  # a turn of the loop longer than this is logged with its parts (0: off)
         self.prefix = PrefixShare(prefix or PrefixSettings())
@@ -86,6 +86,7 @@ class EngineCore(Loading, Batching, KvOps, EmbedJobs):
         pace = reaper or ReaperSettings()
         self.reaper = Reaper(pace.delay_ms / 1000, pace.pause_ms / 1000)  # frees retired generations off this thread
         self.standby: Generation | None = None  # the other expert placement, resident for a fast mode switch
+        self.load_threads = load_threads  # CPU threads a load beside a serving generation takes from it
         self.loads: dict[int, LoadRecord] = {}
         self.current_load: LoadRecord | None = None
         self.last_error: str | None = None
@@ -321,6 +322,7 @@ class EngineCore(Loading, Batching, KvOps, EmbedJobs):
                 self.settle_device()
             self.heartbeat = time.monotonic()
             self._maybe_swap()
+            self._share_cpu()
             self._drain_step()
             self._expire_waiting()
             self._admit()
@@ -337,6 +339,17 @@ class EngineCore(Loading, Batching, KvOps, EmbedJobs):
             self._flush()
             if steps is not None:
                 self._log_slow_turn(slow, t0, t_cmd, t_admit, steps, t_steps, clock())
+
+    def _share_cpu(self) -> None:
+        """While a model loads (or warms up) beside the generations that serve, their contexts compute
+        with ``load_threads`` fewer CPU threads; otherwise with their own. Checked every turn, so no
+        way out of a load (done, failed, aborted) can leave a context short."""
+        rec = self.current_load
+        beside = self.load_threads if rec is not None and rec.phase in ("loading", "warming") else 0
+        if self.gen is not None:
+            self.gen.ctx.share_cpu(beside)
+        for old in self.retiring:
+            old.ctx.share_cpu(beside)
 
     def _timed_step(self, gen: Generation, into: list[tuple[Generation, float]] | None) -> None:
         """One step of ``gen``; with the slow-turn log on, its duration goes ``into`` the turn's list."""

@@ -384,8 +384,10 @@ class Generation:
 
 
 def build_generation(resolved: ResolvedModel, params: RuntimeParams, progress: Callable[[float], bool],
-                     gen_id: int, on_warming: Callable[[], None]) -> Generation:
-    """Load model + context on the calling (loader) thread; nothing here is shared yet."""
+                     gen_id: int, on_warming: Callable[[], None], warm_threads: int = 0) -> Generation:
+    """Load model + context on the calling (loader) thread; nothing here is shared yet. ``warm_threads``
+    (0: all of the context's own) caps the CPU threads of the warm-up, when a generation serves beside
+    it with that many threads fewer; the engine thread gives the new context its own when it installs it."""
     t0 = time.monotonic()
     try:
         placement = plan(resolved.path, params)
@@ -415,6 +417,7 @@ def build_generation(resolved: ResolvedModel, params: RuntimeParams, progress: C
     try:
         on_warming()
         t1 = time.monotonic()
+        ctx.limit_threads(warm_threads)
         gen.warmup()
         gen.warmup_seconds = time.monotonic() - t1
     except Exception:

@@ -400,6 +400,8 @@ class Context:
         threads = params.n_threads or (os.cpu_count() or 1)
         cp.n_threads = threads
         cp.n_threads_batch = params.n_threads_batch or threads
+        self.threads = (cp.n_threads, cp.n_threads_batch)  # its own; share_cpu lends some for a while
+        self._threads_now = self.threads
         cp.type_k = _CACHE_TYPES[params.cache_type_k]
         cp.type_v = _CACHE_TYPES[params.cache_type_v]
         cp.flash_attn_type = _FLASH[params.flash_attn]
@@ -422,6 +424,25 @@ class Context:
         self.n_ctx_seq = C.llama_n_ctx_seq(ptr)
         self.n_batch = C.llama_n_batch(ptr)
         self.n_seq = cp.n_seq_max
+
+    def share_cpu(self, lent: int) -> None:
+        """Compute with ``lent`` CPU threads fewer than the context's own (never fewer than 1); 0 gives them
+        back. Takes effect from the next decode; the call itself only sets two numbers."""
+        want = (max(1, self.threads[0] - lent), max(1, self.threads[1] - lent))
+        if want != self._threads_now and self.ptr:
+            lib().llama_set_n_threads(self.ptr, *want)
+            self._threads_now = want
+
+    def limit_threads(self, n: int) -> None:
+        """Compute with at most ``n`` CPU threads (0: the context's own) until told otherwise."""
+        want = self.threads if n <= 0 else (min(n, self.threads[0]), min(n, self.threads[1]))
+        if want != self._threads_now and self.ptr:
+            lib().llama_set_n_threads(self.ptr, *want)
+            self._threads_now = want
+
+    @property
+    def threads_now(self) -> tuple[int, int]:
+        return self._threads_now
 
     def synchronize(self) -> None:
         """Wait until the device has computed what was queued (a no-op when it has)."""

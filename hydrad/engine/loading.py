@@ -41,6 +41,7 @@ class Loading:
     current_load: LoadRecord | None
     _cmds: Any
     reaper: Reaper
+    load_threads: int
     _lock: threading.Lock
     _load_ids: int
     _pending_swap: Any
@@ -129,7 +130,9 @@ class Loading:
             log_event(log, logging.INFO, "loading model", load=rec.id, model=resolved.id, path=str(resolved.path),
                       policy=rec.policy)
             t1 = time.monotonic()
-            gen = build_generation(resolved, params, progress, rec.id, on_warming=lambda: self._warming(rec, reloading))
+            beside = reloading and not drained  # a generation keeps serving while this one loads
+            gen = build_generation(resolved, params, progress, rec.id, on_warming=lambda: self._warming(rec, reloading),
+                                   warm_threads=self.load_threads if beside else 0)
             rec.timings["load_s"] = round(time.monotonic() - t1, 4)
             rec.timings["warmup_s"] = round(gen.warmup_seconds, 4)  # part of load_s
             if rec.abort.is_set():

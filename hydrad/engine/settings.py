@@ -199,6 +199,14 @@ class EngineSettings(BaseModel):
                     "the interpreter lock up around every llama.cpp call of a step and, while the event loop (HTTP, "
                     "streaming) or the loader thread runs Python, waits up to this long for it each time: shorter "
                     "means shorter waits for the step and more switches for the others (Python's default is 5).")
+    load_threads: int = Field(
+        1, ge=0, le=256,
+        description="CPU threads a model load takes from the generation serving beside it (an overlap reload): "
+                    "until the load ends, the serving context computes with this many fewer (never fewer than 1) "
+                    "and the new generation warms up on this many; then each has its own n_threads again. A "
+                    "context's CPU thread pool waits at the end of each step for its slowest thread, so a pool "
+                    "as wide as the machine that loses a core to the loader stalls whole steps (on the 2-core "
+                    "machine: the longest gap of an overlap reload 3.4-3.9x the steady gap). 0 = no sharing.")
     reaper: ReaperSettings = Field(default_factory=ReaperSettings,
                                    description="How a generation retired by a reload is freed.")
     drain_timeout_s: float = Field(30.0, gt=0, description="On SIGTERM, how long in-flight requests may run before they are ended.")
