@@ -31,7 +31,9 @@ did (5–7 ms), so the differences between the two can be switched on one at a t
 
 - ``--threads`` and ``--slots``: both contexts' CPU threads and sequences. llama.cpp's default is 4
   threads; the engine's is every core (16 on the GPU host), and a CPU thread pool that large can lose
-  one of its threads to the loader mid-step, which holds up the whole step.
+  one of its threads to the loader mid-step, which holds up the whole step. On the 2-core machine a
+  serving pool of 2 threads had 80-145 ms steps during a Gemma load (10-16x its median), one of 1 thread
+  1.2-1.7x; the engine now lends a thread to a load beside it (``load_threads``).
 - ``--through-engine``: the new model and both contexts go through the engine's own wrappers
   (``hydrad.engine.llama``: its context parameters, its log callback into Python logging, its progress
   callback), with the engine's interpreter switch interval.
@@ -86,7 +88,8 @@ def main() -> int:
                     help="load the new model and make both contexts through the engine's own wrappers and callbacks")
     ap.add_argument("--loader-nice", type=int, default=0, metavar="N",
                     help="lower the loading thread's priority by N (Linux: per thread; the thread pools llama.cpp "
-                         "starts from it inherit it), as the engine's loader does")
+                         "starts from it inherit it). On the 2-core machine 19 starved the load (12-39 s) and left "
+                         "the stalls as they were, which is why the engine lends threads (load_threads) instead")
     ap.add_argument("--json", metavar="FILE")
     args = ap.parse_args()
 

