@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from hydrad.cli.common import CliError
+from hydrad.common.netaccess import split_socket_endpoint
 
 EXIT_START_FAILED = 1
 EXIT_BAD_CONFIG = 2
@@ -78,17 +79,8 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     return raw
 
 
-def split_endpoint(endpoint: str) -> tuple[str, int]:
-    """``tcp://host:port`` → (host, port); ``*`` means every address."""
-    rest = endpoint.split("://", 1)[-1]
-    host, sep, port = rest.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ValueError(f"{endpoint!r} is not tcp://host:port")
-    return host.strip("[]"), int(port)
-
-
 def _moved(endpoint: str, offset: int) -> str:
-    host, port = split_endpoint(endpoint)
+    host, port = split_socket_endpoint(endpoint)
     scheme = endpoint.split("://", 1)[0] if "://" in endpoint else "tcp"
     host = f"[{host}]" if ":" in host else host
     return f"{scheme}://{host}:{port + offset if port else 0}"
@@ -144,8 +136,8 @@ def plan(config_dir: Path, profile: str | None, offset: int, copy_dir: Path, sta
     own_state = has_state and getattr(cs, "state_dir", None) is not None
     copies = offset != 0 or name != (cs.default_profile or profiles.default_name) or (own_state and state_dir is not None)
     ports: list[Port] = []
-    bus_host, bus_port = split_endpoint(cs.bus.endpoint)
-    ev_host, ev_port = split_endpoint(cs.events)
+    bus_host, bus_port = split_socket_endpoint(cs.bus.endpoint)
+    ev_host, ev_port = split_socket_endpoint(cs.events)
     shown = display_path(coord_path)
     ports += [Port(cs.http.host, cs.http.port + offset, "coordinator HTTP", f"{shown}: http.port"),
               Port(bus_host, bus_port + offset, "coordinator bus", f"{shown}: bus"),
@@ -155,7 +147,7 @@ def plan(config_dir: Path, profile: str | None, offset: int, copy_dir: Path, sta
     stream = cs.bus.stream_plan()
     explicit_stream = stream[0] if stream is not None and stream[1] else None
     if explicit_stream is not None:
-        st_host, st_port = split_endpoint(explicit_stream)
+        st_host, st_port = split_socket_endpoint(explicit_stream)
         ports.append(Port(st_host, st_port + offset, "coordinator request stream", f"{shown}: bus.request_stream"))
     if copies:
         raw = _read_yaml(coord_path)
@@ -194,7 +186,7 @@ def plan(config_dir: Path, profile: str | None, offset: int, copy_dir: Path, sta
             raise CliError(f"{shown}: no bus.endpoint, so the coordinator would never hear of {engine}; "
                            f"set it to {cs.bus.endpoint}", EXIT_BAD_CONFIG)
         try:
-            _, port = split_endpoint(es.bus.endpoint)
+            _, port = split_socket_endpoint(es.bus.endpoint)
         except ValueError as exc:
             raise CliError(f"{shown}: bus.endpoint: {exc}", EXIT_BAD_CONFIG) from None
         if port != bus_port:

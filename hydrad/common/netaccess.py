@@ -28,10 +28,19 @@ def check_networks(networks: list[str]) -> list[str]:
     return networks
 
 
-def split_endpoint(endpoint: str) -> tuple[str, int]:
-    """``host:port`` (``[v6]:port`` too) → (host, port); ValueError says what is wrong."""
+def split_endpoint(endpoint: str, *, allow_zero: bool = False) -> tuple[str, int]:
+    """``host:port`` (``[v6]:port`` too) → (host, port); ValueError says what is wrong. Port 0 (a free
+    one) only where a listener binds (``allow_zero``): an endpoint to connect to needs a port."""
     host, sep, port = endpoint.rpartition(":")
-    if (not sep or not host or not port.isdigit() or not 0 < int(port) < 65536
+    low = 0 if allow_zero else 1
+    if (not sep or not host or not port.isdigit() or not low <= int(port) < 65536
             or any(c.isspace() for c in endpoint)):
-        raise ValueError(f"{endpoint!r} is not host:port")
+        raise ValueError(f"{endpoint!r} is not host:port with a port of {low}-65535")
     return host.strip("[]"), int(port)
+
+
+def split_socket_endpoint(endpoint: str) -> tuple[str, int]:
+    """A ZeroMQ endpoint, ``tcp://host:port`` (``*`` for every address, port 0 for a free one), → (host,
+    port); ValueError for one that is not (an ``ipc://`` path)."""
+    _scheme, sep, rest = endpoint.partition("://")
+    return split_endpoint(rest if sep else endpoint, allow_zero=True)

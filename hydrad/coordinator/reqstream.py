@@ -31,6 +31,7 @@ from typing import Any
 
 from hydrad.common import tokenfile
 from hydrad.common.logs import log_event
+from hydrad.common.netaccess import split_endpoint
 from hydrad.coordinator.records import EngineUnreachable, engine_of
 from hydrad.wire import messages as M
 from hydrad.wire import streamframes as SF
@@ -63,7 +64,7 @@ class RequestStreamDoor:
         free one, which the endpoint (and so the offer) then names. A wildcard host (``*``, as in a bus
         endpoint) listens on every IPv4 address; the offer keeps it, and each engine connects to the host it
         reaches the bus at (hydrad/engine/bus/stream.py)."""
-        host, port = M.parse_endpoint(self.endpoint, allow_zero=True)
+        host, port = split_endpoint(self.endpoint, allow_zero=True)
         bind_host = "0.0.0.0" if host in ("*", "") else host
         s = socket.socket(socket.AF_INET6 if ":" in bind_host else socket.AF_INET, socket.SOCK_STREAM)
         try:

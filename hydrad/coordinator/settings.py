@@ -16,7 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from hydrad.common.apikey import InferenceAccess, resolve_api_key
-from hydrad.common.netaccess import address_allowed, check_networks
+from hydrad.common.netaccess import address_allowed, check_networks, split_endpoint
 from hydrad.common.yamlfile import ConfigError, beside, read_settings
 from hydrad.coordinator.sessions import SessionSettings
 
@@ -39,10 +39,8 @@ class BusSettings(BaseModel):
         if (self.curve_public_key is None) != (self.curve_secret_key is None):
             raise ValueError("curve_public_key and curve_secret_key come together")
         if self.request_stream not in (None, "auto", "off"):
-            from hydrad.wire.messages import parse_endpoint
-
             try:
-                parse_endpoint(self.request_stream)
+                split_endpoint(self.request_stream)
             except ValueError as e:
                 raise ValueError(f"request_stream: {e} (or \"auto\", or \"off\")") from None
             if self.curve_secret_key is not None:

@@ -22,6 +22,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
+from hydrad.common.netaccess import split_endpoint
 from hydrad.wire import logprobs as lp
 from hydrad.wire import toolcalls
 from hydrad.wire.gpuinfo import GpuInfo
@@ -280,16 +281,6 @@ class Welcome(_Msg):
     version: str = Field(max_length=64)
 
 
-def parse_endpoint(value: str, *, allow_zero: bool = False) -> tuple[str, int]:
-    """``host:port`` (``[v6]:port`` for IPv6) → (host, port); ValueError naming what is wrong. Port 0
-    (a free one) only where a listener binds (``allow_zero``): an endpoint to connect to needs a port."""
-    host, sep, port = value.rpartition(":")
-    low = 0 if allow_zero else 1
-    if not sep or not host or not port.isdigit() or not low <= int(port) < 65536:
-        raise ValueError(f"an endpoint must be host:port with a port of {low}-65535, not {value!r}")
-    return host.strip("[]"), int(port)
-
-
 class StreamOffer(_Msg):
     """The coordinator's request stream (hydrad/coordinator/reqstream.py), offered right after WELCOME
     when it has one. A kind of its own rather than a member of WELCOME: an engine of an earlier release
@@ -302,7 +293,7 @@ class StreamOffer(_Msg):
     @field_validator("endpoint")
     @classmethod
     def _endpoint(cls, v: str) -> str:
-        parse_endpoint(v)  # an offer the engine could not connect to is dropped as malformed, here
+        split_endpoint(v)  # an offer the engine could not connect to is dropped as malformed, here
         return v
 
 

@@ -19,6 +19,7 @@ from tests.conftest import start_solo_pool
 from tests.support.coordinator import Coordinator
 from tests.support.engine import Engine
 from tests.support.wait import eventually
+from hydrad.common.netaccess import split_endpoint
 from hydrad.coordinator import reqstream
 from hydrad.wire import messages as M
 from hydrad.wire import streamframes as SF
@@ -87,7 +88,7 @@ def test_strangers_on_the_stream_port_are_closed_and_the_pool_serves_on(
         stream_pool: tuple[Coordinator, Engine]) -> None:
     c, _ = stream_pool
     stream_up(c)
-    host, port = M.parse_endpoint(c.request_stream or "")
+    host, port = split_endpoint(c.request_stream or "")
     cases = {
         "junk": b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
         "a length over the HELLO limit": struct.pack("<I", 1 << 31),

@@ -18,6 +18,7 @@ import socket
 from typing import Callable
 
 from hydrad.common.logs import log_event
+from hydrad.common.netaccess import split_endpoint, split_socket_endpoint
 from hydrad.wire import messages as M
 from hydrad.wire import streamframes as SF
 
@@ -68,10 +69,12 @@ class EngineStream:
     def _target(self) -> tuple[str, int]:
         """Where to connect: the offered host, or for a wildcard one (a stream bound to every address, as
         a bus at ``tcp://*:9500``) the host this engine reaches the bus at."""
-        host, port = M.parse_endpoint(self.endpoint)
+        host, port = split_endpoint(self.endpoint)
         if host in WILDCARD:
-            rest = self.bus_endpoint.partition("://")[2]
-            host = rest.rpartition(":")[0].strip("[]") or "127.0.0.1"
+            try:
+                host = split_socket_endpoint(self.bus_endpoint)[0]
+            except ValueError:
+                host = "127.0.0.1"
         return host, port
 
     async def _run(self) -> None:

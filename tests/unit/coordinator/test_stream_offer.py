@@ -14,6 +14,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
+from hydrad.common.netaccess import split_endpoint
 from hydrad.coordinator.bus import CoordinatorBus
 from hydrad.coordinator.settings import CoordinatorSettings
 from hydrad.wire import messages as M
@@ -68,7 +69,7 @@ def test_a_default_pool_offers_its_stream_at_the_port_it_got() -> None:
     got = asyncio.run(_welcome_and_after(None))
     offer = M.decode(got[1])
     assert isinstance(offer, M.StreamOffer), got
-    host, port = M.parse_endpoint(offer.endpoint)
+    host, port = split_endpoint(offer.endpoint)
     assert host == "127.0.0.1" and port > 0
 
 

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from pydantic import ValidationError
 
+from hydrad.common.netaccess import split_endpoint, split_socket_endpoint
 from hydrad.coordinator.settings import BusSettings
 from hydrad.wire import messages as M
 from hydrad.wire import streamframes as SF
@@ -84,12 +85,20 @@ def test_the_request_stream_is_refused_beside_curve() -> None:
     key = "x" * 40
     with pytest.raises(ValidationError, match="not encrypted"):
         BusSettings(request_stream="127.0.0.1:9502", curve_public_key=key, curve_secret_key=key)
-    assert M.parse_endpoint("[::1]:9502") == ("::1", 9502)
+    assert split_endpoint("[::1]:9502") == ("::1", 9502)
     assert BusSettings(request_stream="127.0.0.1:9502").request_stream == "127.0.0.1:9502"
 
 
 def test_port_zero_is_an_endpoint_to_bind_not_one_to_connect_to() -> None:
     """The stream's listener may take a free port (a bus on a free port); an offer must name a real one."""
-    assert M.parse_endpoint("127.0.0.1:0", allow_zero=True) == ("127.0.0.1", 0)
+    assert split_endpoint("127.0.0.1:0", allow_zero=True) == ("127.0.0.1", 0)
     with pytest.raises(ValueError, match="port of 1-65535"):
-        M.parse_endpoint("127.0.0.1:0")
+        split_endpoint("127.0.0.1:0")
+
+
+def test_a_socket_endpoint_is_split_with_its_scheme_and_a_wildcard_or_free_port() -> None:
+    assert split_socket_endpoint("tcp://*:9500") == ("*", 9500)
+    assert split_socket_endpoint("tcp://[::1]:0") == ("::1", 0)
+    assert split_socket_endpoint("10.0.0.2:9502") == ("10.0.0.2", 9502)
+    with pytest.raises(ValueError, match="host:port"):
+        split_socket_endpoint("ipc:///run/hydra/bus")
