@@ -346,10 +346,11 @@ class EngineCore(Loading, Batching, KvOps, EmbedJobs):
         way out of a load (done, failed, aborted) can leave a context short."""
         rec = self.current_load
         beside = self.load_threads if rec is not None and rec.phase in ("loading", "warming") else 0
-        if self.gen is not None:
-            self.gen.ctx.share_cpu(beside)
-        for old in self.retiring:
-            old.ctx.share_cpu(beside)
+        for g in (self.gen, *self.retiring):
+            if g is not None:
+                g.ctx.share_cpu(beside)
+                if g.embedder is not None:  # embedding requests are computed between steps, on its own context
+                    g.embedder.ctx.share_cpu(beside)
 
     def _timed_step(self, gen: Generation, into: list[tuple[Generation, float]] | None) -> None:
         """One step of ``gen``; with the slow-turn log on, its duration goes ``into`` the turn's list."""

@@ -117,3 +117,21 @@ def test_no_sharing_when_load_threads_is_zero(smollm_path: Path) -> None:
     finally:
         core.gen, core.current_load = None, None
         serving.free()
+
+
+def test_an_embedding_context_lends_too(smollm_path: Path) -> None:
+    params = PARAMS.model_copy(update={"embeddings": True})
+    resolved = ResolvedModel(alias="smollm2-135m", path=smollm_path, entry=None)
+    gen = build_generation(resolved, params, lambda _v: True, 1, on_warming=lambda: None)
+    core = EngineCore(load_threads=1)
+    core.gen, core.current_load = gen, LoadRecord(2, "gemma3-270m", phase="warming")
+    try:
+        assert gen.embedder is not None
+        core._share_cpu()
+        assert _in_llama(gen.embedder.ctx) == (2, 3) and _in_llama(gen.ctx) == (2, 3)
+        core.current_load = None
+        core._share_cpu()
+        assert _in_llama(gen.embedder.ctx) == (3, 4)
+    finally:
+        core.gen, core.current_load = None, None
+        gen.free()
