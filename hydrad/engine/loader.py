@@ -40,6 +40,7 @@ class LoadRecord:
     seconds: float | None = None
     run_t0: float | None = field(default=None, repr=False, compare=False)  # time.monotonic() when the loader began
     carried: dict[str, int] = field(default_factory=dict)
+    threads_lent: int = 0  # CPU threads the serving generation lends this load (load_threads; it keeps at least one)
     abort: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
     ended: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
     _waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = field(
@@ -78,7 +79,7 @@ class LoadRecord:
         return {"id": self.id, "model": self.model, "policy": self.policy, "carry_kv": self.carry_kv,
                 "phase": self.phase, "progress": round(self.progress, 4), "error": self.error,
                 "estimate": self.estimate, "started": self.started, "timings": self.timings,
-                "seconds": self.seconds, "carried": self.carried}
+                "seconds": self.seconds, "carried": self.carried, "threads_lent": self.threads_lent}
 
 
 TERMINAL_PHASES = ("done", "failed", "aborted")

@@ -131,6 +131,7 @@ class Loading:
                       policy=rec.policy)
             t1 = time.monotonic()
             beside = reloading and not drained  # a generation keeps serving while this one loads
+            rec.threads_lent = self.load_threads if beside else 0
             gen = build_generation(resolved, params, progress, rec.id, on_warming=lambda: self._warming(rec, reloading),
                                    warm_threads=self.load_threads if beside else 0)
             rec.timings["load_s"] = round(time.monotonic() - t1, 4)

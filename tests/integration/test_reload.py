@@ -60,6 +60,7 @@ def test_overlap_switch_under_steady_traffic(smollm_path: Path, gemma_path: Path
             seen_reloading.append(h.status_code)
         rec = wait_load(e, r.json()["load_id"])
         assert rec["phase"] == "done", rec
+        assert rec["threads_lent"] == 1, rec  # load_threads' default: the old generation served beside the load
         # on a loaded machine the next responses can take a while
         eventually(lambda: any(b.get("model") == "gemma3-270m" for _, _, b in s.results), 60,
                    "a response from gemma3-270m", interval=0.1)
@@ -128,6 +129,7 @@ def test_drain_serves_queued_requests_after_the_load(smollm_path: Path, gemma_pa
     assert queued.status_code == 200 and queued.json()["model"] == "gemma3-270m"
     rec = wait_load(e, r.json()["load_id"])
     assert rec["phase"] == "done" and rec["timings"]["drain_s"] > 0
+    assert rec["threads_lent"] == 0, rec  # nothing served beside a drained load
 
 
 def test_drain_queue_bound_answers_503_with_retry_after(smollm_path: Path, gemma_path: Path,
