@@ -428,14 +428,13 @@ class Context:
     def share_cpu(self, lent: int) -> None:
         """Compute with ``lent`` CPU threads fewer than the context's own (never fewer than 1); 0 gives them
         back. Takes effect from the next decode; the call itself only sets two numbers."""
-        want = (max(1, self.threads[0] - lent), max(1, self.threads[1] - lent))
-        if want != self._threads_now and self.ptr:
-            lib().llama_set_n_threads(self.ptr, *want)
-            self._threads_now = want
+        self._use_threads((max(1, self.threads[0] - lent), max(1, self.threads[1] - lent)))
 
     def limit_threads(self, n: int) -> None:
         """Compute with at most ``n`` CPU threads (0: the context's own) until told otherwise."""
-        want = self.threads if n <= 0 else (min(n, self.threads[0]), min(n, self.threads[1]))
+        self._use_threads(self.threads if n <= 0 else (min(n, self.threads[0]), min(n, self.threads[1])))
+
+    def _use_threads(self, want: tuple[int, int]) -> None:
         if want != self._threads_now and self.ptr:
             lib().llama_set_n_threads(self.ptr, *want)
             self._threads_now = want
