@@ -20,7 +20,7 @@ from hydrad.common.registry import Registry
 from hydrad.common.serving import run_loop
 from hydrad.engine import llama
 from hydrad.engine.daemon import Daemon
-from hydrad.engine.gpu import bind_devices, set_cuda_graphs, set_cuda_pinned_host
+from hydrad.engine.gpu import CUDA_SWITCHES, bind_devices, set_cuda_switches
 from hydrad.engine.settings import ConfigError, EngineSettings, LoadedConfig, load_config
 from hydrad.store import StoreError
 
@@ -121,8 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     setup_logging(loaded.settings.logging.level)
     bind_devices(loaded.settings.device, os.environ)
-    set_cuda_graphs(loaded.settings.cuda_graphs, os.environ)
-    set_cuda_pinned_host(loaded.settings.cuda_pinned_host, os.environ)
+    set_cuda_switches({name: getattr(loaded.settings, name) for name in CUDA_SWITCHES}, os.environ)
     # The engine thread and the event loop hand work to each other every decode step; a shorter GIL
     # switch interval than Python's 5 ms keeps each from waiting long for the other's Python parts.
     sys.setswitchinterval(loaded.settings.switch_interval_ms / 1000)

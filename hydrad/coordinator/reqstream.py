@@ -33,7 +33,6 @@ from hydrad.common import tokenfile
 from hydrad.common.logs import log_event
 from hydrad.common.netaccess import split_endpoint
 from hydrad.coordinator.records import EngineUnreachable, engine_of
-from hydrad.wire import messages as M
 from hydrad.wire import streamframes as SF
 
 log = logging.getLogger("hydra.coordinator.reqstream")

@@ -86,20 +86,19 @@ def bind_devices(device: str | None, environ: MutableMapping[str, str]) -> None:
         environ.setdefault(name, device)
 
 
-def set_cuda_graphs(enabled: bool, environ: MutableMapping[str, str]) -> None:
-    """``cuda_graphs: false`` → GGML_CUDA_DISABLE_GRAPHS=1, which ggml's CUDA back end reads when it
-    creates a context; like the device binding, an operator's own variable wins."""
-    if not enabled:
-        environ.setdefault("GGML_CUDA_DISABLE_GRAPHS", "1")
+# The engine's CUDA switches, each a setting that is on by default, and the variable ggml's CUDA back end
+# reads when it is off: GGML_CUDA_DISABLE_GRAPHS when it creates a context, GGML_CUDA_NO_PINNED (no
+# page-locked host buffers: llama.cpp puts them in ordinary memory) at each host-buffer allocation.
+CUDA_SWITCHES = {"cuda_graphs": "GGML_CUDA_DISABLE_GRAPHS", "cuda_pinned_host": "GGML_CUDA_NO_PINNED"}
 
 
-def set_cuda_pinned_host(enabled: bool, environ: MutableMapping[str, str]) -> None:
-    """``cuda_pinned_host: false`` → GGML_CUDA_NO_PINNED=1: ggml's CUDA back end then offers no
-    page-locked host buffer type, and llama.cpp puts those buffers in ordinary memory. ggml reads the
-    variable at each such allocation, so it is set here, once, before any thread exists to race a
-    later change; an operator's own variable wins."""
-    if not enabled:
-        environ.setdefault("GGML_CUDA_NO_PINNED", "1")
+def set_cuda_switches(settings: Mapping[str, bool], environ: MutableMapping[str, str]) -> None:
+    """Each switch of :data:`CUDA_SWITCHES` that ``settings`` turns off sets its variable to 1, at start,
+    before any thread exists to race a later change; like the device binding, an operator's own
+    variable wins."""
+    for name, variable in CUDA_SWITCHES.items():
+        if not settings.get(name, True):
+            environ.setdefault(variable, "1")
 
 
 def bound_device(setting: str | None, environ: Mapping[str, str] | None = None) -> str | None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from hydrad.engine.gpu import DEVICE_ENV, bind_devices, set_cuda_graphs, set_cuda_pinned_host
+from hydrad.engine.gpu import DEVICE_ENV, bind_devices, set_cuda_switches
 from hydrad.engine.settings import EngineSettings
 
 
@@ -44,25 +44,15 @@ def test_good_devices(good: str) -> None:
     assert EngineSettings(device=good).device == good
 
 
-def test_cuda_graphs_off_sets_the_variable_ggml_reads_and_on_leaves_it_alone() -> None:
+@pytest.mark.parametrize("setting,variable", [("cuda_graphs", "GGML_CUDA_DISABLE_GRAPHS"),
+                                              ("cuda_pinned_host", "GGML_CUDA_NO_PINNED")])
+def test_a_cuda_switch_off_sets_the_variable_ggml_reads_and_on_leaves_it_alone(setting: str, variable: str) -> None:
     env: dict[str, str] = {}
-    set_cuda_graphs(True, env)
+    set_cuda_switches({setting: True}, env)
     assert env == {}
-    set_cuda_graphs(False, env)
-    assert env == {"GGML_CUDA_DISABLE_GRAPHS": "1"}
-    operator = {"GGML_CUDA_DISABLE_GRAPHS": ""}  # an operator's own value wins
-    set_cuda_graphs(False, operator)
-    assert operator == {"GGML_CUDA_DISABLE_GRAPHS": ""}
-    assert EngineSettings().cuda_graphs is True
-
-
-def test_pinned_host_off_sets_the_variable_ggml_reads_and_on_leaves_it_alone() -> None:
-    env: dict[str, str] = {}
-    set_cuda_pinned_host(True, env)
-    assert env == {}
-    set_cuda_pinned_host(False, env)
-    assert env == {"GGML_CUDA_NO_PINNED": "1"}
-    operator = {"GGML_CUDA_NO_PINNED": ""}  # an operator's own value wins, even an empty one
-    set_cuda_pinned_host(False, operator)
-    assert operator == {"GGML_CUDA_NO_PINNED": ""}
-    assert EngineSettings().cuda_pinned_host is True
+    set_cuda_switches({setting: False}, env)
+    assert env == {variable: "1"}
+    operator = {variable: ""}  # an operator's own value wins, even an empty one
+    set_cuda_switches({setting: False}, operator)
+    assert operator == {variable: ""}
+    assert getattr(EngineSettings(), setting) is True
