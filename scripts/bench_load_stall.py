@@ -32,11 +32,13 @@ did (5–7 ms), so the differences between the two can be switched on one at a t
 - ``--threads`` and ``--slots``: both contexts' CPU threads and sequences. llama.cpp's default is 4
   threads; the engine's is every core (16 on the GPU host), and a CPU thread pool that large can lose
   one of its threads to the loader mid-step, which holds up the whole step. On the 2-core machine a
-  serving pool of 2 threads had 80-145 ms steps during a Gemma load (10-16x its median), one of 1 thread
-  1.2-1.7x; the engine now lends a thread to a load beside it (``load_threads``).
+  serving pool of 2 threads had 90-145 ms steps during a Gemma load (10.5-15.7x its median), one of 1
+  thread 1.2-1.7x; the engine now lends a thread to a load beside it (``load_threads``).
 - ``--through-engine``: the new model and both contexts go through the engine's own wrappers
   (``hydrad.engine.llama``: its context parameters, its log callback into Python logging, its progress
-  callback), with the engine's interpreter switch interval.
+  callback).
+
+Both ways run with the engine's interpreter switch interval (``switch_interval_ms``).
 
 Beside the stepping thread, a probe thread makes 20 short C calls at a time, as the engine's step thread
 does around each ``llama_decode``; each call gives the interpreter lock up and takes it back. Its longest
