@@ -115,9 +115,11 @@ def run_policy(policy: str, switches: int, tmp: Path, models: tuple[str, ...] = 
     reaper = ReaperSettings(**(config.get("reaper") or {}))
     # the paced free (reaper.delay_ms, pause_ms) ends after the switch: its gaps count as the switch's
     settle = 0.5 + (reaper.delay_ms + reaper.pause_ms) / 1000
+    extra = {k: v for k, v in config.items() if k != "defaults"}  # a variant's "defaults" adds to the runtime's
     e = Engine(tmp, defaults={"model": models[1], "temperature": 0, "reload_policy": policy,
-                              "reload_queue_timeout_s": 120, "n_parallel": 2}, name=f"bench-{policy}-{time.monotonic_ns()}",
-               extra={**config, "logging": {"slow_turn_ms": slow_turn_ms, **config.get("logging", {})}})
+                              "reload_queue_timeout_s": 120, "n_parallel": 2, **config.get("defaults", {})},
+               name=f"bench-{policy}-{time.monotonic_ns()}",
+               extra={**extra, "logging": {"slow_turn_ms": slow_turn_ms, **config.get("logging", {})}})
     try:
         e.wait_ready(120)
         client = Client(e.url, cache_prompt)
@@ -243,7 +245,8 @@ def main() -> int:
                     "than this (logging.slow_turn_ms); the lines go into the JSON (engine_log)")
     ap.add_argument("--engine-configs", type=json.loads, default=[{}], metavar="JSON",
                     help="a list of engine YAML variants to run each policy with, e.g. "
-                         "'[{}, {\"reaper\": {\"pause_ms\": 100}}]' (default: [{}], the defaults)")
+                         "'[{}, {\"reaper\": {\"pause_ms\": 100}}]'; a variant's \"defaults\" adds runtime parameters, "
+                         "e.g. '{\"defaults\": {\"n_threads\": 4}}' (default: [{}], the defaults)")
     ap.add_argument("--no-cache-prompt", action="store_true",
                     help="the client sends cache_prompt: false, so no request reuses its slot's KV (see above)")
     ap.add_argument("--json", metavar="FILE")
