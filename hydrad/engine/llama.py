@@ -96,6 +96,8 @@ _CACHE_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, 
 _SPLIT = {"none": 0, "layer": 1, "row": 2}
 _ROPE = {"model": -1, "none": 0, "linear": 1, "yarn": 2, "longrope": 3}
 _FLASH = {"auto": -1, "off": 0, "on": 1}
+# use_mmap: llama.cpp's own choice (it maps the file where every device can use the mapping) or a read
+_LOAD_MODE = {True: -1, False: 0}  # LLAMA_LOAD_MODE_AUTO, LLAMA_LOAD_MODE_NONE
 
 
 class _BuftOverride(ctypes.Structure):
@@ -174,7 +176,7 @@ class Model:
         mp.n_gpu_layers = 999 if params.n_gpu_layers < 0 else params.n_gpu_layers
         mp.split_mode = _SPLIT[params.split_mode]
         mp.main_gpu = params.main_gpu
-        mp.use_mmap = params.use_mmap
+        mp.load_mode = _LOAD_MODE[params.use_mmap]
         keep: list[Any] = []
         split = params.tensor_split
         if devices:
