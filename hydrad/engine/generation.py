@@ -15,6 +15,7 @@ from typing import Any, Callable, Sequence
 
 from hydrad.engine import ggml, gguf_meta, llama
 from hydrad.engine.embedder import Embedder
+from hydrad.engine.gpu import PAGEABLE_BESIDE
 from hydrad.engine.peer_watch import PeerWatch
 from hydrad.engine.placement import Placement, PlacementError, plan
 from hydrad.engine.requests import GenerationTag
@@ -384,10 +385,13 @@ class Generation:
 
 
 def build_generation(resolved: ResolvedModel, params: RuntimeParams, progress: Callable[[float], bool],
-                     gen_id: int, on_warming: Callable[[], None], warm_threads: int = 0) -> Generation:
+                     gen_id: int, on_warming: Callable[[], None], warm_threads: int = 0,
+                     beside: bool = False) -> Generation:
     """Load model + context on the calling (loader) thread; nothing here is shared yet. ``warm_threads``
     (0: all of the context's own) caps the CPU threads of the warm-up, when a generation serves beside
-    it with that many threads fewer; the engine thread gives the new context its own when it installs it."""
+    it with that many threads fewer; the engine thread gives the new context its own when it installs it.
+    ``beside`` (a generation serves while this one loads) opens :data:`PAGEABLE_BESIDE`'s window over
+    the contexts' creation and warm-up, where an armed engine keeps their host buffers pageable."""
     t0 = time.monotonic()
     try:
         placement = plan(resolved.path, params)
@@ -399,29 +403,30 @@ def build_generation(resolved: ResolvedModel, params: RuntimeParams, progress: C
         placed = params.model_copy(update={"n_gpu_layers": placement.n_gpu_layers,
                                            "tensor_split": placement.tensor_split})
         model = llama.Model.load(resolved.path, placed, progress, placement.devices, placement.overrides)
-    try:
-        ctx = llama.Context(model, params)
-    except Exception:
-        model.free()
-        raise
-    gen = Generation(gen_id, resolved, params, model, ctx, 0.0)
-    if params.embeddings:
+    with PAGEABLE_BESIDE.open(beside):
         try:
-            gen.embedder = Embedder(model, params)
+            ctx = llama.Context(model, params)
+        except Exception:
+            model.free()
+            raise
+        gen = Generation(gen_id, resolved, params, model, ctx, 0.0)
+        if params.embeddings:
+            try:
+                gen.embedder = Embedder(model, params)
+            except Exception:
+                gen.free()
+                raise
+        gen.placement = placement
+        gen.fingerprint = file_fingerprint(resolved.path)
+        gen.family = kv_family(model.info, resolved.path)
+        try:
+            on_warming()
+            t1 = time.monotonic()
+            ctx.limit_threads(warm_threads)
+            gen.warmup()
+            gen.warmup_seconds = time.monotonic() - t1
         except Exception:
             gen.free()
             raise
-    gen.placement = placement
-    gen.fingerprint = file_fingerprint(resolved.path)
-    gen.family = kv_family(model.info, resolved.path)
-    try:
-        on_warming()
-        t1 = time.monotonic()
-        ctx.limit_threads(warm_threads)
-        gen.warmup()
-        gen.warmup_seconds = time.monotonic() - t1
-    except Exception:
-        gen.free()
-        raise
     gen.load_seconds = time.monotonic() - t0
     return gen

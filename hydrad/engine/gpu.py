@@ -92,13 +92,73 @@ def bind_devices(device: str | None, environ: MutableMapping[str, str]) -> None:
 CUDA_SWITCHES = {"cuda_graphs": "GGML_CUDA_DISABLE_GRAPHS", "cuda_pinned_host": "GGML_CUDA_NO_PINNED"}
 
 
-def set_cuda_switches(settings: Mapping[str, bool], environ: MutableMapping[str, str]) -> None:
+def set_cuda_switches(settings: Mapping[str, bool | str], environ: MutableMapping[str, str],
+                      gate: "PageableGate | None" = None) -> None:
     """Each switch of :data:`CUDA_SWITCHES` that ``settings`` turns off sets its variable to 1, at start,
     before any thread exists to race a later change; like the device binding, an operator's own
-    variable wins."""
+    variable wins. ``cuda_pinned_host: alone`` arms ``gate`` (:data:`PAGEABLE_BESIDE`) instead."""
     for name, variable in CUDA_SWITCHES.items():
-        if not settings.get(name, True):
+        value = settings.get(name, True)
+        if value == "alone" and variable not in environ:
+            (gate or PAGEABLE_BESIDE).arm()
+        elif value is False:
             environ.setdefault(variable, "1")
+
+
+class PageableGate:
+    """``GGML_CUDA_NO_PINNED`` for a while, for the contexts a load creates beside a serving generation.
+
+    Allocating page-locked memory (``cudaMallocHost``) stalls every other context on the GPU for
+    about 10 ms on an H200, and a new context allocates some (its logits and CPU compute buffers),
+    so an overlap reload holds up one of the old generation's steps. Page-locked buffers make a
+    context's small host copies a little faster, which is worth keeping where nothing else runs.
+
+    ggml reads the variable at each host-buffer allocation, from any thread, so it cannot be set and
+    unset with ``setenv``: that may move the environment array under a concurrent ``getenv``. Instead
+    :meth:`arm` adds, once and at start, an entry of our own whose name is one byte off
+    (``putenv`` keeps our buffer as the entry), and :meth:`open` writes that one byte."""
+
+    NAME_OFF = b"GGML_CUDA_NO_PINNE_=1"
+    _AT = NAME_OFF.index(b"_=")
+
+    def __init__(self) -> None:
+        self._entry: ctypes.Array[ctypes.c_char] | None = None  # alive for the life of the process
+
+    @property
+    def armed(self) -> bool:
+        return self._entry is not None
+
+    def arm(self) -> None:
+        if self._entry is None:
+            entry = ctypes.create_string_buffer(self.NAME_OFF)
+            if ctypes.CDLL(None).putenv(entry) != 0:
+                raise OSError("putenv failed")
+            self._entry = entry
+
+    def open(self, pageable: bool) -> "_Window":
+        """A window (``with``) in which ggml's host buffers are pageable; a no-op unless armed and
+        ``pageable``. One window at a time: only the loader thread opens one."""
+        return _Window(self if pageable and self._entry is not None else None)
+
+    def _write(self, on: bool) -> None:
+        assert self._entry is not None
+        self._entry[self._AT] = b"D" if on else b"_"
+
+
+class _Window:
+    def __init__(self, gate: PageableGate | None) -> None:
+        self._gate = gate
+
+    def __enter__(self) -> None:
+        if self._gate is not None:
+            self._gate._write(True)
+
+    def __exit__(self, *_exc: object) -> None:
+        if self._gate is not None:
+            self._gate._write(False)
+
+
+PAGEABLE_BESIDE = PageableGate()
 
 
 def bound_device(setting: str | None, environ: Mapping[str, str] | None = None) -> str | None:

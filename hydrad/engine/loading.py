@@ -133,7 +133,7 @@ class Loading:
             beside = reloading and not drained  # a generation keeps serving while this one loads
             rec.threads_lent = self.load_threads if beside else 0
             gen = build_generation(resolved, params, progress, rec.id, on_warming=lambda: self._warming(rec, reloading),
-                                   warm_threads=rec.threads_lent)
+                                   warm_threads=rec.threads_lent, beside=beside)
             rec.timings["load_s"] = round(time.monotonic() - t1, 4)
             rec.timings["warmup_s"] = round(gen.warmup_seconds, 4)  # part of load_s
             if rec.abort.is_set():

@@ -186,13 +186,14 @@ class EngineSettings(BaseModel):
                           "decode on an H200 with a small model). false sets GGML_CUDA_DISABLE_GRAPHS=1 for this engine: "
                           "the way around a CUDA-graph fault of the bundled llama.cpp seen with 32-64 concurrent streams "
                           "(docs/benchmarks.md). Read at start; ignored without CUDA.")
-    cuda_pinned_host: bool = Field(
+    cuda_pinned_host: bool | Literal["alone"] = Field(
         True, description="Let llama.cpp's CUDA back end keep its host-side buffers (a context's logits and CPU "
                           "compute buffers, the loader's staging) in page-locked memory. Allocating it "
                           "(cudaMallocHost) stalls every other context on the GPU for a moment, so a new context "
                           "created during an overlap reload stalls the old generation's steps by about 10 ms on an "
-                          "H200; false sets GGML_CUDA_NO_PINNED=1 for this engine, which removes that stall, at a "
-                          "cost to steady decode not yet measured (docs/benchmarks.md). Read at start; ignored without CUDA.")
+                          "H200. alone: page-locked except for a context created while another generation serves "
+                          "(it keeps ordinary memory for its life); false: never (GGML_CUDA_NO_PINNED=1 for this "
+                          "engine). Read at start; ignored without CUDA.")
     switch_interval_ms: float = Field(
         0.05, gt=0, le=100,
         description="The interpreter's thread switch interval (sys.setswitchinterval), ms. The engine thread gives "

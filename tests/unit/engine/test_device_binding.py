@@ -5,10 +5,13 @@ and that the setting is validated and reported."""
 
 from __future__ import annotations
 
+import ctypes
+import threading
+
 import pytest
 from pydantic import ValidationError
 
-from hydrad.engine.gpu import DEVICE_ENV, bind_devices, set_cuda_switches
+from hydrad.engine.gpu import DEVICE_ENV, PageableGate, bind_devices, set_cuda_switches
 from hydrad.engine.settings import EngineSettings
 
 
@@ -56,3 +59,63 @@ def test_a_cuda_switch_off_sets_the_variable_ggml_reads_and_on_leaves_it_alone(s
     set_cuda_switches({setting: False}, operator)
     assert operator == {variable: ""}
     assert getattr(EngineSettings(), setting) is True
+
+
+def _getenv(name: str) -> bytes | None:
+    """What C code (ggml) reads: the process environment itself, not Python's copy of it."""
+    libc = ctypes.CDLL(None)
+    libc.getenv.restype = ctypes.c_char_p
+    return libc.getenv(name.encode())
+
+
+def test_alone_arms_a_gate_whose_window_alone_makes_host_buffers_pageable() -> None:
+    gate = PageableGate()
+    env: dict[str, str] = {}
+    set_cuda_switches({"cuda_pinned_host": "alone"}, env, gate)
+    assert gate.armed and env == {}
+    assert _getenv("GGML_CUDA_NO_PINNED") is None
+    with gate.open(True):
+        assert _getenv("GGML_CUDA_NO_PINNED") == b"1"
+    assert _getenv("GGML_CUDA_NO_PINNED") is None
+    with gate.open(False):  # no serving generation beside the load: page-locked as ever
+        assert _getenv("GGML_CUDA_NO_PINNED") is None
+    with pytest.raises(RuntimeError), gate.open(True):
+        raise RuntimeError("a failed context creation")
+    assert _getenv("GGML_CUDA_NO_PINNED") is None  # closed however the window ends
+    gate._write(False)  # the entry is the process's for good; leave it off
+
+
+def test_an_unarmed_gate_or_an_operators_variable_leaves_the_environment_alone() -> None:
+    gate = PageableGate()
+    with gate.open(True):
+        assert _getenv("GGML_CUDA_NO_PINNED") is None
+    set_cuda_switches({"cuda_pinned_host": "alone"}, {"GGML_CUDA_NO_PINNED": "1"}, gate)
+    assert not gate.armed
+    assert EngineSettings(cuda_pinned_host="alone").cuda_pinned_host == "alone"
+    with pytest.raises(ValidationError, match="cuda_pinned_host"):
+        EngineSettings(cuda_pinned_host="sometimes")
+
+
+def test_the_window_flips_one_byte_under_readers_on_other_threads() -> None:
+    """ggml reads the variable from any thread: a reader sees the variable set or not, never a torn or
+    moved environment (setenv could reallocate the array under it)."""
+    gate = PageableGate()
+    gate.arm()
+    seen: set[bytes | None] = set()
+    stop = threading.Event()
+
+    def read() -> None:
+        while not stop.is_set():
+            seen.add(_getenv("GGML_CUDA_NO_PINNED"))
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        for _ in range(20000):
+            with gate.open(True):
+                pass
+    finally:
+        stop.set()
+        reader.join()
+    assert seen <= {None, b"1"} and None in seen
+    assert _getenv("GGML_CUDA_NO_PINNED") is None

@@ -8,6 +8,7 @@ after it, whichever way it ends. These tests read the thread counts back from ll
 
 from __future__ import annotations
 
+import ctypes
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from hydrad.common.registry import ResolvedModel
 from hydrad.engine import llama
 from hydrad.engine.core import EngineCore
 from hydrad.engine.generation import Generation, build_generation
+from hydrad.engine.gpu import PAGEABLE_BESIDE
 from hydrad.engine.loader import LoadRecord
 
 pytestmark = pytest.mark.model
@@ -135,3 +137,21 @@ def test_an_embedding_context_lends_too(smollm_path: Path) -> None:
     finally:
         core.gen, core.current_load = None, None
         gen.free()
+
+
+@pytest.mark.parametrize("beside", [True, False])
+def test_an_armed_engine_creates_and_warms_a_context_beside_serving_with_pageable_host_buffers(
+        smollm_path: Path, beside: bool) -> None:
+    """``cuda_pinned_host: alone``: the window is open while the contexts are made and warmed up, and
+    only for a load beside a serving generation (no CUDA here: what is read is what ggml reads)."""
+    libc = ctypes.CDLL(None)
+    libc.getenv.restype = ctypes.c_char_p
+    PAGEABLE_BESIDE.arm()
+    seen: list[bytes | None] = []
+    resolved = ResolvedModel(alias="smollm2-135m", path=smollm_path, entry=None)
+    gen = build_generation(resolved, PARAMS, lambda _v: seen.append(libc.getenv(b"GGML_CUDA_NO_PINNED")) or True, 1,
+                           on_warming=lambda: seen.append(libc.getenv(b"GGML_CUDA_NO_PINNED")), beside=beside)
+    gen.free()
+    assert seen[0] is None  # the model's own load (its staging) keeps page-locked memory
+    assert seen[-1] == (b"1" if beside else None)
+    assert libc.getenv(b"GGML_CUDA_NO_PINNED") is None
