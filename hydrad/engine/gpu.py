@@ -8,10 +8,11 @@ leaves the architecture at the device kind, never an exception.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
-from typing import Any, Mapping, MutableMapping
+from typing import Any, Iterator, Mapping, MutableMapping
 
 from hydrad.wire.gpuinfo import GpuInfo
 
@@ -135,27 +136,22 @@ class PageableGate:
                 raise OSError("putenv failed")
             self._entry = entry
 
-    def open(self, pageable: bool) -> "_Window":
-        """A window (``with``) in which ggml's host buffers are pageable; a no-op unless armed and
-        ``pageable``. One window at a time: only the loader thread opens one."""
-        return _Window(self if pageable and self._entry is not None else None)
+    @contextlib.contextmanager
+    def open(self, pageable: bool) -> Iterator[None]:
+        """A window in which ggml's host buffers are pageable; a no-op unless armed and ``pageable``.
+        One window at a time: only the loader thread opens one."""
+        if not pageable or self._entry is None:
+            yield
+            return
+        self._write(True)
+        try:
+            yield
+        finally:
+            self._write(False)
 
     def _write(self, on: bool) -> None:
         assert self._entry is not None
         self._entry[self._AT] = b"D" if on else b"_"
-
-
-class _Window:
-    def __init__(self, gate: PageableGate | None) -> None:
-        self._gate = gate
-
-    def __enter__(self) -> None:
-        if self._gate is not None:
-            self._gate._write(True)
-
-    def __exit__(self, *_exc: object) -> None:
-        if self._gate is not None:
-            self._gate._write(False)
 
 
 PAGEABLE_BESIDE = PageableGate()
