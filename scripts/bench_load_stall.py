@@ -40,6 +40,15 @@ did (5–7 ms), so the differences between the two can be switched on one at a t
 
 Both ways run with the engine's interpreter switch interval (``switch_interval_ms``).
 
+On the H200 (sixteenth session) the upload-start stall was there with a pool of 4 as with 16, so the
+width is not it. Two switches test the next leads, each the llama.cpp side of an engine setting:
+
+- ``--no-mmap``: the loaded model is read, not mapped (``use_mmap: false``). From a mapping llama.cpp
+  copies each tensor in one synchronous copy from pageable memory (the 3B's first is a 124 MB matrix);
+  read, it uploads in 1 MiB chunks through page-locked staging buffers.
+- ``--pageable-context``: the loaded model's context gets pageable host buffers
+  (``cuda_pinned_host: alone``, through the engine's own gate).
+
 Beside the stepping thread, a probe thread makes 20 short C calls at a time, as the engine's step thread
 does around each ``llama_decode``; each call gives the interpreter lock up and takes it back. Its longest
 batch in each phase says how long a thread that needs the lock waited for it there: Python work of the
@@ -64,6 +73,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from hydrad.common.params import RuntimeParams  # noqa: E402
 from hydrad.engine import llama  # noqa: E402
+from hydrad.engine.gpu import PAGEABLE_BESIDE  # noqa: E402
 from hydrad.engine.settings import EngineSettings  # noqa: E402
 from tests.support.engine import SMOLLM, models_dir  # noqa: E402
 
@@ -92,8 +102,16 @@ def main() -> int:
                     help="lower the loading thread's priority by N (Linux: per thread; the thread pools llama.cpp "
                          "starts from it inherit it). On the 2-core machine 19 starved the load (12-39 s) and left "
                          "the stalls as they were, which is why the engine lends threads (load_threads) instead")
+    ap.add_argument("--no-mmap", action="store_true",
+                    help="read the loaded model instead of mapping it (the engine's use_mmap: false): llama.cpp then "
+                         "uploads it in 1 MiB chunks through page-locked staging buffers, not a tensor at a time")
+    ap.add_argument("--pageable-context", action="store_true",
+                    help="create (and free) the loaded model's context with pageable host buffers, as the engine "
+                         "does beside a serving generation with cuda_pinned_host: alone")
     ap.add_argument("--json", metavar="FILE")
     args = ap.parse_args()
+    if args.pageable_context:
+        PAGEABLE_BESIDE.arm()
 
     import llama_cpp as L
 
@@ -189,22 +207,27 @@ def main() -> int:
 
     t_load = time.perf_counter()
     if args.through_engine:
-        loaded = phase("model load (whole)", lambda: llama.Model.load(args.model, params, lambda v: progress(v, None)))
+        load_params = params.model_copy(update={"use_mmap": not args.no_mmap})
+        loaded = phase("model load (whole)", lambda: llama.Model.load(args.model, load_params,
+                                                                      lambda v: progress(v, None)))
         model = loaded.ptr
     else:
         cb = L.llama_progress_callback(progress)
         mp2 = L.llama_model_default_params()
         mp2.n_gpu_layers = 999
         mp2.progress_callback = cb
+        if args.no_mmap:
+            mp2.load_mode = L.LLAMA_LOAD_MODE_NONE
         model = phase("model load (whole)", lambda: L.llama_model_load_from_file(str(args.model).encode(), mp2))
     if uploads:
         phases.append(("model load: before the first upload", t_load, uploads[0]))
         phases.append(("model load: uploads", uploads[0], uploads[-1]))
         phases.append(("model load: after the last upload", uploads[-1], phases[-3][2]))
-    if args.through_engine:
-        ctx2 = phase("context creation", lambda: llama.Context(loaded, params).ptr)
-    else:
-        ctx2 = phase("context creation", lambda: L.llama_init_from_model(model, cp))
+    with PAGEABLE_BESIDE.open(args.pageable_context):
+        if args.through_engine:
+            ctx2 = phase("context creation", lambda: llama.Context(loaded, params).ptr)
+        else:
+            ctx2 = phase("context creation", lambda: L.llama_init_from_model(model, cp))
     tok = (L.llama_token * 8)(*([1] * 8))
     phase("warm-up decode (8 tokens)", lambda: (L.llama_decode(ctx2, L.llama_batch_get_one(tok, 8)), L.llama_synchronize(ctx2)))
     phase("context free", lambda: L.llama_free(ctx2))
