@@ -106,7 +106,7 @@ def main() -> int:
                     help="read the loaded model instead of mapping it (the engine's use_mmap: false): llama.cpp then "
                          "uploads it in 1 MiB chunks through page-locked staging buffers, not a tensor at a time")
     ap.add_argument("--pageable-context", action="store_true",
-                    help="create (and free) the loaded model's context with pageable host buffers, as the engine "
+                    help="create the loaded model's context with pageable host buffers, as the engine "
                          "does beside a serving generation with cuda_pinned_host: alone")
     ap.add_argument("--json", metavar="FILE")
     args = ap.parse_args()

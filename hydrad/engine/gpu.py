@@ -119,10 +119,9 @@ class PageableGate:
     :meth:`arm` adds, once and at start, an entry of our own whose name is one byte off
     (``putenv`` keeps our buffer as the entry), and :meth:`open` writes that one byte."""
 
-    NAME_OFF = b"GGML_CUDA_NO_PINNE_=1"
-    _AT = NAME_OFF.index(b"_=")
-
-    def __init__(self) -> None:
+    def __init__(self, variable: str) -> None:
+        self._on = variable.encode() + b"=1"
+        self._at = len(variable) - 1  # the name's last byte: "_" while the window is shut
         self._entry: ctypes.Array[ctypes.c_char] | None = None  # alive for the life of the process
 
     @property
@@ -131,7 +130,8 @@ class PageableGate:
 
     def arm(self) -> None:
         if self._entry is None:
-            entry = ctypes.create_string_buffer(self.NAME_OFF)
+            entry = ctypes.create_string_buffer(self._on)
+            entry[self._at] = b"_"
             if ctypes.CDLL(None).putenv(entry) != 0:
                 raise OSError("putenv failed")
             self._entry = entry
@@ -151,10 +151,10 @@ class PageableGate:
 
     def _write(self, on: bool) -> None:
         assert self._entry is not None
-        self._entry[self._AT] = b"D" if on else b"_"
+        self._entry[self._at] = self._on[self._at:self._at + 1] if on else b"_"
 
 
-PAGEABLE_BESIDE = PageableGate()
+PAGEABLE_BESIDE = PageableGate(CUDA_SWITCHES["cuda_pinned_host"])
 
 
 def bound_device(setting: str | None, environ: Mapping[str, str] | None = None) -> str | None:

@@ -69,7 +69,7 @@ def _getenv(name: str) -> bytes | None:
 
 
 def test_alone_arms_a_gate_whose_window_alone_makes_host_buffers_pageable() -> None:
-    gate = PageableGate()
+    gate = PageableGate("GGML_CUDA_NO_PINNED")
     env: dict[str, str] = {}
     set_cuda_switches({"cuda_pinned_host": "alone"}, env, gate)
     assert gate.armed and env == {}
@@ -86,7 +86,7 @@ def test_alone_arms_a_gate_whose_window_alone_makes_host_buffers_pageable() -> N
 
 
 def test_an_unarmed_gate_or_an_operators_variable_leaves_the_environment_alone() -> None:
-    gate = PageableGate()
+    gate = PageableGate("GGML_CUDA_NO_PINNED")
     with gate.open(True):
         assert _getenv("GGML_CUDA_NO_PINNED") is None
     set_cuda_switches({"cuda_pinned_host": "alone"}, {"GGML_CUDA_NO_PINNED": "1"}, gate)
@@ -99,7 +99,7 @@ def test_an_unarmed_gate_or_an_operators_variable_leaves_the_environment_alone()
 def test_the_window_flips_one_byte_under_readers_on_other_threads() -> None:
     """ggml reads the variable from any thread: a reader sees the variable set or not, never a torn or
     moved environment (setenv could reallocate the array under it)."""
-    gate = PageableGate()
+    gate = PageableGate("GGML_CUDA_NO_PINNED")
     gate.arm()
     seen: set[bytes | None] = set()
     stop = threading.Event()
