@@ -48,6 +48,9 @@ width is not it. Two switches test the next leads, each the llama.cpp side of an
   read, it uploads in 1 MiB chunks through page-locked staging buffers.
 - ``--pageable-context``: the loaded model's context gets pageable host buffers
   (``cuda_pinned_host: alone``, through the engine's own gate).
+- ``--no-host`` (with ``--no-mmap``): the weights left on the CPU (the token embeddings) go to ordinary
+  memory, not a page-locked host buffer (``no_host: true``). Read, not mapped, llama.cpp page-locks them at
+  the load's start (about 85 MB for the 3B), and that allocation stalls the whole device.
 
 Beside the stepping thread, a probe thread makes 20 short C calls at a time, as the engine's step thread
 does around each ``llama_decode``; each call gives the interpreter lock up and takes it back. Its longest
@@ -108,6 +111,9 @@ def main() -> int:
     ap.add_argument("--pageable-context", action="store_true",
                     help="create the loaded model's context with pageable host buffers, as the engine "
                          "does beside a serving generation with cuda_pinned_host: alone")
+    ap.add_argument("--no-host", action="store_true",
+                    help="with --no-mmap: keep the weights left on the CPU in ordinary memory, not a page-locked "
+                         "host buffer (the engine's no_host: true)")
     ap.add_argument("--json", metavar="FILE")
     args = ap.parse_args()
     if args.pageable_context:
@@ -207,7 +213,7 @@ def main() -> int:
 
     t_load = time.perf_counter()
     if args.through_engine:
-        load_params = params.model_copy(update={"use_mmap": not args.no_mmap})
+        load_params = params.model_copy(update={"use_mmap": not args.no_mmap, "no_host": args.no_host})
         loaded = phase("model load (whole)", lambda: llama.Model.load(args.model, load_params,
                                                                       lambda v: progress(v, None)))
         model = loaded.ptr
@@ -218,6 +224,7 @@ def main() -> int:
         mp2.progress_callback = cb
         if args.no_mmap:
             mp2.load_mode = L.LLAMA_LOAD_MODE_NONE
+        mp2.no_host = args.no_host
         model = phase("model load (whole)", lambda: L.llama_model_load_from_file(str(args.model).encode(), mp2))
     if uploads:
         phases.append(("model load: before the first upload", t_load, uploads[0]))

@@ -64,6 +64,11 @@ class RuntimeParams(BaseModel):
         "RPC0[host:port], or RPC / RPC<i> for a peer's device), e.g. '\\.ffn_(up|down|gate)_exps=RPC'.",
         max_length=64)
     use_mmap: bool = _f(True, Tier.T3, "Map the GGUF instead of reading it into memory.")
+    no_host: bool = _f(
+        False, Tier.T3, "Keep the weights that stay on the CPU (with every layer on a GPU: the token embeddings) in "
+        "ordinary memory, not the GPU's page-locked host buffer (llama.cpp's --no-host). Matters only with use_mmap "
+        "false (a mapping is used in place): page-locking them at the load's start stalls every context on the GPU, "
+        "a serving generation's included. Costs prompt speed only where layers stay on the CPU.")
     embeddings: bool = _f(
         False, Tier.T3, "Serve /v1/embeddings and llama-server's /embedding: a second, small llama.cpp context on "
         "the same weights computes them between generation steps (its size: n_ubatch tokens, the longest input). "

@@ -177,6 +177,7 @@ class Model:
         mp.split_mode = _SPLIT[params.split_mode]
         mp.main_gpu = params.main_gpu
         mp.load_mode = _LOAD_MODE[params.use_mmap]
+        mp.no_host = params.no_host
         keep: list[Any] = []
         split = params.tensor_split
         if devices:

@@ -21,7 +21,7 @@ from hydrad.common.params import (
 
 FIELDS = list(RuntimeParams.model_fields)
 
-T3_KEY = ["model", "n_gpu_layers", "split_mode", "tensor_split", "main_gpu", "use_mmap", "rpc_servers",
+T3_KEY = ["model", "n_gpu_layers", "split_mode", "tensor_split", "main_gpu", "use_mmap", "no_host", "rpc_servers",
           "override_tensors", "embeddings", "pooling"]
 T2_KEY = ["n_ctx", "n_batch", "n_ubatch", "n_parallel", "kv_unified", "cache_type_k", "cache_type_v", "flash_attn",
           "n_threads", "n_threads_batch", "rope_scaling", "rope_freq_base", "rope_freq_scale", "yarn_ext_factor",

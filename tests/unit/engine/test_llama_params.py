@@ -46,3 +46,22 @@ def test_use_mmap_decides_how_llama_cpp_reads_the_model(smollm_path: Path, use_m
         llama.Model.load(smollm_path, RuntimeParams(use_mmap=use_mmap)).free()
     said = [r.getMessage() for r in caplog.records if "load_mode =" in r.getMessage()]
     assert said and said[-1].endswith(f"(load_mode = {mode})"), said
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("no_host", [False, True])
+def test_no_host_reaches_the_model_params_of_a_real_load(smollm_path: Path, no_host: bool,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a CPU-only build llama.cpp has no GPU host buffer to bypass, so what can be checked here is that
+    the struct llama.cpp loads with carries the setting; a GPU run shows its effect (docs/benchmarks.md)."""
+    C = llama.lib()
+    real = C.llama_model_load_from_file
+    seen: list[bool] = []
+
+    def spy(path: bytes, mp: object) -> object:
+        seen.append(bool(getattr(mp, "no_host")))
+        return real(path, mp)
+
+    monkeypatch.setattr(C, "llama_model_load_from_file", spy)
+    llama.Model.load(smollm_path, RuntimeParams(no_host=no_host)).free()
+    assert seen == [no_host]
