@@ -175,6 +175,14 @@ def test_cli_verify_and_extract(tmp_path: Path) -> None:
     assert r.returncode == 1 and "a.gguf.part000: size 0" in r.stderr
 
 
+def test_a_missing_llama_build_fails_before_anything_is_written(tmp_path: Path) -> None:
+    out = tmp_path / "bundle"
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "bundle"), str(out), "--no-models",
+                        "--llama-build", str(tmp_path / "none.tar.xz")], capture_output=True, text=True)
+    assert r.returncode == 1 and "--llama-build" in r.stderr and "none.tar.xz: no such file" in r.stderr
+    assert not out.exists()
+
+
 def test_parse_size() -> None:
     assert bd.parse_size("60M") == 60 << 20
     assert bd.parse_size("60MiB") == 60 << 20
