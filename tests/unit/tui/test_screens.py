@@ -353,3 +353,26 @@ def test_no_color_snapshot_of_the_switch_dialogs(monkeypatch: pytest.MonkeyPatch
         assert all(c[0:2] == c[2:4] == c[4:6] for c in colours), colours
 
     run(app, body, size=(80, 24))
+
+
+def test_a_pool_update_before_the_engine_screen_is_mounted_is_kept_for_the_mount() -> None:
+    """The app re-renders the engine screen on every event; one can arrive between the screen's push and
+    its mount, before its tables have columns (a CI run's console test once failed on exactly that)."""
+    from tui.model import EngineRow, PoolModel
+    from tui.widgets import EngineDetails
+
+    pool = PoolModel()
+    pool.engines["gpu0"] = EngineRow("gpu0", slots_total=2, slots_busy=1)
+    screen = EngineScreen("gpu0", PoolModel(), lambda _name: EngineDetails(None))
+    app = make_fake_app()
+
+    async def main() -> None:
+        async with app.run_test(size=(132, 36)) as pilot:
+            await until(pilot, lambda: app.snapshots >= 1)  # the app's own first snapshot is in
+            screen.show(pool)  # before the mount: kept, not drawn
+            assert screen.pool is pool and screen.slot_rows == []
+            await app.push_screen(screen)
+            await until(pilot, lambda: screen.slot_rows != [])
+            assert screen.slot_rows == [("0", "busy", "-", "-", "-"), ("1", "idle", "-", "-", "-")]
+
+    asyncio.run(main())
