@@ -14,6 +14,8 @@ stamped, with a pause between them so that every phase's effect stands alone:
 - ``cudaMalloc`` of ``--alloc-mb`` in one call, then freed; the same bytes in 64 MiB calls; one call
   again (does a big allocation stall the other context's kernels in proportion to its size, and does
   memory the process had before come back cheaper?);
+- a mapping of ``--model``'s file with ``MAP_POPULATE``, as a mapped load makes it, then unmapped: the
+  pre-faulting alone, apart from the rest of the load;
 - ``llama_model_load_from_file`` of ``--model`` (its progress callback stamps the first and last tensor
   upload: before the first is metadata and buffer allocation, after the last the loader's tail);
 - ``llama_init_from_model`` (KV cache, compute buffers, graph reservation), one warm-up decode;
@@ -51,6 +53,13 @@ width is not it. Two switches test the next leads, each the llama.cpp side of an
 - ``--no-host`` (with ``--no-mmap``): the weights left on the CPU (the token embeddings) go to ordinary
   memory, not a page-locked host buffer (``no_host: true``). Read, not mapped, llama.cpp page-locks them at
   the load's start (about 85 MB for the 3B), and that allocation stalls the whole device.
+
+A third thread maps, touches and unmaps 1 MiB of anonymous memory every millisecond, as an allocator
+does. Each such call needs the process's memory-map lock for writing, and a mapped load takes that lock
+for reading for as long as it pre-faults the whole file (llama.cpp maps with ``MAP_POPULATE``): on the
+2-core machine (Linux 6.18) a 2 GB file's populate took 86–103 ms, and another thread's ``mmap``,
+``munmap`` or ``brk`` waited all of it, while its page faults on anonymous memory did not wait. Its longest
+call per phase says whether a load holds that lock there, and for how long.
 
 Beside the stepping thread, a probe thread makes 20 short C calls at a time, as the engine's step thread
 does around each ``llama_decode``; each call gives the interpreter lock up and takes it back. Its longest
@@ -173,6 +182,24 @@ def main() -> int:
             waits.append((t0, time.perf_counter()))
             time.sleep(0.0002)
 
+    maps: list[tuple[float, float]] = []
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+
+    def map_loop() -> None:
+        """A thread that maps, touches and unmaps 1 MiB, as an allocator does (glibc's large blocks,
+        Python's arenas, a driver's host allocations): each needs the process's memory-map lock for writing."""
+        size, prot, flags = 1 << 20, 0x1 | 0x2, 0x02 | 0x20  # PROT_READ|PROT_WRITE, MAP_PRIVATE|MAP_ANONYMOUS
+        while not stop.is_set():
+            t0 = time.perf_counter()
+            addr = libc.mmap(None, size, prot, flags, -1, 0)
+            if addr and addr != ctypes.c_void_p(-1).value:
+                ctypes.memset(addr, 1, 1)
+                libc.munmap(addr, size)
+            maps.append((t0, time.perf_counter()))
+            time.sleep(0.001)
+
     phases: list[tuple[str, float, float]] = []
 
     def phase(name: str, fn) -> object:
@@ -182,10 +209,15 @@ def main() -> int:
         time.sleep(args.pause)
         return out
 
+    with open(args.model, "rb") as f:  # in the page cache, as a model the engine loads again is
+        while f.read(64 << 20):
+            pass
     worker = threading.Thread(target=decode_loop, daemon=True)
     worker.start()
     prober = threading.Thread(target=probe_loop, daemon=True)
     prober.start()
+    mapper = threading.Thread(target=map_loop, daemon=True)
+    mapper.start()
     time.sleep(1.0)
     steady_end = time.perf_counter()
 
@@ -202,6 +234,16 @@ def main() -> int:
         phase("cudaFree one call, again", lambda: cuda.cudaFree(ptr))
     else:
         print("no CUDA runtime in this process (a CPU build): the raw cudaMalloc phases are left out")
+
+    fd = os.open(args.model, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        # PROT_READ, MAP_SHARED | MAP_POPULATE: llama.cpp's flags for a mapped load with prefetch
+        mapped = phase("mmap of the file with MAP_POPULATE", lambda: libc.mmap(None, size, 0x1, 0x01 | 0x08000, fd, 0))
+        if mapped and mapped != ctypes.c_void_p(-1).value:
+            phase("munmap of it", lambda: libc.munmap(mapped, size))
+    finally:
+        os.close(fd)
 
     if args.loader_nice:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), args.loader_nice)
@@ -242,35 +284,41 @@ def main() -> int:
     stop.set()
     worker.join()
     prober.join()
+    mapper.join()
 
     base = [b - a for a, b in steps if b < steady_end]
     med = statistics.median(base)
     probe_base = [b - a for a, b in waits if b < steady_end]
     probe_p99 = sorted(probe_base)[int(len(probe_base) * 0.99)]
+    map_base = [b - a for a, b in maps if b < steady_end]
+    map_p99 = sorted(map_base)[int(len(map_base) * 0.99)]
     way = "the engine's wrappers" if args.through_engine else "llama.cpp's C API"
     threads = args.threads or ("every core" if args.through_engine else "llama.cpp's default")
     print(f"through {way}; threads {threads}, slots {args.slots}")
     print(f"steady step (serving {args.serving.name}): median {med * 1000:.2f} ms, p99 "
           f"{sorted(base)[int(len(base) * 0.99)] * 1000:.2f} ms over {len(base)} steps; "
-          f"probe batch p99 {probe_p99 * 1e6:.0f} µs")
+          f"probe batch p99 {probe_p99 * 1e6:.0f} µs; map call p99 {map_p99 * 1e6:.0f} µs")
     print("| phase | phase ms | steps in it | median step ms | longest step ms | longest ÷ steady median "
-          "| longest probe batch µs |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+          "| longest probe batch µs | longest map call ms |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     rows = []
     for name, t0, t1 in phases:
         inside = [b - a for a, b in steps if b > t0 and a < t1]
         longest = max(inside, default=0.0)
         probe = max((b - a for a, b in waits if b > t0 and a < t1), default=0.0)
+        mapped = max((b - a for a, b in maps if b > t0 and a < t1), default=0.0)
         rows.append({"phase": name, "ms": (t1 - t0) * 1000, "steps": len(inside),
                      "median_step_ms": statistics.median(inside) * 1000 if inside else None,
-                     "longest_step_ms": longest * 1000, "longest_probe_us": probe * 1e6})
+                     "longest_step_ms": longest * 1000, "longest_probe_us": probe * 1e6,
+                     "longest_map_ms": mapped * 1000})
         print(f"| {name} | {(t1 - t0) * 1000:.1f} | {len(inside)} | "
               f"{statistics.median(inside) * 1000 if inside else 0:.2f} | {longest * 1000:.2f} | {longest / med:.1f} "
-              f"| {probe * 1e6:.0f} |")
+              f"| {probe * 1e6:.0f} | {mapped * 1000:.2f} |")
     if args.json:
         Path(args.json).write_text(json.dumps({
             "through_engine": args.through_engine, "threads": args.threads, "slots": args.slots,
-            "steady_median_ms": med * 1000, "probe_p99_us": probe_p99 * 1e6, "phases": rows}, indent=1))
+            "steady_median_ms": med * 1000, "probe_p99_us": probe_p99 * 1e6, "map_p99_us": map_p99 * 1e6,
+            "phases": rows}, indent=1))
     L.llama_free(ctx)
     L.llama_model_free(serving)  # the engine's Model wrappers have no finaliser: freed here either way
     return 0
