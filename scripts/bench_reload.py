@@ -23,7 +23,9 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -108,9 +110,33 @@ def around(client: Client, during: list[tuple[float, float, int]], gap_at: float
              **client.served.get(b, {})} for a, b, st in near + later]
 
 
+class BlockedSampler:
+    """scripts/sample_blocked.py beside the engine: which of its threads sat in which system call for
+    ``min_ms`` or longer, in the clock the switches are stamped with (``time.monotonic``)."""
+
+    def __init__(self, pid: int, min_ms: float) -> None:
+        self.proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("sample_blocked.py")),
+                                      "--pid", str(pid), "--min-ms", str(min_ms)],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def stop(self) -> list[dict[str, Any]]:
+        self.proc.terminate()
+        out, err = self.proc.communicate(timeout=60)
+        if self.proc.returncode not in (0, -signal.SIGTERM):
+            print(f"  blocked-call sampler ended with {self.proc.returncode}: {err.strip()[-300:]}", flush=True)
+        return [json.loads(ln) for ln in out.splitlines() if ln.strip()]
+
+
+def blocked_between(stretches: list[dict[str, Any]], a: float, b: float, t0: float) -> list[dict[str, Any]]:
+    """The stretches that overlap [a, b], times in ms since ``t0`` (the configure call)."""
+    return [{"thread": s["name"], "call": s["call"], "ms": s["ms"], "wchan": s["wchan"],
+             "from_ms": round((s["start"] - t0) * 1000, 1)}
+            for s in stretches if s["start"] < b and s["end"] > a]
+
+
 def run_policy(policy: str, switches: int, tmp: Path, models: tuple[str, ...] = MODELS,
                slow_turn_ms: float = 0.0, config: dict[str, Any] | None = None,
-               cache_prompt: bool = True) -> dict[str, Any]:
+               cache_prompt: bool = True, blocked_ms: float = 0.0) -> dict[str, Any]:
     config = config or {}
     reaper = ReaperSettings(**(config.get("reaper") or {}))
     # the paced free (reaper.delay_ms, pause_ms) ends after the switch: its gaps count as the switch's
@@ -120,8 +146,11 @@ def run_policy(policy: str, switches: int, tmp: Path, models: tuple[str, ...] = 
                               "reload_queue_timeout_s": 120, "n_parallel": 2, **config.get("defaults", {})},
                name=f"bench-{policy}-{time.monotonic_ns()}",
                extra={**extra, "logging": {"slow_turn_ms": slow_turn_ms, **config.get("logging", {})}})
+    sampler: BlockedSampler | None = None
     try:
         e.wait_ready(120)
+        if blocked_ms:
+            sampler = BlockedSampler(e.proc.pid, blocked_ms)
         client = Client(e.url, cache_prompt)
         client.start()
         while len(client.log) < 2:  # the first request pays for lazy allocations
@@ -161,7 +190,8 @@ def run_policy(policy: str, switches: int, tmp: Path, models: tuple[str, ...] = 
                             "load_s": body["load"]["timings"].get("load_s"), "policy": body["load"]["policy"],
                             "around_gap": around(client, during, gap_at, gap, t0),
                             "failed": sum(1 for *_, st in during if st != 200),
-                            "latencies": [end - start for start, end, st in during if st == 200]})
+                            "latencies": [end - start for start, end, st in during if st == 200],
+                            "windows": (t0, gap_at, gap_at + gap, t1 + settle)})
             tm = body["load"].get("timings") or {}
             print(f"  switch {i + 1} to {target}: longest gap {gap * 1000:.1f} ms from {(gap_at - t0) * 1000:.0f} ms "
                   f"({gap / slower:.2f}x; load {tm.get('load_s')} s, warm-up {tm.get('warmup_s')} s); around it: " + "; ".join(
@@ -169,6 +199,16 @@ def run_policy(policy: str, switches: int, tmp: Path, models: tuple[str, ...] = 
                       f"p{x.get('prompt_ms')} d{x.get('predicted_ms')}]" for x in results[-1]["around_gap"]), flush=True)
         client.stop.set()
         client.join(30)
+        if sampler is not None:
+            stretches = sampler.stop()
+            sampler = None
+            for i, r in enumerate(results):
+                t0, gap_from, gap_to, end = r["windows"]
+                r["blocked_in_gap"] = blocked_between(stretches, gap_from, gap_to, t0)
+                r["blocked_during"] = blocked_between(stretches, t0, end, t0)
+                print(f"  switch {i + 1}: in its longest gap ({(gap_from - t0) * 1000:.0f}-{(gap_to - t0) * 1000:.0f} ms) "
+                      + ("; ".join(f"{x['thread']} in {x['call']} {x['ms']:.1f} ms from {x['from_ms']:.0f} ({x['wchan']})"
+                                   for x in r["blocked_in_gap"]) or "no thread blocked that long"), flush=True)
         # how long freeing each retired generation took (on the engine's reaper thread, off its step loop)
         log_text = e.log_path.read_text()
         free_ms = [float(m.group(1)) for m in re.finditer(r"generation retired.* free_ms=([0-9.]+)", log_text)]
@@ -185,7 +225,7 @@ def run_policy(policy: str, switches: int, tmp: Path, models: tuple[str, ...] = 
             "max_gap_ms_worst": max(r["max_gap_s"] for r in results) * 1000,
             "free_ms": free_ms, "free_parts": free_parts, "engine_config": config, "cache_prompt": cache_prompt,
             "engine_log": slow_turns,
-            "switches_detail": [{k: v for k, v in r.items() if k != "latencies"} for r in results],
+            "switches_detail": [{k: v for k, v in r.items() if k not in ("latencies", "windows")} for r in results],
             "steady_gap_ms_of": {m: round(g * 1000, 2) for m, g in steady_of.items()},
             "ratio_slower_median": statistics.median(r["ratio_slower"] for r in results),
             "ratio_slower_worst": max(r["ratio_slower"] for r in results),
@@ -195,12 +235,13 @@ def run_policy(policy: str, switches: int, tmp: Path, models: tuple[str, ...] = 
             "p50_ms_switch": pct(lat_during, 0.5) * 1000, "p99_ms_switch": pct(lat_during, 0.99) * 1000,
         }
     finally:
+        if sampler is not None:
+            sampler.stop()
         e.stop()
 
 
 def _gpus() -> str:
     import shutil
-    import subprocess
     if not shutil.which("nvidia-smi"):
         return "no GPU"
     out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True,
@@ -249,6 +290,10 @@ def main() -> int:
                          "e.g. '{\"defaults\": {\"n_threads\": 4}}' (default: [{}], the defaults)")
     ap.add_argument("--no-cache-prompt", action="store_true",
                     help="the client sends cache_prompt: false, so no request reuses its slot's KV (see above)")
+    ap.add_argument("--blocked", type=float, default=0.0, metavar="MS",
+                    help="sample which of the engine's threads sit in which system call (scripts/sample_blocked.py) "
+                         "and report, per switch, the calls of MS or longer within its longest gap (needs the right "
+                         "to trace the engine: root or ptrace allowed)")
     ap.add_argument("--json", metavar="FILE")
     ap.add_argument("--markdown", action="store_true", help="append the table to docs/benchmarks.md")
     args = ap.parse_args()
@@ -262,7 +307,7 @@ def main() -> int:
         for policy in args.policies.split(","):
             for config in args.engine_configs:
                 rows.append(run_policy(policy, args.switches, Path(tmp), models, args.slow_turn_ms, config,
-                                       cache_prompt=not args.no_cache_prompt))
+                                       cache_prompt=not args.no_cache_prompt, blocked_ms=args.blocked))
                 print(json.dumps(rows[-1]), flush=True)
     cmd = "scripts/bench_reload.py " + " ".join(sys.argv[1:])
     text = markdown(rows, ".venv/bin/python " + cmd.strip(), named)

@@ -26,6 +26,7 @@ from collections import deque
 from typing import Any, Callable, Coroutine
 
 from hydrad.common.logs import log_event
+from hydrad.common.osthread import name_os_thread
 from hydrad.common.params import RuntimeParams
 from hydrad.engine import faults
 from hydrad.engine.batching import MAX_CHARS_PER_TOKEN, PRETOKENIZE_CHARS, Batching, PromptTooLong, _Active
@@ -292,6 +293,7 @@ class EngineCore(Loading, Batching, KvOps, EmbedJobs):
     # ----- engine thread ---------------------------------------------------------------
 
     def _run(self) -> None:
+        name_os_thread()
         try:
             self._turns()
         except BaseException as exc:  # the engine is dead: every caller must hear it, not hang

@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 from hydrad.common import heap
 from hydrad.common.logs import log_event
+from hydrad.common.osthread import name_os_thread
 from hydrad.common.params import RuntimeParams
 from hydrad.common.registry import ResolvedModel
 from hydrad.engine import llama
@@ -101,6 +102,7 @@ class Loading:
 
     def _load_thread(self, rec: LoadRecord, resolved: ResolvedModel, params: RuntimeParams,
                      on_success: Callable[[], None] | None) -> None:
+        name_os_thread()
         t0 = rec.run_t0 = time.monotonic()
         reloading = self.gen is not None
         last = [0.0]

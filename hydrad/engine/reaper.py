@@ -25,6 +25,7 @@ import time
 from typing import Callable, Protocol
 
 from hydrad.common.logs import log_event
+from hydrad.common.osthread import name_os_thread
 
 log = logging.getLogger("hydrad.engine")
 
@@ -77,6 +78,7 @@ class Reaper:
             self._hurry.wait(left)
 
     def _run(self) -> None:
+        name_os_thread()
         while True:
             gen, fingerprint, why, since, nbytes = self._queue.get()
             self._sleep_until(since + self.delay_s)
