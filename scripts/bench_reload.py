@@ -111,20 +111,23 @@ def around(client: Client, during: list[tuple[float, float, int]], gap_at: float
 
 
 class BlockedSampler:
-    """scripts/sample_blocked.py beside the engine: which of its threads sat in which system call for
-    ``min_ms`` or longer, in the clock the switches are stamped with (``time.monotonic``)."""
+    """scripts/sample_blocked.py beside the engine: where its step thread and its loaders waited in a system
+    call for ``min_ms`` or longer, in the clock the switches are stamped with (``time.monotonic``)."""
 
-    def __init__(self, pid: int, min_ms: float) -> None:
-        self.proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("sample_blocked.py")),
-                                      "--pid", str(pid), "--min-ms", str(min_ms)],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    def __init__(self, pid: int, min_ms: float, into: Path) -> None:
+        self.out = into  # a file, not a pipe: read only at the end, a pipe would fill and stall the sampler
+        with open(into, "w") as f:
+            self.proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("sample_blocked.py")),
+                                          "--pid", str(pid), "--min-ms", str(min_ms),
+                                          "--names", "hydrad-engine,hydrad-loader"],
+                                         stdout=f, stderr=subprocess.PIPE, text=True)
 
     def stop(self) -> list[dict[str, Any]]:
         self.proc.terminate()
-        out, err = self.proc.communicate(timeout=60)
+        _, err = self.proc.communicate(timeout=60)
         if self.proc.returncode not in (0, -signal.SIGTERM):
             print(f"  blocked-call sampler ended with {self.proc.returncode}: {err.strip()[-300:]}", flush=True)
-        return [json.loads(ln) for ln in out.splitlines() if ln.strip()]
+        return [json.loads(ln) for ln in self.out.read_text().splitlines() if ln.strip()]
 
 
 def blocked_between(stretches: list[dict[str, Any]], a: float, b: float, t0: float) -> list[dict[str, Any]]:
@@ -150,7 +153,7 @@ def run_policy(policy: str, switches: int, tmp: Path, models: tuple[str, ...] = 
     try:
         e.wait_ready(120)
         if blocked_ms:
-            sampler = BlockedSampler(e.proc.pid, blocked_ms)
+            sampler = BlockedSampler(e.proc.pid, blocked_ms, tmp / f"blocked-{time.monotonic_ns()}.jsonl")
         client = Client(e.url, cache_prompt)
         client.start()
         while len(client.log) < 2:  # the first request pays for lazy allocations
@@ -205,7 +208,8 @@ def run_policy(policy: str, switches: int, tmp: Path, models: tuple[str, ...] = 
             for i, r in enumerate(results):
                 t0, gap_from, gap_to, end = r["windows"]
                 r["blocked_in_gap"] = blocked_between(stretches, gap_from, gap_to, t0)
-                r["blocked_during"] = blocked_between(stretches, t0, end, t0)
+                # the switch's 20 longest (a waiting reaper or an idle loop would fill the JSON)
+                r["blocked_during"] = sorted(blocked_between(stretches, t0, end, t0), key=lambda x: -x["ms"])[:20]
                 print(f"  switch {i + 1}: in its longest gap ({(gap_from - t0) * 1000:.0f}-{(gap_to - t0) * 1000:.0f} ms) "
                       + ("; ".join(f"{x['thread']} in {x['call']} {x['ms']:.1f} ms from {x['from_ms']:.0f} ({x['wchan']})"
                                    for x in r["blocked_in_gap"]) or "no thread blocked that long"), flush=True)

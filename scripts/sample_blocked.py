@@ -10,7 +10,9 @@ longer is written as one JSON line on stdout:
     {"tid": 1234, "name": "hydrad-engine", "call": "mmap", "nr": 9, "start": 5123.456, "end": 5123.502,
      "ms": 46.0, "wchan": "rwsem_down_write_slowpath"}
 
-``start`` and ``end`` are ``time.monotonic()`` seconds, the clock every process of the machine shares, so
+A thread that runs, in user space or in the kernel (a ``MAP_POPULATE`` pre-faulting its file, say), is
+"running" and not written: what is written is where a thread waited. ``start`` and ``end`` are
+``time.monotonic()`` seconds, the clock every process of the machine shares, so
 a benchmark can set the stretches beside its own stamps. A stretch is known to within one interval at
 each end. ``wchan`` is where in the kernel the thread waited at the stretch's first sample. Runs until
 the process ends or this one is told to stop (SIGTERM, SIGINT).
