@@ -43,7 +43,7 @@ did (5–7 ms), so the differences between the two can be switched on one at a t
 Both ways run with the engine's interpreter switch interval (``switch_interval_ms``).
 
 On the H200 (sixteenth session) the upload-start stall was there with a pool of 4 as with 16, so the
-width is not it. Two switches test the next leads, each the llama.cpp side of an engine setting:
+width is not it. These switches test the next leads, each the llama.cpp side of an engine setting:
 
 - ``--no-mmap``: the loaded model is read, not mapped (``use_mmap: false``). From a mapping llama.cpp
   copies each tensor in one synchronous copy from pageable memory (the 3B's first is a 124 MB matrix);

@@ -16,7 +16,7 @@ def name_os_thread(name: str | None = None) -> bool:
     False where the platform has no ``prctl`` (the name is a convenience: nothing depends on it)."""
     raw = (name or threading.current_thread().name).encode("utf-8", "replace")[:_COMM_LEN]
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
+        libc = ctypes.CDLL(None)
         return libc.prctl(_PR_SET_NAME, ctypes.c_char_p(raw), 0, 0, 0) == 0
     except (OSError, AttributeError):
         return False

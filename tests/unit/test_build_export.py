@@ -66,15 +66,25 @@ def test_an_exported_build_is_imported_and_runs(exported: tuple[Path, Path], tmp
     assert again.returncode == 0 and again.stdout.strip() == str(binary)
 
 
+def _rewritten(archive: Path, dest: Path, key: str, *, new_key: str | None = None,
+               extra: str | None = None) -> Path:
+    """A copy of ``archive`` whose top directory is ``new_key`` (default: as it was), plus an empty
+    entry named ``extra``."""
+    with tarfile.open(archive) as src, tarfile.open(dest, "w:xz") as dst:
+        for member in src.getmembers():
+            data = src.extractfile(member) if member.isfile() else None
+            if new_key is not None:
+                member.name = new_key + member.name[len(key):]
+            dst.addfile(member, data)
+        if extra is not None:
+            dst.addfile(tarfile.TarInfo(extra))
+    return dest
+
+
 def test_an_archive_of_other_flags_is_named_and_left_alone(exported: tuple[Path, Path], tmp_path: Path) -> None:
     archive, original = exported
     key = original.parent.name
-    other = tmp_path / "other.tar.xz"
-    with tarfile.open(archive) as src, tarfile.open(other, "w:xz") as dst:
-        for member in src.getmembers():
-            data = src.extractfile(member) if member.isfile() else None
-            member.name = "0123456789abcdef" + member.name[len(key):]
-            dst.addfile(member, data)
+    other = _rewritten(archive, tmp_path / "other.tar.xz", key, new_key="0123456789abcdef")
     cache = tmp_path / "cache"
     out = _run("--no-build", "--import", other, "--import", tmp_path / "missing.tar.xz", cache=cache)
     assert out.returncode == 3
@@ -98,12 +108,7 @@ def test_a_damaged_archive_leaves_nothing_behind(exported: tuple[Path, Path], tm
 def test_an_archive_reaching_outside_its_build_is_refused(exported: tuple[Path, Path], tmp_path: Path) -> None:
     archive, original = exported
     key = original.parent.name
-    evil = tmp_path / "evil.tar.xz"
-    with tarfile.open(archive) as src, tarfile.open(evil, "w:xz") as dst:
-        for member in src.getmembers():
-            dst.addfile(member, src.extractfile(member) if member.isfile() else None)
-        extra = tarfile.TarInfo(f"{key}/../escaped")
-        dst.addfile(extra)
+    evil = _rewritten(archive, tmp_path / "evil.tar.xz", key, extra=f"{key}/../escaped")
     cache = tmp_path / "cache"
     out = _run("--no-build", "--import", evil, cache=cache)
     assert out.returncode == 3 and "entries outside" in out.stderr

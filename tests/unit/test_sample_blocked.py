@@ -72,10 +72,9 @@ print(json.dumps(windows), flush=True)
 """
 
 
-def _sample_while(child: subprocess.Popen[str], *args: str) -> list[dict[str, object]]:
-    sampler = subprocess.Popen([sys.executable, str(SAMPLER), "--pid", str(child.pid), *args],
-                               stdout=subprocess.PIPE, text=True)
-    return sampler  # type: ignore[return-value]
+def _sample_while(child: subprocess.Popen[str], *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, str(SAMPLER), "--pid", str(child.pid), *args],
+                            stdout=subprocess.PIPE, text=True)
 
 
 def _stretches(sampler: subprocess.Popen[str]) -> list[dict[str, object]]:

@@ -147,7 +147,7 @@ class EngineScreen(Screen[None]):
         self.param_rows: dict[str, tuple[str, str, str]] = {}  # name → (value, source, tier) as shown
         self.slot_rows: list[tuple[str, ...]] = []  # as shown
         self.params_message = ""
-        self._mounted = False  # the tables have their columns: on_mount shows the newest pool then
+        self._tables_ready = False  # on_mount gives the tables their columns, then shows the newest pool
         self._summary = Static("", id="summary")
         self._slots = DataTable[Text](id="slots", cursor_type="none", zebra_stripes=False)
         self._sessions = Static("", id="sessions")
@@ -185,7 +185,7 @@ class EngineScreen(Screen[None]):
         self._params.add_column("Source", key="source")
         self._params.add_column("Tier", key="tier")
         self._params.display = False
-        self._mounted = True
+        self._tables_ready = True
         self.show(self.pool)
         self._fetch()
         self.set_interval(self.every_s, self._fetch)
@@ -221,7 +221,7 @@ class EngineScreen(Screen[None]):
         """Re-render from the pool model (the app calls this as events and snapshots arrive, which may be
         between the screen's push and its mount: then only the model is kept, and on_mount shows it)."""
         self.pool = pool
-        if not self._mounted:
+        if not self._tables_ready:
             return
         row = pool.engines.get(self.engine)
         self._summary.update(self._summary_text(row))
