@@ -15,6 +15,12 @@ prefills the whole prompt, which is work the switch did not cause the service to
 ``--no-cache-prompt`` sends ``cache_prompt: false``, so steady requests and the first one after a
 switch do the same work and a gap measures only what the switch costs.
 
+A switch's longest gap is the maximum over a window of a couple of seconds (the load, then the
+paced free of the old model), so it also holds whatever stall the host puts into any window that
+long. Each switch is therefore followed by a control window of the same length with no switch in
+it, and its longest gap is reported beside the switch's: on a host whose steady serving stalls now
+and then, the control says how much of a switch's gap is the switch.
+
     .venv/bin/python scripts/bench_reload.py --switches 6 --markdown
 """
 
@@ -177,16 +183,20 @@ def run_policy(policy: str, switches: int, tmp: Path, models: tuple[str, ...] = 
                 raise SystemExit(f"switch to {target} failed: {body}")
             time.sleep(settle)
             during = window(client.log, t0, t1 + settle)
-            time.sleep(STEADY_AFTER_S)
+            span = t1 + settle - t0  # the switch's window; the control window after it is as long
+            time.sleep(max(STEADY_AFTER_S, span))
             after = window(client.log, t1 + settle, t1 + settle + STEADY_AFTER_S)
             if len(after) >= 3:
                 steady_of[target] = median_gap(after)
             gap_at, gap = longest_gap(during, t0, t1 + settle)
+            c0, c1 = t1 + settle, t1 + settle + span
+            _, control_gap = longest_gap(window(client.log, c0, c1), c0, c1)
             # A request on the slower model takes longer whatever the switch does: the switch's own cost is
             # its longest gap over the slower model's steady gap.
             slower = max(steady_of.get(source, steady_gap), steady_of.get(target, steady_gap))
             results.append({"target": target, "switch_s": t1 - t0, "max_gap_s": gap, "slower_steady_s": slower,
                             "ratio_slower": gap / slower,
+                            "control_gap_s": control_gap, "control_ratio": control_gap / slower,
                             "gap_from_ms": round((gap_at - t0) * 1000, 1),  # since the configure call
                             "t0_wall": t0_wall,
                             "timings": body["load"].get("timings"),
@@ -199,7 +209,9 @@ def run_policy(policy: str, switches: int, tmp: Path, models: tuple[str, ...] = 
             print(f"  switch {i + 1} to {target}: longest gap {gap * 1000:.1f} ms from {(gap_at - t0) * 1000:.0f} ms "
                   f"({gap / slower:.2f}x; load {tm.get('load_s')} s, warm-up {tm.get('warmup_s')} s); around it: " + "; ".join(
                       f"[{x['sent_ms']:.0f}-{x['ended_ms']:.0f} {str(x.get('model'))[:12]} q{x.get('queue_ms')} "
-                      f"p{x.get('prompt_ms')} d{x.get('predicted_ms')}]" for x in results[-1]["around_gap"]), flush=True)
+                      f"p{x.get('prompt_ms')} d{x.get('predicted_ms')}]" for x in results[-1]["around_gap"])
+                  + f"; a window as long after it, no switch: longest gap {control_gap * 1000:.1f} ms "
+                  f"({control_gap / slower:.2f}x)", flush=True)
         client.stop.set()
         client.join(30)
         if sampler is not None:
@@ -233,6 +245,8 @@ def run_policy(policy: str, switches: int, tmp: Path, models: tuple[str, ...] = 
             "steady_gap_ms_of": {m: round(g * 1000, 2) for m, g in steady_of.items()},
             "ratio_slower_median": statistics.median(r["ratio_slower"] for r in results),
             "ratio_slower_worst": max(r["ratio_slower"] for r in results),
+            "control_ratio_median": statistics.median(r["control_ratio"] for r in results),
+            "control_ratio_worst": max(r["control_ratio"] for r in results),
             "load_ms_median": statistics.median(r["load_s"] for r in results) * 1000,
             "failed": sum(r["failed"] for r in results),
             "p50_ms_steady": pct(steady_lat, 0.5) * 1000, "p99_ms_steady": pct(steady_lat, 0.99) * 1000,
@@ -261,20 +275,24 @@ def markdown(rows: list[dict[str, Any]], cmd: str, models: tuple[str, ...] = MOD
            f"Command: `{cmd}`  ", f"Machine: {cpu}, {os.cpu_count()} cores, {_gpus()}. Switches {models[1]} ↔ "
            f"{models[0]} under a steady one-at-a-time client (4-token completions).", "",
            "| policy | steady gap ms (each model) | max gap ms (median / worst) | gap ÷ slower model's steady gap "
-           "(median / worst) | gap ÷ first model's steady gap | load ms (engine) | gap − load ms | "
+           "(median / worst) | the same, a window as long with no switch (median / worst) | gap ÷ first model's "
+           "steady gap | load ms (engine) | gap − load ms | "
            "failed | p50 ms steady / switch | p99 ms steady / switch | old model freed in ms (median, off the step loop) |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         each = " / ".join(f"{g:.1f}" for g in r["steady_gap_ms_of"].values())
         variant = f" `{json.dumps(r['engine_config'])}`" if r.get("engine_config") else ""
         out.append(f"| {r['policy']}{variant} | {each} | {r['max_gap_ms_median']:.1f} / {r['max_gap_ms_worst']:.1f} "
                    f"| **{r['ratio_slower_median']:.2f}** / {r['ratio_slower_worst']:.2f} "
+                   f"| {r['control_ratio_median']:.2f} / {r['control_ratio_worst']:.2f} "
                    f"| {r['max_gap_ms_median'] / r['steady_gap_ms']:.2f} | {r['load_ms_median']:.0f} | "
                    f"{r['max_gap_ms_median'] - r['load_ms_median']:.0f} | {r['failed']} | "
                    f"{r['p50_ms_steady']:.1f} / {r['p50_ms_switch']:.1f} | {r['p99_ms_steady']:.1f} / {r['p99_ms_switch']:.1f} | "
                    f"{statistics.median(r['free_ms']) if r['free_ms'] else float('nan'):.1f} |")
     out += ["", "Steady gaps are each model's own, measured while it alone serves (the first before any switch, "
-            "the other after its first switch). Goals: overlap gap ≤ 1.5× steady gap (of the slower model); "
+            "the other after its first switch). The control is each switch's window again, as long, right after it "
+            "(the new model serving alone, the old one freed): what the host's own jitter puts in a window that "
+            "long. Goals: overlap gap ≤ 1.5× steady gap (of the slower model); "
             "drain gap ≤ load time + 500 ms; 0 failed requests; "
             "overlap p99 during a switch ≤ 1.5× steady.", ""]
     return "\n".join(out)
