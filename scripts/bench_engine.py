@@ -42,6 +42,11 @@ Metrics, measured by this client: TTFT (request sent → first streamed token), 
 the runs and the ratio hydrad ÷ llama-server (for throughput higher is better; for TTFT the
 ratio of times, lower is better).
 
+Beside them, how evenly each server streams: the gaps between a stream's consecutive tokens
+(median, p99, longest). A step that stalls now and then barely moves a decode rate but sets the
+longest gap, which is what a reader of the stream sees; the reference's own longest gap on the
+same host says how much of that is the host.
+
 ``--hydrad-only`` skips llama-server. hydrad's boot-to-READY time (from a NOTIFY_SOCKET this
 script binds, as systemd would) and its model load seconds (``/control/loads/{id}``) are
 reported in every mode.
@@ -540,6 +545,7 @@ class Stream:
     logprob_tokens: int = 0  # tokens whose log-probabilities the stream carried
     admit_ms: float | None = None  # hydrad's own timings: arrival → the request had its slot
     server: dict[str, float] = field(default_factory=dict)  # the answer's timings named in LAG_KEYS
+    t_toks: list[float] = field(default_factory=list)  # when each event with text arrived
 
 
 async def stream_completion(client: httpx.AsyncClient, url: str, payload: dict[str, Any]) -> Stream:
@@ -566,6 +572,7 @@ async def stream_completion(client: httpx.AsyncClient, url: str, payload: dict[s
                 if choices[0].get("text"):
                     st.text_events += 1
                     st.t_tok_last = now
+                    st.t_toks.append(now)
                     if not st.t_tok_first:
                         st.t_tok_first = now
             usage = ev.get("usage")
@@ -581,6 +588,16 @@ async def stream_completion(client: httpx.AsyncClient, url: str, payload: dict[s
                 st.server.update({k: timings[k] for k in LAG_KEYS if isinstance(timings.get(k), (int, float))})
     st.t_end = time.perf_counter()
     return st
+
+
+def token_gaps(times: list[float]) -> dict[str, float] | None:
+    """The gaps between a stream's consecutive tokens (ms): median, p99 and longest. A server whose
+    steps stall now and then shows it here and not in a decode rate."""
+    gaps = sorted((b - a) * 1000 for a, b in zip(times, times[1:]))
+    if len(gaps) < 2:
+        return None
+    return {"median_ms": statistics.median(gaps), "p99_ms": gaps[min(len(gaps) - 1, round(0.99 * (len(gaps) - 1)))],
+            "max_ms": gaps[-1]}
 
 
 def _logprob_tokens(logprobs: Any) -> int:
@@ -655,7 +672,8 @@ def run_workload(url: str, w: Workload, prompts: list[str], seed: int,
         per.append({"ttft_ms": ttft * 1000, "prefill_tps": w.n_prompt / ttft if ttft > 0 else None,
                     "decode_tps": decode, "completion_tokens": n_gen, "prompt_tokens_reported": st.prompt_tokens,
                     "text_events": st.text_events, "total_ms": (st.t_end - st.t_send) * 1000,
-                    "logprob_tokens": st.logprob_tokens, "admit_ms": st.admit_ms, "server": st.server})
+                    "logprob_tokens": st.logprob_tokens, "admit_ms": st.admit_ms, "server": st.server,
+                    "token_gaps": token_gaps(st.t_toks)})
     out: dict[str, Any] = {"streams": per}
     if w.streams == 1:
         out.update({k: per[0][k] for k in ("ttft_ms", "prefill_tps", "decode_tps")})
@@ -668,6 +686,11 @@ def run_workload(url: str, w: Workload, prompts: list[str], seed: int,
         decodes = [p["decode_tps"] for p in per if p["decode_tps"] is not None]
         out["decode_tps"] = statistics.median(decodes) if decodes else None
         out["wall_ms"] = wall * 1000
+    gaps = [p["token_gaps"] for p in per if p["token_gaps"]]
+    if gaps:  # the median stream's median and p99, the longest gap of any stream
+        out["token_gaps"] = {"median_ms": statistics.median(g["median_ms"] for g in gaps),
+                             "p99_ms": statistics.median(g["p99_ms"] for g in gaps),
+                             "max_ms": max(g["max_ms"] for g in gaps)}
     admits = [p["admit_ms"] for p in per if p["admit_ms"] is not None]
     if admits:
         out["admit_ms_median"], out["admit_ms_max"] = statistics.median(admits), max(admits)
@@ -834,7 +857,11 @@ def summarize(result: dict[str, Any], workloads: list[Workload], max_foreign: fl
             steps["decode_calls"] = calls
         lag = {name: {k: median([m["server_ms"][k] for m in clean(ms) if k in m.get("server_ms", {})])
                       for k in LAG_KEYS} for name, ms in (("hydrad", hyd_runs), ("llama-server", ref_runs or []))}
-        summary[w.key] = {"label": w.label, "rows": rows, "hydrad_steps": steps, "server_ms": lag, "clean_runs": {
+        gaps = {name: {k: median([m["token_gaps"][k] for m in clean(ms) if m.get("token_gaps")])
+                       for k in ("median_ms", "p99_ms", "max_ms")} for name, ms in (("hydrad", hyd_runs),
+                                                                                    ("llama-server", ref_runs or []))}
+        summary[w.key] = {"label": w.label, "rows": rows, "hydrad_steps": steps, "server_ms": lag,
+                          "token_gaps": gaps, "clean_runs": {
             "hydrad": len(clean(hyd_runs)), **({"llama-server": len(clean(ref_runs))} if ref_runs is not None else {})}}
     return summary
 
@@ -1012,6 +1039,26 @@ def steps_table(res: dict[str, Any]) -> str:
         "tokens on; *between* is the gap to the next step while steps follow each other (commands, admission).")
 
 
+def gaps_table(res: dict[str, Any]) -> str:
+    """How evenly each server streams its tokens (medians of the runs): a step that stalls shows in the
+    longest gap, however rarely it happens."""
+    lines = ["| token gaps (ms, median of runs) | median, hydrad / llama-server | p99 | longest | "
+             "longest ÷ median, hydrad / llama-server |", "|---|---:|---:|---:|---:|"]
+    for s in res["summary"].values():
+        g = s.get("token_gaps") or {}
+        h, r = g.get("hydrad") or {}, g.get("llama-server") or {}
+        if h.get("median_ms") is None:
+            continue
+
+        def ratio(x: dict[str, Any]) -> str:
+            return "–" if x.get("max_ms") is None or not x.get("median_ms") else f"{x['max_ms'] / x['median_ms']:.2f}"
+
+        lines.append(f"| {s['label']} | " + " | ".join(f"{_fmt(h.get(k), 2)} / {_fmt(r.get(k), 2)}"
+                                                       for k in ("median_ms", "p99_ms", "max_ms"))
+                     + f" | {ratio(h)} / {ratio(r)} |")
+    return "\n".join(lines) if len(lines) > 2 else ""
+
+
 def lag_table(res: dict[str, Any]) -> str:
     """The time to the first token split by what the servers report (medians of the runs' median streams)."""
     lines = ["| TTFT, server side (ms) | client TTFT, hydrad / llama-server | prompt_ms, hydrad / llama-server | "
@@ -1102,9 +1149,10 @@ def markdown_section(report: dict[str, Any]) -> str:
         out += [f"llama-server: `{report['llama_server']}` ({report.get('llama_server_build', '')}).", ""]
     for res in report["results"]:
         c = res["contention"]
-        steps, lag = steps_table(res), lag_table(res)
+        steps, lag, gaps = steps_table(res), lag_table(res), gaps_table(res)
         out += [f"### {res['model']} ({res['gguf']})", "", table(res, with_ref), "",
-                *([steps, ""] if steps else []), *([lag, ""] if lag else []), startup_table(res), "",
+                *([steps, ""] if steps else []), *([lag, ""] if lag else []), *([gaps, ""] if gaps else []),
+                startup_table(res), "",
                 f"Other processes' share of the CPUs during a counted run: at most {c['max_foreign_cpu']:.1%}; "
                 f"runs redone because of other load: {c['redone']}; still over the limit after "
                 f"{report.get('retries', 5)} retries, so left out of the medians: {c['flagged']}.", ""]
@@ -1231,9 +1279,9 @@ def main(argv: list[str] | None = None) -> int:
     for alias in [m.strip() for m in args.models.split(",") if m.strip()]:
         res = bench_model(alias, args, settings, binary, workloads, log)
         report["results"].append(res)
-        lag = lag_table(res)
+        lag, gaps = lag_table(res), gaps_table(res)
         print(f"\n{res['model']}\n" + table(res, binary is not None) + "\n\n" + (lag + "\n\n" if lag else "")
-              + startup_table(res) + "\n", flush=True)
+              + (gaps + "\n\n" if gaps else "") + startup_table(res) + "\n", flush=True)
     log("done")
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
