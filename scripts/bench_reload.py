@@ -139,7 +139,7 @@ class BlockedSampler:
 def blocked_between(stretches: list[dict[str, Any]], a: float, b: float, t0: float) -> list[dict[str, Any]]:
     """The stretches that overlap [a, b], times in ms since ``t0`` (the configure call)."""
     return [{"thread": s["name"], "call": s["call"], "ms": s["ms"], "wchan": s["wchan"],
-             "from_ms": round((s["start"] - t0) * 1000, 1)}
+             "from_ms": round((s["start"] - t0) * 1000, 1), **({"futex_in": s["futex_in"]} if "futex_in" in s else {})}
             for s in stretches if s["start"] < b and s["end"] > a]
 
 
@@ -223,7 +223,8 @@ def run_policy(policy: str, switches: int, tmp: Path, models: tuple[str, ...] = 
                 # the switch's 20 longest (a waiting reaper or an idle loop would fill the JSON)
                 r["blocked_during"] = sorted(blocked_between(stretches, t0, end, t0), key=lambda x: -x["ms"])[:20]
                 print(f"  switch {i + 1}: in its longest gap ({(gap_from - t0) * 1000:.0f}-{(gap_to - t0) * 1000:.0f} ms) "
-                      + ("; ".join(f"{x['thread']} in {x['call']} {x['ms']:.1f} ms from {x['from_ms']:.0f} ({x['wchan']})"
+                      + ("; ".join(f"{x['thread']} in {x['call']} {x['ms']:.1f} ms from {x['from_ms']:.0f} ({x['wchan']}"
+                                   + (f", a lock in {x['futex_in']}" if "futex_in" in x else "") + ")"
                                    for x in r["blocked_in_gap"]) or "no thread blocked that long"), flush=True)
         # how long freeing each retired generation took (on the engine's reaper thread, off its step loop)
         log_text = e.log_path.read_text()

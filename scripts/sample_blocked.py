@@ -10,6 +10,14 @@ longer is written as one JSON line on stdout:
     {"tid": 1234, "name": "hydrad-engine", "call": "mmap", "nr": 9, "start": 5123.456, "end": 5123.502,
      "ms": 46.0, "wchan": "rwsem_down_write_slowpath"}
 
+A wait in ``futex`` also says which lock: ``uaddr`` is the futex word's address (the call's first
+argument at the stretch's first sample) and ``futex_in`` the mapping it lies in, from
+``/proc/PID/maps``: the interpreter's own (``libpython3.12.so.1.0``, or the ``python`` executable
+when it is linked statically) holds the interpreter lock, so a step thread waiting there waits for
+Python. Any other lock lives where its maker allocated it: ``[heap]`` or ``anon`` (an anonymous mapping:
+a thread's own malloc arena, where the locks of Python's ``threading`` made on that thread live too), or a
+library's own data (``libcuda.so.1``: the driver's static locks).
+
 A thread that runs, in user space or in the kernel (a ``MAP_POPULATE`` pre-faulting its file, say), is
 "running" and not written: what is written is where a thread waited. ``start`` and ``end`` are
 ``time.monotonic()`` seconds, the clock every process of the machine shares, so
@@ -41,6 +49,7 @@ CALLS = {0: "read", 1: "write", 3: "close", 7: "poll", 9: "mmap", 10: "mprotect"
          45: "recvfrom", 46: "sendmsg", 47: "recvmsg", 56: "clone", 72: "fcntl", 202: "futex",
          230: "clock_nanosleep", 232: "epoll_wait", 257: "openat", 271: "ppoll", 281: "epoll_pwait",
          435: "clone3", 441: "epoll_pwait2"}
+FUTEX = 202
 RESCAN_S = 0.05  # how often the list of threads (and their names) is read again: loaders come and go
 
 
@@ -54,21 +63,40 @@ class Stretch:
     start: float
     last: float
     wchan: str
+    arg0: int = 0  # the call's first argument at the first sample (a futex's address)
 
 
-def read_state(task: Path) -> int | None:
-    """The call the thread is in (its number), -2 while it runs, -1 when it waits outside a call;
-    None when the thread is gone."""
+def read_state(task: Path) -> tuple[int, int] | None:
+    """The call the thread is in (its number) and the call's first argument; -2 while it runs, -1 when
+    it waits outside a call; None when the thread is gone."""
     try:
         text = (task / "syscall").read_text()
     except (FileNotFoundError, ProcessLookupError):
         return None
     if text.startswith("running"):
-        return -2
+        return -2, 0
+    fields = text.split()
     try:
-        return int(text.split(None, 1)[0])
+        return int(fields[0]), int(fields[1], 16) if len(fields) > 1 else 0
     except (ValueError, IndexError):
-        return -1
+        return -1, 0
+
+
+def mapping_of(pid: int, addr: int) -> str:
+    """The name of the mapping of ``pid`` that holds ``addr``: a file's base name, ``[heap]``, ``[stack]``,
+    ``anon`` for an anonymous one, ``?`` when none does (or the map can no longer be read)."""
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            for line in f:
+                span, _, rest = line.partition(" ")
+                lo, _, hi = span.partition("-")
+                if int(lo, 16) <= addr < int(hi, 16):
+                    parts = rest.split(None, 4)
+                    path = parts[4].strip() if len(parts) > 4 else ""
+                    return "anon" if not path else path if path.startswith("[") else Path(path).name
+    except (OSError, ValueError):
+        pass
+    return "?"
 
 
 def read_wchan(task: Path) -> str:
@@ -107,9 +135,13 @@ def sample(pid: int, names: tuple[str, ...], interval_s: float, min_s: float,
     def close(st: Stretch) -> dict[str, object] | None:
         if st.nr < 0 or st.last - st.start < min_s:
             return None
-        return {"tid": st.tid, "name": st.name, "call": CALLS.get(st.nr, f"syscall {st.nr}"), "nr": st.nr,
-                "start": round(st.start, 6), "end": round(st.last, 6), "ms": round((st.last - st.start) * 1000, 2),
-                "wchan": st.wchan}
+        out: dict[str, object] = {
+            "tid": st.tid, "name": st.name, "call": CALLS.get(st.nr, f"syscall {st.nr}"), "nr": st.nr,
+            "start": round(st.start, 6), "end": round(st.last, 6), "ms": round((st.last - st.start) * 1000, 2),
+            "wchan": st.wchan}
+        if st.nr == FUTEX:  # read only for what is written: a CUDA process's map runs to thousands of lines
+            out.update(uaddr=hex(st.arg0), futex_in=mapping_of(pid, st.arg0))
+        return out
 
     while not stop[0]:
         now = time.monotonic()
@@ -119,10 +151,10 @@ def sample(pid: int, names: tuple[str, ...], interval_s: float, min_s: float,
             if not watched and not Path(f"/proc/{pid}").exists():
                 break
         for tid, (task, name) in list(watched.items()):
-            nr = read_state(task)
+            state = read_state(task)
             t = time.monotonic()
             st = open_.get(tid)
-            if st is not None and nr == st.nr:
+            if st is not None and state is not None and state[0] == st.nr:
                 st.last = t
                 continue
             if st is not None:
@@ -130,10 +162,11 @@ def sample(pid: int, names: tuple[str, ...], interval_s: float, min_s: float,
                 if done:
                     yield done
                 del open_[tid]
-            if nr is None:
+            if state is None:
                 watched.pop(tid, None)
                 continue
-            open_[tid] = Stretch(tid, name, nr, t, t, read_wchan(task) if nr >= 0 else "")
+            nr, arg0 = state
+            open_[tid] = Stretch(tid, name, nr, t, t, read_wchan(task) if nr >= 0 else "", arg0)
         time.sleep(interval_s)
     for st in open_.values():
         done = close(st)

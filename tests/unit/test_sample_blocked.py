@@ -3,7 +3,8 @@
 Against real child processes: a thread that sleeps is seen in clock_nanosleep for as long as it sleeps,
 and a thread that maps and unmaps memory is seen waiting in mmap/munmap while another thread of its
 process maps a model file with MAP_POPULATE, as a mapped llama.cpp load does (the lock that pre-faulting
-holds; docs/benchmarks.md, seventeenth session). The engine names its threads for this
+holds; docs/benchmarks.md, seventeenth session), and a thread waiting for the interpreter lock is seen in
+futex with the lock's word in the interpreter's own mapping. The engine names its threads for this
 (hydrad.common.osthread), checked on a real engine.
 """
 
@@ -72,6 +73,31 @@ print(json.dumps(windows), flush=True)
 """
 
 
+# The main thread holds the interpreter lock in one long C call (a sort: no bytecode, so no hand-over)
+# while a named thread that wakes every millisecond needs the lock to go on.
+GIL_HOLDER = """
+import json, random, sys, threading, time
+sys.path.insert(0, sys.argv[1])
+from hydrad.common.osthread import name_os_thread
+def waker():
+    name_os_thread("hydrad-waker")
+    while True:
+        time.sleep(0.001)
+threading.Thread(target=waker, daemon=True).start()
+data = [random.random() for _ in range(2_000_000)]
+print("ready", flush=True)
+time.sleep(0.3)
+windows = []
+for _ in range(3):
+    t0 = time.monotonic()
+    sorted(data)
+    windows.append((t0, time.monotonic()))
+    time.sleep(0.1)
+print(json.dumps(windows), flush=True)
+time.sleep(60)
+"""
+
+
 def _sample_while(child: subprocess.Popen[str], *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, str(SAMPLER), "--pid", str(child.pid), *args],
                             stdout=subprocess.PIPE, text=True)
@@ -122,6 +148,29 @@ def test_another_threads_map_calls_wait_while_a_file_mapping_is_pre_faulted(gemm
                                       for a, b in windows)]
     assert inside, (windows, seen)  # the mapper waited in a map call while the file was being pre-faulted
     assert all(s["name"] == "hydrad-mapper" for s in seen)
+
+
+def test_a_wait_for_the_interpreter_lock_is_told_by_the_mapping_of_its_futex() -> None:
+    child = subprocess.Popen([sys.executable, "-c", GIL_HOLDER, str(ROOT)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+        sampler = _sample_while(child, "--names", "hydrad-waker", "--min-ms", "20")
+        windows = json.loads(child.stdout.readline())
+        seen = _stretches(sampler)
+        maps = Path(f"/proc/{child.pid}/maps").read_text()
+    finally:
+        child.kill()
+        child.wait()
+    assert min(b - a for a, b in windows) > 0.05, windows  # each sort held the lock long enough to see
+    futexes = [s for s in seen if s["call"] == "futex"]
+    inside = [s for s in futexes if any(float(s["start"]) < b and float(s["end"]) > a for a, b in windows)]
+    assert inside, (windows, seen)
+    # the futex word is the interpreter's: in libpython, or in the executable when it is linked statically
+    interpreter = {Path(ln.split(None, 5)[5]).name for ln in maps.splitlines()
+                   if len(ln.split(None, 5)) > 5 and ("libpython" in ln or ln.split(None, 5)[5] == Path(sys.executable).resolve().as_posix())}
+    assert interpreter, "no interpreter mapping in the child's map"
+    assert {s["futex_in"] for s in inside} <= interpreter, (inside, interpreter)
+    assert all(str(s["uaddr"]).startswith("0x") for s in inside)
 
 
 def test_the_sampler_refuses_a_process_that_is_not_there() -> None:
