@@ -87,7 +87,7 @@ class RuntimeParams(BaseModel):
     cache_type_k: CacheType = _f("f16", Tier.T2, "Data type of the K cache.")
     cache_type_v: CacheType = _f("f16", Tier.T2, "Data type of the V cache (quantized V needs flash attention).")
     flash_attn: Literal["auto", "on", "off"] = _f("auto", Tier.T2, "Flash attention.")
-    n_threads: int = _f(0, Tier.T2, "CPU threads for generation; 0 = all cores.", ge=0)
+    n_threads: int = _f(0, Tier.T2, "CPU threads for generation; 0 = every CPU the engine may use (its affinity mask, capped by a cgroup CPU quota such as systemd's CPUQuota=).", ge=0)
     n_threads_batch: int = _f(0, Tier.T2, "CPU threads for prompt processing; 0 = same as n_threads.", ge=0)
     rope_scaling: Literal["model", "none", "linear", "yarn", "longrope"] = _f("model", Tier.T2, "RoPE scaling type; 'model' = as the GGUF says.")
     rope_freq_base: float = _f(0.0, Tier.T2, "RoPE base frequency; 0 = from the model.", ge=0)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from hydrad import __version__
+from hydrad.common.cpus import usable_cpus
 from hydrad.engine import ggml, llama
 from hydrad.engine.control import EngineControl
 from hydrad.engine.core import EngineCore
@@ -138,7 +139,7 @@ class Daemon:
         if s.rpc.ggml_rpc:
             cache = s.rpc.cache_dir or Path(os.environ.get("CACHE_DIRECTORY") or Path.home() / ".cache" / "hydra") / f"rpc-{s.name}"
             # on an internal loopback port, reserved before anything else of this engine binds one
-            self.ggml_server = ggml.RpcServerThread("127.0.0.1", 0, cache, s.rpc.ggml_threads or os.cpu_count() or 1)
+            self.ggml_server = ggml.RpcServerThread("127.0.0.1", 0, cache, s.rpc.ggml_threads or usable_cpus())
             self.ggml_server.start()
             endpoint = ("127.0.0.1", self.ggml_server.port)
         gs = self.ggml_server

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from hydrad.common.cpus import usable_cpus
 from hydrad.common.params import RuntimeParams
 from hydrad.wire.logprobs import FLOOR, Alternative, TokenLogprob
 
@@ -400,7 +401,7 @@ class Context:
             cp.n_seq_max = n_seq
             cp.embeddings = True
             cp.pooling_type = pooling
-        threads = params.n_threads or (os.cpu_count() or 1)
+        threads = params.n_threads or usable_cpus()
         cp.n_threads = threads
         cp.n_threads_batch = params.n_threads_batch or threads
         self.threads = (cp.n_threads, cp.n_threads_batch)  # its own; share_cpu lends some for a while

@@ -41,7 +41,7 @@ class RpcSettings(BaseModel):
     enabled: bool = Field(True, description="Open the merged RPC port at all.")
     ggml_rpc: bool = Field(True, description="Run llama.cpp's ggml RPC server in-process so peers can compute on this engine's devices.")
     ggml_threads: int = Field(0, ge=0, le=1024, description="CPU threads the ggml RPC server computes a peer's graphs "
-                              "with when it lends a CPU device; 0 = every core (as llama.cpp's rpc-server).")
+                              "with when it lends a CPU device; 0 = every CPU the engine may use (its affinity, capped by a cgroup CPU quota).")
     cache_dir: Path | None = Field(None, description="Tensor cache of the ggml RPC server (weights a peer sent once are found by hash); default: <cache>/hydra/rpc-<name>.")
     token: str | None = Field(None, min_length=1, description="Shared secret: when set, Hydra ops need HELLO with it first and HTTP "
                               "/control/* and /slots/*/state* need 'Authorization: Bearer <token>'. Prefer token_file.")

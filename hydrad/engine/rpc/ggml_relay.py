@@ -38,6 +38,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from hydrad.common.cpus import usable_cpus
 from hydrad.common.logs import log_event
 from hydrad.common.netaccess import address_allowed
 from hydrad.engine.rpc.ggml_codec import (  # noqa: F401 (the wire format; re-exported for the tests)
@@ -111,7 +112,7 @@ class GgmlRelay:
                       "graphs_recomputed": 0}
         self._by_command = [0] * len(CMD_NAMES)  # what the peers send, per command: where a token's round trips go
         # trusted peers (rpc.ggml_direct_from) skip the relay: handed to a server instance of their own
-        self.direct = DirectLine(self.cache_dir, self.rpc.ggml_threads or os.cpu_count() or 1,
+        self.direct = DirectLine(self.cache_dir, self.rpc.ggml_threads or usable_cpus(),
                                  self.rpc.ggml_io_timeout_s) if self.rpc.ggml_direct_from else None
 
     # ----- the upstream: connect, seal, lose --------------------------------------------------
