@@ -91,6 +91,7 @@ REGISTRY = REPO / "etc" / "hydra" / "models.yaml"
 DOC = REPO / "docs" / "benchmarks.md"
 sys.path.insert(0, str(REPO))
 from hydrad.common import heap  # noqa: E402
+from hydrad.common.cpus import usable_cpus  # noqa: E402
 DEFAULT_MODELS = "smollm2-135m,gemma3-270m"
 
 # Filler words that are one token each (with their leading space) in common BPE vocabularies.
@@ -1197,8 +1198,9 @@ def main(argv: list[str] | None = None) -> int:
                     f"(default: {DEFAULT_MODELS})")
     ap.add_argument("--runs", type=int, default=5, help="paired runs per workload (default: 5)")
     ap.add_argument("--workloads", default="a,b,c,d", help="which of a,b,c,d,e (default: a,b,c,d)")
-    ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
-                    help="CPU threads for both servers (generation and batch; default: all cores)")
+    ap.add_argument("--threads", type=int, default=usable_cpus(),
+                    help="CPU threads for both servers (generation and batch; default: every CPU this process "
+                         "may use, as hydrad's own default: its affinity, capped by a cgroup CPU quota)")
     ap.add_argument("--n-ctx", type=int, default=8192, help="context size of both servers (default: 8192)")
     ap.add_argument("--n-batch", type=int, default=2048, help="logical batch, -b (default: 2048)")
     ap.add_argument("--n-ubatch", type=int, default=512, help="physical batch, -ub (default: 512)")
