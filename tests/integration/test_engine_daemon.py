@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import signal
 import threading
 import time
@@ -353,6 +355,16 @@ def test_sigterm_past_drain_bound_ends_stream_with_error(smollm_path: Path, star
     assert events[-1] == "data: [DONE]"
     err = json.loads(events[-2][len("data: "):])
     assert err["error"]["code"] == "shutting_down"
+
+
+def test_the_engine_says_how_many_cpus_its_pools_default_to(start_engine: Callable[..., Engine]) -> None:
+    if shutil.which("taskset") is None:
+        pytest.skip("taskset (util-linux) is not installed: no way to start the engine under a narrower mask")
+    mine = sorted(os.sched_getaffinity(0))
+    e = start_engine(wrap=("taskset", "-c", str(mine[0])))
+    e.notify.wait_for("READY=1")
+    line = next(ln for ln in e.log().splitlines() if "listening" in ln)
+    assert " cpus=1 " in f"{line} " and " affinity_cpus=1 " in f"{line} ", line
 
 
 def test_watchdog_pings_while_engine_alive(start_engine: Callable[..., Engine]) -> None:
