@@ -12,17 +12,28 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
+
+
+@dataclass(frozen=True)
+class CpuLimits:
+    """What bounds this process's CPUs, read once: its affinity mask and its cgroups' tightest quota."""
+
+    affinity: int = field(default_factory=lambda: affinity_cpus())
+    quota: float | None = field(default_factory=lambda: quota_cpus())
+
+    @property
+    def usable(self) -> int:
+        """The CPUs it may run on at once: the mask, capped by the quota. At least 1."""
+        n = self.affinity if self.quota is None else min(self.affinity, math.floor(self.quota))
+        return max(1, n)
 
 
 def usable_cpus() -> int:
     """The CPUs this process may run on at once: its affinity mask, capped by the CPU quota of its
     cgroup and of every cgroup above it. At least 1."""
-    n = affinity_cpus()
-    quota = quota_cpus()
-    if quota is not None:
-        n = min(n, max(1, math.floor(quota)))
-    return max(1, n)
+    return CpuLimits().usable
 
 
 def affinity_cpus() -> int:

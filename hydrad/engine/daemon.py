@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from hydrad import __version__
-from hydrad.common.cpus import affinity_cpus, quota_cpus, usable_cpus
+from hydrad.common.cpus import CpuLimits, usable_cpus
 from hydrad.engine import ggml, llama
 from hydrad.engine.control import EngineControl
 from hydrad.engine.core import EngineCore
@@ -98,11 +98,10 @@ class Daemon:
                 return 1
             await asyncio.sleep(0.005)
         port = server.servers[0].sockets[0].getsockname()[1] if server.servers else s.http.port
-        quota = quota_cpus()
-        # what "every core" is here: the thread pools' default, and the limits it came from
+        cpus = CpuLimits()  # what "every core" is here: the thread pools' default, and the limits it came from
         log_event(log, logging.INFO, "listening", engine=s.name, http=f"{s.http.host}:{port}", version=__version__,
-                  cpus=usable_cpus(), affinity_cpus=affinity_cpus(),
-                  cpu_quota="none" if quota is None else round(quota, 2))
+                  cpus=cpus.usable, affinity_cpus=cpus.affinity,
+                  cpu_quota="none" if cpus.quota is None else round(cpus.quota, 2))
         self.notifier.ready()
         self.notifier.status(status_text(self.core.snapshot(), with_progress=False))
         tasks = [asyncio.create_task(self._watchdog(), name="watchdog"),

@@ -24,36 +24,46 @@ from hydrad.common.osthread import name_os_thread
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLER = ROOT / "scripts" / "sample_blocked.py"
 
-SLEEPER = """
-import sys, threading, time
+# What every child below starts with: a thread of a given OS name that repeats one step, and timed
+# windows of an action in the main thread, printed as JSON for the test to set beside what was sampled.
+PROLOGUE = """
+import ctypes, json, os, random, sys, threading, time
 sys.path.insert(0, sys.argv[1])
 from hydrad.common.osthread import name_os_thread
-def sleeper():
-    name_os_thread("hydrad-sleeper")
-    while True:
-        time.sleep(0.06)
-        t = time.monotonic()
-        while time.monotonic() - t < 0.01:  # running between the sleeps, for the sampler to see
-            pass
-threading.Thread(target=sleeper, daemon=True).start()
+def named(name, step):
+    def run():
+        name_os_thread(name)
+        while True:
+            step()
+    threading.Thread(target=run, daemon=True).start()
+def windows_of(action, n, undo=lambda result: None):
+    out = []
+    for _ in range(n):
+        t0 = time.monotonic()
+        result = action()
+        out.append((t0, time.monotonic()))
+        undo(result)
+        time.sleep(0.1)
+    print(json.dumps(out), flush=True)
+"""
+
+SLEEPER = PROLOGUE + """
+def sleep_then_run():
+    time.sleep(0.06)
+    t = time.monotonic()
+    while time.monotonic() - t < 0.01:  # running between the sleeps, for the sampler to see
+        pass
+named("hydrad-sleeper", sleep_then_run)
 print("ready", flush=True)
 time.sleep(60)
 """
 
-MAPPER = """
-import ctypes, json, os, sys, threading, time
-sys.path.insert(0, sys.argv[1])
-from hydrad.common.osthread import name_os_thread
+MAPPER = PROLOGUE + """
 libc = ctypes.CDLL(None)
 libc.mmap.restype = ctypes.c_void_p
 libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
 libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-def mapper():
-    name_os_thread("hydrad-mapper")
-    while True:
-        a = libc.mmap(None, 1 << 20, 3, 0x22, -1, 0)
-        libc.munmap(a, 1 << 20)
-threading.Thread(target=mapper, daemon=True).start()
+named("hydrad-mapper", lambda: libc.munmap(libc.mmap(None, 1 << 20, 3, 0x22, -1, 0), 1 << 20))
 fd = os.open(sys.argv[2], os.O_RDONLY)
 size = os.fstat(fd).st_size
 with open(sys.argv[2], "rb") as f:
@@ -61,39 +71,18 @@ with open(sys.argv[2], "rb") as f:
         pass
 print("ready", flush=True)
 time.sleep(0.3)
-windows = []
-for _ in range(int(sys.argv[3])):
-    t0 = time.monotonic()
-    p = libc.mmap(None, size, 1, 0x01 | 0x08000, fd, 0)   # PROT_READ, MAP_SHARED | MAP_POPULATE
-    t1 = time.monotonic()
-    libc.munmap(p, size)
-    windows.append((t0, t1))
-    time.sleep(0.1)
-print(json.dumps(windows), flush=True)
+# PROT_READ, MAP_SHARED | MAP_POPULATE; the window is the mapping alone, the unmapping follows it
+windows_of(lambda: libc.mmap(None, size, 1, 0x01 | 0x08000, fd, 0), int(sys.argv[3]), lambda p: libc.munmap(p, size))
 """
-
 
 # The main thread holds the interpreter lock in one long C call (a sort: no bytecode, so no hand-over)
 # while a named thread that wakes every millisecond needs the lock to go on.
-GIL_HOLDER = """
-import json, random, sys, threading, time
-sys.path.insert(0, sys.argv[1])
-from hydrad.common.osthread import name_os_thread
-def waker():
-    name_os_thread("hydrad-waker")
-    while True:
-        time.sleep(0.001)
-threading.Thread(target=waker, daemon=True).start()
+GIL_HOLDER = PROLOGUE + """
+named("hydrad-waker", lambda: time.sleep(0.001))
 data = [random.random() for _ in range(2_000_000)]
 print("ready", flush=True)
 time.sleep(0.3)
-windows = []
-for _ in range(3):
-    t0 = time.monotonic()
-    sorted(data)
-    windows.append((t0, time.monotonic()))
-    time.sleep(0.1)
-print(json.dumps(windows), flush=True)
+windows_of(lambda: sorted(data), 3)
 time.sleep(60)
 """
 

@@ -5,6 +5,7 @@ cgroup with a CPU quota; the quota files' formats are also read from files writt
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -27,8 +28,6 @@ print(json.dumps({"usable": cpus.usable_cpus(), "affinity": cpus.affinity_cpus()
 
 
 def _report(preexec=None, into: Path | None = None) -> dict[str, object]:  # type: ignore[no-untyped-def]
-    import json
-
     child = subprocess.Popen([sys.executable, "-c", REPORT, str(ROOT)], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, text=True, preexec_fn=preexec)
     try:
@@ -135,8 +134,6 @@ print(json.dumps({"threads": list(ctx.threads), "llama": [C.llama_n_threads(ctx.
 
 @pytest.mark.model
 def test_a_context_left_at_every_core_computes_with_the_cpus_of_its_mask(smollm_path: Path) -> None:
-    import json
-
     mine = sorted(os.sched_getaffinity(0))
     if len(mine) < 2:
         pytest.skip("this process may run on one CPU only: a narrower mask cannot be shown")
@@ -145,3 +142,10 @@ def test_a_context_left_at_every_core_computes_with_the_cpus_of_its_mask(smollm_
     assert out.returncode == 0, out.stderr[-2000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got == {"threads": [1, 1], "llama": [1, 1]}, got
+
+
+def test_the_usable_count_is_the_mask_capped_by_whole_cpus_of_the_quota() -> None:
+    assert cpus.CpuLimits(affinity=4, quota=None).usable == 4
+    assert cpus.CpuLimits(affinity=4, quota=2.5).usable == 2  # a pool meets at barriers: no half thread
+    assert cpus.CpuLimits(affinity=4, quota=0.5).usable == 1
+    assert cpus.CpuLimits(affinity=2, quota=8.0).usable == 2
