@@ -348,6 +348,26 @@ class Server:
                 self.proc.wait(5)
 
 
+def hydrad_yaml(s: ServerSettings, port: int, rpc_port: int, extra: dict[str, Any]) -> dict[str, Any]:
+    """hydrad's engine YAML: the settings both servers share, then ``--hydrad-config``. Its ``defaults``
+    are merged into the bench's own (a variant such as ``{"defaults": {"use_mmap": false}}`` must not
+    drop n_parallel and the rest, which would leave the two servers doing different work); its other
+    keys are the engine's own."""
+    extra = dict(extra)
+    extra_defaults = extra.pop("defaults", {})
+    return {
+        "name": "bench", "http": {"host": "127.0.0.1", "port": port},
+        "rpc": {"host": "127.0.0.1", "port": rpc_port},
+        "models_dir": str(models_dir()), "registry": str(REGISTRY), "drain_timeout_s": 5,
+        "logging": {"level": "warning"},
+        "defaults": {"n_ctx": s.n_ctx, "n_batch": s.n_batch, "n_ubatch": s.n_ubatch,
+                     "n_parallel": s.n_parallel, "kv_unified": s.kv_unified, "n_threads": s.threads,
+                     "n_threads_batch": s.threads, "flash_attn": s.flash_attn,
+                     "n_gpu_layers": s.gpu_layers, "cache_prompt": False, **s.hydrad_params, **extra_defaults},
+        **extra,
+    }
+
+
 class Hydrad(Server):
     """hydrad started model-less (boot to READY=1 timed), then configured with the model."""
 
@@ -362,18 +382,7 @@ class Hydrad(Server):
         self.notify: NotifyListener | None = None
 
     def start(self) -> None:
-        s = self.settings
-        cfg = {
-            "name": "bench", "http": {"host": "127.0.0.1", "port": self.port},
-            "rpc": {"host": "127.0.0.1", "port": free_port()},
-            "models_dir": str(models_dir()), "registry": str(REGISTRY), "drain_timeout_s": 5,
-            "logging": {"level": "warning"},
-            "defaults": {"n_ctx": s.n_ctx, "n_batch": s.n_batch, "n_ubatch": s.n_ubatch,
-                         "n_parallel": s.n_parallel, "kv_unified": s.kv_unified, "n_threads": s.threads,
-                         "n_threads_batch": s.threads, "flash_attn": s.flash_attn,
-                         "n_gpu_layers": s.gpu_layers, "cache_prompt": False, **s.hydrad_params},
-            **self.config,
-        }
+        cfg = hydrad_yaml(self.settings, self.port, free_port(), self.config)
         path = self.workdir / "hydrad.yaml"
         path.write_text(yaml.safe_dump(cfg))
         self.notify = NotifyListener(self.workdir / "notify.sock")

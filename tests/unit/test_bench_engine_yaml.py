@@ -1,0 +1,56 @@
+"""scripts/bench_engine.py: the engine YAML it writes for hydrad, read back by the engine's own loader.
+
+A variant given with ``--hydrad-config`` must add to the settings both servers share, not replace them:
+an H200 run with ``{"defaults": {"use_mmap": false}}`` once dropped n_parallel with the rest of the
+bench's defaults, and the engine then refused the benchmark's fifth slot.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import yaml
+
+from hydrad.engine.settings import load_config
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_engine.py"
+
+
+def _load() -> ModuleType:
+    # scripts/ is not a package; registered in sys.modules before exec because dataclasses look it up there
+    spec = importlib.util.spec_from_file_location("hydra_bench_engine", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+be = _load()
+SETTINGS = be.ServerSettings(n_ctx=4096, n_batch=512, n_ubatch=512, n_parallel=8, kv_unified=True, threads=3,
+                             flash_attn="auto", gpu_layers=0, hydrad_params={"text_overlap": "off"})
+
+
+def _read_back(tmp_path: Path, extra: dict) -> dict:
+    path = tmp_path / "hydrad.yaml"
+    path.write_text(yaml.safe_dump(be.hydrad_yaml(SETTINGS, 18080, 18081, extra)))
+    return load_config(path).settings.model_dump(mode="json")
+
+
+def test_a_variants_defaults_are_merged_into_the_shared_ones(tmp_path: Path) -> None:
+    cfg = _read_back(tmp_path, {"defaults": {"use_mmap": False, "n_threads": 4}, "cuda_pinned_host": "alone"})
+    d = cfg["defaults"]
+    assert d["n_parallel"] == 8 and d["n_ctx"] == 4096 and d["n_threads_batch"] == 3  # the shared ones kept
+    assert d["use_mmap"] is False and d["n_threads"] == 4  # the variant's added, or taking precedence
+    assert d["text_overlap"] == "off"  # hydrad's own parameters kept too
+    assert cfg["cuda_pinned_host"] == "alone"  # an engine key of the variant is the engine's
+    assert cfg["http"]["port"] == 18080 and cfg["rpc"]["port"] == 18081
+
+
+def test_no_variant_writes_the_shared_settings_alone(tmp_path: Path) -> None:
+    cfg = _read_back(tmp_path, {})
+    assert cfg["defaults"]["n_parallel"] == 8 and "use_mmap" not in cfg["defaults"]
+    assert cfg["cuda_pinned_host"] is True  # the engine's default
