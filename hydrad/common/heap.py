@@ -27,11 +27,15 @@ import gc
 from typing import Iterator
 
 
-def settle() -> int:
-    """Freeze everything alive now out of the collector's full passes; returns how many objects
-    the permanent generation holds."""
+def settle() -> None:
+    """Freeze everything alive now out of the collector's full passes.
+
+    Freezing splices the collector's lists: constant time. Counting what is frozen
+    (``gc.get_freeze_count()``) walks the whole permanent generation while holding the interpreter
+    lock, 4 ms for 300,000 objects on the 2-core machine; settled after every load, that walk was a
+    wait for the serving generation's step thread at the very moment a reload installs the new model.
+    So nothing here counts."""
     gc.freeze()
-    return gc.get_freeze_count()
 
 
 @contextlib.contextmanager
