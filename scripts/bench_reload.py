@@ -45,6 +45,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hydrad.engine.settings import ReaperSettings  # noqa: E402
 from tests.support.engine import Engine  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import gil_holders  # noqa: E402
+
 MODELS = ("gemma3-270m", "smollm2-135m")  # the first is switched to first; --models replaces them
 
 
@@ -145,7 +148,7 @@ def blocked_between(stretches: list[dict[str, Any]], a: float, b: float, t0: flo
 
 def run_policy(policy: str, switches: int, tmp: Path, models: tuple[str, ...] = MODELS,
                slow_turn_ms: float = 0.0, config: dict[str, Any] | None = None,
-               cache_prompt: bool = True, blocked_ms: float = 0.0) -> dict[str, Any]:
+               cache_prompt: bool = True, blocked_ms: float = 0.0, gil_profile: bool = False) -> dict[str, Any]:
     config = config or {}
     reaper = ReaperSettings(**(config.get("reaper") or {}))
     # the paced free (reaper.delay_ms, pause_ms) ends after the switch: its gaps count as the switch's
@@ -156,8 +159,11 @@ def run_policy(policy: str, switches: int, tmp: Path, models: tuple[str, ...] = 
                name=f"bench-{policy}-{time.monotonic_ns()}",
                extra={**extra, "logging": {"slow_turn_ms": slow_turn_ms, **config.get("logging", {})}})
     sampler: BlockedSampler | None = None
+    holders: Any = None
     try:
         e.wait_ready(120)
+        if gil_profile:
+            holders = gil_holders.Recording(e.proc.pid)
         if blocked_ms:
             sampler = BlockedSampler(e.proc.pid, blocked_ms, tmp / f"blocked-{time.monotonic_ns()}.jsonl")
         client = Client(e.url, cache_prompt)
@@ -214,6 +220,12 @@ def run_policy(policy: str, switches: int, tmp: Path, models: tuple[str, ...] = 
                   f"({control_gap / slower:.2f}x)", flush=True)
         client.stop.set()
         client.join(30)
+        gil: dict[str, Any] = {}
+        if holders is not None:
+            gil, holders = holders.stop(), None
+            for thread, h in gil.items():
+                print(f"  interpreter lock held by {thread}: {h['ms']:.0f} ms over the run; most in "
+                      + "; ".join(f"{f} {ms:.0f} ms" for f, ms in h["top"][:3]), flush=True)
         if sampler is not None:
             stretches = sampler.stop()
             sampler = None
@@ -252,10 +264,13 @@ def run_policy(policy: str, switches: int, tmp: Path, models: tuple[str, ...] = 
             "failed": sum(r["failed"] for r in results),
             "p50_ms_steady": pct(steady_lat, 0.5) * 1000, "p99_ms_steady": pct(steady_lat, 0.99) * 1000,
             "p50_ms_switch": pct(lat_during, 0.5) * 1000, "p99_ms_switch": pct(lat_during, 0.99) * 1000,
+            **({"gil_holders": gil} if gil_profile else {}),
         }
     finally:
         if sampler is not None:
             sampler.stop()
+        if holders is not None:
+            holders.stop()
         e.stop()
 
 
@@ -317,6 +332,10 @@ def main() -> int:
                     help="sample which of the engine's threads sit in which system call (scripts/sample_blocked.py) "
                          "and report, per switch, the calls of MS or longer within its longest gap (needs the right "
                          "to trace the engine: root or ptrace allowed)")
+    ap.add_argument("--gil-profile", action="store_true",
+                    help="record which of the engine's threads held the interpreter lock, in which code, over each "
+                         "variant's run (scripts/gil_holders.py: py-spy, from the test extras; the right to trace "
+                         "the engine as for --blocked)")
     ap.add_argument("--json", metavar="FILE")
     ap.add_argument("--markdown", action="store_true", help="append the table to docs/benchmarks.md")
     args = ap.parse_args()
@@ -330,7 +349,8 @@ def main() -> int:
         for policy in args.policies.split(","):
             for config in args.engine_configs:
                 rows.append(run_policy(policy, args.switches, Path(tmp), models, args.slow_turn_ms, config,
-                                       cache_prompt=not args.no_cache_prompt, blocked_ms=args.blocked))
+                                       cache_prompt=not args.no_cache_prompt, blocked_ms=args.blocked,
+                                       gil_profile=args.gil_profile))
                 print(json.dumps(rows[-1]), flush=True)
     cmd = "scripts/bench_reload.py " + " ".join(sys.argv[1:])
     text = markdown(rows, ".venv/bin/python " + cmd.strip(), named)

@@ -1,0 +1,87 @@
+"""scripts/gil_holders.py: which thread of a process holds the interpreter lock, and in what code.
+
+Against a real child process sampled by py-spy from outside: a thread that sorts a large list in one
+C call after another holds the lock nearly all the time, and the summary puts it first, in the line
+that sorts; a thread that only sleeps never holds it. The parser is also checked on py-spy's raw
+lines as they come (a numbered thread counted with its siblings).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gil_holders.py"
+
+
+def _load() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("hydra_gil_holders", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+gh = _load()
+
+CHILD = textwrap.dedent("""
+    import random, sys, threading, time
+    data = [random.random() for _ in range(400_000)]
+
+    def hog():
+        while True:
+            sorted(data)  # one C call, the lock held throughout
+
+    def idle():
+        while True:
+            time.sleep(0.01)
+
+    threading.Thread(target=hog, name="hog-1", daemon=True).start()
+    threading.Thread(target=idle, name="sleeper", daemon=True).start()
+    print("ready", flush=True)
+    time.sleep(60)
+""")
+
+
+def test_the_parser_counts_each_thread_family_and_its_lines() -> None:
+    raw = "\n".join([
+        "thread (6345): hydrad-loader-1;Thread.run (threading.py:982);settle (hydrad/common/heap.py:34) 13",
+        "thread (6349): hydrad-loader-3;Thread.run (threading.py:982);settle (hydrad/common/heap.py:34) 7",
+        "thread (0x7f3a): hydrad-loader-3;Thread.run (threading.py:982);_skip_strings (gguf_meta.py:80) 5",
+        "thread (6327): hydrad-engine;EngineCore._turns (hydrad/engine/core.py:337) 4",
+        "not a sample line",
+    ])
+    got = gh.summarize(raw, rate=1000)
+    assert list(got) == ["hydrad-loader", "hydrad-engine"]
+    assert got["hydrad-loader"]["ms"] == 25.0
+    assert got["hydrad-loader"]["top"][0] == ["settle (hydrad/common/heap.py:34)", 20.0]
+    assert got["hydrad-engine"] == {"ms": 4.0, "top": [["EngineCore._turns (hydrad/engine/core.py:337)", 4.0]]}
+    assert gh.summarize(raw, rate=500)["hydrad-engine"]["ms"] == 8.0  # each sample is 1000/rate ms
+
+
+def test_a_thread_holding_the_lock_in_one_c_call_is_found_in_it() -> None:
+    if gh.py_spy() is None:
+        pytest.skip("py-spy is not installed (the test extras)")
+    child = subprocess.Popen([sys.executable, "-c", CHILD], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+        rec = gh.Recording(child.pid)
+        time.sleep(2.5)
+        got = rec.stop()
+        if not got:
+            pytest.skip("py-spy could not attach to a child (needs root or ptrace allowed)")
+    finally:
+        child.kill()
+        child.wait()
+    assert "sleeper" not in got, got
+    assert next(iter(got)) == "hog", got  # first: the one that held it longest
+    assert got["hog"]["ms"] > 1000, got  # of 2.5 s
+    assert got["hog"]["top"][0][0].startswith("hog ("), got
