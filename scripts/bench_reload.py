@@ -159,7 +159,7 @@ def run_policy(policy: str, switches: int, tmp: Path, models: tuple[str, ...] = 
                name=f"bench-{policy}-{time.monotonic_ns()}",
                extra={**extra, "logging": {"slow_turn_ms": slow_turn_ms, **config.get("logging", {})}})
     sampler: BlockedSampler | None = None
-    holders: Any = None
+    holders: gil_holders.Recording | None = None
     try:
         e.wait_ready(120)
         if gil_profile:
