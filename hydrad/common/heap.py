@@ -31,10 +31,10 @@ def settle() -> None:
     """Freeze everything alive now out of the collector's full passes.
 
     Freezing splices the collector's lists: constant time. Counting what is frozen
-    (``gc.get_freeze_count()``) walks the whole permanent generation while holding the interpreter
-    lock, one cache miss per object: 4 ms for an engine's 55,000 on the 2-core machine. Settled after every load, that walk was a
-    wait for the serving generation's step thread at the very moment a reload installs the new model.
-    So nothing here counts."""
+    (``gc.get_freeze_count()``) walks the whole permanent generation under the interpreter lock,
+    one cache miss per object: 4 ms for an engine's 55,000 on the 2-core machine. Settled after
+    every load, that walk was a wait for the serving generation's step thread at the very moment
+    a reload installs the new model. So nothing here counts."""
     gc.freeze()
 
 
