@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import os
 import sys
 import time
 from pathlib import Path
@@ -43,6 +42,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
+from hydrad.common.cpus import usable_cpus  # noqa: E402
 from make_tiny_moe import DEFAULT_VOCAB, _gguf, llama_writer, read_tokenizer  # noqa: E402
 
 # (layers, n_embd, n_ff, heads, kv heads): the shapes of Llama-3.2-1B/3B and Llama-3.1-8B.
@@ -136,7 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quant", default="Q4_K_M,Q8_0",
                    help=f"comma-separated quantizations to make from the F16 file ({', '.join(FTYPES)}); '' for none")
     p.add_argument("--keep-f16", action="store_true", help="keep the F16 file after quantizing")
-    p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="quantizer threads")
+    p.add_argument("--threads", type=int, default=usable_cpus(),
+                   help="quantizer threads (default: the CPUs this process may use, quota and affinity included)")
     p.add_argument("--vocab-from", type=Path, default=DEFAULT_VOCAB, help="GGUF whose tokenizer is copied")
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     a = p.parse_args(argv)
