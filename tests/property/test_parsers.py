@@ -5,18 +5,11 @@ the long runs (``--long``, a million inputs per target) are recorded in docs/rel
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
-_PATH = Path(__file__).resolve().parents[2] / "scripts" / "fuzz_parsers.py"
-_spec = importlib.util.spec_from_file_location("fuzz_parsers", _PATH)
-assert _spec is not None and _spec.loader is not None
-fz = importlib.util.module_from_spec(_spec)
-sys.modules["fuzz_parsers"] = fz
-_spec.loader.exec_module(fz)
+from tests.support.scripts import load_script
+
+fz = load_script("fuzz_parsers", "fuzz_parsers")
 
 @pytest.mark.parametrize("target", list(fz.TARGETS))
 def test_bounded_fuzz_run_has_no_violations(target: str) -> None:

@@ -183,17 +183,11 @@ def halfopen(port: int, count: int, hold: float, deadline: float = 10.0) -> dict
 
 def bus(endpoint: str, seconds: float, peers: int = 8, names: tuple[str, ...] = ("rel-a", "rel-b"),
         seed: int = 1) -> dict[str, object]:
-    import importlib.util
-    from pathlib import Path
-
     import zmq
 
-    spec = importlib.util.spec_from_file_location(
-        "fuzz_parsers", Path(__file__).resolve().parents[2] / "scripts" / "fuzz_parsers.py")
-    assert spec is not None and spec.loader is not None
-    fz = importlib.util.module_from_spec(spec)
-    sys.modules["fuzz_parsers"] = fz
-    spec.loader.exec_module(fz)
+    from tests.support.scripts import load_script
+
+    fz = load_script("fuzz_parsers", "fuzz_parsers")
     target = fz.TARGETS["bus"]
     corpus = list(target.seeds)
     rng = random.Random(seed)

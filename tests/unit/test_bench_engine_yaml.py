@@ -7,29 +7,14 @@ bench's defaults, and the engine then refused the benchmark's fifth slot.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import yaml
 
 from hydrad.engine.settings import load_config
+from tests.support.scripts import load_script
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_engine.py"
-
-
-def _load() -> ModuleType:
-    # scripts/ is not a package; registered in sys.modules before exec because dataclasses look it up there
-    spec = importlib.util.spec_from_file_location("hydra_bench_engine", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-be = _load()
+be = load_script("bench_engine")
 SETTINGS = be.ServerSettings(n_ctx=4096, n_batch=512, n_ubatch=512, n_parallel=8, kv_unified=True, threads=3,
                              flash_attn="auto", gpu_layers=0, hydrad_params={"text_overlap": "off"})
 

@@ -4,30 +4,15 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import importlib.util
-import sys
 import zipfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "fetch_models.py"
+from tests.support.scripts import load_script
 
-
-def _load() -> ModuleType:
-    # scripts/ is not a package; load the file under a module name of its own.
-    # Registered in sys.modules before exec because dataclasses look it up there.
-    spec = importlib.util.spec_from_file_location("hydra_fetch_models", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-fm = _load()
+fm = load_script("fetch_models")
 
 
 def record_digest(data: bytes) -> str:

@@ -8,29 +8,16 @@ lines as they come (a numbered thread counted with its siblings).
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
-from types import ModuleType
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gil_holders.py"
+from tests.support.scripts import load_script
 
-
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("hydra_gil_holders", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-gh = _load()
+gh = load_script("gil_holders")
 
 CHILD = textwrap.dedent("""
     import random, sys, threading, time
