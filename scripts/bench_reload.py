@@ -27,6 +27,7 @@ and then, the control says how much of a switch's gap is the switch.
 from __future__ import annotations
 
 import argparse
+import datetime as _dt
 import json
 import re
 import signal
@@ -106,6 +107,57 @@ def longest_gap(entries: list[tuple[float, float, int]], start: float, end: floa
     """Where (its start) and how long the longest stretch of [start, end] without a successful response is."""
     ends = [start] + sorted(e for _, e, st in entries if st == 200) + [end]
     return max(((a, b - a) for a, b in zip(ends, ends[1:])), key=lambda x: x[1])
+
+
+FIRST_TURNS_S = 0.25  # after the install, the new generation's first turns count as the switch's own
+FREE_TAIL_S = 0.05  # and so does a step that starts just after a part of the old generation was freed
+
+
+def load_phases(t1: float, timings: dict[str, float]) -> list[tuple[str, float, float]]:
+    """Where a load's parts lay, in the clock of ``t1`` (when the configure call that waited for the
+    install returned): they end at the install and follow each other back from it (the engine's
+    ``timings``: model_s, context_s, warmup_s, install_s)."""
+    out: list[tuple[str, float, float]] = [("first turns", t1, t1 + FIRST_TURNS_S)]
+    end = t1
+    for name, key in (("install", "install_s"), ("warm-up", "warmup_s"), ("context", "context_s"),
+                      ("weights", "model_s")):
+        took = float(timings.get(key) or 0.0)
+        out.append((name, end - took, end))
+        end -= took
+    return out
+
+
+def free_phases(log_text: str, to_mono: float) -> list[tuple[str, float, float]]:
+    """Where each part of each retired generation's free lay, from the engine's ``generation retired``
+    lines (stamped when the last part ended, with each part's time and start), in the monotonic clock
+    (``to_mono``: add to a wall-clock time)."""
+    out = []
+    for m in re.finditer(r"ts=(\S+?)Z .*generation retired.* parts=(\S+) starts_ms=(\S+)", log_text):
+        ended = _dt.datetime.fromisoformat(m.group(1)).replace(tzinfo=_dt.timezone.utc).timestamp() + to_mono
+        parts = [(p.split(":")[0], float(p.split(":")[1]) / 1000) for p in m.group(2).split(",")]
+        starts = [float(x) / 1000 for x in m.group(3).split(",")]
+        if len(parts) != len(starts) or not parts:
+            continue
+        began = ended - (starts[-1] + parts[-1][1])
+        out += [(f"free {name}", began + at, began + at + took + FREE_TAIL_S) for (name, took), at in zip(parts, starts)]
+    return out
+
+
+def gaps_by_phase(ends: list[float], start: float, end: float,
+                  phases: list[tuple[str, float, float]]) -> dict[str, Any]:
+    """The longest stretch of [start, end] without a response that overlaps some phase of the switch (its
+    own), and the longest that overlaps none (quiet: what the host did on its own), with the phases."""
+    marks = [start] + sorted(e for e in ends if start < e < end) + [end]
+    own: tuple[float, float, list[str]] = (0.0, start, [])
+    quiet: tuple[float, float] = (0.0, start)
+    for a, b in zip(marks, marks[1:]):
+        names = [n for n, p0, p1 in phases if p0 < b and p1 > a]
+        if names and b - a > own[0]:
+            own = (b - a, a, names)
+        elif not names and b - a > quiet[0]:
+            quiet = (b - a, a)
+    return {"own_gap_s": own[0], "own_from_s": own[1] - start, "own_phases": own[2],
+            "quiet_gap_s": quiet[0], "quiet_from_s": quiet[1] - start}
 
 
 def around(client: Client, during: list[tuple[float, float, int]], gap_at: float, gap: float,
@@ -210,7 +262,8 @@ def run_policy(policy: str, switches: int, tmp: Path, models: tuple[str, ...] = 
                             "around_gap": around(client, during, gap_at, gap, t0),
                             "failed": sum(1 for *_, st in during if st != 200),
                             "latencies": [end - start for start, end, st in during if st == 200],
-                            "windows": (t0, gap_at, gap_at + gap, t1 + settle)})
+                            "windows": (t0, gap_at, gap_at + gap, t1 + settle),
+                            "ends": [e for _, e, st in during if st == 200], "t1": t1, "to_mono": t0 - t0_wall})
             tm = body["load"].get("timings") or {}
             print(f"  switch {i + 1} to {target}: longest gap {gap * 1000:.1f} ms from {(gap_at - t0) * 1000:.0f} ms "
                   f"({gap / slower:.2f}x; load {tm.get('load_s')} s, warm-up {tm.get('warmup_s')} s); around it: " + "; ".join(
@@ -245,6 +298,17 @@ def run_policy(policy: str, switches: int, tmp: Path, models: tuple[str, ...] = 
         # with --slow-turn-ms: the engine's own account of each turn of its loop that held the streams up
         slow_turns = [ln for ln in log_text.splitlines() if "slow engine turn" in ln or "msg=stage" in ln
                       or "model ready" in ln or "generation retired" in ln] if slow_turn_ms else []
+        # each switch's longest gap in its own phases (the load's parts, its first turns, the paced free)
+        # and in the quiet rest of its window, which only the host's own stalls fill
+        for r in results:
+            t0, _, _, end = r["windows"]
+            phases = load_phases(r["t1"], r["timings"] or {}) + free_phases(log_text, r["to_mono"])
+            split = gaps_by_phase(r["ends"], t0, end, phases)
+            r.update(split, own_ratio=split["own_gap_s"] / r["slower_steady_s"],
+                     quiet_ratio=split["quiet_gap_s"] / r["slower_steady_s"])
+            print(f"  switch to {r['target']}: own {split['own_gap_s'] * 1000:.1f} ms ({r['own_ratio']:.2f}x, "
+                  f"{'+'.join(split['own_phases']) or '-'}, from {split['own_from_s'] * 1000:.0f} ms); quiet "
+                  f"{split['quiet_gap_s'] * 1000:.1f} ms ({r['quiet_ratio']:.2f}x)", flush=True)
         steady_lat = [end - start for start, end, st in steady if st == 200]
         lat_during = [x for r in results for x in r["latencies"]]
         return {
@@ -254,12 +318,16 @@ def run_policy(policy: str, switches: int, tmp: Path, models: tuple[str, ...] = 
             "max_gap_ms_worst": max(r["max_gap_s"] for r in results) * 1000,
             "free_ms": free_ms, "free_parts": free_parts, "engine_config": config, "cache_prompt": cache_prompt,
             "engine_log": slow_turns,
-            "switches_detail": [{k: v for k, v in r.items() if k not in ("latencies", "windows")} for r in results],
+            "switches_detail": [{k: v for k, v in r.items() if k not in ("latencies", "windows", "ends")}
+                                for r in results],
             "steady_gap_ms_of": {m: round(g * 1000, 2) for m, g in steady_of.items()},
             "ratio_slower_median": statistics.median(r["ratio_slower"] for r in results),
             "ratio_slower_worst": max(r["ratio_slower"] for r in results),
             "control_ratio_median": statistics.median(r["control_ratio"] for r in results),
             "control_ratio_worst": max(r["control_ratio"] for r in results),
+            "own_ratio_median": statistics.median(r["own_ratio"] for r in results),
+            "own_ratio_worst": max(r["own_ratio"] for r in results),
+            "quiet_ratio_worst": max(r["quiet_ratio"] for r in results),
             "load_ms_median": statistics.median(r["load_s"] for r in results) * 1000,
             "failed": sum(r["failed"] for r in results),
             "p50_ms_steady": pct(steady_lat, 0.5) * 1000, "p99_ms_steady": pct(steady_lat, 0.99) * 1000,
@@ -291,22 +359,27 @@ def markdown(rows: list[dict[str, Any]], cmd: str, models: tuple[str, ...] = MOD
            f"Command: `{cmd}`  ", f"Machine: {cpu}, {os.cpu_count()} cores, {_gpus()}. Switches {models[1]} ↔ "
            f"{models[0]} under a steady one-at-a-time client (4-token completions).", "",
            "| policy | steady gap ms (each model) | max gap ms (median / worst) | gap ÷ slower model's steady gap "
-           "(median / worst) | the same, a window as long with no switch (median / worst) | gap ÷ first model's "
+           "(median / worst) | in the switch's own phases (median / worst) | in its quiet rest (worst) "
+           "| the same, a window as long with no switch (median / worst) | gap ÷ first model's "
            "steady gap | load ms (engine) | gap − load ms | "
            "failed | p50 ms steady / switch | p99 ms steady / switch | old model freed in ms (median, off the step loop) |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         each = " / ".join(f"{g:.1f}" for g in r["steady_gap_ms_of"].values())
         variant = f" `{json.dumps(r['engine_config'])}`" if r.get("engine_config") else ""
         out.append(f"| {r['policy']}{variant} | {each} | {r['max_gap_ms_median']:.1f} / {r['max_gap_ms_worst']:.1f} "
                    f"| **{r['ratio_slower_median']:.2f}** / {r['ratio_slower_worst']:.2f} "
+                   f"| {r['own_ratio_median']:.2f} / {r['own_ratio_worst']:.2f} | {r['quiet_ratio_worst']:.2f} "
                    f"| {r['control_ratio_median']:.2f} / {r['control_ratio_worst']:.2f} "
                    f"| {r['max_gap_ms_median'] / r['steady_gap_ms']:.2f} | {r['load_ms_median']:.0f} | "
                    f"{r['max_gap_ms_median'] - r['load_ms_median']:.0f} | {r['failed']} | "
                    f"{r['p50_ms_steady']:.1f} / {r['p50_ms_switch']:.1f} | {r['p99_ms_steady']:.1f} / {r['p99_ms_switch']:.1f} | "
                    f"{statistics.median(r['free_ms']) if r['free_ms'] else float('nan'):.1f} |")
     out += ["", "Steady gaps are each model's own, measured while it alone serves (the first before any switch, "
-            "the other after its first switch). The control is each switch's window again, as long, right after it "
+            "the other after its first switch). A switch's own phases are its load's parts (weights, context, "
+            f"warm-up, install: the engine's timings), {FIRST_TURNS_S * 1000:.0f} ms of the new generation's first turns "
+            f"and each part of the old one's paced free (+{FREE_TAIL_S * 1000:.0f} ms); a gap that overlaps none of them "
+            "lies in the switch's quiet rest. The control is each switch's window again, as long, right after it "
             "(the new model serving alone, the old one freed): what the host's own jitter puts in a window that "
             "long. Goals: overlap gap ≤ 1.5× steady gap (of the slower model); "
             "drain gap ≤ load time + 500 ms; 0 failed requests; "

@@ -108,6 +108,8 @@ class Generation:
         self.slots = [Slot(i) for i in range(params.n_parallel)]
         self.n_active = 0
         self.load_seconds = load_seconds
+        self.model_seconds = 0.0  # the parts of a load, for its record: weights, context, warm-up
+        self.context_seconds = 0.0
         self.warmup_seconds = 0.0
         self.loaded_at = time.time()
         self.bos = llama.lib().llama_vocab_bos(model.vocab)
@@ -403,6 +405,7 @@ def build_generation(resolved: ResolvedModel, params: RuntimeParams, progress: C
         placed = params.model_copy(update={"n_gpu_layers": placement.n_gpu_layers,
                                            "tensor_split": placement.tensor_split})
         model = llama.Model.load(resolved.path, placed, progress, placement.devices, placement.overrides)
+    t_model = time.monotonic()
     with PAGEABLE_BESIDE.open(beside):
         try:
             ctx = llama.Context(model, params)
@@ -419,9 +422,11 @@ def build_generation(resolved: ResolvedModel, params: RuntimeParams, progress: C
         gen.placement = placement
         gen.fingerprint = file_fingerprint(resolved.path)
         gen.family = kv_family(model.info, resolved.path)
+        gen.model_seconds = t_model - t0
         try:
             on_warming()
             t1 = time.monotonic()
+            gen.context_seconds = t1 - t_model
             ctx.limit_threads(warm_threads)
             gen.warmup()
             gen.warmup_seconds = time.monotonic() - t1

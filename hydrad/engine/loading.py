@@ -137,7 +137,10 @@ class Loading:
             gen = build_generation(resolved, params, progress, rec.id, on_warming=lambda: self._warming(rec, reloading),
                                    warm_threads=rec.threads_lent, beside=beside)
             rec.timings["load_s"] = round(time.monotonic() - t1, 4)
-            rec.timings["warmup_s"] = round(gen.warmup_seconds, 4)  # part of load_s
+            # the parts of load_s, in order: weights, context (and embedder), warm-up
+            rec.timings["model_s"] = round(gen.model_seconds, 4)
+            rec.timings["context_s"] = round(gen.context_seconds, 4)
+            rec.timings["warmup_s"] = round(gen.warmup_seconds, 4)
             if rec.abort.is_set():
                 gen.free()
                 raise llama.LoadAborted("superseded by a newer configure")

@@ -84,20 +84,23 @@ class Reaper:
             self._sleep_until(since + self.delay_s)
             started = time.monotonic()
             parts: list[str] = []
+            starts: list[str] = []  # when each part began, ms after the first: what a reader places a stall by
             spent = 0.0
             try:
                 for i, (name, free) in enumerate(gen.free_parts()):
                     if i:
                         self._sleep_until(time.monotonic() + self.pause_s)
-                    t = time.perf_counter()
+                    t = time.monotonic()
+                    starts.append(f"{(t - started) * 1000:.1f}")
                     free()
-                    ms = (time.perf_counter() - t) * 1000
+                    ms = (time.monotonic() - t) * 1000
                     spent += ms
                     parts.append(f"{name}:{ms:.1f}")
             except Exception:  # noqa: BLE001 - a failed free leaks (the rest of) that generation; the engine goes on
                 log.exception("freeing a retired generation failed")
             log_event(log, logging.INFO, "generation retired", generation=fingerprint, why=why,
-                      free_ms=round(spent, 1), parts=",".join(parts), held_ms=round((started - since) * 1000, 1))
+                      free_ms=round(spent, 1), parts=",".join(parts), starts_ms=",".join(starts),
+                      held_ms=round((started - since) * 1000, 1))
             with self._cv:
                 self._pending -= 1
                 self.held_bytes -= nbytes

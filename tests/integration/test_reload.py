@@ -61,6 +61,8 @@ def test_overlap_switch_under_steady_traffic(smollm_path: Path, gemma_path: Path
         rec = wait_load(e, r.json()["load_id"])
         assert rec["phase"] == "done", rec
         assert rec["threads_lent"] == 1, rec  # load_threads' default: the old generation served beside the load
+        parts = [rec["timings"][k] for k in ("model_s", "context_s", "warmup_s")]  # load_s, part by part
+        assert all(p > 0 for p in parts) and sum(parts) <= rec["timings"]["load_s"] + 1e-3, rec
         # on a loaded machine the next responses can take a while
         eventually(lambda: any(b.get("model") == "gemma3-270m" for _, _, b in s.results), 60,
                    "a response from gemma3-270m", interval=0.1)

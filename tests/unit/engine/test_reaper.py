@@ -76,6 +76,8 @@ def test_parts_are_paused_apart_and_logged(caplog: pytest.LogCaptureFixture) -> 
     (fields,) = [r.fields for r in caplog.records if r.getMessage() == "generation retired"]  # type: ignore[attr-defined]
     assert [p.split(":")[0] for p in fields["parts"].split(",")] == ["context", "model"]
     assert fields["free_ms"] < 150  # the pause is not counted as time spent freeing
+    first, second = (float(x) for x in fields["starts_ms"].split(","))  # each part's start, after the first's
+    assert first == 0.0 and 190 <= second <= (gen.times["model"] - gen.times["context"]) * 1000 + 50
 
 
 def test_a_delayed_free_waits_and_is_hurried_by_wait(caplog: pytest.LogCaptureFixture) -> None:
