@@ -19,7 +19,11 @@ A switch's longest gap is the maximum over a window of a couple of seconds (the 
 paced free of the old model), so it also holds whatever stall the host puts into any window that
 long. Each switch is therefore followed by a control window of the same length with no switch in
 it, and its longest gap is reported beside the switch's: on a host whose steady serving stalls now
-and then, the control says how much of a switch's gap is the switch.
+and then, the control says how much of a switch's gap is the switch. Each switch's window is also
+split by what the switch was doing: the gaps that overlap a part of the load (the engine's
+``timings``: weights, context, warm-up, install), the new generation's first turns or a part of
+the old one's paced free (the reaper's log line) are the switch's own; the longest of the others
+lies in its quiet rest, which only the host fills.
 
     .venv/bin/python scripts/bench_reload.py --switches 6 --markdown
 """
