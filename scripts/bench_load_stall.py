@@ -50,6 +50,12 @@ width is not it. These switches test the next leads, each the llama.cpp side of 
   read, it uploads in 1 MiB chunks through page-locked staging buffers.
 - ``--pageable-context``: the loaded model's context gets pageable host buffers
   (``cuda_pinned_host: alone``, through the engine's own gate).
+- ``--pageable-load``: the model's load too runs with pageable host buffers (the gate open over it, as
+  ``--pageable-context`` opens it over the context). llama.cpp then reads the device as having no host
+  buffer: a read load uploads each tensor in one synchronous copy from pageable memory instead of through
+  its four page-locked 1 MiB staging buffers (whose ``cudaMallocHost`` comes just before the first upload),
+  and the weights left on the CPU fall back to ordinary memory as with ``--no-host``. The engine does not
+  do this yet; this measures whether it should.
 - ``--no-host`` (with ``--no-mmap``): the weights left on the CPU (the token embeddings) go to ordinary
   memory, not a page-locked host buffer (``no_host: true``). Read, not mapped, llama.cpp page-locks them at
   the load's start (about 85 MB for the 3B), and that allocation stalls the whole device.
@@ -120,12 +126,15 @@ def main() -> int:
     ap.add_argument("--pageable-context", action="store_true",
                     help="create the loaded model's context with pageable host buffers, as the engine "
                          "does beside a serving generation with cuda_pinned_host: alone")
+    ap.add_argument("--pageable-load", action="store_true",
+                    help="load the model with pageable host buffers too (GGML_CUDA_NO_PINNED through the engine's "
+                         "gate, open over the load): no page-locked staging buffers, no page-locked CPU weights")
     ap.add_argument("--no-host", action="store_true",
                     help="with --no-mmap: keep the weights left on the CPU in ordinary memory, not a page-locked "
                          "host buffer (the engine's no_host: true)")
     ap.add_argument("--json", metavar="FILE")
     args = ap.parse_args()
-    if args.pageable_context:
+    if args.pageable_context or args.pageable_load:
         PAGEABLE_BESIDE.arm()
 
     import llama_cpp as L
@@ -254,20 +263,21 @@ def main() -> int:
         return True
 
     t_load = time.perf_counter()
-    if args.through_engine:
-        load_params = params.model_copy(update={"use_mmap": not args.no_mmap, "no_host": args.no_host})
-        loaded = phase("model load (whole)", lambda: llama.Model.load(args.model, load_params,
-                                                                      lambda v: progress(v, None)))
-        model = loaded.ptr
-    else:
-        cb = L.llama_progress_callback(progress)
-        mp2 = L.llama_model_default_params()
-        mp2.n_gpu_layers = 999
-        mp2.progress_callback = cb
-        if args.no_mmap:
-            mp2.load_mode = L.LLAMA_LOAD_MODE_NONE
-        mp2.no_host = args.no_host
-        model = phase("model load (whole)", lambda: L.llama_model_load_from_file(str(args.model).encode(), mp2))
+    with PAGEABLE_BESIDE.open(args.pageable_load):
+        if args.through_engine:
+            load_params = params.model_copy(update={"use_mmap": not args.no_mmap, "no_host": args.no_host})
+            loaded = phase("model load (whole)", lambda: llama.Model.load(args.model, load_params,
+                                                                          lambda v: progress(v, None)))
+            model = loaded.ptr
+        else:
+            cb = L.llama_progress_callback(progress)
+            mp2 = L.llama_model_default_params()
+            mp2.n_gpu_layers = 999
+            mp2.progress_callback = cb
+            if args.no_mmap:
+                mp2.load_mode = L.LLAMA_LOAD_MODE_NONE
+            mp2.no_host = args.no_host
+            model = phase("model load (whole)", lambda: L.llama_model_load_from_file(str(args.model).encode(), mp2))
     if uploads:
         phases.append(("model load: before the first upload", t_load, uploads[0]))
         phases.append(("model load: uploads", uploads[0], uploads[-1]))
