@@ -85,13 +85,15 @@ class Reaper:
             started = time.monotonic()
             parts: list[str] = []
             starts: list[str] = []  # when each part began, ms after the first: what a reader places a stall by
+            first = 0.0
             spent = 0.0
             try:
                 for i, (name, free) in enumerate(gen.free_parts()):
                     if i:
                         self._sleep_until(time.monotonic() + self.pause_s)
                     t = time.monotonic()
-                    starts.append(f"{(t - started) * 1000:.1f}")
+                    first = first or t
+                    starts.append(f"{(t - first) * 1000:.1f}")
                     free()
                     ms = (time.monotonic() - t) * 1000
                     spent += ms

@@ -81,7 +81,10 @@ def test_the_frees_parts_are_placed_from_the_engines_log_line() -> None:
     assert "generation retired" in text, text
     phases = {name: (a, b) for name, a, b in br.free_phases(text, 0.0)}  # wall clock kept (offset 0)
     assert set(phases) == {"free context", "free model"}
-    # the log's stamp has millisecond resolution; each part starts where the reaper started it
-    assert phases["free context"][0] == pytest.approx(gen.at["context"], abs=0.005)
-    assert phases["free model"][0] == pytest.approx(gen.at["model"], abs=0.005)
-    assert phases["free model"][1] - phases["free model"][0] == pytest.approx(0.02 + br.FREE_TAIL_S, abs=0.005)
+    # each part starts where the reaper started it (the log's stamp has millisecond resolution, and a busy
+    # machine may delay the line a little); the parts are 30 and 20 ms long, 200 ms apart
+    assert phases["free context"][0] == pytest.approx(gen.at["context"], abs=0.02)
+    assert phases["free model"][0] == pytest.approx(gen.at["model"], abs=0.02)
+    assert phases["free model"][0] - phases["free context"][0] >= 0.2
+    took = phases["free model"][1] - phases["free model"][0] - br.FREE_TAIL_S
+    assert 0.02 <= took < 0.1
