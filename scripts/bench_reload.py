@@ -267,7 +267,7 @@ def run_policy(policy: str, switches: int, tmp: Path, models: tuple[str, ...] = 
                             "failed": sum(1 for *_, st in during if st != 200),
                             "latencies": [end - start for start, end, st in during if st == 200],
                             "windows": (t0, gap_at, gap_at + gap, t1 + settle),
-                            "ends": [e for _, e, st in during if st == 200], "t1": t1, "to_mono": t0 - t0_wall})
+                            "t1": t1})
             tm = body["load"].get("timings") or {}
             print(f"  switch {i + 1} to {target}: longest gap {gap * 1000:.1f} ms from {(gap_at - t0) * 1000:.0f} ms "
                   f"({gap / slower:.2f}x; load {tm.get('load_s')} s, warm-up {tm.get('warmup_s')} s); around it: " + "; ".join(
@@ -304,10 +304,11 @@ def run_policy(policy: str, switches: int, tmp: Path, models: tuple[str, ...] = 
                       or "model ready" in ln or "generation retired" in ln] if slow_turn_ms else []
         # each switch's longest gap in its own phases (the load's parts, its first turns, the paced free)
         # and in the quiet rest of its window, which only the host's own stalls fill
+        freed = free_phases(log_text, time.monotonic() - time.time())  # the log is stamped in wall-clock time
         for r in results:
             t0, _, _, end = r["windows"]
-            phases = load_phases(r["t1"], r["timings"] or {}) + free_phases(log_text, r["to_mono"])
-            split = gaps_by_phase(r["ends"], t0, end, phases)
+            ends = [e for _, e, st in window(client.log, t0, end) if st == 200]
+            split = gaps_by_phase(ends, t0, end, load_phases(r["t1"], r["timings"] or {}) + freed)
             r.update(split, own_ratio=split["own_gap_s"] / r["slower_steady_s"],
                      quiet_ratio=split["quiet_gap_s"] / r["slower_steady_s"])
             print(f"  switch to {r['target']}: own {split['own_gap_s'] * 1000:.1f} ms ({r['own_ratio']:.2f}x, "
@@ -322,8 +323,7 @@ def run_policy(policy: str, switches: int, tmp: Path, models: tuple[str, ...] = 
             "max_gap_ms_worst": max(r["max_gap_s"] for r in results) * 1000,
             "free_ms": free_ms, "free_parts": free_parts, "engine_config": config, "cache_prompt": cache_prompt,
             "engine_log": slow_turns,
-            "switches_detail": [{k: v for k, v in r.items() if k not in ("latencies", "windows", "ends")}
-                                for r in results],
+            "switches_detail": [{k: v for k, v in r.items() if k not in ("latencies", "windows")} for r in results],
             "steady_gap_ms_of": {m: round(g * 1000, 2) for m, g in steady_of.items()},
             "ratio_slower_median": statistics.median(r["ratio_slower"] for r in results),
             "ratio_slower_worst": max(r["ratio_slower"] for r in results),
