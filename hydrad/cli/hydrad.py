@@ -121,8 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     setup_logging(loaded.settings.logging.level)
     bind_devices(loaded.settings.device, os.environ)
-    set_cuda_switches({**{name: getattr(loaded.settings, name) for name in CUDA_SWITCHES},
-                       "pageable_load_beside": loaded.settings.pageable_load_beside}, os.environ)
+    set_cuda_switches({name: getattr(loaded.settings, name) for name in CUDA_SWITCHES}, os.environ)
     # The engine thread and the event loop hand work to each other every decode step; a shorter GIL
     # switch interval than Python's 5 ms keeps each from waiting long for the other's Python parts.
     sys.setswitchinterval(loaded.settings.switch_interval_ms / 1000)

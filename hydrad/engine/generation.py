@@ -393,22 +393,18 @@ def build_generation(resolved: ResolvedModel, params: RuntimeParams, progress: C
     (0: all of the context's own) caps the CPU threads of the warm-up, when a generation serves beside
     it with that many threads fewer; the engine thread gives the new context its own when it installs it.
     ``beside`` (a generation serves while this one loads) opens :data:`PAGEABLE_BESIDE`'s window over
-    the contexts' creation and warm-up, where an armed engine keeps their host buffers pageable, and over
-    the model's load when the gate was armed for that and every layer goes to the GPU."""
+    the contexts' creation and warm-up, where an armed engine keeps their host buffers pageable."""
     t0 = time.monotonic()
     try:
         placement = plan(resolved.path, params)
     except (PlacementError, gguf_meta.GgufError) as exc:
         raise llama.LoadError(str(exc)) from None
-    # every layer on this engine's GPU: the weights' host buffers are staging and the input rows only
-    all_on_gpu = placement is None and params.n_gpu_layers < 0
-    with PAGEABLE_BESIDE.open_load(beside and all_on_gpu):
-        if placement is None:
-            model = llama.Model.load(resolved.path, params, progress)
-        else:
-            placed = params.model_copy(update={"n_gpu_layers": placement.n_gpu_layers,
-                                               "tensor_split": placement.tensor_split})
-            model = llama.Model.load(resolved.path, placed, progress, placement.devices, placement.overrides)
+    if placement is None:
+        model = llama.Model.load(resolved.path, params, progress)
+    else:
+        placed = params.model_copy(update={"n_gpu_layers": placement.n_gpu_layers,
+                                           "tensor_split": placement.tensor_split})
+        model = llama.Model.load(resolved.path, placed, progress, placement.devices, placement.overrides)
     t_model = time.monotonic()
     with PAGEABLE_BESIDE.open(beside):
         try:

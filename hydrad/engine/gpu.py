@@ -97,12 +97,11 @@ def set_cuda_switches(settings: Mapping[str, bool | str], environ: MutableMappin
                       gate: "PageableGate | None" = None) -> None:
     """Each switch of :data:`CUDA_SWITCHES` that ``settings`` turns off sets its variable to 1, at start,
     before any thread exists to race a later change; like the device binding, an operator's own
-    variable wins. ``cuda_pinned_host: alone`` arms ``gate`` (:data:`PAGEABLE_BESIDE`) instead, over
-    model loads too with ``pageable_load_beside``."""
+    variable wins. ``cuda_pinned_host: alone`` arms ``gate`` (:data:`PAGEABLE_BESIDE`) instead."""
     for name, variable in CUDA_SWITCHES.items():
         value = settings.get(name, True)
         if value == "alone" and variable not in environ:
-            (gate or PAGEABLE_BESIDE).arm(over_load=bool(settings.get("pageable_load_beside", False)))
+            (gate or PAGEABLE_BESIDE).arm()
         elif value is False:
             environ.setdefault(variable, "1")
 
@@ -124,14 +123,12 @@ class PageableGate:
         self._on = variable.encode() + b"=1"
         self._at = len(variable) - 1  # the name's last byte: "_" while the window is shut
         self._entry: ctypes.Array[ctypes.c_char] | None = None  # alive for the life of the process
-        self.over_load = False  # open_load opens the window too (pageable_load_beside)
 
     @property
     def armed(self) -> bool:
         return self._entry is not None
 
-    def arm(self, over_load: bool = False) -> None:
-        self.over_load = over_load
+    def arm(self) -> None:
         if self._entry is None:
             entry = ctypes.create_string_buffer(self._on)
             entry[self._at] = b"_"
@@ -151,12 +148,6 @@ class PageableGate:
             yield
         finally:
             self._write(False)
-
-    def open_load(self, pageable: bool) -> contextlib.AbstractContextManager[None]:
-        """The window over a model's load: open only when armed with ``over_load``. llama.cpp reads the
-        variable there as "this device has no host buffer", so a read load uploads without page-locked
-        staging and the weights left on the CPU take ordinary memory."""
-        return self.open(pageable and self.over_load)
 
     def _write(self, on: bool) -> None:
         assert self._entry is not None

@@ -194,14 +194,6 @@ class EngineSettings(BaseModel):
                           "H200. alone: page-locked except for a context created while another generation serves "
                           "(it keeps ordinary memory for its life); false: never (GGML_CUDA_NO_PINNED=1 for this "
                           "engine). Read at start; ignored without CUDA.")
-    pageable_load_beside: bool = Field(
-        False, description="With cuda_pinned_host: alone, a model loaded while another generation serves also keeps "
-                           "ordinary memory for its own host buffers, not only its context: the read load's four "
-                           "page-locked staging buffers (then each tensor is uploaded in one synchronous copy, as a "
-                           "mapped load does) and the weights left on the CPU (as no_host does). Only where every "
-                           "layer goes to this engine's GPU (n_gpu_layers -1, no rpc_servers or override_tensors): "
-                           "page-locked CPU layers speed up the large prompt batches the GPU computes from them. "
-                           "Read at start; ignored without CUDA or without alone.")
     switch_interval_ms: float = Field(
         0.05, gt=0, le=100,
         description="The interpreter's thread switch interval (sys.setswitchinterval), ms. The engine thread gives "

@@ -87,11 +87,10 @@ def test_a_load_frees_what_the_reaper_still_holds_first(smollm_path: Path, gemma
     """The reaper holds a retired generation for ``reaper.delay_ms``; a load that comes sooner has it
     freed before it allocates, and the freed generation's log line says how long it was held."""
     e = start_engine(defaults={"model": "smollm2-135m", "temperature": 0, "reload_policy": "overlap"},
-                     # cuda_pinned_host: alone arms the engine's pageable-buffer gate at start, pageable_load_beside
-                     # over the load too (no CUDA here, so the windows it opens over the new model and its context
-                     # change nothing but must not get in the load's way)
+                     # cuda_pinned_host: alone arms the engine's pageable-buffer gate at start (no CUDA here, so the
+                     # window it opens over the new context changes nothing but must not get in the load's way)
                      extra={"reaper": {"delay_ms": 60_000, "pause_ms": 60_000}, "load_threads": 2,
-                            "cuda_pinned_host": "alone", "pageable_load_beside": True})
+                            "cuda_pinned_host": "alone"})
     e.wait_ready()
     r = e.configure(model="gemma3-270m")
     assert r.status_code == 200 and r.json()["load"]["threads_lent"] == 2, r.text  # the setting reached the engine

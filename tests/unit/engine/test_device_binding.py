@@ -85,25 +85,6 @@ def test_alone_arms_a_gate_whose_window_alone_makes_host_buffers_pageable() -> N
     gate._write(False)  # the entry is the process's for good; leave it off
 
 
-def test_pageable_load_beside_opens_the_window_over_a_load_too() -> None:
-    gate = PageableGate("GGML_CUDA_NO_PINNED")
-    set_cuda_switches({"cuda_pinned_host": "alone"}, {}, gate)
-    with gate.open_load(True):  # armed for contexts only: a model's load keeps page-locked memory
-        assert _getenv("GGML_CUDA_NO_PINNED") is None
-    set_cuda_switches({"cuda_pinned_host": "alone", "pageable_load_beside": True}, {}, gate)
-    assert gate.over_load
-    with gate.open_load(True):
-        assert _getenv("GGML_CUDA_NO_PINNED") == b"1"
-    with gate.open_load(False):  # nothing serves beside the load, or layers stay on the CPU
-        assert _getenv("GGML_CUDA_NO_PINNED") is None
-    assert _getenv("GGML_CUDA_NO_PINNED") is None
-    unarmed = PageableGate("GGML_CUDA_NO_PINNED")
-    set_cuda_switches({"cuda_pinned_host": True, "pageable_load_beside": True}, {}, unarmed)
-    with unarmed.open_load(True):  # without alone the setting does nothing
-        assert _getenv("GGML_CUDA_NO_PINNED") is None
-    assert EngineSettings().pageable_load_beside is False
-
-
 def test_an_unarmed_gate_or_an_operators_variable_leaves_the_environment_alone() -> None:
     gate = PageableGate("GGML_CUDA_NO_PINNED")
     with gate.open(True):

@@ -140,30 +140,18 @@ def test_an_embedding_context_lends_too(smollm_path: Path) -> None:
 
 
 @pytest.mark.parametrize("beside", [True, False])
-@pytest.mark.parametrize("over_load", [False, True])
 def test_an_armed_engine_creates_and_warms_a_context_beside_serving_with_pageable_host_buffers(
-        smollm_path: Path, beside: bool, over_load: bool) -> None:
+        smollm_path: Path, beside: bool) -> None:
     """``cuda_pinned_host: alone``: the window is open while the contexts are made and warmed up, and
-    only for a load beside a serving generation (no CUDA here: what is read is what ggml reads). With
-    ``pageable_load_beside`` it is open over the model's load as well (every layer on the GPU here)."""
+    only for a load beside a serving generation (no CUDA here: what is read is what ggml reads)."""
     libc = ctypes.CDLL(None)
     libc.getenv.restype = ctypes.c_char_p
-    PAGEABLE_BESIDE.arm(over_load=over_load)
+    PAGEABLE_BESIDE.arm()
     seen: list[bytes | None] = []
     resolved = ResolvedModel(alias="smollm2-135m", path=smollm_path, entry=None)
-    try:
-        gen = build_generation(resolved, PARAMS, lambda _v: seen.append(libc.getenv(b"GGML_CUDA_NO_PINNED")) or True,
-                               1, on_warming=lambda: seen.append(libc.getenv(b"GGML_CUDA_NO_PINNED")), beside=beside)
-        gen.free()
-        # the model's own load (its staging, its CPU weights): page-locked unless armed for it too
-        assert seen[0] == (b"1" if beside and over_load else None)
-        assert seen[-1] == (b"1" if beside else None)
-        if over_load and beside:  # layers kept on the CPU: the load keeps page-locked memory
-            seen.clear()
-            partial = PARAMS.model_copy(update={"n_gpu_layers": 10})
-            build_generation(resolved, partial, lambda _v: seen.append(libc.getenv(b"GGML_CUDA_NO_PINNED")) or True,
-                             2, on_warming=lambda: None, beside=True).free()
-            assert seen[0] is None
-    finally:
-        PAGEABLE_BESIDE.arm(over_load=False)
+    gen = build_generation(resolved, PARAMS, lambda _v: seen.append(libc.getenv(b"GGML_CUDA_NO_PINNED")) or True, 1,
+                           on_warming=lambda: seen.append(libc.getenv(b"GGML_CUDA_NO_PINNED")), beside=beside)
+    gen.free()
+    assert seen[0] is None  # the model's own load (its staging) keeps page-locked memory
+    assert seen[-1] == (b"1" if beside else None)
     assert libc.getenv(b"GGML_CUDA_NO_PINNED") is None
