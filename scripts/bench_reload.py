@@ -23,7 +23,10 @@ and then, the control says how much of a switch's gap is the switch. Each switch
 split by what the switch was doing: the gaps that overlap a part of the load (the engine's
 ``timings``: weights, context, warm-up, install), the new generation's first turns or a part of
 the old one's paced free (the reaper's log line) are the switch's own; the longest of the others
-lies in its quiet rest, which only the host fills.
+lies in its quiet rest, which only the host fills. And each answer's ``timings.server_ms`` (its time
+in the engine's HTTP handler) splits a request's time, as the client saw it, into the engine's and the
+rest (the HTTP layer around the handler, the network, the client): each gap is also given with that
+rest held at its steady median, which is the gap the engine alone made.
 
     .venv/bin/python scripts/bench_reload.py --switches 6 --markdown
 """
@@ -97,7 +100,7 @@ def window(log: list[tuple[float, float, int]], a: float, b: float) -> list[tupl
 
 
 # what each response's ``timings`` say of where its time went, kept for the requests around a switch's longest gap
-SERVED = ("queue_ms", "admit_ms", "prompt_ms", "predicted_ms", "server_ttft_ms")
+SERVED = ("queue_ms", "admit_ms", "prompt_ms", "predicted_ms", "server_ttft_ms", "server_ms")
 STEADY_AFTER_S = 1.5  # after each switch, how long the new model serves alone for its own steady gap
 
 
@@ -111,6 +114,30 @@ def longest_gap(entries: list[tuple[float, float, int]], start: float, end: floa
     """Where (its start) and how long the longest stretch of [start, end] without a successful response is."""
     ends = [start] + sorted(e for _, e, st in entries if st == 200) + [end]
     return max(((a, b - a) for a, b in zip(ends, ends[1:])), key=lambda x: x[1])
+
+
+def outside_ms(client: "Client", entry: tuple[float, float, int]) -> float | None:
+    """How much of a request's time, as its client saw it, lay outside the engine's handler (its
+    ``server_ms``): the HTTP layer before and after the handler, the network and the client itself."""
+    server = client.served.get(entry[1], {}).get("server_ms")
+    return None if server is None else (entry[1] - entry[0]) * 1000 - float(server)
+
+
+def server_gap(client: "Client", entries: list[tuple[float, float, int]], start: float, end: float,
+               base_ms: float) -> float:
+    """The longest stretch of [start, end] without a response, each stretch less what the response that
+    closes it spent outside the engine's handler beyond ``base_ms`` (that time's steady median): the gap
+    the client would have seen had the HTTP layer, the network and the client kept their steady pace.
+    A stretch belongs to the response that ends it (the client sends one request at a time, so the time
+    of the one before only delays where this one starts)."""
+    done = sorted((r for r in entries if r[2] == 200 and start <= r[1] <= end), key=lambda r: r[1])
+    longest, last = 0.0, start
+    for r in done:
+        outside = outside_ms(client, r)
+        extra = 0.0 if outside is None else max(0.0, outside - base_ms) / 1000
+        longest = max(longest, r[1] - last - extra)
+        last = r[1]
+    return max(longest, end - last)
 
 
 FIRST_TURNS_S = 0.25  # after the install, the new generation's first turns count as the switch's own
@@ -171,8 +198,12 @@ def around(client: Client, during: list[tuple[float, float, int]], gap_at: float
     ends = sorted(during, key=lambda r: r[1])
     near = [r for r in ends if gap_at - 1e-6 <= r[1] <= gap_at + gap + 1e-6]
     later = [r for r in ends if r[1] > gap_at + gap + 1e-6][:1]
-    return [{"sent_ms": round((a - t0) * 1000, 2), "ended_ms": round((b - t0) * 1000, 2), "status": st,
-             **client.served.get(b, {})} for a, b, st in near + later]
+    out = []
+    for a, b, st in near + later:
+        outside = outside_ms(client, (a, b, st))
+        out.append({"sent_ms": round((a - t0) * 1000, 2), "ended_ms": round((b - t0) * 1000, 2), "status": st,
+                    **client.served.get(b, {}), **({} if outside is None else {"outside_ms": round(outside, 2)})})
+    return out
 
 
 class BlockedSampler:
@@ -233,6 +264,8 @@ def run_policy(policy: str, switches: int, tmp: Path, models: tuple[str, ...] = 
         if len(steady) < 3:
             raise SystemExit(f"too few steady responses ({len(steady)}) to measure; is the machine busy?")
         steady_gap = median_gap(steady)
+        outs = [x for x in (outside_ms(client, r) for r in steady if r[2] == 200) if x is not None]
+        base_outside = statistics.median(outs) if outs else 0.0  # ms a request spends outside the handler
         steady_of = {models[1]: steady_gap}  # each model's own steady gap, measured while it alone serves
         results = []
         for i in range(switches):
@@ -253,12 +286,16 @@ def run_policy(policy: str, switches: int, tmp: Path, models: tuple[str, ...] = 
             gap_at, gap = longest_gap(during, t0, t1 + settle)
             c0, c1 = t1 + settle, t1 + settle + span
             _, control_gap = longest_gap(window(client.log, c0, c1), c0, c1)
+            gap_server = server_gap(client, during, t0, t1 + settle, base_outside)
+            control_server = server_gap(client, window(client.log, c0, c1), c0, c1, base_outside)
             # A request on the slower model takes longer whatever the switch does: the switch's own cost is
             # its longest gap over the slower model's steady gap.
             slower = max(steady_of.get(source, steady_gap), steady_of.get(target, steady_gap))
             results.append({"target": target, "switch_s": t1 - t0, "max_gap_s": gap, "slower_steady_s": slower,
                             "ratio_slower": gap / slower,
                             "control_gap_s": control_gap, "control_ratio": control_gap / slower,
+                            "server_gap_s": gap_server, "server_ratio": gap_server / slower,
+                            "control_server_ratio": control_server / slower,
                             "gap_from_ms": round((gap_at - t0) * 1000, 1),  # since the configure call
                             "t0_wall": t0_wall,
                             "timings": body["load"].get("timings"),
@@ -272,9 +309,11 @@ def run_policy(policy: str, switches: int, tmp: Path, models: tuple[str, ...] = 
             print(f"  switch {i + 1} to {target}: longest gap {gap * 1000:.1f} ms from {(gap_at - t0) * 1000:.0f} ms "
                   f"({gap / slower:.2f}x; load {tm.get('load_s')} s, warm-up {tm.get('warmup_s')} s); around it: " + "; ".join(
                       f"[{x['sent_ms']:.0f}-{x['ended_ms']:.0f} {str(x.get('model'))[:12]} q{x.get('queue_ms')} "
-                      f"p{x.get('prompt_ms')} d{x.get('predicted_ms')}]" for x in results[-1]["around_gap"])
-                  + f"; a window as long after it, no switch: longest gap {control_gap * 1000:.1f} ms "
-                  f"({control_gap / slower:.2f}x)", flush=True)
+                      f"p{x.get('prompt_ms')} d{x.get('predicted_ms')} outside {x.get('outside_ms')}]"
+                      for x in results[-1]["around_gap"])
+                  + f"; outside the handler at its steady {base_outside:.1f} ms: {gap_server * 1000:.1f} ms "
+                  f"({gap_server / slower:.2f}x); a window as long after it, no switch: longest gap "
+                  f"{control_gap * 1000:.1f} ms ({control_gap / slower:.2f}x)", flush=True)
         client.stop.set()
         client.join(30)
         gil: dict[str, Any] = {}
@@ -332,6 +371,10 @@ def run_policy(policy: str, switches: int, tmp: Path, models: tuple[str, ...] = 
             "own_ratio_median": statistics.median(r["own_ratio"] for r in results),
             "own_ratio_worst": max(r["own_ratio"] for r in results),
             "quiet_ratio_worst": max(r["quiet_ratio"] for r in results),
+            "outside_ms_steady": base_outside,
+            "server_ratio_median": statistics.median(r["server_ratio"] for r in results),
+            "server_ratio_worst": max(r["server_ratio"] for r in results),
+            "control_server_ratio_worst": max(r["control_server_ratio"] for r in results),
             "load_ms_median": statistics.median(r["load_s"] for r in results) * 1000,
             "failed": sum(r["failed"] for r in results),
             "p50_ms_steady": pct(steady_lat, 0.5) * 1000, "p99_ms_steady": pct(steady_lat, 0.99) * 1000,
@@ -364,10 +407,12 @@ def markdown(rows: list[dict[str, Any]], cmd: str, models: tuple[str, ...] = MOD
            f"{models[0]} under a steady one-at-a-time client (4-token completions).", "",
            "| policy | steady gap ms (each model) | max gap ms (median / worst) | gap ÷ slower model's steady gap "
            "(median / worst) | in the switch's own phases (median / worst) | in its quiet rest (worst) "
-           "| the same, a window as long with no switch (median / worst) | gap ÷ first model's "
+           "| the same, a window as long with no switch (median / worst) "
+           "| with the time outside the engine's handler at its steady median (median / worst; control worst) "
+           "| gap ÷ first model's "
            "steady gap | load ms (engine) | gap − load ms | "
            "failed | p50 ms steady / switch | p99 ms steady / switch | old model freed in ms (median, off the step loop) |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         each = " / ".join(f"{g:.1f}" for g in r["steady_gap_ms_of"].values())
         variant = f" `{json.dumps(r['engine_config'])}`" if r.get("engine_config") else ""
@@ -375,6 +420,8 @@ def markdown(rows: list[dict[str, Any]], cmd: str, models: tuple[str, ...] = MOD
                    f"| **{r['ratio_slower_median']:.2f}** / {r['ratio_slower_worst']:.2f} "
                    f"| {r['own_ratio_median']:.2f} / {r['own_ratio_worst']:.2f} | {r['quiet_ratio_worst']:.2f} "
                    f"| {r['control_ratio_median']:.2f} / {r['control_ratio_worst']:.2f} "
+                   f"| {r['server_ratio_median']:.2f} / {r['server_ratio_worst']:.2f}; "
+                   f"{r['control_server_ratio_worst']:.2f} "
                    f"| {r['max_gap_ms_median'] / r['steady_gap_ms']:.2f} | {r['load_ms_median']:.0f} | "
                    f"{r['max_gap_ms_median'] - r['load_ms_median']:.0f} | {r['failed']} | "
                    f"{r['p50_ms_steady']:.1f} / {r['p50_ms_switch']:.1f} | {r['p99_ms_steady']:.1f} / {r['p99_ms_switch']:.1f} | "
@@ -385,7 +432,9 @@ def markdown(rows: list[dict[str, Any]], cmd: str, models: tuple[str, ...] = MOD
             f"and each part of the old one's paced free (+{FREE_TAIL_S * 1000:.0f} ms); a gap that overlaps none of them "
             "lies in the switch's quiet rest. The control is each switch's window again, as long, right after it "
             "(the new model serving alone, the old one freed): what the host's own jitter puts in a window that "
-            "long. Goals: overlap gap ≤ 1.5× steady gap (of the slower model); "
+            "long. Every answer's `timings.server_ms` says how long its request was in the engine's HTTP "
+            "handler; the rest of the client's time for it is the HTTP layer, the network and the client. With "
+            "that rest held at its steady median, a gap shows only what the engine did. Goals: overlap gap ≤ 1.5× steady gap (of the slower model); "
             "drain gap ≤ load time + 500 ms; 0 failed requests; "
             "overlap p99 during a switch ≤ 1.5× steady.", ""]
     return "\n".join(out)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -54,7 +56,8 @@ def test_step_time_is_accounted_by_part(smollm_engine: Engine) -> None:
     assert r.status_code == 200
     wall_s = r.elapsed.total_seconds()
     timings = r.json()["timings"]
-    assert 0 <= timings["to_engine_ms"] <= timings["admit_ms"] <= timings["server_ttft_ms"]
+    assert 0 <= timings["to_engine_ms"] <= timings["admit_ms"] <= timings["server_ttft_ms"] <= timings["server_ms"]
+    assert timings["predicted_ms"] <= timings["server_ms"] <= wall_s * 1000
     after = samples(smollm_engine.http.get("/metrics").text)
     steps = after[("hydra_steps_total", ())] - before[("hydra_steps_total", ())]
     assert steps >= 8  # the prefill and one step per further token
@@ -65,6 +68,28 @@ def test_step_time_is_accounted_by_part(smollm_engine: Engine) -> None:
         assert parts[part] >= 0
     assert parts["submit"] > 0 and parts["sample"] > 0  # on a CPU the compute is inside llama_decode
     assert sum(parts.values()) <= wall_s
+
+
+@pytest.mark.parametrize("path,stream", [("/v1/chat/completions", True), ("/completion", False), ("/completion", True)])
+def test_every_answer_says_how_long_the_server_held_it(smollm_engine: Engine, path: str, stream: bool) -> None:
+    """``server_ms`` (arrival at the handler to its last event) in the final timings of every kind of
+    answer, streamed or not: at least the time to the first token, at most what the client waited."""
+    body: dict = {"model": "smollm2-135m", "max_tokens": 6, "temperature": 0, "ignore_eos": True, "stream": stream}
+    if path.startswith("/v1/chat"):
+        body["messages"] = [{"role": "user", "content": "Hello there"}]
+    else:
+        body["prompt"] = "Hello there"
+    t0 = time.monotonic()
+    r = smollm_engine.http.post(path, json=body)
+    wall_ms = (time.monotonic() - t0) * 1000
+    assert r.status_code == 200
+    if stream:
+        events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
+        timings = next(e["timings"] for e in reversed(events) if e.get("timings"))
+    else:
+        timings = r.json()["timings"]
+    assert 0 < timings["server_ttft_ms"] <= timings["server_ms"] <= wall_ms
+    assert timings["predicted_ms"] <= timings["server_ms"]
 
 
 def test_coordinator_metrics(tmp_path: Path, smollm_path: Path, gemma_path: Path,

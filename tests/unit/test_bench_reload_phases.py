@@ -88,3 +88,27 @@ def test_the_frees_parts_are_placed_from_the_engines_log_line() -> None:
     assert phases["free model"][0] - phases["free context"][0] >= 0.2
     took = phases["free model"][1] - phases["free model"][0] - br.FREE_TAIL_S
     assert 0.02 <= took < 0.1
+
+
+class _Served:
+    """What a bench client keeps of each answer: its ``timings`` by the time it ended."""
+
+    def __init__(self, served: dict[float, dict]) -> None:
+        self.served = served
+
+
+def test_a_gap_made_outside_the_handler_is_taken_out_of_the_engines_gap() -> None:
+    # four 20 ms requests one after another, the engine holding each 18 ms (2 ms outside, steady);
+    # the third took 45 ms of which 25 outside the handler: the HTTP layer, the network or the client
+    log = [(0.000, 0.020, 200), (0.020, 0.040, 200), (0.040, 0.085, 200), (0.085, 0.105, 200)]
+    client = _Served({0.020: {"server_ms": 18.0}, 0.040: {"server_ms": 18.0}, 0.085: {"server_ms": 20.0},
+                      0.105: {"server_ms": 18.0}})
+    assert br.outside_ms(client, log[2]) == pytest.approx(25.0)
+    assert br.longest_gap(log, 0.0, 0.105)[1] == pytest.approx(0.045)
+    assert br.server_gap(client, log, 0.0, 0.105, base_ms=2.0) == pytest.approx(0.022)  # 45 less 23 beyond steady
+    # the engine's own stall stays: there the handler held the request as long as the client waited
+    slow = [(0.000, 0.020, 200), (0.020, 0.060, 200)]
+    held = _Served({0.020: {"server_ms": 18.0}, 0.060: {"server_ms": 38.0}})
+    assert br.server_gap(held, slow, 0.0, 0.060, base_ms=2.0) == pytest.approx(0.040)
+    # an answer without timings (a failure, an older engine) is taken as the client saw it
+    assert br.server_gap(_Served({}), slow, 0.0, 0.060, base_ms=2.0) == pytest.approx(0.040)

@@ -18,7 +18,7 @@ from hydrad.common.eventstream import EventStream
 from hydrad.engine import fim
 from hydrad.engine.core import EngineCore
 from hydrad.engine.http.context import HttpContext, ctx_of
-from hydrad.engine.http.generation import SSE_HEADERS, gather, lag_of, start, timings
+from hydrad.engine.http.generation import SSE_HEADERS, gather, lag_of, served, start, timings
 from hydrad.engine.llama import ModelFreed
 from hydrad.engine.requests import Done, Failed, Progress, RequestHandle, Token
 from hydrad.wire import infill as infill_wire
@@ -93,7 +93,7 @@ async def serve(request: Request, ctx: HttpContext, req: native.NativeCompletion
     tokens, done = got
     ids = [i for t in tokens for i in t.ids] + list(done.ids) if req.return_tokens else []
     probs = None if greq.logprobs is None else [p for t in tokens for p in t.probs]
-    body = _result(done, "".join(t.text for t in tokens), ids, model_id, settings, lag, probs)
+    body = _result(done, "".join(t.text for t in tokens), ids, model_id, settings, {**lag, **served(t_arrival)}, probs)
     return JSONResponse(body, headers={"X-Hydra-Generation": done.generation.fingerprint})
 
 
@@ -131,7 +131,7 @@ async def _stream(core: EngineCore, handle: RequestHandle, first: Any, model_id:
                 yield native.chunk(ev.text, ev.ids, ev.probs if asked else None)
             elif isinstance(ev, Done):
                 handle.finished = True
-                yield sse(_result(ev, "", list(ev.ids), model_id, settings, lag))
+                yield sse(_result(ev, "", list(ev.ids), model_id, settings, {**lag, **served(t_arrival)}))
                 return
             elif isinstance(ev, Failed):
                 handle.finished = True
