@@ -60,6 +60,10 @@ width is not it. These switches test the next leads, each the llama.cpp side of 
   memory, not a page-locked host buffer (``no_host: true``). Read, not mapped, llama.cpp page-locks them at
   the load's start (about 85 MB for the 3B), and that allocation stalls the whole device.
 
+``--log-marks X`` places each step of the load over X times the steady median among llama.cpp's own log
+lines (every level, stamped as the engine's callback hands them over): which of the loader's steps it
+lay beside.
+
 A third thread maps, touches and unmaps 1 MiB of anonymous memory every millisecond, as an allocator
 does. Each such call needs the process's memory-map lock for writing, and a mapped load takes that lock
 for reading for as long as it pre-faults the whole file (llama.cpp maps with ``MAP_POPULATE``): on the
@@ -80,6 +84,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import logging
 import os
 import statistics
 import sys
@@ -102,6 +107,30 @@ def _cudart() -> ctypes.CDLL | None:
         if "libcudart.so" in line:
             return ctypes.CDLL(line.split()[-1])
     return None
+
+
+MARK_BEFORE_S = 0.02  # --log-marks: how far before a slow step its log lines are shown
+
+
+class LogMarks(logging.Handler):
+    """llama.cpp's log lines as the engine's callback hands them to Python, each stamped when it came:
+    where a slow step of the serving context falls among the loader's own steps. Every level is let
+    through (the callback runs for every line anyway; only the Python logging of it is added)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[tuple[float, str]] = []
+        llama.set_llama_log_level("debug")
+        source = logging.getLogger("hydrad.llama")
+        source.setLevel(logging.DEBUG)
+        source.propagate = False  # stamped here, not printed among the results
+        source.addHandler(self)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append((time.perf_counter(), record.getMessage()))
+
+    def between(self, a: float, b: float) -> list[tuple[float, str]]:
+        return [(t, line) for t, line in self.lines if a <= t <= b]
 
 
 def main() -> int:
@@ -132,8 +161,14 @@ def main() -> int:
     ap.add_argument("--no-host", action="store_true",
                     help="with --no-mmap: keep the weights left on the CPU in ordinary memory, not a page-locked "
                          "host buffer (the engine's no_host: true)")
+    ap.add_argument("--log-marks", type=float, default=0.0, metavar="X",
+                    help="with --through-engine: print each step of the load and the context's creation longer than "
+                         "X times the steady median beside llama.cpp's log lines around it (every level), to place "
+                         "a stall among the loader's own steps")
     ap.add_argument("--json", metavar="FILE")
     args = ap.parse_args()
+    if args.log_marks and not args.through_engine:
+        ap.error("--log-marks reads the engine's log callback: it needs --through-engine")
     if args.pageable_context or args.pageable_load:
         PAGEABLE_BESIDE.arm()
 
@@ -142,6 +177,7 @@ def main() -> int:
     sys.setswitchinterval(EngineSettings().switch_interval_ms / 1000)
     params = RuntimeParams(n_ctx=args.n_ctx, n_batch=512, n_ubatch=512, n_parallel=args.slots,
                            n_threads=args.threads, n_gpu_layers=-1)
+    marks = LogMarks() if args.log_marks else None
     if args.through_engine:
         llama.lib()  # the engine's log callback (into Python logging) and backend set-up
         serving_model = llama.Model.load(args.serving, params)
@@ -324,11 +360,28 @@ def main() -> int:
         print(f"| {name} | {(t1 - t0) * 1000:.1f} | {len(inside)} | "
               f"{statistics.median(inside) * 1000 if inside else 0:.2f} | {longest * 1000:.2f} | {longest / med:.1f} "
               f"| {probe * 1e6:.0f} | {mapped * 1000:.2f} |")
+    slow_steps: list[dict] = []
+    if marks is not None:
+        loading = [(t0, t1) for name, t0, t1 in phases if name in ("model load (whole)", "context creation")]
+        slow = [(a, b) for a, b in steps if b - a > args.log_marks * med and any(b > t0 and a < t1 for t0, t1 in loading)]
+        print(f"\nsteps of the load and the context's creation over {args.log_marks}x the steady median, with "
+              f"llama.cpp's log lines from {MARK_BEFORE_S * 1000:.0f} ms before each to its end (ms from the step's start):")
+        for a, b in slow:
+            print(f"- step of {(b - a) * 1000:.2f} ms at {(a - t_load) * 1000:.1f} ms into the load:")
+            lines = [((t - a) * 1000, line) for t, line in marks.between(a - MARK_BEFORE_S, b)]
+            before = [x for x in lines if x[0] < 0][-3:]  # what the loader had just done
+            during = [x for x in lines if x[0] >= 0]
+            shown = before + (during if len(during) <= 8 else during[:4] + [(None, f"... {len(during) - 7} more")]
+                              + during[-3:])
+            for at, line in shown:
+                print(f"    {'' if at is None else f'{at:+7.2f}':>7}  {line[:160]}")
+            slow_steps.append({"at_ms": (a - t_load) * 1000, "ms": (b - a) * 1000,
+                               "lines": [[round(at, 3), line] for at, line in lines]})
     if args.json:
         Path(args.json).write_text(json.dumps({
             "through_engine": args.through_engine, "threads": args.threads, "slots": args.slots,
             "steady_median_ms": med * 1000, "probe_p99_us": probe_p99 * 1e6, "map_p99_us": map_p99 * 1e6,
-            "phases": rows}, indent=1))
+            "phases": rows, **({"slow_steps": slow_steps} if marks is not None else {})}, indent=1))
     L.llama_free(ctx)
     L.llama_model_free(serving)  # the engine's Model wrappers have no finaliser: freed here either way
     return 0
