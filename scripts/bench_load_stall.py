@@ -61,8 +61,8 @@ width is not it. These switches test the next leads, each the llama.cpp side of 
   the load's start (about 85 MB for the 3B), and that allocation stalls the whole device.
 
 ``--log-marks X`` places each step of the load over X times the steady median among llama.cpp's own log
-lines (every level, stamped as the engine's callback hands them over): which of the loader's steps it
-lay beside.
+lines (every level, each stamped by a callback that does no more than the engine's own): which of the
+loader's steps it lay beside.
 
 A third thread maps, touches and unmaps 1 MiB of anonymous memory every millisecond, as an allocator
 does. Each such call needs the process's memory-map lock for writing, and a mapped load takes that lock
@@ -84,13 +84,13 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
-import logging
 import os
 import statistics
 import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -109,28 +109,38 @@ def _cudart() -> ctypes.CDLL | None:
     return None
 
 
+SERVING_SPAN = 31
+"""The serving context's positions cycle below this. Its KV cache's used length then stays within one
+padding block, so llama.cpp never rebuilds its graph for a longer cache mid-run: each rebuild made the
+CUDA back end run two steps without its CUDA graph and capture it again (4.2-4.8 ms against 2.7 on the
+H100), which was the steady p99 and could pass for a load's stall."""
 MARK_BEFORE_S = 0.02  # --log-marks: how far before a slow step its log lines are shown
 
 
-class LogMarks(logging.Handler):
-    """llama.cpp's log lines as the engine's callback hands them to Python, each stamped when it came:
-    where a slow step of the serving context falls among the loader's own steps. Every level is let
-    through (the callback runs for every line anyway; only the Python logging of it is added)."""
+class LogMarks:
+    """llama.cpp's log lines, each stamped when it came: where a slow step of the serving context falls
+    among the loader's own steps. The engine's callback is replaced by one that only stamps the line's
+    bytes (about what the engine's own costs per line: it decodes, joins and drops what is below its
+    level), so the marks do not add interpreter-lock time to the load. Python logging of every line
+    did: about 1,000 debug lines held the lock for up to 6 ms of the load on the H100."""
 
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.lines: list[tuple[float, str]] = []
-        llama.set_llama_log_level("debug")
-        source = logging.getLogger("hydrad.llama")
-        source.setLevel(logging.DEBUG)
-        source.propagate = False  # stamped here, not printed among the results
-        source.addHandler(self)
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append((time.perf_counter(), record.getMessage()))
+    def __init__(self, lib: Any) -> None:
+        self.raw: list[tuple[float, int, bytes]] = []
+        stamp = self.raw.append
+        clock = time.perf_counter
+        self._cb = lib.llama_log_callback(lambda level, text, _user: stamp((clock(), level, text or b"")))
+        lib.llama_log_set(self._cb, ctypes.c_void_p(0))  # kept alive by self for the life of the run
 
     def between(self, a: float, b: float) -> list[tuple[float, str]]:
-        return [(t, line) for t, line in self.lines if a <= t <= b]
+        """The whole lines that began within [a, b] (a continuation joins the line it continues)."""
+        lines: list[tuple[float, str]] = []
+        for t, level, text in self.raw:
+            msg = text.decode("utf-8", "replace")
+            if level == 5 and lines:  # GGML_LOG_LEVEL_CONT
+                lines[-1] = (lines[-1][0], lines[-1][1] + msg)
+            else:
+                lines.append((t, msg))
+        return [(t, line.rstrip()) for t, line in lines if a <= t <= b and line.strip()]
 
 
 def main() -> int:
@@ -162,13 +172,11 @@ def main() -> int:
                     help="with --no-mmap: keep the weights left on the CPU in ordinary memory, not a page-locked "
                          "host buffer (the engine's no_host: true)")
     ap.add_argument("--log-marks", type=float, default=0.0, metavar="X",
-                    help="with --through-engine: print each step of the load and the context's creation longer than "
+                    help="print each step of the load and the context's creation longer than "
                          "X times the steady median beside llama.cpp's log lines around it (every level), to place "
                          "a stall among the loader's own steps")
     ap.add_argument("--json", metavar="FILE")
     args = ap.parse_args()
-    if args.log_marks and not args.through_engine:
-        ap.error("--log-marks reads the engine's log callback: it needs --through-engine")
     if args.pageable_context or args.pageable_load:
         PAGEABLE_BESIDE.arm()
 
@@ -177,7 +185,6 @@ def main() -> int:
     sys.setswitchinterval(EngineSettings().switch_interval_ms / 1000)
     params = RuntimeParams(n_ctx=args.n_ctx, n_batch=512, n_ubatch=512, n_parallel=args.slots,
                            n_threads=args.threads, n_gpu_layers=-1)
-    marks = LogMarks() if args.log_marks else None
     if args.through_engine:
         llama.lib()  # the engine's log callback (into Python logging) and backend set-up
         serving_model = llama.Model.load(args.serving, params)
@@ -197,6 +204,7 @@ def main() -> int:
         ctx = L.llama_init_from_model(serving, cp)
     if not serving or not ctx:
         raise SystemExit(f"could not load {args.serving}")
+    marks = LogMarks(L) if args.log_marks else None
     cuda = _cudart()
     libc = ctypes.CDLL(None)
 
@@ -207,7 +215,7 @@ def main() -> int:
         tok = (L.llama_token * 1)(1)
         pos = 0
         while not stop.is_set():
-            if pos >= args.n_ctx - 1:
+            if pos >= SERVING_SPAN:
                 L.llama_memory_clear(L.llama_get_memory(ctx), True)
                 pos = 0
             batch = L.llama_batch_get_one(tok, 1)
