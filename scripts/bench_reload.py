@@ -177,6 +177,17 @@ def free_phases(log_text: str, to_mono: float) -> list[tuple[str, float, float]]
     return out
 
 
+def loop_holds(log_text: str, to_mono: float) -> list[tuple[float, float, str]]:
+    """When the engine's event loop was held (its ``event loop held`` lines, each stamped when the held
+    callback finally ran, with how long it waited and where the loop was), in the monotonic clock."""
+    out = []
+    for m in re.finditer(r'ts=(\S+?)Z .*msg="event loop held" ms=([0-9.]+) where=("(?:[^"\\]|\\.)*"|\S+)', log_text):
+        ended = _dt.datetime.fromisoformat(m.group(1)).replace(tzinfo=_dt.timezone.utc).timestamp() + to_mono
+        where = m.group(3)
+        out.append((ended - float(m.group(2)) / 1000, ended, where.strip('"')))
+    return out
+
+
 def gaps_by_phase(ends: list[float], start: float, end: float,
                   phases: list[tuple[str, float, float]]) -> dict[str, Any]:
     """The longest stretch of [start, end] without a response that overlaps some phase of the switch (its
@@ -238,7 +249,8 @@ def blocked_between(stretches: list[dict[str, Any]], a: float, b: float, t0: flo
 
 def run_policy(policy: str, switches: int, tmp: Path, models: tuple[str, ...] = MODELS,
                slow_turn_ms: float = 0.0, config: dict[str, Any] | None = None,
-               cache_prompt: bool = True, blocked_ms: float = 0.0, gil_profile: bool = False) -> dict[str, Any]:
+               cache_prompt: bool = True, blocked_ms: float = 0.0, gil_profile: bool = False,
+               slow_loop_ms: float = 0.0) -> dict[str, Any]:
     config = config or {}
     reaper = ReaperSettings(**(config.get("reaper") or {}))
     # the paced free (reaper.delay_ms, pause_ms) ends after the switch: its gaps count as the switch's
@@ -247,7 +259,8 @@ def run_policy(policy: str, switches: int, tmp: Path, models: tuple[str, ...] = 
     e = Engine(tmp, defaults={"model": models[1], "temperature": 0, "reload_policy": policy,
                               "reload_queue_timeout_s": 120, "n_parallel": 2, **config.get("defaults", {})},
                name=f"bench-{policy}-{time.monotonic_ns()}",
-               extra={**extra, "logging": {"slow_turn_ms": slow_turn_ms, **config.get("logging", {})}})
+               extra={**extra, "logging": {"slow_turn_ms": slow_turn_ms, "slow_loop_ms": slow_loop_ms,
+                                           **config.get("logging", {})}})
     sampler: BlockedSampler | None = None
     holders: gil_holders.Recording | None = None
     try:
@@ -343,12 +356,21 @@ def run_policy(policy: str, switches: int, tmp: Path, models: tuple[str, ...] = 
         free_parts = re.findall(r"generation retired.* parts=(\S+)", log_text)
         # with --slow-turn-ms: the engine's own account of each turn of its loop that held the streams up
         slow_turns = [ln for ln in log_text.splitlines() if "slow engine turn" in ln or "msg=stage" in ln
-                      or "model ready" in ln or "generation retired" in ln] if slow_turn_ms else []
+                      or "model ready" in ln or "generation retired" in ln or "event loop held" in ln] \
+            if slow_turn_ms or slow_loop_ms else []
         # each switch's longest gap in its own phases (the load's parts, its first turns, the paced free)
         # and in the quiet rest of its window, which only the host's own stalls fill
-        freed = free_phases(log_text, time.monotonic() - time.time())  # the log is stamped in wall-clock time
+        to_mono = time.monotonic() - time.time()  # the log is stamped in wall-clock time
+        freed = free_phases(log_text, to_mono)
+        holds = loop_holds(log_text, to_mono)
         for r in results:
-            t0, _, _, end = r["windows"]
+            t0, gap_from, gap_to, end = r["windows"]
+            if slow_loop_ms:  # with --slow-loop-ms: what held the engine's event loop within the longest gap
+                r["loop_held_in_gap"] = [{"from_ms": round((a - t0) * 1000, 1), "ms": round((b - a) * 1000, 1),
+                                          "where": at} for a, b, at in holds if a < gap_to and b > gap_from]
+                print(f"  switch to {r['target']}: event loop held in its longest gap: "
+                      + ("; ".join(f"{h['ms']} ms from {h['from_ms']} ms in {h['where']}" for h in r["loop_held_in_gap"])
+                         or f"never over {slow_loop_ms} ms"), flush=True)
             ends = [e for _, e, st in window(client.log, t0, end) if st == 200]
             split = gaps_by_phase(ends, t0, end, load_phases(r["t1"], r["timings"] or {}) + freed)
             r.update(split, own_ratio=split["own_gap_s"] / r["slower_steady_s"],
@@ -449,6 +471,10 @@ def main() -> int:
     ap.add_argument("--policies", default="overlap,drain")
     ap.add_argument("--models", default=",".join(MODELS), help="the two models switched between (aliases or GGUF "
                     "paths; the second is loaded first)")
+    ap.add_argument("--slow-loop-ms", type=float, default=0.0, metavar="MS",
+                    help="the engine logs each time its event loop took longer than this to run a callback "
+                         "(logging.slow_loop_ms, at least 1), with where the loop was; each switch's longest gap "
+                         "lists those that overlap it")
     ap.add_argument("--slow-turn-ms", type=float, default=0.0, help="the engine logs each turn of its loop longer "
                     "than this (logging.slow_turn_ms); the lines go into the JSON (engine_log)")
     ap.add_argument("--engine-configs", type=json.loads, default=[{}], metavar="JSON",
@@ -479,7 +505,7 @@ def main() -> int:
             for config in args.engine_configs:
                 rows.append(run_policy(policy, args.switches, Path(tmp), models, args.slow_turn_ms, config,
                                        cache_prompt=not args.no_cache_prompt, blocked_ms=args.blocked,
-                                       gil_profile=args.gil_profile))
+                                       gil_profile=args.gil_profile, slow_loop_ms=args.slow_loop_ms))
                 print(json.dumps(rows[-1]), flush=True)
     cmd = "scripts/bench_reload.py " + " ".join(sys.argv[1:])
     text = markdown(rows, ".venv/bin/python " + cmd.strip(), named)

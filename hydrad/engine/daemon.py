@@ -23,6 +23,7 @@ from hydrad.engine.control import EngineControl
 from hydrad.engine.core import EngineCore
 from hydrad.engine.snapshot import EngineSnapshot, status_text
 from hydrad.common.logs import log_event
+from hydrad.common.loopwatch import LoopWatch
 from hydrad.common.params import ParamError
 from hydrad.common.registry import Registry, UnknownModel
 from hydrad.common.sdnotify import Notifier
@@ -104,6 +105,9 @@ class Daemon:
                   cpu_quota="none" if cpus.quota is None else round(cpus.quota, 2))
         self.notifier.ready()
         self.notifier.status(status_text(self.core.snapshot(), with_progress=False))
+        watch = LoopWatch(loop, s.logging.slow_loop_ms / 1000, log) if s.logging.slow_loop_ms else None
+        if watch is not None:
+            watch.start()
         tasks = [asyncio.create_task(self._watchdog(), name="watchdog"),
                  asyncio.create_task(self._hup_loop(), name="sighup")]
         link = None
@@ -131,6 +135,8 @@ class Daemon:
         for t in tasks:
             t.cancel()
         await asyncio.to_thread(self.core.join, 10)
+        if watch is not None:
+            watch.stop()
         log_event(log, logging.INFO, "stopped", engine=s.name)
         return 0
 

@@ -104,6 +104,18 @@ class LogSettings(BaseModel):
                                "where its time went (commands, admission, each generation's step, and what follows: "
                                "handing retired generations to the reaper, the hand-over of events): finds what "
                                "holds streams up, e.g. during a reload. 0 = off.")
+    slow_loop_ms: float = Field(
+        0.0, ge=0, description="Log (info, 'event loop held') every time the HTTP event loop took longer than this "
+                               "many ms to run a callback, with where it was: a request's arrival and answer pass "
+                               "that loop, outside the request's own timings. Checked every this many ms, one "
+                               "wake-up of the loop each. 0 = off, else at least 1.")
+
+    @field_validator("slow_loop_ms")
+    @classmethod
+    def _loop_check_not_too_often(cls, v: float) -> float:
+        if 0 < v < 1:
+            raise ValueError("0 (off) or at least 1 ms: each check wakes the event loop once")
+        return v
 
 
 class ReaperSettings(BaseModel):

@@ -339,6 +339,18 @@ def test_a_new_generations_warm_up_leaves_nothing_behind(smollm_engine: Engine, 
     assert first == second and first
 
 
+def test_an_engine_asked_to_watch_its_event_loop_runs_the_watch_and_serves(start_engine: Callable[..., Engine]) -> None:
+    """``logging.slow_loop_ms`` starts the loop watch (its own OS thread, named) beside the serving engine;
+    tests/unit/common/test_loopwatch.py holds a real loop and reads what the watch logs."""
+    e = start_engine(defaults={"model": "smollm2-135m", "temperature": 0}, extra={"logging": {"slow_loop_ms": 50}})
+    e.wait_ready()
+    names = eventually(lambda: [n for n in (p.read_text().strip() for p in Path(f"/proc/{e.proc.pid}/task").glob("*/comm"))
+                                if n == "hydrad-looplag"], 10, "the loop watch's thread")
+    assert names == ["hydrad-looplag"]
+    r = e.http.post("/v1/completions", json={"prompt": "Say something", "max_tokens": 3})
+    assert r.status_code == 200, r.text
+
+
 def test_slow_turns_are_logged_with_where_their_time_went(start_engine: Callable[..., Engine]) -> None:
     e = start_engine(defaults={"model": "smollm2-135m", "temperature": 0},
                      extra={"logging": {"slow_turn_ms": 0.001}})  # every busy turn is "slow"

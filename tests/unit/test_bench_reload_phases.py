@@ -112,3 +112,44 @@ def test_a_gap_made_outside_the_handler_is_taken_out_of_the_engines_gap() -> Non
     assert br.server_gap(held, slow, 0.0, 0.060, base_ms=2.0) == pytest.approx(0.040)
     # an answer without timings (a failure, an older engine) is taken as the client saw it
     assert br.server_gap(_Served({}), slow, 0.0, 0.060, base_ms=2.0) == pytest.approx(0.040)
+
+
+def _hold(seconds: float) -> None:
+    time.sleep(seconds)  # blocks the event loop on purpose
+
+
+def test_a_held_event_loop_is_placed_from_the_engines_log_line() -> None:
+    """The loop watch's line, written by the real watch through the real formatter, read back: when the
+    loop was held (wall clock here), for how long and where."""
+    import asyncio
+
+    from hydrad.common.loopwatch import LoopWatch
+
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(LogfmtFormatter())
+    log = logging.getLogger("test.bench_reload.loop")
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    held_at: list[float] = []
+
+    async def main() -> None:
+        watch = LoopWatch(asyncio.get_running_loop(), 0.02, log)
+        watch.start()
+        await asyncio.sleep(0.1)
+        held_at.append(time.time())
+        _hold(0.12)
+        await asyncio.sleep(0.1)
+        watch.stop()
+
+    try:
+        asyncio.run(main())
+    finally:
+        log.removeHandler(handler)
+    holds = [h for h in br.loop_holds(out.getvalue(), 0.0) if h[1] - h[0] >= 0.1]
+    assert holds, out.getvalue()
+    start, end, where = holds[0]
+    # the watch noticed within one check (20 ms) of the hold's start; the line's stamp has ms resolution
+    assert held_at[0] - 0.05 <= start <= held_at[0] + 0.03
+    assert end == pytest.approx(held_at[0] + 0.12, abs=0.05)
+    assert "_hold" in where and "test_bench_reload_phases.py" in where

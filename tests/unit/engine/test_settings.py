@@ -194,6 +194,8 @@ def test_wrong_type_names_file_and_dotted_field(tmp_path: Path) -> None:
     ("rpc: {port: -1}\n", "rpc.port"),
     ("http: {hots: x}\n", "http.hots"),
     ("logging: {level: loud}\n", "logging.level"),
+    ("logging: {slow_loop_ms: 0.5}\n", "logging.slow_loop_ms"),  # a check every 0.5 ms would busy the loop
+    ("logging: {slow_loop_ms: -1}\n", "logging.slow_loop_ms"),
     ("name: 'has space'\n", "name"),
     ("name: 3060\n", "name"),  # unquoted: an int, not a name
     ("drain_timeout_s: 0\n", "drain_timeout_s"),
