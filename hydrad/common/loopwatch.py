@@ -28,7 +28,7 @@ from hydrad.common.osthread import name_os_thread
 
 
 def where(frame: object, depth: int = 3) -> str:
-    """The innermost ``depth`` frames of a stack, innermost last: ``file:line function`` each."""
+    """The innermost ``depth`` frames of a stack, innermost first: ``file:line function`` each."""
     if frame is None:
         return "-"
     stack = traceback.extract_stack(frame)[-depth:]  # type: ignore[arg-type]
