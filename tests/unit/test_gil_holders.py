@@ -2,7 +2,7 @@
 
 Against a real child process sampled by py-spy from outside: a thread that sorts a large list in one
 C call after another holds the lock nearly all the time, and the summary puts it first, in the line
-that sorts; a thread that only sleeps never holds it. The parser is also checked on py-spy's raw
+that sorts; a thread that only sleeps holds it for no share of the time. The parser is also checked on py-spy's raw
 lines as they come (a numbered thread counted with its siblings).
 """
 
@@ -68,7 +68,9 @@ def test_a_thread_holding_the_lock_in_one_c_call_is_found_in_it() -> None:
     finally:
         child.kill()
         child.wait()
-    assert "sleeper" not in got, got
+    # the sleeper takes the lock only to go back to sleep, 100 times a second: a sample may catch it there
+    # (one 1 ms sample in a CI run), never for a share of the time
+    assert got.get("sleeper", {"ms": 0.0})["ms"] <= 0.02 * got["hog"]["ms"], got
     assert next(iter(got)) == "hog", got  # first: the one that held it longest
     assert got["hog"]["ms"] > 1000, got  # of 2.5 s
     assert got["hog"]["top"][0][0].startswith("hog ("), got
