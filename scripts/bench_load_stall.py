@@ -126,6 +126,7 @@ class LogMarks:
 
     def __init__(self, lib: Any) -> None:
         self.raw: list[tuple[float, int, bytes]] = []
+        self._lines: list[tuple[float, str]] | None = None
         stamp = self.raw.append
         clock = time.perf_counter
         self._cb = lib.llama_log_callback(lambda level, text, _user: stamp((clock(), level, text or b"")))
@@ -133,14 +134,20 @@ class LogMarks:
 
     def between(self, a: float, b: float) -> list[tuple[float, str]]:
         """The whole lines that began within [a, b] (a continuation joins the line it continues)."""
-        lines: list[tuple[float, str]] = []
-        for t, level, text in self.raw:
-            msg = text.decode("utf-8", "replace")
-            if level == 5 and lines:  # GGML_LOG_LEVEL_CONT
-                lines[-1] = (lines[-1][0], lines[-1][1] + msg)
-            else:
-                lines.append((t, msg))
-        return [(t, line.rstrip()) for t, line in lines if a <= t <= b and line.strip()]
+        return [(t, line) for t, line in self.lines() if a <= t <= b]
+
+    def lines(self) -> list[tuple[float, str]]:
+        """The stamped bytes as whole lines, joined once (read after the load, when no more come)."""
+        if self._lines is None:
+            lines: list[tuple[float, str]] = []
+            for t, level, text in self.raw:
+                msg = text.decode("utf-8", "replace")
+                if level == 5 and lines:  # GGML_LOG_LEVEL_CONT
+                    lines[-1] = (lines[-1][0], lines[-1][1] + msg)
+                else:
+                    lines.append((t, msg))
+            self._lines = [(t, line.rstrip()) for t, line in lines if line.strip()]
+        return self._lines
 
 
 def main() -> int:

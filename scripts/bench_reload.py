@@ -161,13 +161,19 @@ def load_phases(t1: float, timings: dict[str, float]) -> list[tuple[str, float, 
     return out
 
 
+def log_time(ts: str, to_mono: float) -> float:
+    """An engine log line's ``ts`` (UTC, without its ``Z``) in the monotonic clock (``to_mono``: add to a
+    wall-clock time)."""
+    return _dt.datetime.fromisoformat(ts).replace(tzinfo=_dt.timezone.utc).timestamp() + to_mono
+
+
 def free_phases(log_text: str, to_mono: float) -> list[tuple[str, float, float]]:
     """Where each part of each retired generation's free lay, from the engine's ``generation retired``
     lines (stamped when the last part ended, with each part's time and start), in the monotonic clock
     (``to_mono``: add to a wall-clock time)."""
     out = []
     for m in re.finditer(r"ts=(\S+?)Z .*generation retired.* parts=(\S+) starts_ms=(\S+)", log_text):
-        ended = _dt.datetime.fromisoformat(m.group(1)).replace(tzinfo=_dt.timezone.utc).timestamp() + to_mono
+        ended = log_time(m.group(1), to_mono)
         parts = [(p.split(":")[0], float(p.split(":")[1]) / 1000) for p in m.group(2).split(",")]
         starts = [float(x) / 1000 for x in m.group(3).split(",")]
         if len(parts) != len(starts) or not parts:
@@ -182,9 +188,8 @@ def loop_holds(log_text: str, to_mono: float) -> list[tuple[float, float, str]]:
     callback finally ran, with how long it waited and where the loop was), in the monotonic clock."""
     out = []
     for m in re.finditer(r'ts=(\S+?)Z .*msg="event loop held" ms=([0-9.]+) where=("(?:[^"\\]|\\.)*"|\S+)', log_text):
-        ended = _dt.datetime.fromisoformat(m.group(1)).replace(tzinfo=_dt.timezone.utc).timestamp() + to_mono
-        where = m.group(3)
-        out.append((ended - float(m.group(2)) / 1000, ended, where.strip('"')))
+        ended = log_time(m.group(1), to_mono)
+        out.append((ended - float(m.group(2)) / 1000, ended, m.group(3).strip('"')))
     return out
 
 

@@ -17,6 +17,7 @@ loop one wake-up (a write to its self-pipe and a callback), so it is off unless 
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import sys
 import threading
@@ -45,7 +46,8 @@ class LoopWatch:
         self._stop = threading.Event()
         self._loop_thread = 0
         self._thread: threading.Thread | None = None
-        self.held: list[tuple[float, str]] = []  # (seconds, where) of each time logged; tests read it
+        # (seconds, where) of the latest holds logged, for tests; bounded, as a daemon runs for weeks
+        self.held: collections.deque[tuple[float, str]] = collections.deque(maxlen=64)
 
     def start(self) -> None:
         self._loop_thread = threading.get_ident()

@@ -49,7 +49,7 @@ def test_an_idle_loop_is_not_logged_and_the_watch_ends_with_its_loop() -> None:
         return watch
 
     watch = asyncio.run(main())  # the loop closes without stop(): the watch thread must end by itself
-    assert watch.held == []
+    assert list(watch.held) == []
     assert watch._thread is not None
     watch._thread.join(2)
     assert not watch._thread.is_alive()
