@@ -60,6 +60,11 @@ width is not it. These switches test the next leads, each the llama.cpp side of 
   memory, not a page-locked host buffer (``no_host: true``). Read, not mapped, llama.cpp page-locks them at
   the load's start (about 85 MB for the 3B), and that allocation stalls the whole device.
 
+``--hold-alloc`` makes the serving loop wait, at a step's boundary, while the loader allocates the model's
+buffers (from its last tensor's creation to its first upload, found in its log lines), as the engine does
+with ``alloc_hold`` (:mod:`hydrad.engine.stephold`): whether the stall before the first upload is the
+allocations running beside a step, which cost less on an idle device.
+
 ``--log-marks X`` places each step of the load over X times the steady median among llama.cpp's own log
 lines (every level, each stamped by a callback that does no more than the engine's own): which of the
 loader's steps it lay beside.
@@ -82,6 +87,7 @@ load (callbacks, the engine's wrappers) shows there, and not in the step column,
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import json
 import os
@@ -95,9 +101,10 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from hydrad.common.params import RuntimeParams  # noqa: E402
-from hydrad.engine import llama  # noqa: E402
+from hydrad.engine import gguf_meta, llama  # noqa: E402
 from hydrad.engine.gpu import PAGEABLE_BESIDE  # noqa: E402
 from hydrad.engine.settings import EngineSettings  # noqa: E402
+from hydrad.engine.stephold import AllocationWatch, StepHold  # noqa: E402
 from tests.support.engine import SMOLLM, models_dir  # noqa: E402
 
 
@@ -129,7 +136,12 @@ class LogMarks:
         self._lines: list[tuple[float, str]] | None = None
         stamp = self.raw.append
         clock = time.perf_counter
-        self._cb = lib.llama_log_callback(lambda level, text, _user: stamp((clock(), level, text or b"")))
+        feed = llama.feed_line  # (--hold-alloc's watch reads the lines too)
+
+        def mark(level: int, text: bytes | None, _user: object) -> None:
+            stamp((clock(), level, text or b""))
+            feed(level, text or b"")
+        self._cb = lib.llama_log_callback(mark)
         lib.llama_log_set(self._cb, ctypes.c_void_p(0))  # kept alive by self for the life of the run
 
     def between(self, a: float, b: float) -> list[tuple[float, str]]:
@@ -182,6 +194,9 @@ def main() -> int:
                     help="print each step of the load and the context's creation longer than "
                          "X times the steady median beside llama.cpp's log lines around it (every level), to place "
                          "a stall among the loader's own steps")
+    ap.add_argument("--hold-alloc", action="store_true",
+                    help="the serving loop waits at a step's boundary while the loader allocates the model's buffers "
+                         "(from its last tensor's creation to its first upload), as the engine does with alloc_hold")
     ap.add_argument("--json", metavar="FILE")
     args = ap.parse_args()
     if args.pageable_context or args.pageable_load:
@@ -198,7 +213,7 @@ def main() -> int:
         ctx = llama.Context(serving_model, params).ptr
         serving = serving_model.ptr
     else:
-        quiet = L.llama_log_callback(lambda _level, _text, _user: None)
+        quiet = L.llama_log_callback(lambda level, text, _user: llama.feed_line(level, text or b""))
         L.llama_log_set(quiet, ctypes.c_void_p(0))
         L.llama_backend_init()
         mp = L.llama_model_default_params()
@@ -217,6 +232,7 @@ def main() -> int:
 
     steps: list[tuple[float, float]] = []
     stop = threading.Event()
+    hold = StepHold() if args.hold_alloc else None
 
     def decode_loop() -> None:
         tok = (L.llama_token * 1)(1)
@@ -227,8 +243,12 @@ def main() -> int:
                 pos = 0
             batch = L.llama_batch_get_one(tok, 1)
             t0 = time.perf_counter()
+            if hold is not None:
+                hold.enter_step()
             L.llama_decode(ctx, batch)
             L.llama_synchronize(ctx)
+            if hold is not None:
+                hold.exit_step()
             steps.append((t0, time.perf_counter()))
             pos += 1
 
@@ -309,19 +329,21 @@ def main() -> int:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), args.loader_nice)
     uploads: list[float] = []
 
-    def progress(value: float, _user: object) -> bool:
+    def upload(value: float) -> bool:
         uploads.append(time.perf_counter())
         return True
 
+    watch = AllocationWatch(hold, gguf_meta.tensor_names(args.model)) if hold is not None else None
+    progress = upload if watch is None else watch.wrap(upload)
     t_load = time.perf_counter()
-    with PAGEABLE_BESIDE.open(args.pageable_load):
+    with PAGEABLE_BESIDE.open(args.pageable_load), \
+            (llama.lines_to(watch.line) if watch is not None else contextlib.nullcontext()):
         if args.through_engine:
             load_params = params.model_copy(update={"use_mmap": not args.no_mmap, "no_host": args.no_host})
-            loaded = phase("model load (whole)", lambda: llama.Model.load(args.model, load_params,
-                                                                          lambda v: progress(v, None)))
+            loaded = phase("model load (whole)", lambda: llama.Model.load(args.model, load_params, progress))
             model = loaded.ptr
         else:
-            cb = L.llama_progress_callback(progress)
+            cb = L.llama_progress_callback(lambda value, _user: progress(value))
             mp2 = L.llama_model_default_params()
             mp2.n_gpu_layers = 999
             mp2.progress_callback = cb
@@ -329,10 +351,15 @@ def main() -> int:
                 mp2.load_mode = L.LLAMA_LOAD_MODE_NONE
             mp2.no_host = args.no_host
             model = phase("model load (whole)", lambda: L.llama_model_load_from_file(str(args.model).encode(), mp2))
+    load_end = next(t1 for name, _, t1 in phases if name == "model load (whole)")
+    if watch is not None:
+        watch.close()
+        if watch.began is not None and watch.ended is not None:  # (time.monotonic is perf_counter's clock on Linux)
+            phases.append(("model load: the held allocations", watch.began, watch.ended))
     if uploads:
         phases.append(("model load: before the first upload", t_load, uploads[0]))
         phases.append(("model load: uploads", uploads[0], uploads[-1]))
-        phases.append(("model load: after the last upload", uploads[-1], phases[-3][2]))
+        phases.append(("model load: after the last upload", uploads[-1], load_end))
     with PAGEABLE_BESIDE.open(args.pageable_context):
         if args.through_engine:
             ctx2 = phase("context creation", lambda: llama.Context(loaded, params).ptr)
@@ -375,6 +402,11 @@ def main() -> int:
         print(f"| {name} | {(t1 - t0) * 1000:.1f} | {len(inside)} | "
               f"{statistics.median(inside) * 1000 if inside else 0:.2f} | {longest * 1000:.2f} | {longest / med:.1f} "
               f"| {probe * 1e6:.0f} | {mapped * 1000:.2f} |")
+    held: dict[str, Any] = {}
+    if hold is not None:
+        held = {"holds": hold.holds, "held_ms": hold.held_s * 1000, "steps_waited_ms": hold.steps_waited_s * 1000}
+        print(f"--hold-alloc: {hold.holds} window(s) held, {hold.held_s * 1000:.2f} ms in all; the serving loop "
+              f"waited {hold.steps_waited_s * 1000:.2f} ms for them")
     slow_steps: list[dict] = []
     if marks is not None:
         loading = [(t0, t1) for name, t0, t1 in phases if name in ("model load (whole)", "context creation")]
@@ -396,7 +428,8 @@ def main() -> int:
         Path(args.json).write_text(json.dumps({
             "through_engine": args.through_engine, "threads": args.threads, "slots": args.slots,
             "steady_median_ms": med * 1000, "probe_p99_us": probe_p99 * 1e6, "map_p99_us": map_p99 * 1e6,
-            "phases": rows, **({"slow_steps": slow_steps} if marks is not None else {})}, indent=1))
+            "phases": rows, **({"slow_steps": slow_steps} if marks is not None else {}),
+            **({"hold": held} if held else {})}, indent=1))
     L.llama_free(ctx)
     L.llama_model_free(serving)  # the engine's Model wrappers have no finaliser: freed here either way
     return 0

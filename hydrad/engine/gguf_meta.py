@@ -18,6 +18,7 @@ from typing import Any, BinaryIO
 _SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
 MAX_KV = 1 << 20
+MAX_TENSORS = 1 << 20
 
 
 class GgufError(ValueError):
@@ -86,15 +87,22 @@ def _skip_strings(f: BinaryIO, count: int) -> None:
 
 def _open_header(f: BinaryIO, path: Path) -> int:
     """Check the magic and version; the number of header values that follow."""
+    return _counts(f, path)[1]
+
+
+def _counts(f: BinaryIO, path: Path) -> tuple[int, int]:
+    """Check the magic and version; the numbers of tensors and of header values."""
     if _read(f, 4) != b"GGUF":
         raise GgufError(f"{path} is not a GGUF file")
     (version,) = struct.unpack("<I", _read(f, 4))
     if version < 2:
         raise GgufError(f"GGUF version {version}")
-    _n_tensors, n_kv = struct.unpack("<QQ", _read(f, 16))
+    n_tensors, n_kv = struct.unpack("<QQ", _read(f, 16))
     if n_kv > MAX_KV:
         raise GgufError(f"{n_kv} header values")
-    return n_kv
+    if n_tensors > MAX_TENSORS:
+        raise GgufError(f"{n_tensors} tensors")
+    return n_tensors, n_kv
 
 
 def metadata(path: Path, keys: set[str] | None = None) -> dict[str, Any]:
@@ -143,6 +151,35 @@ def _vocab_digest(path: Path, _size: int, _mtime_ns: int) -> str:
         for part in sorted(found):  # in key order, whatever order the file stores them in
             h.update(part)
     return h.hexdigest()[:32]
+
+
+def tensor_names(path: Path) -> frozenset[str]:
+    """The names of the tensors the file holds; empty for one part of a split model (its tensors are only
+    some of the model's). Kept per file (path, size, modification time), as
+    :func:`vocab_digest` is: reaching the tensor table means walking every header array (the merges
+    too), tens of milliseconds of Python the first time."""
+    st = path.stat()
+    return _tensor_names(path, st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=64)
+def _tensor_names(path: Path, _size: int, _mtime_ns: int) -> frozenset[str]:
+    names: set[str] = set()
+    with open(path, "rb") as f:
+        n_tensors, n_kv = _counts(f, path)
+        for _ in range(n_kv):
+            key = _string(f)
+            (vtype,) = struct.unpack("<I", _read(f, 4))
+            value = _value(f, vtype)
+            if key == b"split.count" and isinstance(value, int) and value > 1:
+                return frozenset()
+        for _ in range(n_tensors):
+            names.add(_string(f).decode("utf-8", "replace"))
+            (n_dims,) = struct.unpack("<I", _read(f, 4))
+            if n_dims > 8:
+                raise GgufError(f"a tensor of {n_dims} dimensions")
+            f.seek(8 * n_dims + 4 + 8, 1)  # the dimensions, the type, the data offset
+    return frozenset(names)
 
 
 _VOCAB_KEYS = {"tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.tokens"}
