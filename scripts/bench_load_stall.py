@@ -62,8 +62,9 @@ width is not it. These switches test the next leads, each the llama.cpp side of 
 
 ``--hold-alloc`` makes the serving loop wait, at a step's boundary, while the loader allocates the model's
 buffers (from its last tensor's creation to its first upload, found in its log lines), as the engine does
-with ``alloc_hold`` (:mod:`hydrad.engine.stephold`): whether the stall before the first upload is the
-allocations running beside a step, which cost less on an idle device.
+(scripts/alloc_hold.py): whether the stall before the first upload is the allocations running beside a
+step, which might cost less on an idle device. On the H100 they did not (the held step took longer), so
+the engine does not hold.
 
 ``--log-marks X`` places each step of the load over X times the steady median among llama.cpp's own log
 lines (every level, each stamped by a callback that does no more than the engine's own): which of the
@@ -96,15 +97,16 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
+from alloc_hold import AllocationWatch, StepHold  # noqa: E402
 from hydrad.common.params import RuntimeParams  # noqa: E402
 from hydrad.engine import gguf_meta, llama  # noqa: E402
 from hydrad.engine.gpu import PAGEABLE_BESIDE  # noqa: E402
 from hydrad.engine.settings import EngineSettings  # noqa: E402
-from hydrad.engine.stephold import AllocationWatch, StepHold  # noqa: E402
 from tests.support.engine import SMOLLM, models_dir  # noqa: E402
 
 
@@ -114,6 +116,24 @@ def _cudart() -> ctypes.CDLL | None:
         if "libcudart.so" in line:
             return ctypes.CDLL(line.split()[-1])
     return None
+
+
+_line_sinks: list[Callable[[int, bytes], None]] = []  # --hold-alloc's watch, while the load runs
+
+
+def feed_line(level: int, text: bytes) -> None:
+    """Every log callback this script sets passes each llama.cpp line here."""
+    for sink in _line_sinks:
+        sink(level, text)
+
+
+@contextlib.contextmanager
+def lines_to(sink: Callable[[int, bytes], None]) -> Iterator[None]:
+    _line_sinks.append(sink)
+    try:
+        yield
+    finally:
+        _line_sinks.remove(sink)
 
 
 SERVING_SPAN = 31
@@ -136,7 +156,7 @@ class LogMarks:
         self._lines: list[tuple[float, str]] | None = None
         stamp = self.raw.append
         clock = time.perf_counter
-        feed = llama.feed_line  # (--hold-alloc's watch reads the lines too)
+        feed = feed_line  # (--hold-alloc's watch reads the lines too)
 
         def mark(level: int, text: bytes | None, _user: object) -> None:
             stamp((clock(), level, text or b""))
@@ -196,7 +216,7 @@ def main() -> int:
                          "a stall among the loader's own steps")
     ap.add_argument("--hold-alloc", action="store_true",
                     help="the serving loop waits at a step's boundary while the loader allocates the model's buffers "
-                         "(from its last tensor's creation to its first upload), as the engine does with alloc_hold")
+                         "(from its last tensor's creation to its first upload; scripts/alloc_hold.py)")
     ap.add_argument("--json", metavar="FILE")
     args = ap.parse_args()
     if args.pageable_context or args.pageable_load:
@@ -213,7 +233,7 @@ def main() -> int:
         ctx = llama.Context(serving_model, params).ptr
         serving = serving_model.ptr
     else:
-        quiet = L.llama_log_callback(lambda level, text, _user: llama.feed_line(level, text or b""))
+        quiet = L.llama_log_callback(lambda level, text, _user: feed_line(level, text or b""))
         L.llama_log_set(quiet, ctypes.c_void_p(0))
         L.llama_backend_init()
         mp = L.llama_model_default_params()
@@ -227,6 +247,9 @@ def main() -> int:
     if not serving or not ctx:
         raise SystemExit(f"could not load {args.serving}")
     marks = LogMarks(L) if args.log_marks else None
+    if args.hold_alloc and args.through_engine and marks is None:  # the engine's callback feeds no watch
+        feeding = L.llama_log_callback(lambda level, text, _user: feed_line(level, text or b""))
+        L.llama_log_set(feeding, ctypes.c_void_p(0))
     cuda = _cudart()
     libc = ctypes.CDLL(None)
 
@@ -337,7 +360,7 @@ def main() -> int:
     progress = upload if watch is None else watch.wrap(upload)
     t_load = time.perf_counter()
     with PAGEABLE_BESIDE.open(args.pageable_load), \
-            (llama.lines_to(watch.line) if watch is not None else contextlib.nullcontext()):
+            (lines_to(watch.line) if watch is not None else contextlib.nullcontext()):
         if args.through_engine:
             load_params = params.model_copy(update={"use_mmap": not args.no_mmap, "no_host": args.no_host})
             loaded = phase("model load (whole)", lambda: llama.Model.load(args.model, load_params, progress))

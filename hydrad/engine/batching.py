@@ -22,7 +22,6 @@ from hydrad.engine.generation import Generation, Slot
 from hydrad.engine.prefixshare import PrefixShare
 from hydrad.engine.requests import Done, Failed, Progress, RequestHandle, Token, Usage
 from hydrad.engine.stats import EngineStats
-from hydrad.engine.stephold import StepHold
 from hydrad.engine.textstream import StopMatcher, Utf8Detokenizer
 from hydrad.wire.kvdigest import tokens_digest
 from hydrad.wire.grammar import GrammarError
@@ -130,7 +129,6 @@ class Batching:
     _t_step_end: float = 0.0  # when the last step ended (perf_counter), for the gap between steps
     _unsynced: set[Generation]  # generations whose last step the device may still be computing (see _step)
     _pending_swap: Any  # a Swap command waiting for the slots to go idle
-    step_hold: StepHold  # a load beside this thread's generation holds its steps while it allocates
     # provided by EngineCore: queue an event for a request, hand the queued events to the loop,
     # whether a swap or a drain holds admission back, and whether a drain-policy reload runs
     _emit: Callable[[RequestHandle, Any], None]
@@ -346,33 +344,29 @@ class Batching:
         if batch.n == 0:
             self._settle_text()
             return
-        self.step_hold.enter_step()  # (waits while a load beside this generation allocates: stephold)
-        try:
+        rc = batch.decode(ctx)
+        self.stats.n_decode_total += 1
+        if rc == 1 and gen.evict_idle():  # KV pool full: free idle slots' caches and try the step again
             rc = batch.decode(ctx)
             self.stats.n_decode_total += 1
-            if rc == 1 and gen.evict_idle():  # KV pool full: free idle slots' caches and try the step again
-                rc = batch.decode(ctx)
-                self.stats.n_decode_total += 1
-            t1 = time.perf_counter()
-            if self._deferred:  # the device computes this step meanwhile; the first sample below waits for it
-                self._settle_text()
-                self._flush()
-            if rc != 0:
-                self._decode_failed(gen, rc, before)
-                return
-            t2 = time.perf_counter()
-            if not outputs and not watched and self._text_overlap(gen):
-                # Every row of this step is mid-prompt: nothing is read back, so the engine thread does not
-                # wait for the device. It builds and queues the next step while this one computes (llama.cpp
-                # orders them on the device, as it does the ubatches of one batch); the engine thread waits
-                # before anything else touches the context (settle_device).
-                self._unsynced.add(gen)
-                self.stats.steps_unwaited_total += 1
-            else:
-                ctx.synchronize()  # (waits for any earlier step of this context left computing, too)
-                self._unsynced.discard(gen)
-        finally:
-            self.step_hold.exit_step()
+        t1 = time.perf_counter()
+        if self._deferred:  # the device computes this step meanwhile; the first sample below waits for it
+            self._settle_text()
+            self._flush()
+        if rc != 0:
+            self._decode_failed(gen, rc, before)
+            return
+        t2 = time.perf_counter()
+        if not outputs and not watched and self._text_overlap(gen):
+            # Every row of this step is mid-prompt: nothing is read back, so the engine thread does not wait
+            # for the device. It builds and queues the next step while this one computes (llama.cpp orders
+            # them on the device, as it does the ubatches of one batch); the engine thread waits before
+            # anything else touches the context (settle_device).
+            self._unsynced.add(gen)
+            self.stats.steps_unwaited_total += 1
+        else:
+            ctx.synchronize()  # (waits for any earlier step of this context left computing, too)
+            self._unsynced.discard(gen)
         t3 = time.perf_counter()
         for slot_id, a in watched:  # before this step's tokens: the last progress says the prompt is done
             self._progress(slot_id, a)

@@ -48,7 +48,6 @@ from hydrad.engine.peer_watch import PeerWatch
 from hydrad.engine.snapshot import EngineSnapshot, ModelSummary, slot_rows
 from hydrad.engine.statebuf import StateBuffers
 from hydrad.engine.stats import EngineStats
-from hydrad.engine.stephold import StepHold
 from hydrad.wire.requests import GenRequest
 
 log = logging.getLogger("hydrad.engine")
@@ -75,8 +74,7 @@ class SlotsBusy(RuntimeError):
 class EngineCore(Loading, Batching, KvOps, EmbedJobs):
     def __init__(self, on_status: Callable[[EngineSnapshot], None] | None = None, max_queue: int = 64,
                  drain_timeout_s: float = 30.0, device: str | None = None, prefix: PrefixSettings | None = None,
-                 slow_turn_ms: float = 0.0, reaper: ReaperSettings | None = None, load_threads: int = 1,
-                 alloc_hold: bool = False) -> None:
+                 slow_turn_ms: float = 0.0, reaper: ReaperSettings | None = None, load_threads: int = 1) -> None:
         self.stats = EngineStats()
         self.slow_turn_s = slow_turn_ms / 1000  # a turn of the loop longer than this is logged with its parts (0: off)
         self.prefix = PrefixShare(prefix or PrefixSettings())
@@ -90,8 +88,6 @@ class EngineCore(Loading, Batching, KvOps, EmbedJobs):
         self.reaper = Reaper(pace.delay_ms / 1000, pace.pause_ms / 1000)  # frees retired generations off this thread
         self.standby: Generation | None = None  # the other expert placement, resident for a fast mode switch
         self.load_threads = load_threads  # CPU threads a load beside a serving generation takes from it
-        self.alloc_hold = alloc_hold  # a load beside a serving generation holds its steps while it allocates
-        self.step_hold = StepHold()  # the turnstile between this thread's steps and a load's allocations
         self.loads: dict[int, LoadRecord] = {}
         self.current_load: LoadRecord | None = None
         self.last_error: str | None = None

@@ -47,8 +47,7 @@ class Daemon:
         self.core = EngineCore(on_status=self._on_status, max_queue=self.settings.max_queue,
                                drain_timeout_s=self.settings.drain_timeout_s, device=self.settings.device,
                                prefix=self.settings.prefix, slow_turn_ms=self.settings.logging.slow_turn_ms,
-                               reaper=self.settings.reaper, load_threads=self.settings.load_threads,
-                               alloc_hold=self.settings.alloc_hold)
+                               reaper=self.settings.reaper, load_threads=self.settings.load_threads)
         self.control: EngineControl | None = None
         self.ggml_server: ggml.RpcServerThread | None = None
         self.merged: Any = None

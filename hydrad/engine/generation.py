@@ -6,7 +6,6 @@ that shares the longest prefix with it and skip prefilling that prefix.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import hashlib
 import time
@@ -16,11 +15,10 @@ from typing import Any, Callable, Sequence
 
 from hydrad.engine import ggml, gguf_meta, llama
 from hydrad.engine.embedder import Embedder
-from hydrad.engine.gpu import PAGEABLE_BESIDE, has_local_gpu
+from hydrad.engine.gpu import PAGEABLE_BESIDE
 from hydrad.engine.peer_watch import PeerWatch
 from hydrad.engine.placement import Placement, PlacementError, plan
 from hydrad.engine.requests import GenerationTag
-from hydrad.engine.stephold import AllocationWatch, StepHold
 from hydrad.engine.statebuf import StateBuffers
 from hydrad.common.params import RuntimeParams
 from hydrad.common.registry import ResolvedModel
@@ -113,7 +111,6 @@ class Generation:
         self.model_seconds = 0.0  # the parts of a load, for its record: weights, context, warm-up
         self.context_seconds = 0.0
         self.warmup_seconds = 0.0
-        self.alloc_hold_seconds: float | None = None  # how long the serving generation's steps were held (stephold)
         self.loaded_at = time.time()
         self.bos = llama.lib().llama_vocab_bos(model.vocab)
         self.tag = GenerationTag(gen_id, resolved.id, params.snapshot_hash())
@@ -391,30 +388,23 @@ class Generation:
 
 def build_generation(resolved: ResolvedModel, params: RuntimeParams, progress: Callable[[float], bool],
                      gen_id: int, on_warming: Callable[[], None], warm_threads: int = 0,
-                     beside: bool = False, hold: StepHold | None = None) -> Generation:
+                     beside: bool = False) -> Generation:
     """Load model + context on the calling (loader) thread; nothing here is shared yet. ``warm_threads``
     (0: all of the context's own) caps the CPU threads of the warm-up, when a generation serves beside
     it with that many threads fewer; the engine thread gives the new context its own when it installs it.
     ``beside`` (a generation serves while this one loads) opens :data:`PAGEABLE_BESIDE`'s window over
-    the contexts' creation and warm-up, where an armed engine keeps their host buffers pageable. ``hold``
-    (the serving generation's, with ``alloc_hold``) holds its steps while the load allocates on a GPU."""
+    the contexts' creation and warm-up, where an armed engine keeps their host buffers pageable."""
     t0 = time.monotonic()
     try:
         placement = plan(resolved.path, params)
     except (PlacementError, gguf_meta.GgufError) as exc:
         raise llama.LoadError(str(exc)) from None
-    watch = allocation_watch(hold, resolved.path, params)
-    with contextlib.ExitStack() as stack:
-        if watch is not None:
-            stack.enter_context(llama.lines_to(watch.line))
-            stack.callback(watch.close)
-            progress = watch.wrap(progress)
-        if placement is None:
-            model = llama.Model.load(resolved.path, params, progress)
-        else:
-            placed = params.model_copy(update={"n_gpu_layers": placement.n_gpu_layers,
-                                               "tensor_split": placement.tensor_split})
-            model = llama.Model.load(resolved.path, placed, progress, placement.devices, placement.overrides)
+    if placement is None:
+        model = llama.Model.load(resolved.path, params, progress)
+    else:
+        placed = params.model_copy(update={"n_gpu_layers": placement.n_gpu_layers,
+                                           "tensor_split": placement.tensor_split})
+        model = llama.Model.load(resolved.path, placed, progress, placement.devices, placement.overrides)
     t_model = time.monotonic()
     with PAGEABLE_BESIDE.open(beside):
         try:
@@ -444,21 +434,4 @@ def build_generation(resolved: ResolvedModel, params: RuntimeParams, progress: C
             gen.free()
             raise
     gen.load_seconds = time.monotonic() - t0
-    gen.alloc_hold_seconds = None if watch is None else watch.held_s
     return gen
-
-
-def allocation_watch(hold: StepHold | None, path: Path, params: RuntimeParams,
-                     gpu: bool | None = None) -> AllocationWatch | None:
-    """A watch for a load that allocates on a GPU beside ``hold``'s steps; None where there is nothing to
-    hold (no hold, no layer on a GPU, a CPU build) or the file's tensors cannot be listed (a split model).
-    ``gpu`` stands for the build's answer (tests on a CPU build hold anyway)."""
-    if hold is None or params.n_gpu_layers == 0:
-        return None
-    if not (has_local_gpu() if gpu is None else gpu):
-        return None
-    try:
-        names = gguf_meta.tensor_names(path)
-    except (OSError, gguf_meta.GgufError):
-        return None
-    return AllocationWatch(hold, names) if names else None

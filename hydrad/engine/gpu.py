@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import functools
 import logging
 import os
 from typing import Any, Iterator, Mapping, MutableMapping
@@ -48,16 +47,6 @@ def local_devices() -> list[Any]:
     from hydrad.engine import ggml
 
     return [d for d in ggml.devices() if not d.name.upper().startswith("RPC")]
-
-
-@functools.lru_cache(maxsize=1)
-def has_local_gpu() -> bool:
-    """Whether ggml has a GPU of this host (a build with only ggml-RPC offload has none); fixed for the
-    life of the process, so asked once."""
-    try:
-        return any(d.kind in GPU_KINDS for d in local_devices())
-    except Exception:  # no ggml library: nothing to compute on but the CPU
-        return False
 
 
 def local_gpu() -> GpuInfo:

@@ -10,7 +10,6 @@ needs many slots in one context and one ``llama_decode`` per step for all of the
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import dataclasses
 import logging
@@ -21,7 +20,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable
 
 from hydrad.common.cpus import usable_cpus
 from hydrad.common.params import RuntimeParams
@@ -38,30 +37,6 @@ _LOG_LEVELS = {"debug": 1, "info": 2, "warning": 3, "error": 4}
 _llama_log_min = 3
 _log_cb: Any = None  # keeps the ctypes callback alive for the life of the process
 _log_partial: list[str] = []
-_line_hook: Callable[[int, bytes], None] | None = None  # see lines_to
-
-
-@contextlib.contextmanager
-def lines_to(hook: Callable[[int, bytes], None]) -> Iterator[None]:
-    """Each llama.cpp log line (its level and raw bytes, every level) also goes to ``hook`` meanwhile,
-    from whichever thread wrote it: how a load's own steps are followed (:mod:`hydrad.engine.stephold`),
-    as llama.cpp has no other hook inside a load. One at a time (the loader thread's)."""
-    global _line_hook
-    _line_hook = hook
-    try:
-        yield
-    finally:
-        _line_hook = None
-
-
-def feed_line(level: int, text: bytes) -> None:
-    """Pass a line to the hook of :func:`lines_to`; for a log callback other than the engine's (a bench's)."""
-    hook = _line_hook
-    if hook is not None:
-        try:
-            hook(level, text)
-        except Exception:  # called from C: an error must not unwind through it
-            _log.exception("log line hook failed")
 
 
 def lib() -> "L":
@@ -72,8 +47,6 @@ def lib() -> "L":
             import llama_cpp as mod
 
             def _on_log(level: int, text: bytes | None, _user: Any) -> None:
-                if _line_hook is not None:
-                    feed_line(level, text or b"")
                 msg = (text or b"").decode("utf-8", "replace")
                 if level == 5:  # GGML_LOG_LEVEL_CONT: continuation of the previous line
                     _log_partial.append(msg)

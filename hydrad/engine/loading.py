@@ -26,7 +26,6 @@ from hydrad.engine.gpu import GPU_KINDS, local_devices
 from hydrad.engine.loader import LoadRecord, choose_policy, estimate_bytes, mem_available
 from hydrad.engine.reaper import Reaper
 from hydrad.engine.stats import EngineStats
-from hydrad.engine.stephold import StepHold
 
 log = logging.getLogger("hydrad.engine")
 
@@ -44,8 +43,6 @@ class Loading:
     _cmds: Any
     reaper: Reaper
     load_threads: int
-    alloc_hold: bool
-    step_hold: StepHold
     _lock: threading.Lock
     _load_ids: int
     _pending_swap: Any
@@ -138,15 +135,12 @@ class Loading:
             beside = reloading and not drained  # a generation keeps serving while this one loads
             rec.threads_lent = self.load_threads if beside else 0
             gen = build_generation(resolved, params, progress, rec.id, on_warming=lambda: self._warming(rec, reloading),
-                                   warm_threads=rec.threads_lent, beside=beside,
-                                   hold=self.step_hold if beside and self.alloc_hold else None)
+                                   warm_threads=rec.threads_lent, beside=beside)
             rec.timings["load_s"] = round(time.monotonic() - t1, 4)
             # the parts of load_s, in order: weights, context (and embedder), warm-up
             rec.timings["model_s"] = round(gen.model_seconds, 4)
             rec.timings["context_s"] = round(gen.context_seconds, 4)
             rec.timings["warmup_s"] = round(gen.warmup_seconds, 4)
-            if gen.alloc_hold_seconds is not None:  # the serving generation's steps held while this one allocated
-                rec.timings["alloc_hold_s"] = round(gen.alloc_hold_seconds, 4)
             if rec.abort.is_set():
                 gen.free()
                 raise llama.LoadAborted("superseded by a newer configure")

@@ -220,13 +220,6 @@ class EngineSettings(BaseModel):
                     "context's CPU thread pool waits at the end of each step for its slowest thread, so a pool "
                     "as wide as the machine that loses a core to the loader stalls whole steps (on the 2-core "
                     "machine: the longest gap of an overlap reload 3.4-3.9x the steady gap). 0 = no sharing.")
-    alloc_hold: bool = Field(
-        False, description="During an overlap reload on a GPU, hold the serving generation's steps while the new "
-                           "model's loader allocates its buffers (its weights' device buffer, the page-locked staging "
-                           "of a read load): the step in flight finishes, the next waits until they are done (a "
-                           "millisecond or two; never more than 30 ms). A step that runs beside those allocations "
-                           "took 2-2.5x as long on an H100. Found from llama.cpp's own log lines (the file's last "
-                           "tensor created, the first upload); a split model is not held. Ignored without a GPU.")
     reaper: ReaperSettings = Field(default_factory=ReaperSettings,
                                    description="How a generation retired by a reload is freed.")
     drain_timeout_s: float = Field(30.0, gt=0, description="On SIGTERM, how long in-flight requests may run before they are ended.")

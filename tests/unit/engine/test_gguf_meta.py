@@ -62,3 +62,26 @@ def test_an_absurd_string_length_in_the_token_list_is_refused(smollm_path: Path,
     bad.write_bytes(bytes(head))
     with pytest.raises(gguf_meta.GgufError, match="string of"):
         gguf_meta.vocab_digest(bad)
+
+
+def test_tensor_names_of_the_default_models(smollm_path: Path, gemma_path: Path) -> None:
+    smollm = gguf_meta.tensor_names(smollm_path)
+    assert len(smollm) == 272 and "token_embd.weight" in smollm and "blk.29.ffn_up.weight" in smollm
+    assert len(gguf_meta.tensor_names(gemma_path)) == 236
+
+
+def _gguf(path: Path, kv: list[tuple[str, int]], tensors: list[str]) -> Path:
+    out = bytearray(b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(kv)))
+    for key, value in kv:
+        out += struct.pack("<Q", len(key)) + key.encode() + struct.pack("<IH", 2, value)  # a u16 value
+    for name in tensors:
+        out += struct.pack("<Q", len(name)) + name.encode() + struct.pack("<IQQIQ", 2, 4, 4, 0, 0)
+    path.write_bytes(bytes(out))
+    return path
+
+
+def test_a_part_of_a_split_model_lists_no_tensors(tmp_path: Path) -> None:
+    whole = _gguf(tmp_path / "whole.gguf", [("general.alignment", 32)], ["t.weight", "u.weight"])
+    assert gguf_meta.tensor_names(whole) == {"t.weight", "u.weight"}
+    part = _gguf(tmp_path / "part.gguf", [("split.count", 2)], ["t.weight"])
+    assert gguf_meta.tensor_names(part) == frozenset()

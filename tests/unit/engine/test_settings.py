@@ -45,7 +45,6 @@ GOOD = """\
     drain_timeout_s: 12.5
     max_queue: 3
     switch_interval_ms: 0.2
-    alloc_hold: true
     reaper: {delay_ms: 0, pause_ms: 50}
     logging:
       level: debug
@@ -74,7 +73,6 @@ def test_load_good_config(tmp_path: Path) -> None:
     assert s.control_allow_from == ["10.1.0.0/16", "fd00::/8"]
     assert s.drain_timeout_s == 12.5 and s.max_queue == 3
     assert s.switch_interval_ms == 0.2 and (s.reaper.delay_ms, s.reaper.pause_ms) == (0, 50)
-    assert s.alloc_hold is True and EngineSettings().alloc_hold is False
     assert (s.logging.level, s.logging.llama_level) == ("debug", "error")
     assert s.defaults == {"model": "smollm2-135m", "n_ctx": 4096, "flash_attn": "on"}
     assert loaded.raw["http"] == {"host": "0.0.0.0", "port": 8085}
@@ -198,7 +196,6 @@ def test_wrong_type_names_file_and_dotted_field(tmp_path: Path) -> None:
     ("logging: {level: loud}\n", "logging.level"),
     ("logging: {slow_loop_ms: 0.5}\n", "logging.slow_loop_ms"),  # a check every 0.5 ms would busy the loop
     ("logging: {slow_loop_ms: -1}\n", "logging.slow_loop_ms"),
-    ("alloc_hold: sometimes\n", "alloc_hold"),
     ("name: 'has space'\n", "name"),
     ("name: 3060\n", "name"),  # unquoted: an int, not a name
     ("drain_timeout_s: 0\n", "drain_timeout_s"),

@@ -1,19 +1,18 @@
-"""The serving generation's steps wait, at a step's boundary, while a load beside it allocates.
+"""``bench_load_stall --hold-alloc``: the serving steps wait, at a step's boundary, while a load beside
+them allocates. Measured and not taken into the engine (docs/benchmarks.md, twenty-second session).
 
-On a GPU an overlap reload's worst gap is one step of the old generation that runs while the loader
-allocates the new model's buffers: the device buffer of its weights (one ``cudaMalloc``) and, for a
-read load, four page-locked staging buffers (``cudaMallocHost``), all in the few milliseconds before
-the first tensor goes up. A step that overlaps them took 10-13 ms instead of 5 on the H100 with a 3B
-model serving (docs/benchmarks.md). The allocations are short on an idle device; what costs is
-running them beside a step. :class:`StepHold` lets the loader have the device to itself for them:
-the step in flight finishes, the next one waits until the allocations are done.
+On a GPU the step of a serving context that runs while a loader allocates the new model's buffers (its
+weights' device buffer, one ``cudaMalloc``; for a read load four page-locked staging buffers,
+``cudaMallocHost``) took longer than its neighbours. The idea tested here: let the loader have the
+device to itself for them, the step in flight finishing first and the next waiting until they are done.
+On an H100 the allocations took 3.7-4.0 ms of an otherwise idle device, so the held step took 6.5 ms
+(2.4x the steady 2.7 ms), where the same step beside the allocations took 2.9-4.3 ms (1.1-1.6x): the
+allocations do not stall a step by as long as they take, and overlapping them is the cheaper way.
 
 llama.cpp gives no hook at the allocation, so :class:`AllocationWatch` finds it in the loader's own
-lines: the allocation follows the creation of the file's last tensor (each logged as
+log lines: the allocation follows the creation of the file's last tensor (each logged as
 ``create_tensor: loading tensor NAME``), and the first progress callback comes once the staging
-buffers exist. The window is bounded on both sides (:data:`HOLD_LONGEST_S`), so a line that never
-comes costs nothing but the hold, and a load whose lines differ (a split file, another llama.cpp)
-is simply never held.
+buffers exist. The window is bounded on both sides (:data:`HOLD_LONGEST_S`).
 """
 
 from __future__ import annotations
@@ -24,18 +23,17 @@ from typing import Callable
 
 HOLD_LONGEST_S = 0.03
 """The longest a step waits for a load's allocations, and the loader for the step in flight: a bound,
-not a measure (the allocations took about 1 ms of an idle H100's time, a step 2-13 ms)."""
+not a measure (a step took 2.7 ms, the allocations about 4)."""
 
 _CREATED = b"create_tensor: loading tensor "
 _UNUSED = b"model has unused tensor "
 
 
 class StepHold:
-    """A turnstile between the engine thread's steps and the loader's allocations.
+    """A turnstile between the serving thread's steps and the loader's allocations.
 
-    The engine thread brackets each ``llama_decode`` and the wait for its result with :meth:`enter_step`
-    and :meth:`exit_step`; the loader brackets its allocations with :meth:`begin` and :meth:`end`.
-    Uncontended, a step pays two lock round trips."""
+    The serving thread brackets each ``llama_decode`` and the wait for its result with :meth:`enter_step`
+    and :meth:`exit_step`; the loader brackets its allocations with :meth:`begin` and :meth:`end`."""
 
     def __init__(self, longest_s: float = HOLD_LONGEST_S) -> None:
         self._cv = threading.Condition(threading.Lock())
@@ -43,7 +41,7 @@ class StepHold:
         self._in_step = False
         self._t_held = 0.0
         self.longest_s = longest_s
-        self.holds = 0  # windows held, for the load's timings and the tests
+        self.holds = 0  # windows held
         self.held_s = 0.0  # their total length
         self.steps_waited_s = 0.0  # how long steps waited for them in all
 
@@ -90,7 +88,7 @@ class AllocationWatch:
         self._left = {n.encode() for n in names}
         self._thread = threading.get_ident()
         self._armed = bool(self._left)
-        self.began: float | None = None  # monotonic times of the window, for the load's timings and the tests
+        self.began: float | None = None  # monotonic times of the window
         self.ended: float | None = None
 
     def line(self, level: int, text: bytes) -> None:

@@ -1,13 +1,13 @@
-"""The serving steps' hold while a load beside them allocates (``alloc_hold``, :mod:`hydrad.engine.stephold`).
+"""``bench_load_stall --hold-alloc`` (scripts/alloc_hold.py): the serving steps' hold while a load beside
+them allocates, measured on a GPU and not taken into the engine.
 
 The turnstile is tested with real threads; the watch with the lines the vendored llama.cpp really writes
-while it loads SmolLM2 and Gemma (so a llama.cpp that words them otherwise fails here, not on a GPU host).
-A CPU build allocates nothing a GPU step would wait for, so the engine never holds there: the loads below
-stand for a GPU build by passing ``gpu=True``."""
+while it loads SmolLM2 and Gemma, so the bench's flag keeps finding the allocations. (A CPU build
+allocates nothing a GPU step would wait for; the window is found all the same.)"""
 
 from __future__ import annotations
 
-import struct
+import ctypes
 import threading
 import time
 from pathlib import Path
@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 
 from hydrad.common.params import RuntimeParams
-from hydrad.common.registry import ResolvedModel
 from hydrad.engine import gguf_meta, llama
-from hydrad.engine.generation import allocation_watch, build_generation
-from hydrad.engine.gpu import has_local_gpu
-from hydrad.engine.stephold import AllocationWatch, StepHold
+from tests.support.scripts import load_script
+
+alloc_hold = load_script("alloc_hold")
+StepHold, AllocationWatch = alloc_hold.StepHold, alloc_hold.AllocationWatch
 
 
 class Stepper(threading.Thread):
@@ -109,74 +109,32 @@ def test_the_watch_begins_at_the_last_tensor_and_ends_at_the_first_upload() -> N
     assert hold.holds == 1 and watch.held_s is not None and watch.held_s >= 0
 
 
-def test_tensor_names_of_the_default_models(smollm_path: Path, gemma_path: Path) -> None:
-    smollm = gguf_meta.tensor_names(smollm_path)
-    assert len(smollm) == 272 and "token_embd.weight" in smollm and "blk.29.ffn_up.weight" in smollm
-    assert len(gguf_meta.tensor_names(gemma_path)) == 236
-
-
-def _gguf(path: Path, kv: list[tuple[str, int]], tensors: list[str]) -> Path:
-    out = bytearray(b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(kv)))
-    for key, value in kv:
-        out += struct.pack("<Q", len(key)) + key.encode() + struct.pack("<IH", 2, value)  # a u16 value
-    for name in tensors:
-        out += struct.pack("<Q", len(name)) + name.encode() + struct.pack("<IQQIQ", 2, 4, 4, 0, 0)
-    path.write_bytes(bytes(out))
-    return path
-
-
-def test_a_part_of_a_split_model_lists_no_tensors(tmp_path: Path) -> None:
-    whole = _gguf(tmp_path / "whole.gguf", [("general.alignment", 32)], ["t.weight", "u.weight"])
-    assert gguf_meta.tensor_names(whole) == {"t.weight", "u.weight"}
-    part = _gguf(tmp_path / "part.gguf", [("split.count", 2)], ["t.weight"])
-    assert gguf_meta.tensor_names(part) == frozenset()
-    assert allocation_watch(StepHold(), part, RuntimeParams(), gpu=True) is None  # never held
-
-
-def test_a_watch_only_where_something_is_allocated_on_a_gpu(smollm_path: Path) -> None:
-    hold = StepHold()
-    assert allocation_watch(None, smollm_path, RuntimeParams(), gpu=True) is None
-    assert allocation_watch(hold, smollm_path, RuntimeParams(n_gpu_layers=0), gpu=True) is None
-    assert allocation_watch(hold, smollm_path, RuntimeParams(), gpu=False) is None
-    assert allocation_watch(hold, smollm_path, RuntimeParams(), gpu=True) is not None
-
-
 @pytest.mark.model
 @pytest.mark.parametrize("use_mmap", [False, True])
 def test_a_real_load_holds_the_steps_only_around_its_allocations(smollm_path: Path, gemma_path: Path,
                                                                   use_mmap: bool) -> None:
+    C = llama.lib()
     for path in (smollm_path, gemma_path):
         params = RuntimeParams(n_ctx=256, use_mmap=use_mmap)
         hold = StepHold(longest_s=1.0)  # a bound far above the window: a window that never ends would show
-        watch = allocation_watch(hold, path, params, gpu=True)
-        assert watch is not None
+        watch = AllocationWatch(hold, gguf_meta.tensor_names(path))
         uploads: list[float] = []
+        feeding = C.llama_log_callback(lambda level, text, _user: watch.line(level, text or b""))
         t0 = time.monotonic()
-        with Stepper(hold, step_s=0.002) as stepper, llama.lines_to(watch.line):
-            try:
-                model = llama.Model.load(path, params, watch.wrap(lambda _v: uploads.append(time.monotonic()) is None))
-            finally:
-                watch.close()
-            t1 = time.monotonic()
+        C.llama_log_set(feeding, ctypes.c_void_p(0))  # the bench's own callback, as with --hold-alloc
+        try:
+            with Stepper(hold, step_s=0.002) as stepper:
+                try:
+                    model = llama.Model.load(path, params, watch.wrap(lambda _v: uploads.append(time.monotonic()) is None))
+                finally:
+                    watch.close()
+                t1 = time.monotonic()
+        finally:
+            C.llama_log_set(llama._log_cb, ctypes.c_void_p(0))  # the engine's again
         model.free()
         assert hold.holds == 1 and watch.began is not None and watch.ended is not None
         assert t0 < watch.began < uploads[0] and watch.ended <= uploads[0] < t1
         assert watch.held_s is not None and watch.held_s < 0.5 * (t1 - t0), "the hold covered most of the load"
         started = [s for s in stepper.steps if watch.began + 0.001 < s[0] < watch.ended]  # (the one in flight ends)
         assert not started, f"steps started while the load allocated: {started}"
-        before = [s for s in stepper.steps if t0 < s[0] < watch.began]
-        assert before, "the step loop was held before the allocations (the hold began too early)"
-
-
-@pytest.mark.model
-def test_a_cpu_build_never_holds_the_steps(smollm_path: Path) -> None:
-    hold = StepHold()
-    resolved = ResolvedModel(alias="smollm2-135m", path=smollm_path, entry=None)
-    gen = build_generation(resolved, RuntimeParams(n_ctx=256), lambda _v: True, 1, on_warming=lambda: None,
-                           beside=True, hold=hold)
-    try:
-        if has_local_gpu():
-            pytest.skip("this llama.cpp is a GPU build: a load there is held (the test above covers the window)")
-        assert gen.alloc_hold_seconds is None and hold.holds == 0
-    finally:
-        gen.free()
+        assert [s for s in stepper.steps if t0 < s[0] < watch.began], "the hold began too early"
