@@ -61,10 +61,9 @@ width is not it. These switches test the next leads, each the llama.cpp side of 
   the load's start (about 85 MB for the 3B), and that allocation stalls the whole device.
 
 ``--hold-alloc`` makes the serving loop wait, at a step's boundary, while the loader allocates the model's
-buffers (from its last tensor's creation to its first upload, found in its log lines), as the engine does
-(scripts/alloc_hold.py): whether the stall before the first upload is the allocations running beside a
-step, which might cost less on an idle device. On the H100 they did not (the held step took longer), so
-the engine does not hold.
+buffers (from its last tensor's creation to its first upload, found in its log lines; scripts/alloc_hold.py):
+whether the stall before the first upload is the allocations running beside a step, which might cost less
+on an idle device. On the H100 they did not (the held step took longer), so the engine does not hold.
 
 ``--log-marks X`` places each step of the load over X times the steady median among llama.cpp's own log
 lines (every level, each stamped by a callback that does no more than the engine's own): which of the
