@@ -12,7 +12,7 @@ import functools
 import hashlib
 import struct
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Iterator
 
 # GGUF value types: u8 i8 u16 i16 u32 i32 f32 bool string array u64 i64 f64
 _SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
@@ -85,13 +85,8 @@ def _skip_strings(f: BinaryIO, count: int) -> None:
     f.seek(base + p)
 
 
-def _open_header(f: BinaryIO, path: Path) -> int:
-    """Check the magic and version; the number of header values that follow."""
-    return _counts(f, path)[1]
-
-
-def _counts(f: BinaryIO, path: Path) -> tuple[int, int]:
-    """Check the magic and version; the numbers of tensors and of header values."""
+def _open_header(f: BinaryIO, path: Path) -> tuple[int, int]:
+    """Check the magic and version; the numbers of tensors and of header values that follow."""
     if _read(f, 4) != b"GGUF":
         raise GgufError(f"{path} is not a GGUF file")
     (version,) = struct.unpack("<I", _read(f, 4))
@@ -105,18 +100,19 @@ def _counts(f: BinaryIO, path: Path) -> tuple[int, int]:
     return n_tensors, n_kv
 
 
+def _values(f: BinaryIO, n_kv: int) -> Iterator[tuple[str, Any]]:
+    """Each header value's key and value (None for an array, skipped), the file left just past it."""
+    for _ in range(n_kv):
+        key = _string(f).decode("utf-8", "replace")
+        (vtype,) = struct.unpack("<I", _read(f, 4))
+        yield key, _value(f, vtype)
+
+
 def metadata(path: Path, keys: set[str] | None = None) -> dict[str, Any]:
     """Scalar and string header values (arrays are skipped), all or only ``keys``."""
-    out: dict[str, Any] = {}
     with open(path, "rb") as f:
-        n_kv = _open_header(f, path)
-        for _ in range(n_kv):
-            key = _string(f).decode("utf-8", "replace")
-            (vtype,) = struct.unpack("<I", _read(f, 4))
-            value = _value(f, vtype)
-            if value is not None and (keys is None or key in keys):
-                out[key] = value
-    return out
+        _, n_kv = _open_header(f, path)
+        return {k: v for k, v in _values(f, n_kv) if v is not None and (keys is None or k in keys)}
 
 
 def vocab_digest(path: Path) -> str:
@@ -135,7 +131,7 @@ def vocab_digest(path: Path) -> str:
 def _vocab_digest(path: Path, _size: int, _mtime_ns: int) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
-        n_kv = _open_header(f, path)
+        _, n_kv = _open_header(f, path)
         found: list[bytes] = []
         for _ in range(n_kv):
             key = _string(f).decode("utf-8", "replace")
@@ -166,12 +162,9 @@ def tensor_names(path: Path) -> frozenset[str]:
 def _tensor_names(path: Path, _size: int, _mtime_ns: int) -> frozenset[str]:
     names: set[str] = set()
     with open(path, "rb") as f:
-        n_tensors, n_kv = _counts(f, path)
-        for _ in range(n_kv):
-            key = _string(f)
-            (vtype,) = struct.unpack("<I", _read(f, 4))
-            value = _value(f, vtype)
-            if key == b"split.count" and isinstance(value, int) and value > 1:
+        n_tensors, n_kv = _open_header(f, path)
+        for key, value in _values(f, n_kv):
+            if key == "split.count" and isinstance(value, int) and value > 1:
                 return frozenset()
         for _ in range(n_tensors):
             names.add(_string(f).decode("utf-8", "replace"))
