@@ -151,15 +151,7 @@ def _vocab_digest(path: Path, _size: int, _mtime_ns: int) -> str:
 
 def tensor_names(path: Path) -> frozenset[str]:
     """The names of the tensors the file holds; empty for one part of a split model (its tensors are only
-    some of the model's). Kept per file (path, size, modification time), as
-    :func:`vocab_digest` is: reaching the tensor table means walking every header array (the merges
-    too), tens of milliseconds of Python the first time."""
-    st = path.stat()
-    return _tensor_names(path, st.st_size, st.st_mtime_ns)
-
-
-@functools.lru_cache(maxsize=64)
-def _tensor_names(path: Path, _size: int, _mtime_ns: int) -> frozenset[str]:
+    some of the model's). Not cached: its one reader, ``bench_load_stall --hold-alloc``, asks once a run."""
     names: set[str] = set()
     with open(path, "rb") as f:
         n_tensors, n_kv = _open_header(f, path)
