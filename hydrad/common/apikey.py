@@ -17,9 +17,10 @@ import os
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import Field, field_validator
 
 from hydrad.common import tokenfile
+from hydrad.common.browser import HostAccess
 from hydrad.common.cors import check_origins
 from hydrad.common.yamlfile import ConfigError, beside
 
@@ -30,7 +31,7 @@ OPEN_PATHS = frozenset({"/health", "/livez", "/v1/health", "/metrics", "/version
 OWN_CREDENTIALS = ("/control", "/slots", "/admin")
 
 
-class InferenceAccess(BaseModel):
+class InferenceAccess(HostAccess):
     """Who may call the inference endpoints: the ``http`` settings both daemons share (their own
     ``HttpSettings`` add host, port and the rest)."""
 

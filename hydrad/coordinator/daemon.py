@@ -42,6 +42,7 @@ from hydrad.common.logs import log_event, setup_logging
 from hydrad.common.registry import Registry
 from hydrad.common.sdnotify import Notifier
 from hydrad.common.apikey import api_key, with_api_key
+from hydrad.common.browser import BrowserGuard
 from hydrad.common.cors import with_cors
 from hydrad.common.openapi import openapi_route
 from hydrad.common.serving import run_loop, uvicorn_server
@@ -120,7 +121,8 @@ class CoordinatorDaemon:
         keyed = with_api_key(app, api_key(s.http.api_key_file))
         guarded = Guard(with_cors(keyed, s.http.cors_origins), admin_allow_from=s.admin_allow_from, admin_token=admin_token,
                         max_body_bytes=s.max_body_bytes, body_timeout_s=s.body_timeout_s)
-        server = uvicorn_server(guarded, s.http.host, s.http.port)
+        server = uvicorn_server(BrowserGuard(guarded, listen_host=s.http.host, allowed_hosts=s.http.allowed_hosts,
+                                             cors_origins=s.http.cors_origins), s.http.host, s.http.port)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop_requested.set)
         serve = asyncio.create_task(server.serve(), name="http")

@@ -28,6 +28,7 @@ from hydrad.common.params import ParamError
 from hydrad.common.registry import Registry, UnknownModel
 from hydrad.common.sdnotify import Notifier
 from hydrad.common.apikey import api_key, with_api_key
+from hydrad.common.browser import BrowserGuard
 from hydrad.common.cors import with_cors
 from hydrad.common.serving import uvicorn_server
 from hydrad.engine.settings import LoadedConfig, load_config
@@ -75,8 +76,9 @@ class Daemon:
         from hydrad.engine.http.app import build_app
 
         app = with_api_key(build_app(s, self.control), api_key(s.http.api_key_file))
-        server = uvicorn_server(with_cors(app, s.http.cors_origins), s.http.host, s.http.port,
-                                s.http.header_timeout_s)
+        guarded = BrowserGuard(with_cors(app, s.http.cors_origins), listen_host=s.http.host,
+                               allowed_hosts=s.http.allowed_hosts, cors_origins=s.http.cors_origins)
+        server = uvicorn_server(guarded, s.http.host, s.http.port, s.http.header_timeout_s)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop_requested.set)
         loop.add_signal_handler(signal.SIGHUP, self.hup_requested.set)

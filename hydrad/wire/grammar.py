@@ -23,6 +23,9 @@ import json
 from types import ModuleType
 from typing import Any
 
+from hydrad.wire import schemabounds
+from hydrad.wire.schemabounds import SchemaTooCostly
+
 MAX_GRAMMAR_CHARS = 65536
 """Longest GBNF accepted, given or made from a schema (llama.cpp parses it on the engine thread)."""
 
@@ -445,6 +448,10 @@ def _schema_gbnf(schema: Any, name: str, check: bool = True) -> str:
     text = json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
     if len(text) > MAX_SCHEMA_CHARS:
         raise GrammarError(f"the schema has {len(text)} characters as JSON; at most {MAX_SCHEMA_CHARS} are accepted")
+    try:
+        schemabounds.check(schema, MAX_GRAMMAR_CHARS, MAX_WAYS)
+    except SchemaTooCostly as exc:
+        raise GrammarError(str(exc)) from None
     try:
         gbnf = _convert(text, name)
     except GrammarError:
