@@ -153,7 +153,7 @@ def test_the_default_body_limit_and_a_slow_body(tmp_path: Path) -> None:
                         headers={"Content-Type": "application/json"})
         assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
         with socket.create_connection(("127.0.0.1", c.port), timeout=10) as s:
-            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                       b"Content-Length: 100\r\n\r\n{\"prompt\":")
             data = b""
             t0 = time.monotonic()

@@ -272,7 +272,7 @@ def test_request_abandoned_in_the_queue_is_never_prefilled(engine: Engine, strea
         body = ('{"prompt": "' + "An abandoned prompt that must never be evaluated. " * 20
                 + f'", "max_tokens": 4, "stream": {str(stream).lower()}}}').encode()
         sock = socket.create_connection(("127.0.0.1", engine.port))
-        sock.sendall(b"POST " + COMPLETIONS.encode() + b" HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        sock.sendall(b"POST " + COMPLETIONS.encode() + b" HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                      + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
         eventually(lambda: _counter(engine, "llamacpp:requests_deferred"), 10, "the request queued",
                    until=lambda n: n >= 1, interval=0.02)
@@ -299,7 +299,7 @@ def test_idle_and_slow_connections_are_closed(engine: Engine) -> None:
     slow.settimeout(5)
     t0 = time.monotonic()
     closed_after = None
-    for ch in b"GET /health HTTP/1.1\r\nHost: x\r\n":  # never finished: the blank line never comes
+    for ch in b"GET /health HTTP/1.1\r\nHost: localhost\r\n":  # never finished: the blank line never comes
         try:
             slow.sendall(bytes([ch]))
         except (BrokenPipeError, ConnectionResetError):

@@ -132,7 +132,7 @@ def steps_of_bursts(e: "Engine", url: str, path: str, bodies: Sequence[bytes], t
     from urllib.parse import urlsplit
 
     host, port = urlsplit(url).hostname, urlsplit(url).port
-    raw = [(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    raw = [(f"POST {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(b)}\r\nConnection: close\r\n\r\n").encode() + b for b in bodies]
     steps = []
     for _ in range(tries):

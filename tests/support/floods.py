@@ -150,7 +150,7 @@ def halfopen(port: int, count: int, hold: float, deadline: float = 10.0) -> dict
     for i in range(count):
         try:
             s = socket.create_connection(("127.0.0.1", port), timeout=2)
-            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: app")
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: app")
             s.setblocking(False)
             socks.append(s)
             opened_at[s.fileno()] = time.monotonic()
