@@ -47,6 +47,7 @@ from hydrad.coordinator.records import EngineLost, EngineRecord, EngineUnreachab
 from hydrad.coordinator.metrics import CONTENT_TYPE, CoordinatorMetrics
 from hydrad.coordinator.native import EMBEDDING_PATHS, PATHS as NATIVE_PATHS, NativeDoor
 from hydrad.common.eventstream import EventStream
+from hydrad.common.prepare import Preparer
 from hydrad.common.serving import CancelOnLeave
 from hydrad.coordinator.replies import Lost, Turn, api_error, collect, relay
 from hydrad.coordinator.mobility import LEAVING_STAGES, SessionMobility
@@ -106,6 +107,7 @@ class FrontDoor:
         self.mobility = SessionMobility(bus, sessions, self.affinity, self.meter, self.specs)
         self.admitting = True
         self.burst = BurstGate()  # a burst of requests leaves for the engines together (burst.py says why)
+        self.prep = Preparer(openai.too_many_pending, name="coordinator-prep")  # parsing off the event loop
         self._models: dict[str, str | None] = {}
         self._stages: dict[str, tuple[bool, str]] = {}
         self._processes: dict[str, str] = {}
@@ -307,7 +309,8 @@ class FrontDoor:
         outcome = _Outcome(time.monotonic())
         try:
             with self.burst.arrival() as arrival:
-                req, greq = openai.parse(kind, await request.body())  # type: ignore[arg-type]
+                req, greq = await self.prep.parse(request, await request.body(),
+                                                  lambda raw: openai.parse(kind, raw))  # type: ignore[arg-type]
                 greq.slot = None  # a slot number means nothing across engines
                 session = self._session(req, request)
                 outcome.model = self._model(req.model)
@@ -582,7 +585,7 @@ class FrontDoor:
             if not self.admitting:
                 raise ApiError(503, "the coordinator is shutting down", "shutting_down", headers={"Retry-After": "5"})
             with self.burst.arrival() as arrival:
-                req, greq = anthropic.parse(await request.body())
+                req, greq = await self.prep.parse(request, await request.body(), anthropic.parse)
                 session = self._session_of(req.session_id, request)
                 outcome.model = self._model(req.model)
                 response = await self._messages(request, req, greq, session, outcome, arrival)

@@ -41,15 +41,32 @@ MAX_CHARS_PER_TOKEN = 64
 supported families averages more than a few characters a token): refused before tokenizing."""
 STEP_GAP_S = 0.05  # a step starting sooner than this after the last one counts its gap as between steps
 
-class PromptTooLong(ValueError):
+PRETOKENIZE_MESSAGES = 64
+"""Chats with more messages than this are prepared on a worker thread too, whatever their length:
+40,000 empty messages held the engine thread for 77 s in the template and tokenizer."""
+
+
+class RequestRefused(ValueError):
+    """A request refused while it was prepared, before the engine thread saw it: its own fault
+    (a template that will not render it, tools no grammar can hold, a prompt too long), answered
+    by both planes as this status and code."""
+
+    def __init__(self, message: str, status: int = 400, code: str = "invalid_request",
+                 n_prompt_tokens: int | None = None, n_ctx: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.n_prompt_tokens = n_prompt_tokens
+        self.n_ctx = n_ctx
+
+
+class PromptTooLong(RequestRefused):
     """A prompt refused by its length before tokenizing (400 ``context_length_exceeded``).
     ``n_prompt_tokens`` is a lower bound (its characters / MAX_CHARS_PER_TOKEN, rounded up, so above
     the context), not a count."""
 
     def __init__(self, message: str, n_prompt_tokens: int, n_ctx: int) -> None:
-        super().__init__(message)
-        self.n_prompt_tokens = n_prompt_tokens
-        self.n_ctx = n_ctx
+        super().__init__(message, 400, "context_length_exceeded", n_prompt_tokens, n_ctx)
 
 
 class _RequestError(Exception):
@@ -140,7 +157,9 @@ class Batching:
     async def prepare(self, request: GenRequest) -> None:
         """Work a request needs before the engine thread sees it, done off that thread: a prompt
         too long for the context by its length alone is refused (:class:`PromptTooLong`), and a
-        large one is tokenized on a worker thread so it cannot stall the streams being decoded."""
+        large one, a chat of many messages or one offering tools is rendered, tokenized and given
+        its tools' grammar on a worker thread, so it cannot stall the streams being decoded. What
+        that work finds wrong with the request is raised as :class:`RequestRefused`."""
         gen = self.gen
         if gen is None:
             return
@@ -150,17 +169,36 @@ class Batching:
             raise PromptTooLong(f"the prompt has {chars} characters, more than this engine's context of {limit} "
                                 "tokens can hold", -(-chars // MAX_CHARS_PER_TOKEN), limit)
         from_store = self.prefix.wants_lookup(chars) and request.slot is None
-        if chars < PRETOKENIZE_CHARS and not from_store:
+        heavy = (chars >= PRETOKENIZE_CHARS or len(request.messages or ()) > PRETOKENIZE_MESSAGES
+                 or request.tools is not None)
+        if not heavy and not from_store:
             return
         try:
-            tokens = await asyncio.to_thread(self._tokenize, gen, request)
-        except Exception:  # noqa: BLE001 - one error path: the engine thread meets the same failure
-            # (a retired model, a template the model lacks, ...) under its per-request guard and
-            # answers it as this request's own error
+            tokens, grammar = await asyncio.to_thread(self._prepared, gen, request)
+        except _RequestError as exc:
+            raise RequestRefused(str(exc), exc.status, exc.code, exc.n_prompt_tokens, exc.n_ctx) from None
+        except Exception:  # noqa: BLE001 - not the request's fault (a retired model, ...): the engine
+            # thread meets the same failure under its per-request guard and answers it
             return
         request.tokens, request.tokens_for = tokens, gen.id
+        request.tool_grammar, request.grammar_for = grammar, gen.id
         if from_store:  # the longest prefix the pool's Store holds, read and verified here, not on the engine thread
             request.stored_prefix = await asyncio.to_thread(self.prefix.lookup, gen, tokens)
+
+    def _prepared(self, gen: Generation, request: GenRequest) -> tuple[list[int], str | None]:
+        """A request's prompt tokens and its tools' grammar for ``gen`` (any thread)."""
+        tokens = self._tokenize(gen, request)
+        return tokens, self._tool_grammar(gen, request)
+
+    def _tool_grammar(self, gen: Generation, request: GenRequest) -> str | None:
+        if request.tools is None:
+            return None
+        if request.grammar_for == gen.id:
+            return request.tool_grammar
+        try:
+            return chatprompt.grammar(gen.model, (self.params or gen.params).chat_template, request.tools)
+        except GrammarError as exc:
+            raise _RequestError(f"tools: {exc}", 400, "invalid_field") from None
 
     def _tokenize(self, gen: Generation, request: GenRequest) -> list[int]:
         """A request's prompt tokens for ``gen`` (any thread: tokenizing only reads the vocabulary)."""
@@ -172,13 +210,19 @@ class Batching:
                 raise _RequestError(f"prompt: token {bad} is not in this model's vocabulary (0..{n_vocab - 1})",
                                     400, "invalid_field")
             return list(request.prompt_ids)
+        limit = gen.ctx.n_ctx_seq
         if request.messages is not None:
             try:
-                tokens = chatprompt.chat_tokens(gen.model, params.chat_template, request)
+                tokens = chatprompt.chat_tokens(gen.model, params.chat_template, request,
+                                                max_chars=limit * MAX_CHARS_PER_TOKEN)
+            except llama.PromptTextTooLong as exc:
+                raise _RequestError(f"the chat's prompt has {exc.chars} characters, more than this engine's context "
+                                    f"of {limit} tokens can hold", 400, "context_length_exceeded",
+                                    -(-exc.chars // MAX_CHARS_PER_TOKEN), limit) from None
             except ValueError as exc:
                 raise _RequestError(str(exc), 400, "template_error") from None
         else:
-            tokens = gen.model.tokenize(request.prompt or "", add_special=True, parse_special=True)
+            tokens = gen.model.tokenize_prompt(request.prompt or "")
         bos = gen.bos
         if len(tokens) >= 2 and tokens[0] == tokens[1] == bos:
             tokens = tokens[1:]
@@ -252,12 +296,7 @@ class Batching:
         req.stored_prefix = None
         gen.ensure_room(len(tokens) - keep, exclude=slot)
         s = req.sampling
-        grammar = s.grammar
-        if req.tools is not None:
-            try:
-                grammar = chatprompt.grammar(model, params.chat_template, req.tools)
-            except GrammarError as exc:
-                raise _RequestError(f"tools: {exc}", 400, "invalid_field") from None
+        grammar = s.grammar if req.tools is None else self._tool_grammar(gen, req)
         try:
             sampler = llama.Sampler(llama.Sampling(
                 temperature=params.temperature if s.temperature is None else s.temperature,

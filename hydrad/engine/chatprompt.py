@@ -66,10 +66,12 @@ def _prompt(model: llama.Model, template: str | None,
     return messages, render
 
 
-def chat_tokens(model: llama.Model, template: str | None, request: GenRequest) -> list[int]:
-    """The prompt tokens of a chat request; ValueError when the template cannot render it."""
+def chat_tokens(model: llama.Model, template: str | None, request: GenRequest,
+                max_chars: int | None = None) -> list[int]:
+    """The prompt tokens of a chat request; ValueError when the template cannot render it
+    (:class:`llama.PromptTextTooLong` when its text passes ``max_chars``, before it is tokenized)."""
     messages, render = _prompt(model, template, request)
-    return model.chat_tokens(messages, template, render)
+    return model.chat_tokens(messages, template, render, max_chars)
 
 
 def chat_text(model: llama.Model, template: str | None, request: GenRequest) -> str:

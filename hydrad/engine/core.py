@@ -29,7 +29,7 @@ from hydrad.common.logs import log_event
 from hydrad.common.osthread import name_os_thread
 from hydrad.common.params import RuntimeParams
 from hydrad.engine import faults
-from hydrad.engine.batching import MAX_CHARS_PER_TOKEN, PRETOKENIZE_CHARS, Batching, PromptTooLong, _Active
+from hydrad.engine.batching import MAX_CHARS_PER_TOKEN, PRETOKENIZE_CHARS, Batching, PromptTooLong, RequestRefused, _Active
 from hydrad.engine.commands import (
     Abandon, Cancel, Command, Drain, Embed, Install, Rebuild, Resume, SetDefaults, StateErase, StateGet, StatePut,
     Stop, Submit, SubmitBurst, Swap, SwitchStandby, Unload,
@@ -52,7 +52,7 @@ from hydrad.wire.requests import GenRequest
 
 log = logging.getLogger("hydrad.engine")
 
-__all__ = ["EngineCore", "EngineBusy", "PromptTooLong", "StateError", "EngineSnapshot", "LoadRecord",
+__all__ = ["EngineCore", "EngineBusy", "PromptTooLong", "RequestRefused", "StateError", "EngineSnapshot", "LoadRecord",
            "MAX_CHARS_PER_TOKEN", "PRETOKENIZE_CHARS", "sibling_problem", "carry_slots"]
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from hydrad.engine import tokenchunks
 from hydrad.common.cpus import usable_cpus
 from hydrad.common.params import RuntimeParams
 from hydrad.wire.logprobs import FLOOR, Alternative, TokenLogprob
@@ -111,6 +112,15 @@ class LoadError(RuntimeError):
     """llama.cpp refused the model or the context; the message says which and why."""
 
 
+class PromptTextTooLong(ValueError):
+    """A chat's prompt text, as its template renders it, longer than the caller's bound: refused
+    before it is tokenized (``chars`` says how long)."""
+
+    def __init__(self, chars: int) -> None:
+        super().__init__(f"the chat's prompt has {chars} characters")
+        self.chars = chars
+
+
 class ModelFreed(RuntimeError):
     """The model went away (a reload retired it) while another thread was using its vocabulary."""
 
@@ -133,6 +143,10 @@ class ModelInfo:
     n_vocab: int
 
 
+_UNSET = object()
+_SPECIAL_ATTRS = 1 | 8 | 16  # llama_token_attr UNKNOWN | CONTROL | USER_DEFINED: what llama.cpp cuts a text at
+
+
 class Model:
     """A loaded GGUF: weights, vocabulary, chat template, token pieces."""
 
@@ -146,6 +160,8 @@ class Model:
         self._piece_buf = ctypes.create_string_buffer(256)
         self._readers = 0  # threads inside tokenize(); free() waits for them
         self._readers_cv = threading.Condition()
+        self._marker: Any = _UNSET  # where long prompts may be cut (tokenchunks), found at the first one
+        self._marker_lock = threading.Lock()
         self.info = ModelInfo(
             path=str(path),
             desc=self._desc(),
@@ -247,6 +263,31 @@ class Model:
                 self._readers -= 1
                 self._readers_cv.notify_all()
 
+    def tokenize_prompt(self, text: str, add_special: bool = True) -> list[int]:
+        """A prompt's tokens with special parsing, as :meth:`tokenize` makes them; a long one in
+        pieces, so llama.cpp's pass over special tokens stays linear (:mod:`tokenchunks`)."""
+        if len(text) < tokenchunks.MIN_CUT_CHARS:
+            return self.tokenize(text, add_special, True)
+        with self._marker_lock:
+            if self._marker is _UNSET:
+                self._marker = tokenchunks.Marker.choose(
+                    self.apply_chat_template([{"role": "user", "content": "x"}]), self._special_texts(),
+                    bool(lib().llama_vocab_get_add_eos(self.vocab)))
+        return tokenchunks.tokenize(text, self._marker, add_special, lambda t, a: self.tokenize(t, a, True))
+
+    def _special_texts(self) -> dict[str, int]:
+        """Every token llama.cpp matches as special text (unknown, control, user-defined): text → attributes."""
+        C = lib()
+        out: dict[str, int] = {}
+        buf = ctypes.create_string_buffer(256)
+        for t in range(self.n_vocab):
+            attr = C.llama_vocab_get_attr(self.vocab, t)
+            if attr & _SPECIAL_ATTRS:
+                n = C.llama_token_to_piece(self.vocab, t, buf, len(buf), 0, True)
+                if n > 0:
+                    out[buf.raw[:n].decode("utf-8", "replace")] = attr
+        return out
+
     def detokenize(self, tokens: list[int], pieces: bool = False) -> bytes | list[bytes]:
         """The text of ``tokens`` (special tokens written out), or each token's own bytes with
         ``pieces``; safe from any thread while the model is alive (``ModelFreed`` after). Token ids
@@ -284,7 +325,8 @@ class Model:
                 self._readers_cv.notify_all()
 
     def chat_tokens(self, messages: list[dict[str, str]], template: str | None = None,
-                    render: Callable[[list[dict[str, str]]], str] | None = None) -> list[int]:
+                    render: Callable[[list[dict[str, str]]], str] | None = None,
+                    max_chars: int | None = None) -> list[int]:
         """Tokens of the chat prompt for ``messages``, formatted with the model's template (or by
         ``render``, which formats a list of messages some other way: a jinja template with tools).
 
@@ -295,10 +337,15 @@ class Model:
         common case, the same tokens llama-server makes). Otherwise the template is applied to
         placeholders, its pieces are tokenized with special parsing and each message body without,
         and the pieces are spliced in order."""
-        fmt = render or (lambda ms: self.apply_chat_template(ms, template))
+        def fmt(ms: list[dict[str, str]]) -> str:
+            text = render(ms) if render is not None else self.apply_chat_template(ms, template)
+            if max_chars is not None and len(text) > max_chars:
+                raise PromptTextTooLong(len(text))
+            return text
+
         contents = [m["content"] for m in messages]
         if not any(self.has_special_text(c) for c in contents):
-            return self.tokenize(fmt(messages), add_special=True, parse_special=True)
+            return self.tokenize_prompt(fmt(messages))
         probe = fmt([{"role": "user", "content": " \x1aP\x1a "}])
         trims = " \x1aP\x1a " not in probe  # some templates strip each body (gemma, llama3)
         marked = [{**m, "content": f"\x1a{i}\x1a"} for i, m in enumerate(messages)]

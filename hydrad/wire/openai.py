@@ -78,6 +78,11 @@ class ApiError(Exception):
         return {"error": {**error, **{k: v for k, v in self.details.items() if k not in error}}}
 
 
+def too_many_pending(message: str) -> ApiError:
+    """A client past its share of the preparation workers (:mod:`hydrad.common.prepare`)."""
+    return ApiError(429, message, "too_many_requests", headers={"Retry-After": "1"})
+
+
 def overflow_details(n_prompt_tokens: int | None, n_ctx: int | None) -> dict[str, int]:
     """llama-server's numbers for a prompt longer than the context, as far as they are known."""
     return {k: v for k, v in (("n_prompt_tokens", n_prompt_tokens), ("n_ctx", n_ctx)) if v is not None}

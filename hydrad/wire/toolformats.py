@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from hydrad.wire.grammar import framed_schema_grammar, schema_grammar
+from hydrad.wire.grammar import MAX_TOOLS_GRAMMAR_CHARS, framed_schema_grammar, schema_grammar
 from hydrad.wire.tools import ToolSpec, calls_of
 
 Format = Literal["generic", "hermes"]
@@ -64,10 +64,11 @@ def generic_schema(spec: ToolSpec) -> dict[str, Any]:
 def grammar(fmt: Format, spec: ToolSpec) -> str | None:
     """The GBNF an answer in ``fmt`` is held to; None for free text (Hermes, ``auto``)."""
     if fmt == "generic":
-        return schema_grammar(generic_schema(spec))
+        return schema_grammar(generic_schema(spec), MAX_TOOLS_GRAMMAR_CHARS)
     if spec.choice != "required":
         return None
-    return framed_schema_grammar(_any_call(spec), HERMES_OPEN + "\n", "\n" + HERMES_CLOSE, spec.parallel)
+    return framed_schema_grammar(_any_call(spec), HERMES_OPEN + "\n", "\n" + HERMES_CLOSE, spec.parallel,
+                                 MAX_TOOLS_GRAMMAR_CHARS)
 
 
 def _instruction(spec: ToolSpec) -> str:

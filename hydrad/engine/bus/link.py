@@ -53,7 +53,7 @@ from hydrad.engine.gpu import bound_device, local_gpu
 from hydrad.engine.bus.stream import EngineStream
 from hydrad.engine.control import EngineControl
 from hydrad.engine.refusals import refusal
-from hydrad.engine.core import PromptTooLong
+from hydrad.engine.core import RequestRefused
 from hydrad.engine.requests import Done, Failed, Token
 from hydrad.common.logs import LogThrottle, log_event
 from hydrad.engine.settings import EngineSettings
@@ -503,8 +503,8 @@ class EngineLink:
             request = msg.to_request()
             try:
                 await self.core.prepare(request)  # a long prompt is tokenized off the engine thread
-            except PromptTooLong as exc:
-                self._queue(M.Error(req=req, status=400, code="context_length_exceeded", message=str(exc),
+            except RequestRefused as exc:
+                self._queue(M.Error(req=req, status=exc.status, code=exc.code, message=str(exc),
                                     n_prompt_tokens=exc.n_prompt_tokens, n_ctx=exc.n_ctx))
                 return
             handle = self.core.submit(request)

@@ -43,7 +43,7 @@ def _counts(u: Usage) -> dict[str, int]:
 async def _messages(request: Request) -> Response:
     ctx = ctx_of(request)
     t_arrival = time.monotonic()
-    req, greq = anthropic.parse(await ctx.body_of(request))
+    req, greq = await ctx.parsed(request, anthropic.parse)
     model_id = ctx.check_serving(req)  # type: ignore[arg-type]  # reads only ``model``
     started = await start(request, ctx, greq, "messages", t_arrival)
     if started is None:

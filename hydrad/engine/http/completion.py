@@ -32,7 +32,8 @@ async def completion(request: Request) -> Response:
     ctx = ctx_of(request)
     t_arrival = time.monotonic()
     gen = ctx.core.gen
-    req, greq = native.parse(await ctx.body_of(request), gen.model.n_vocab if gen is not None else None)
+    n_vocab = gen.model.n_vocab if gen is not None else None
+    req, greq = await ctx.parsed(request, lambda raw: native.parse(raw, n_vocab))
     return await serve(request, ctx, req, greq, t_arrival)
 
 
@@ -41,7 +42,7 @@ async def infill(request: Request) -> Response:
     (:mod:`hydrad.engine.fim`), then served exactly as a /completion of those token ids."""
     ctx = ctx_of(request)
     t_arrival = time.monotonic()
-    req, sampling = infill_wire.parse(await ctx.body_of(request))
+    req, sampling = await ctx.parsed(request, infill_wire.parse)
     ctx.check_serving(req)
     ids = await _infill_prompt(ctx, req)
     return await serve(request, ctx, req, native.gen_request(req, sampling, None, ids), t_arrival)

@@ -8,12 +8,13 @@ Handlers are module-level functions that take only the request and find this thr
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Callable, TypeVar
 
 from starlette.requests import Request
 
 from hydrad.common import jsonbody
+from hydrad.common.prepare import Preparer
 from hydrad.common.serving import BodyTooLarge, read_body
 from hydrad.engine.control import EngineControl
 from hydrad.engine.core import EngineCore
@@ -22,10 +23,14 @@ from hydrad.wire import openai
 from hydrad.wire.openai import ApiError
 
 
+T = TypeVar("T")
+
+
 @dataclass
 class HttpContext:
     settings: EngineSettings
     control: EngineControl
+    prep: Preparer = field(default_factory=lambda: Preparer(openai.too_many_pending, name="hydrad-prep"))
 
     @property
     def core(self) -> EngineCore:
@@ -70,7 +75,12 @@ class HttpContext:
             raise ApiError(413, str(exc), "request_too_large") from None
 
     async def json_object(self, request: Request, what: str) -> dict[str, Any]:
-        return self.parse_object(await self.body_of(request), what)
+        return await self.parsed(request, lambda raw: self.parse_object(raw, what))
+
+    async def parsed(self, request: Request, parse: Callable[[bytes], T]) -> T:
+        """``parse(body)``, off the event loop unless the body is small (:mod:`hydrad.common.prepare`);
+        429 when this client already has its share of bodies being parsed."""
+        return await self.prep.parse(request, await self.body_of(request), parse)
 
     @staticmethod
     def parse_object(raw: bytes, what: str) -> dict[str, Any]:

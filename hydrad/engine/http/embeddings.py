@@ -30,7 +30,7 @@ async def embeddings(request: Request) -> Response:
     """OpenAI's shape: pooled, normalised vectors (as floats or base64) and the usage."""
     ctx = ctx_of(request)
     gen, embedder = _serving(ctx)
-    req = wire.parse_openai(await ctx.body_of(request), gen.model.n_vocab)
+    req = await ctx.parsed(request, lambda raw: wire.parse_openai(raw, gen.model.n_vocab))
     _check_model(ctx, gen, req)
     if not embedder.pooled:
         raise ApiError(400, "this engine's pooling is none (one vector per token), which OpenAI's embeddings cannot "
@@ -47,7 +47,7 @@ async def embedding(request: Request) -> Response:
     token when the pooling is none (raw, as llama-server returns them)."""
     ctx = ctx_of(request)
     gen, embedder = _serving(ctx)
-    req = wire.parse_native(await ctx.body_of(request), gen.model.n_vocab)
+    req = await ctx.parsed(request, lambda raw: wire.parse_native(raw, gen.model.n_vocab))
     _check_model(ctx, gen, req)
     _, vectors = await _compute(ctx, gen, embedder, req)
     if embedder.pooled:

@@ -14,7 +14,7 @@ from starlette.responses import JSONResponse, Response
 from hydrad.common.logs import log_event
 from hydrad.common.eventstream import EventStream
 from hydrad.common.serving import until_disconnected
-from hydrad.engine.core import EngineCore, PromptTooLong
+from hydrad.engine.core import EngineCore, RequestRefused
 from hydrad.engine.http.context import HttpContext, ctx_of
 from hydrad.engine.requests import Done, Failed, Progress, RequestHandle, Token
 from hydrad.wire import logprobs as lp
@@ -37,7 +37,7 @@ async def generate(request: Request, kind: str) -> Response:
     ctx = ctx_of(request)
     core = ctx.core
     t_arrival = time.monotonic()
-    req, greq = openai.parse(kind, await ctx.body_of(request))
+    req, greq = await ctx.parsed(request, lambda raw: openai.parse(kind, raw))
     model_id = ctx.check_serving(req)
     started = await start(request, ctx, greq, "messages" if kind == "chat" else "prompt", t_arrival)
     if started is None:
@@ -91,9 +91,10 @@ async def start(request: Request, ctx: HttpContext, greq: GenRequest, prompt_fie
     core = ctx.core
     try:
         await core.prepare(greq)
-    except PromptTooLong as exc:
-        raise ApiError(400, str(exc), "context_length_exceeded", prompt_field,
-                       details=overflow_details(exc.n_prompt_tokens, exc.n_ctx)) from None
+    except RequestRefused as exc:
+        overflow = exc.code == "context_length_exceeded"
+        raise ApiError(exc.status, str(exc), exc.code, prompt_field if overflow else None,
+                       details=overflow_details(exc.n_prompt_tokens, exc.n_ctx) if overflow else None) from None
     handle = core.submit(greq)
     watch = asyncio.ensure_future(_wake_when_gone(request, handle))
     try:

@@ -10,6 +10,7 @@ reload freeing it meanwhile (then a 503, as for any request that meets a reload)
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 from starlette.requests import Request
@@ -21,6 +22,7 @@ from hydrad.engine.llama import ModelFreed
 from hydrad import __version__
 from hydrad.wire import openai
 from hydrad.wire.openai import ApiError
+from hydrad.wire.requests import GenRequest
 
 _FIELDS_TOKENIZE = {"content", "add_special", "parse_special", "with_pieces"}
 _FIELDS_DETOKENIZE = {"tokens"}
@@ -57,6 +59,9 @@ def _piece(b: bytes) -> str | list[int]:
 
 
 async def tokenize(request: Request) -> Response:
+    """llama-server's ``/tokenize``. The tokens (and, ``with_pieces``, each one's text) are made and
+    the answer is written on a worker thread: 8 MiB of text is millions of pieces, and building
+    their JSON held the event loop for seconds."""
     ctx = ctx_of(request)
     body = await ctx.json_object(request, "tokenize body")
     _unknown(body, _FIELDS_TOKENIZE)
@@ -67,29 +72,42 @@ async def tokenize(request: Request) -> Response:
     parse_special = _flag(body, "parse_special", True)
     with_pieces = _flag(body, "with_pieces", False)
     model = _model(request)
-    try:
-        tokens = await asyncio.to_thread(model.tokenize, content, add_special, parse_special)
+
+    def answer() -> bytes:
+        if parse_special:
+            tokens = model.tokenize_prompt(content, add_special)
+        else:
+            tokens = model.tokenize(content, add_special, False)
         if not with_pieces:
-            return JSONResponse({"tokens": tokens})
-        pieces = await asyncio.to_thread(model.detokenize, tokens, True)
+            return json.dumps({"tokens": tokens}, separators=(",", ":")).encode()
+        pieces = model.detokenize(tokens, True)
+        return json.dumps({"tokens": [{"id": t, "piece": _piece(b)} for t, b in zip(tokens, pieces)]},
+                          ensure_ascii=False, separators=(",", ":")).encode()
+
+    try:
+        return Response(await asyncio.to_thread(answer), media_type="application/json")
     except ModelFreed:
         raise ApiError(503, "the model was replaced while tokenizing; retry", "reloading",
                        headers={"Retry-After": "1"}) from None
-    return JSONResponse({"tokens": [{"id": t, "piece": _piece(b)} for t, b in zip(tokens, pieces)]})
 
 
 async def detokenize(request: Request) -> Response:
     ctx = ctx_of(request)
-    body = await ctx.json_object(request, "detokenize body")
-    _unknown(body, _FIELDS_DETOKENIZE)
-    tokens = body.get("tokens")
     model = _model(request)
-    if not isinstance(tokens, list) or not all(type(t) is int for t in tokens):
-        raise ApiError(400, "tokens must be a list of token ids (integers)", "invalid_field", "tokens")
-    bad = next((t for t in tokens if not 0 <= t < model.n_vocab), None)
-    if bad is not None:
-        raise ApiError(400, f"token {bad} is not in this model's vocabulary (0..{model.n_vocab - 1})",
-                       "invalid_field", "tokens")
+
+    def parse(raw: bytes) -> list[int]:
+        body = ctx.parse_object(raw, "detokenize body")
+        _unknown(body, _FIELDS_DETOKENIZE)
+        tokens = body.get("tokens")
+        if not isinstance(tokens, list) or not all(type(t) is int for t in tokens):
+            raise ApiError(400, "tokens must be a list of token ids (integers)", "invalid_field", "tokens")
+        bad = next((t for t in tokens if not 0 <= t < model.n_vocab), None)
+        if bad is not None:
+            raise ApiError(400, f"token {bad} is not in this model's vocabulary (0..{model.n_vocab - 1})",
+                           "invalid_field", "tokens")
+        return tokens
+
+    tokens = await ctx.parsed(request, parse)
     try:
         text = await asyncio.to_thread(model.detokenize, tokens)
     except ModelFreed:
@@ -104,9 +122,12 @@ async def apply_template(request: Request) -> Response:
     ``parallel_tool_calls`` as in chat completions), without generating: the model's template (or
     ``chat_template``) with the assistant's turn opened, rendered by the chat path's own code."""
     ctx = ctx_of(request)
-    raw = await ctx.body_of(request)
-    _unknown(ctx.parse_object(raw, "apply-template body"), _FIELDS_APPLY_TEMPLATE)
-    _, req = openai.parse("chat", raw)
+
+    def parse(raw: bytes) -> GenRequest:
+        _unknown(ctx.parse_object(raw, "apply-template body"), _FIELDS_APPLY_TEMPLATE)
+        return openai.parse("chat", raw)[1]
+
+    req = await ctx.parsed(request, parse)
     model = _model(request)
     params = ctx.core.snapshot().params
     try:

@@ -156,3 +156,16 @@ def test_the_bus_carries_tools_and_calls_and_checks_them_again() -> None:
     for bad in (b'"function":"g"', b'"name":"g"'):
         with pytest.raises(M.BusDecodeError):
             M.decode([frames[0], frames[1], frames[2].replace(bad, bad.replace(b'"g"', b'"no such"'), 1)])
+
+
+@pytest.mark.parametrize("fmt", ["generic", "hermes"])
+def test_an_agents_128_tools_make_a_usable_grammar(fmt: Any) -> None:
+    """128 ordinary tools (what an agent with a few MCP servers sends every turn) make a grammar of
+    about 150,000 characters: longer than a client's own grammar may be, within the bound for tools."""
+    from tests.support.heavy import tool
+
+    spec = tools.parse({"tools": [tool(i) for i in range(128)], "tool_choice": "required"})
+    assert spec is not None
+    gbnf = toolformats.grammar(fmt, spec)
+    assert gbnf is not None and len(gbnf) > 100_000
+    check_gbnf(gbnf, len(gbnf))
