@@ -10,9 +10,10 @@ threads of its own:
 - **small requests stay inline**: a body under :data:`INLINE_BYTES` with none of the fields that
   make grammars (:data:`HEAVY_FIELDS`) costs a fraction of a millisecond to parse, less than a
   hand-over to a thread would;
-- **bounded**: at most ``workers`` run at once, and one client (an API key, else an address) may
-  have at most ``per_client`` waiting or running; beyond that it gets 429 with ``Retry-After``,
-  so one client's heavy requests cannot take the workers from everyone else;
+- **bounded and fair**: at most ``workers`` run at once; the clients waiting (an API key, else an
+  address) take turns, one job each, so one client's heavy requests cannot take the workers from
+  everyone else; a client may have ``per_client`` waiting or running, and gets 429 with
+  ``Retry-After`` beyond that;
 - the work itself still holds the interpreter lock while it runs Python, but the loop thread is
   handed the lock again every switch interval (milliseconds), where inline it waited for the
   whole job. What native code does (llama.cpp's tokenizer) releases the lock.
@@ -23,7 +24,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from collections import OrderedDict, deque
+from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 
 T = TypeVar("T")
@@ -48,20 +50,35 @@ def client_key(headers: Any, peer: str | None) -> str:
     return "addr:" + (peer or "?")
 
 
-class Preparer:
-    """Runs preparation jobs on ``workers`` threads, ``per_client`` at most per client; a job beyond
-    the share raises ``refuse(message)`` (each daemon's 429)."""
+@dataclass
+class _Job:
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    future: "asyncio.Future[Any]"
+    loop: asyncio.AbstractEventLoop
 
-    def __init__(self, refuse: Callable[[str], Exception], workers: int = 2, per_client: int = 4,
+
+class Preparer:
+    """Runs preparation jobs on ``workers`` threads of its own, taking the clients that wait in
+    turn (one job each, round robin), so a client with many heavy requests queued delays another
+    client's by at most one job per worker. A client may have ``per_client`` jobs waiting or
+    running; one more raises ``refuse(message)`` (each daemon's 429). A job whose requester has
+    gone (its await cancelled) before a worker took it is dropped unrun."""
+
+    def __init__(self, refuse: Callable[[str], Exception], workers: int = 2, per_client: int = 32,
                  name: str = "hydra-prep") -> None:
         self.refuse = refuse
         self.per_client = per_client
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name)
+        self._queues: OrderedDict[str, deque[_Job]] = OrderedDict()
         self._pending: dict[str, int] = {}
-        self._lock = threading.Lock()
+        self._cv = threading.Condition()
+        self._closed = False
+        self._threads = [threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True) for i in range(workers)]
+        for t in self._threads:
+            t.start()
 
     def pending(self, client: str) -> int:
-        with self._lock:
+        with self._cv:
             return self._pending.get(client, 0)
 
     async def parse(self, request: Any, raw: bytes, parse: Callable[[bytes], T]) -> T:
@@ -73,21 +90,60 @@ class Preparer:
         """``fn(*args)``: inline when ``body`` is light, else on a worker (``refuse`` beyond the share)."""
         if light(body):
             return fn(*args)
-        with self._lock:
+        loop = asyncio.get_running_loop()
+        job = _Job(fn, args, loop.create_future(), loop)
+        with self._cv:
             held = self._pending.get(client, 0)
             if held >= self.per_client:
                 raise self.refuse(f"this client already has {held} requests being prepared (at most "
                                   f"{self.per_client}); retry when one is answered")
             self._pending[client] = held + 1
+            self._queues.setdefault(client, deque()).append(job)
+            self._cv.notify()
         try:
-            return await asyncio.get_running_loop().run_in_executor(self._pool, lambda: fn(*args))
+            return await job.future  # type: ignore[no-any-return]
         finally:
-            with self._lock:
+            with self._cv:
                 left = self._pending[client] - 1
                 if left:
                     self._pending[client] = left
                 else:
                     del self._pending[client]
 
+    def _next(self) -> _Job | None:
+        with self._cv:
+            while not self._queues and not self._closed:
+                self._cv.wait()
+            if self._closed:
+                return None
+            client, queue = next(iter(self._queues.items()))
+            job = queue.popleft()
+            del self._queues[client]
+            if queue:
+                self._queues[client] = queue  # to the back of the turn
+            return job
+
+    def _work(self) -> None:
+        while (job := self._next()) is not None:
+            if job.future.cancelled():
+                continue
+            try:
+                result = job.fn(*job.args)
+            except BaseException as exc:  # noqa: BLE001 - the request's own error, raised where it awaits
+                job.loop.call_soon_threadsafe(_settle, job.future, None, exc)
+            else:
+                job.loop.call_soon_threadsafe(_settle, job.future, result, None)
+
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+
+
+def _settle(future: "asyncio.Future[Any]", result: Any, exc: BaseException | None) -> None:
+    if future.cancelled():
+        return
+    if exc is not None:
+        future.set_exception(exc)
+    else:
+        future.set_result(result)

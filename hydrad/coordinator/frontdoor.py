@@ -114,7 +114,7 @@ class FrontDoor:
         self._changed = asyncio.Event()
         self.metrics = CoordinatorMetrics(bus)
         # llama-server's native endpoints, forwarded over HTTP (native.py says why /completion is too)
-        self.native = NativeDoor(bus.engines, self.served, self._model, settings)
+        self.native = NativeDoor(bus.engines, self.served, self._model, settings, self.prep)
         bus.listeners.append(self._on_engine)
 
     # ----- pool view -------------------------------------------------------------------

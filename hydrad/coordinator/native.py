@@ -37,10 +37,11 @@ from typing import Any, AsyncIterator, Callable
 
 import httpx
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 
 from hydrad.common import jsonbody
 from hydrad.common.eventstream import EventStream
+from hydrad.common.prepare import Preparer
 from hydrad.common.serving import until_disconnected
 from hydrad.wire import embeddings, infill, native_completion
 from hydrad.wire.openai import ApiError
@@ -63,7 +64,8 @@ class NativeDoor:
     ``settings``: the coordinator's, whose first-token and token timeouts bound a /completion."""
 
     def __init__(self, engines: dict[str, Any], served: Callable[[], dict[str, list[str]]],
-                 model_of: Callable[[str | None], str | None], settings: Any) -> None:
+                 model_of: Callable[[str | None], str | None], settings: Any, prep: Preparer) -> None:
+        self.prep = prep  # bodies are checked and re-encoded off the event loop
         self.engines = engines
         self.served = served
         self.model_of = model_of
@@ -93,18 +95,30 @@ class NativeDoor:
             raise ApiError(503, f"engine {recs[0].name} has no HTTP address", "no_engine")
         return urls
 
-    @staticmethod
-    def _body(raw: bytes, path: str) -> dict[str, Any]:
-        try:
-            return jsonbody.loads_object(raw, f"{path} body")
-        except jsonbody.BodyError as exc:
-            raise ApiError(400, str(exc), exc.code, exc.param) from None
+    async def _forwarded(self, request: Request, check: Callable[[bytes], Any] | None = None) -> tuple[Any, Any, bytes]:
+        """(what ``check`` made of the body, the body's ``model``, the body to forward without it),
+        all made on the preparation workers unless the body is small: a body of megabytes is
+        parsed and written again there, compact and as UTF-8, so it never grows on the way (an
+        8 MB body written with escapes was 12 MB and over the engine's limit)."""
+        path = request.url.path
+
+        def prepare(raw: bytes) -> tuple[Any, Any, bytes]:
+            checked = check(raw) if check is not None else None
+            try:
+                body = jsonbody.loads_object(raw, f"{path} body")
+            except jsonbody.BodyError as exc:
+                raise ApiError(400, str(exc), exc.code, exc.param) from None
+            model = body.pop("model", None)
+            return checked, model, json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+
+        return await self.prep.parse(request, await request.body(), prepare)
 
     @staticmethod
     def _headers(request: Request) -> dict[str, str]:
         headers = {"Content-Type": "application/json"}
-        if "authorization" in request.headers:  # a pool with one API key: the engine asks for it too
-            headers["Authorization"] = request.headers["authorization"]
+        for name in ("authorization", "x-api-key"):  # a pool with one API key: the engine asks for it too
+            if name in request.headers:
+                headers[name] = request.headers[name]
         return headers
 
     @property
@@ -114,26 +128,36 @@ class NativeDoor:
         return self._client
 
     async def forward(self, request: Request) -> Response:
-        body = self._body(await request.body(), request.url.path)
-        base = self._engine_url(body.pop("model", None))
+        """``/tokenize``, ``/detokenize``, ``/apply-template``: the engine's answer passed through as it
+        arrives (a ``with_pieces`` answer is a hundred megabytes for 8 MiB of text: never held whole here)."""
+        _, model, content = await self._forwarded(request)
+        base = self._engine_url(model)
+        sent = self.client.build_request("POST", base + request.url.path, content=content,
+                                         headers=self._headers(request))
         try:
-            r = await self.client.post(base + request.url.path, content=json.dumps(body).encode(),
-                                       headers=self._headers(request))
+            r = await self.client.send(sent, stream=True)
         except httpx.HTTPError as exc:
             raise _unreachable(exc) from None
-        return Response(r.content, status_code=r.status_code, media_type="application/json")
+        return StreamingResponse(self._passed(r), status_code=r.status_code,
+                                 media_type=r.headers.get("content-type", "application/json"))
+
+    @staticmethod
+    async def _passed(r: httpx.Response) -> AsyncIterator[bytes]:
+        try:
+            async for piece in r.aiter_raw():
+                yield piece
+        finally:
+            await r.aclose()
 
     async def embeddings(self, request: Request) -> Response:
         """``POST /v1/embeddings`` and llama-server's ``/embedding``: checked here as the engine will
         check them, then computed by an engine serving the model. Whether an engine has embeddings
         turned on is its own parameter, which the front door does not see: one that answers 501
         (embeddings off) passes the request to the next engine serving the model."""
-        raw = await request.body()
         path = request.url.path
-        (embeddings.parse_openai if path == "/v1/embeddings" else embeddings.parse_native)(raw)
-        body = self._body(raw, path)
-        urls = self._engine_urls(body.pop("model", None))
-        content = json.dumps(body).encode()
+        _, model, content = await self._forwarded(
+            request, embeddings.parse_openai if path == "/v1/embeddings" else embeddings.parse_native)
+        urls = self._engine_urls(model)
         answer: Response | None = None
         for url in urls:
             try:
@@ -149,12 +173,11 @@ class NativeDoor:
     async def completion(self, request: Request) -> Response:
         """``POST /completion`` and ``POST /infill``: checked here, generated on an engine serving
         the model (whose vocabulary decides whether it can fill in the middle: its 501 comes back)."""
-        raw = await request.body()
         path = request.url.path
-        req, _ = (infill.parse if path == "/infill" else native_completion.parse)(raw)
-        body = self._body(raw, path)
-        base = self._engine_url(body.pop("model", None))
-        return await self._generation(request, base + path, json.dumps(body).encode(), req.stream)
+        (req, _), model, content = await self._forwarded(
+            request, infill.parse if path == "/infill" else native_completion.parse)
+        base = self._engine_url(model)
+        return await self._generation(request, base + path, content, req.stream)
 
     async def _generation(self, request: Request, url: str, content: bytes, stream: bool,
                           broken: Callable[[ApiError], bytes] = _data_event) -> Response:

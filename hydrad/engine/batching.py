@@ -168,9 +168,12 @@ class Batching:
         if chars > limit * MAX_CHARS_PER_TOKEN:
             raise PromptTooLong(f"the prompt has {chars} characters, more than this engine's context of {limit} "
                                 "tokens can hold", -(-chars // MAX_CHARS_PER_TOKEN), limit)
+        ids = len(request.prompt_ids or ())
+        if ids >= limit:
+            raise PromptTooLong(f"the prompt has {ids} tokens; this engine's context holds {limit}", ids, limit)
         from_store = self.prefix.wants_lookup(chars) and request.slot is None
         heavy = (chars >= PRETOKENIZE_CHARS or len(request.messages or ()) > PRETOKENIZE_MESSAGES
-                 or request.tools is not None)
+                 or request.tools is not None or ids * 8 >= PRETOKENIZE_CHARS)
         if not heavy and not from_store:
             return
         try:

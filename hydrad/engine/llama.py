@@ -607,6 +607,14 @@ GRAMMAR_STEP_LIMIT_S = 0.5
 it runs; it ends its request the first time a token costs this much, before it stalls the engine."""
 
 
+GRAMMAR_ACCEPT_LIMIT_S = GRAMMAR_STEP_LIMIT_S / 64
+"""Most CPU time accepting one token into a grammar may take before the request ends at its next
+token. An ambiguous grammar's stacks multiply with every character accepted and llama.cpp
+deduplicates them in quadratic time, so one accept costs many times the one before (measured on
+SmolLM2: 1.5, 4.9, 75, 294 ms, then 8.2 s for a two-character token): waiting for a step to pass
+GRAMMAR_STEP_LIMIT_S let one step hold the engine thread for seconds."""
+
+
 class GrammarTooSlow(RuntimeError):
     """A grammar whose work per token passed GRAMMAR_STEP_LIMIT_S: its request ends."""
 
@@ -690,6 +698,7 @@ class Sampler:
         if n_ctx > 0 and s.repeat_last_n > n_ctx:  # its history ring is allocated up front: bound it
             s = dataclasses.replace(s, repeat_last_n=n_ctx)
         self.grammar = _Grammar(vocab, s.grammar, n_vocab) if s.grammar is not None else None
+        self._accept_s = 0.0  # the last token's accept into the grammar (GRAMMAR_ACCEPT_LIMIT_S)
         # Greedy without penalties keeps no state: an argmax over the logits row picks the same token
         # (the first of equal maxima, as llama.cpp's greedy sampler does) without building the
         # n_vocab-entry candidate array the chain sorts through: 186 µs → 15 µs a token for
@@ -804,8 +813,13 @@ class Sampler:
             tok = self.grammar.pick(self.ptr, logits, constrained=True)
             if tok is None:
                 return END_OF_GRAMMAR
+        if self._accept_s > GRAMMAR_ACCEPT_LIMIT_S:
+            raise GrammarTooSlow(f"grammar: accepting a token took {self._accept_s * 1000:.0f} ms and grows with "
+                                 "each token (the grammar is too ambiguous for llama.cpp's grammar sampler)")
+        t_accept = time.thread_time()
         lib().llama_sampler_accept(self.ptr, tok)
         self.grammar.accept(tok)
+        self._accept_s = time.thread_time() - t_accept
         spent = time.thread_time() - t0
         if spent > GRAMMAR_STEP_LIMIT_S:
             raise GrammarTooSlow(f"grammar: one token took {spent:.2f} s of grammar work (the grammar is too "

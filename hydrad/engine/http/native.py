@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
+from typing import Any, Iterator
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from hydrad.engine import chatprompt
 from hydrad.engine.http.context import ctx_of
@@ -59,9 +59,9 @@ def _piece(b: bytes) -> str | list[int]:
 
 
 async def tokenize(request: Request) -> Response:
-    """llama-server's ``/tokenize``. The tokens (and, ``with_pieces``, each one's text) are made and
-    the answer is written on a worker thread: 8 MiB of text is millions of pieces, and building
-    their JSON held the event loop for seconds."""
+    """llama-server's ``/tokenize``. The tokens (and, ``with_pieces``, each one's text) are made on
+    a worker thread and a long answer is written in steps (:func:`_with_pieces`): 8 MiB of text is
+    millions of pieces, and building their JSON on the event loop held it for seconds."""
     ctx = ctx_of(request)
     body = await ctx.json_object(request, "tokenize body")
     _unknown(body, _FIELDS_TOKENIZE)
@@ -73,22 +73,40 @@ async def tokenize(request: Request) -> Response:
     with_pieces = _flag(body, "with_pieces", False)
     model = _model(request)
 
-    def answer() -> bytes:
+    def tokens() -> list[int]:
         if parse_special:
-            tokens = model.tokenize_prompt(content, add_special)
-        else:
-            tokens = model.tokenize(content, add_special, False)
-        if not with_pieces:
-            return json.dumps({"tokens": tokens}, separators=(",", ":")).encode()
-        pieces = model.detokenize(tokens, True)
-        return json.dumps({"tokens": [{"id": t, "piece": _piece(b)} for t, b in zip(tokens, pieces)]},
-                          ensure_ascii=False, separators=(",", ":")).encode()
+            return model.tokenize_prompt(content, add_special)
+        return model.tokenize(content, add_special, False)
 
     try:
-        return Response(await asyncio.to_thread(answer), media_type="application/json")
+        ids = await asyncio.to_thread(tokens)
+        if not with_pieces:
+            return Response(await asyncio.to_thread(_compact, {"tokens": ids}), media_type="application/json")
+        pieces = await asyncio.to_thread(model.detokenize, ids, True)
     except ModelFreed:
         raise ApiError(503, "the model was replaced while tokenizing; retry", "reloading",
                        headers={"Retry-After": "1"}) from None
+    return StreamingResponse(_with_pieces(ids, pieces), media_type="application/json")  # type: ignore[arg-type]
+
+
+_PIECES_PER_CHUNK = 4096
+
+
+def _compact(obj: Any) -> bytes:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def _with_pieces(ids: list[int], pieces: list[bytes]) -> Iterator[bytes]:
+    """``{"tokens": [{"id", "piece"}, ...]}`` a few thousand tokens at a time. Written whole, 8 MiB
+    of text made one 100 MB ``json.dumps`` call, which holds the interpreter lock throughout: the
+    engine's event loop missed its heartbeats for 1.6 s. Starlette runs each step of this
+    generator on a worker thread, and the lock is free between steps."""
+    yield b'{"tokens":['
+    for start in range(0, len(ids), _PIECES_PER_CHUNK):
+        part = _compact([{"id": t, "piece": _piece(b)} for t, b in
+                         zip(ids[start:start + _PIECES_PER_CHUNK], pieces[start:start + _PIECES_PER_CHUNK])])
+        yield (b"," if start else b"") + part[1:-1]
+    yield b"]}"
 
 
 async def detokenize(request: Request) -> Response:

@@ -52,8 +52,32 @@ def test_heavy_work_leaves_the_loop_free_and_light_work_stays_inline() -> None:
         return max(b - a for a, b in zip(ticks, ticks[1:]))
 
     longest = asyncio.run(main())
-    assert threads and threads[0].startswith("hydra-prep"), threads
+    assert threads and threads[0].startswith("hydra-prep-"), threads
     assert longest < 0.1, f"the loop waited {longest * 1000:.0f} ms while a 300 ms job ran"
+    prep.close()
+
+
+def test_clients_take_turns_on_the_workers() -> None:
+    prep = Preparer(Refused, workers=1, per_client=64)
+    order: list[str] = []
+    gate = threading.Event()
+
+    def job(who: str) -> str:
+        gate.wait(5)
+        order.append(who)
+        return who
+
+    async def main() -> None:
+        heavy = b"x" * INLINE_BYTES
+        tasks = [asyncio.create_task(prep.run("greedy", heavy, job, "greedy")) for _ in range(10)]
+        await asyncio.sleep(0.05)
+        tasks.append(asyncio.create_task(prep.run("polite", heavy, job, "polite")))
+        await asyncio.sleep(0.05)
+        gate.set()
+        await asyncio.gather(*tasks)
+
+    asyncio.run(main())
+    assert order.index("polite") <= 2, order  # after the greedy job running and at most one more
     prep.close()
 
 
