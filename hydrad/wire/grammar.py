@@ -20,6 +20,8 @@ from __future__ import annotations
 import functools
 import importlib.util
 import json
+import threading
+from collections import OrderedDict
 from types import ModuleType
 from typing import Any
 
@@ -456,6 +458,36 @@ def _schema_gbnf(schema: Any, name: str, check: bool = True, max_chars: int = MA
     most = max(MAX_SCHEMA_CHARS, max_chars)
     if len(text) > most:
         raise GrammarError(f"the schema has {len(text)} characters as JSON; at most {most} are accepted")
+    key = (text, name, check, max_chars)
+    with _MADE_LOCK:
+        made = _MADE.get(key)
+        if made is not None:
+            _MADE.move_to_end(key)
+            return made
+    gbnf = _schema_text_gbnf(text, name, check, max_chars)
+    with _MADE_LOCK:
+        global _made_chars
+        if key not in _MADE:
+            _MADE[key] = gbnf
+            _made_chars += len(text) + len(gbnf)
+        while _made_chars > MADE_CHARS and _MADE:
+            (old_text, *_), old = _MADE.popitem(last=False)
+            _made_chars -= len(old_text) + len(old)
+    return gbnf
+
+
+MADE_CHARS = 16 << 20
+"""Characters of schemas and their grammars remembered (least recently used go first): an agent
+sends the same tools with every turn, and each turn would otherwise convert and check each of
+them again. A refusal is not remembered: it costs little, since the bounds come first."""
+_MADE: "OrderedDict[tuple[str, str, bool, int], str]" = OrderedDict()
+_made_chars = 0
+_MADE_LOCK = threading.Lock()
+
+
+def _schema_text_gbnf(text: str, name: str, check: bool, max_chars: int) -> str:
+    """The grammar of a schema given as compact JSON (the text is what it is remembered by)."""
+    schema = json.loads(text)
     try:
         schemabounds.check(schema, max_chars, MAX_WAYS)
     except SchemaTooCostly as exc:

@@ -115,3 +115,23 @@ def test_the_bound_never_passes_the_real_grammar_length(schema: dict[str, Any]) 
     except Exception:  # noqa: BLE001 - a schema the converter refuses says nothing about the bound
         return
     schemabounds.check(schema, len(real), 10**9)  # the bound, with the real length as the limit, holds
+
+
+def test_grammars_are_remembered_by_their_schema_within_a_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[str] = []
+    real = grammar._convert
+
+    def counted(text: str, name: str) -> str:
+        calls.append(text)
+        return real(text, name)
+
+    monkeypatch.setattr(grammar, "_convert", counted)
+    monkeypatch.setattr(grammar, "MADE_CHARS", 4000)
+    schema = {"type": "object", "properties": {"remembered": {"type": "integer"}}, "required": ["remembered"]}
+    first = schema_grammar(schema)
+    assert schema_grammar(json.loads(json.dumps(schema))) == first and len(calls) == 1
+    for i in range(40):  # others push it out: the remembered text stays within MADE_CHARS
+        schema_grammar({"type": "object", "properties": {f"p{i}": {"type": "integer"}}, "required": [f"p{i}"]})
+    assert grammar._made_chars <= 4000
+    schema_grammar(schema)
+    assert len([c for c in calls if "remembered" in c]) == 2
