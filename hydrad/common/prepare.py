@@ -74,8 +74,7 @@ class Preparer:
         self._cv = threading.Condition()
         self._closed = False
         self._threads = [threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True) for i in range(workers)]
-        for t in self._threads:
-            t.start()
+        self._started = False  # the workers start with the first job: a daemon that never gets one has none
 
     def pending(self, client: str) -> int:
         with self._cv:
@@ -100,6 +99,10 @@ class Preparer:
             self._pending[client] = held + 1
             self._queues.setdefault(client, deque()).append(job)
             self._cv.notify()
+            if not self._started:
+                self._started = True
+                for t in self._threads:
+                    t.start()
         try:
             return await job.future  # type: ignore[no-any-return]
         finally:
