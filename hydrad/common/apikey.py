@@ -71,7 +71,9 @@ def resolve_api_key(config: Path, http: A) -> A:
 
 
 def guarded(path: str) -> bool:
-    return path not in OPEN_PATHS and not path.startswith(OWN_CREDENTIALS)
+    """Whether ``path`` is behind the key. ``/slots`` (what each slot is doing) is a read of pool
+    state like inference's own, so it is; ``/slots/<id>...`` keeps the control credentials."""
+    return path not in OPEN_PATHS and (path == "/slots" or not path.startswith(OWN_CREDENTIALS))
 
 
 _REFUSAL = json.dumps({"error": {"message": "a valid API key is needed: 'Authorization: Bearer <key>'",
@@ -82,16 +84,17 @@ def with_api_key(app: Any, key: str | None) -> Any:
     """``app`` with the inference endpoints behind ``key`` (``app`` itself when there is none)."""
     if key is None:
         return app
-    expected = f"Bearer {key}".encode()
     raw = key.encode()
 
     async def asgi(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "http" and scope["method"] != "OPTIONS" and guarded(scope["path"]):
             headers = scope.get("headers", [])
-            presented = next((v for k, v in headers if k == b"authorization"), b"")
-            # Anthropic's SDKs send the key as x-api-key; both are compared, each in constant time
+            scheme, _, presented = next((v for k, v in headers if k == b"authorization"), b"").partition(b" ")
+            # Anthropic's SDKs send the key as x-api-key; both are compared, each in constant time. The
+            # scheme's case is free (RFC 9110: "bearer" is "Bearer")
             anthropic = next((v for k, v in headers if k == b"x-api-key"), b"")
-            if not (hmac.compare_digest(presented, expected) | hmac.compare_digest(anthropic, raw)):
+            bearer = scheme.lower() == b"bearer"
+            if not ((hmac.compare_digest(presented, raw) & bearer) | hmac.compare_digest(anthropic, raw)):
                 await send({"type": "http.response.start", "status": 401,
                             "headers": [(b"content-type", b"application/json"),
                                         (b"www-authenticate", b'Bearer realm="hydra"'),

@@ -11,11 +11,13 @@ raises :class:`NoAnswer`. The merged RPC port has its own client, ``rpcclient.py
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import httpx
 
 from hydrad.common import tokenfile
+from hydrad.common.apikey import ENV_API_KEY
 
 
 class NoAnswer(Exception):
@@ -63,7 +65,16 @@ class HttpApi:
 
 
 class EngineHttp(HttpApi):
-    """An engine's HTTP API; ``token`` is the engines' token (``rpc.token_file``)."""
+    """An engine's HTTP API; ``token`` is the engines' token (``rpc.token_file``). ``/slots`` is pool
+    state behind the inference API key when the engine has one: the key (``api_key``, else
+    ``$HYDRA_API_KEY`` as the daemons read it) goes in ``x-api-key``, beside the token's header."""
+
+    def __init__(self, base_url: str | None = None, *, timeout: float, token: str | None = None,
+                 transport: httpx.BaseTransport | None = None, api_key: str | None = None) -> None:
+        super().__init__(base_url, timeout=timeout, token=token, transport=transport)
+        key = api_key if api_key is not None else os.environ.get(ENV_API_KEY, "").strip()
+        if key:
+            self._http.headers["x-api-key"] = key
 
     def health(self, *, base: str | None = None) -> httpx.Response:
         return self.send("GET", "/health", base=base)

@@ -85,3 +85,18 @@ def test_a_web_page_cannot_steer_or_read_the_pool(tmp_path: Path, smollm_path: P
         assert r.status_code in (200, 202), r.text
     finally:
         c.stop()
+
+
+def test_pool_state_is_behind_the_key_and_any_case_of_bearer_opens_it(tmp_path: Path,
+                                                                      start_engine: Callable[..., Engine]) -> None:
+    from hydrad.common import tokenfile
+
+    key_file = tmp_path / "api.key"
+    key = tokenfile.write_token(key_file)
+    e = start_engine(extra={"http": {"api_key_file": str(key_file)}})
+    e.notify.wait_for("READY=1", 60)
+    assert e.http.get("/slots").status_code == 401
+    assert e.http.get("/slots", headers={"x-api-key": key}).status_code == 200
+    for scheme in ("Bearer", "bearer", "BEARER"):
+        r = e.http.post("/tokenize", json={"content": "x"}, headers={"Authorization": f"{scheme} {key}"})
+        assert r.status_code == 503 and r.json()["error"]["code"] == "no_model", (scheme, r.text)  # past the key

@@ -22,7 +22,7 @@ async def ok(_: object) -> JSONResponse:
 
 
 PATHS = ("/v1/chat/completions", "/completions", "/tokenize", "/health", "/v1/models", "/metrics",
-         "/control/configure", "/slots/0/state", "/admin/engines")
+         "/control/configure", "/slots/0/state", "/admin/engines", "/slots")
 APP = Starlette(routes=[Route(p, ok, methods=["GET", "POST", "OPTIONS"]) for p in PATHS])
 
 
@@ -33,13 +33,17 @@ def test_inference_needs_the_key_and_nothing_else_does() -> None:
             r = c.post(path, headers=headers)
             assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key", (path, headers)
             assert r.headers["www-authenticate"].startswith("Bearer")
-        assert c.post(path, headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
+        for scheme in ("Bearer", "bearer", "BEARER"):  # the scheme's case is free (RFC 9110)
+            assert c.post(path, headers={"Authorization": f"{scheme} {KEY}"}).status_code == 200, scheme
+        assert c.post(path, headers={"Authorization": f"Basic {KEY}"}).status_code == 401
         assert c.post(path, headers={"x-api-key": KEY}).status_code == 200  # Anthropic SDKs' header
         for bad in ("", f"Bearer {KEY}", KEY + "x", KEY[:-1]):
             assert c.post(path, headers={"x-api-key": bad}).status_code == 401, bad
         assert c.options(path).status_code == 200  # a browser's preflight carries no credentials
     for path in ("/health", "/v1/models", "/metrics", "/control/configure", "/slots/0/state", "/admin/engines"):
         assert c.post(path).status_code == 200, path
+    # what the slots are doing is pool state: read only with the key
+    assert c.get("/slots").status_code == 401 and c.get("/slots", headers={"x-api-key": KEY}).status_code == 200
     assert apikey.with_api_key(APP, None) is APP
 
 
