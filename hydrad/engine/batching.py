@@ -459,6 +459,9 @@ class Batching:
     def _on_token(self, gen: Generation, slot: Slot, a: _Active, tok: int, defer: bool) -> None:
         """Token-level decisions now (end of generation, length); the text now, or once the next
         step is on the device when ``defer`` (the first token never waits: it is the TTFT)."""
+        if tok == llama.END_OF_GRAMMAR and a.n_gen == 0 and not a.handle.request.ignore_eos:
+            raise llama.GrammarUnsatisfiable("grammar: no token of this model can begin an answer the grammar "
+                                             "allows (not even the end of the answer)")
         if tok == llama.END_OF_GRAMMAR or gen.model.is_eog(tok):
             self._finish(gen, slot, "stop")
             return
@@ -558,11 +561,12 @@ class Batching:
         ``request_failed``, never retried elsewhere: the same request would fail there too; a grammar
         too ambiguous to sample is the request's own doing, a 400) and frees its slot; the engine
         thread and every other request go on."""
-        log_event(log, logging.ERROR, "request failed", req=handle.id, stage=stage, error=repr(exc), exc_info=True)
         self.stats.requests_failed_total += 1
-        if isinstance(exc, llama.GrammarTooSlow):  # what the request asked for, not a failure: a 4xx
-            self._emit(handle, Failed(str(exc), status=400, code="grammar_too_slow"))
+        if isinstance(exc, (llama.GrammarTooSlow, llama.GrammarUnsatisfiable)):  # what the request asked for: a 4xx
+            log_event(log, logging.INFO, "request refused", req=handle.id, stage=stage, code=exc.code, error=str(exc))
+            self._emit(handle, Failed(str(exc), status=400, code=exc.code))
         else:
+            log_event(log, logging.ERROR, "request failed", req=handle.id, stage=stage, error=repr(exc), exc_info=True)
             self._emit(handle, Failed(f"the request failed while {stage}: {type(exc).__name__}: {exc}",
                                       status=500, code="request_failed"))
         if slot is None:  # failed while admitting: the slot may already have taken it

@@ -616,7 +616,16 @@ GRAMMAR_STEP_LIMIT_S let one step hold the engine thread for seconds."""
 
 
 class GrammarTooSlow(RuntimeError):
-    """A grammar whose work per token passed GRAMMAR_STEP_LIMIT_S: its request ends."""
+    """A grammar whose work per token passed GRAMMAR_STEP_LIMIT_S: its request ends (400)."""
+
+    code = "grammar_too_slow"
+
+
+class GrammarUnsatisfiable(ValueError):
+    """A grammar that admits no token of this model at the start of the answer, end of generation
+    included: no answer can satisfy it (400, where an empty 200 would look like one)."""
+
+    code = "grammar_unsatisfiable"
 
 
 class GrammarRefused(ValueError):

@@ -511,8 +511,52 @@ def _schema_text_gbnf(text: str, name: str, check: bool, max_chars: int) -> str:
 
 def _convert(text: str, name: str) -> str:
     """The converter's grammar for a schema (JSON text) whose top rule is ``name`` (``""``: root),
-    as its ``json_schema_to_gbnf`` makes it."""
+    as its ``json_schema_to_gbnf`` makes it. Its ``$ref`` targets are found here rather than by the
+    converter's own ``resolve_refs``, which takes no ``"#"`` (the whole schema) and never looks
+    inside a node that has a ``$ref`` itself, so a recursive schema failed with "Unsupported ref"
+    or a KeyError; its ``visit`` handles recursion (a rule that names itself) as llama.cpp does."""
     module = _converter()
     converter = module.SchemaConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
-    converter.visit(converter.resolve_refs(json.loads(text), "stdin"), name)
+    schema = json.loads(text)
+    converter._refs.update(_local_refs(schema))
+    converter.visit(schema, name)
     return str(converter.format_grammar())
+
+
+_WHOLE = "#/whole-schema"
+
+
+def _local_refs(schema: Any) -> dict[str, Any]:
+    """Every ``$ref`` in ``schema`` → the part of it it names (``#`` or a JSON pointer ``#/a/b``);
+    GrammarError for one that points elsewhere or at nothing."""
+    out: dict[str, Any] = {}
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            stack.extend(node)
+            continue
+        if not isinstance(node, dict):
+            continue
+        ref = node.get("$ref")
+        if ref == "#":  # the whole schema: named so its rule gets a name of its own (the converter names a
+            ref = node["$ref"] = _WHOLE  # rule after the last part of the reference, and "#" is not a name)
+            out[ref] = schema
+        if ref is not None and ref not in out:
+            if not isinstance(ref, str) or not ref.startswith("#/"):
+                raise GrammarError(f"$ref {str(ref)[:100]!r}: only references inside the schema ('#', '#/...') "
+                                   "are supported")
+            target = schema
+            for part in ref[2:].split("/"):
+                key = part.replace("~1", "/").replace("~0", "~")
+                if isinstance(target, list) and key.isdigit() and int(key) < len(target):
+                    target = target[int(key)]
+                elif isinstance(target, dict) and key in target:
+                    target = target[key]
+                else:
+                    raise GrammarError(f"$ref {ref[:100]!r} names nothing in the schema")
+            if not isinstance(target, dict):
+                raise GrammarError(f"$ref {ref[:100]!r} names a value that is not a schema")
+            out[ref] = target
+        stack.extend(node.values())
+    return out

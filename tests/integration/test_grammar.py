@@ -56,6 +56,10 @@ REFUSED: list[tuple[dict[str, Any], str]] = [
 # refuse: the engine answers 400 as well.
 REFUSED_BY_LLAMA = ["root ::= <no-such-single-token>"]
 
+# Grammars no token can begin (a character class with nothing in it): refused when the first token
+# is sampled, not answered with empty text.
+UNSATISFIABLE = ["root ::= [b-a]", 'root ::= [^\\x00-\\U0010FFFF] "x"']
+
 # Ambiguity that grows with the text (each "a" doubles llama.cpp's stacks while the closing letters
 # are pending) cannot be bounded before it runs: the request ends with a 400 once a token's grammar
 # work passes the engine's limit, long before it could stall the engine.
@@ -106,6 +110,18 @@ def _assert_constrained(http: httpx.Client) -> None:
         assert isinstance(obj, dict) and isinstance(obj["count"], int) and set(obj) <= {"count", "name"}, obj
 
 
+TREE = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+                                         "children": {"type": "array", "items": {"$ref": "#"}, "maxItems": 2}},
+        "required": ["name", "children"]}
+
+
+def _assert_recursive_schema(http: httpx.Client) -> None:
+    """A schema that refers to itself (llama.cpp supports it) constrains the answer: what is written
+    before max_tokens cuts it is a prefix of a tree of names."""
+    text = _content(_chat(http, ASK_JSON, json_schema=TREE, max_tokens=24))
+    assert text.startswith('{"name"') or text.startswith('{ "name"'), text
+
+
 def _assert_refusals(http: httpx.Client) -> None:
     for fields, name in REFUSED:
         r = _chat(http, ASK, **fields)
@@ -115,11 +131,16 @@ def _assert_refusals(http: httpx.Client) -> None:
     for grammar in REFUSED_BY_LLAMA:
         r = _chat(http, ASK, grammar=grammar)
         assert r.status_code == 400 and "grammar" in r.json()["error"]["message"], r.text
+    for grammar in UNSATISFIABLE:  # an empty 200 would look like an answer
+        for stream in (False, True):
+            r = _chat(http, ASK, grammar=grammar, stream=stream)
+            assert r.status_code == 400 and r.json()["error"]["code"] == "grammar_unsatisfiable", r.text
 
 
 def test_grammar_constrains_and_bad_grammars_are_refused(smollm_engine: Engine) -> None:
     http = smollm_engine.http
     _assert_constrained(http)
+    _assert_recursive_schema(http)
     completion = http.post("/v1/completions", json={"prompt": "Q: Is fire hot? A:", "grammar": YES_NO,
                                                      "max_tokens": 8}, timeout=120)
     assert completion.status_code == 200 and completion.json()["choices"][0]["text"] in ("yes", "no")
@@ -141,6 +162,7 @@ def test_grammar_constrains_and_bad_grammars_are_refused(smollm_engine: Engine) 
 def test_grammar_through_the_front_door(solo_pool: tuple[Coordinator, Engine]) -> None:
     c, e = solo_pool
     _assert_constrained(c.http)
+    _assert_recursive_schema(c.http)
     _assert_refusals(c.http)
     assert _content(_chat(c.http, ASK, max_tokens=8))  # the pool serves on
     c.assert_running()
