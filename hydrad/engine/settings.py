@@ -51,6 +51,9 @@ class RpcSettings(BaseModel):
                                          "served at once; more get BUSY.")
     max_pending_connections: int = Field(16, ge=1, le=1024, description="Connections not yet identified (no complete first "
                                          "request, or no HELLO on an engine with a token); beyond this the oldest is dropped.")
+    control_idle_timeout_s: float = Field(60.0, gt=0, le=86400, description="An identified control session that sends "
+                                          "nothing for this long (between requests, or inside one) is closed, so idle "
+                                          "sessions cannot keep the max_control_connections places for good.")
     handshake_timeout_s: float = Field(5.0, gt=0, description="Time a new connection has to send its first complete request "
                                        "(and, with a token, its HELLO) before it is closed.")
     ggml_idle_timeout_s: float = Field(60.0, gt=0, description="A ggml-RPC peer that holds no buffer on this engine and sends "

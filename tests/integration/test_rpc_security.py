@@ -369,3 +369,21 @@ def test_untrusted_state_is_not_served_to_other_requests(smollm_path: Path, tmp_
         assert dst.info()["slots"][2]["foreign"] is False
     reused = complete(c_, PROMPT_X)
     assert reused["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+
+
+def test_idle_identified_sessions_give_their_places_back(start_engine: Callable[..., Engine]) -> None:
+    e = start_engine(extra={"rpc": {"port": 0, "token": "s3cret", "max_control_connections": 2,
+                                    "control_idle_timeout_s": 1.0}})
+    e.notify.wait_for("READY=1")
+    port = rpc_port(e)
+    quiet = [RpcClient(("127.0.0.1", port), token="s3cret") for _ in range(2)]  # HELLO, then nothing
+    with pytest.raises(RpcError) as busy:
+        RpcClient(("127.0.0.1", port), token="s3cret")
+    assert busy.value.status == P.Status.BUSY
+    time.sleep(1.5)
+    with RpcClient(("127.0.0.1", port), token="s3cret") as c:  # the quiet ones were closed: places are free
+        assert c.info()["engine"] == "test"
+    for q in quiet:
+        with pytest.raises((RpcError, OSError)):
+            q.info()
+        q.close()

@@ -11,7 +11,9 @@ Every connection is gated like HTTP ``/control``: the peer address must be insid
 carrying it. Until a connection has identified itself (a complete first request, and the token
 where one is needed) it is *pending*: it has ``handshake_timeout_s`` to do so, and pending
 connections have their own small bound (the oldest is dropped), so idle sockets can never use up
-the places of identified sessions, which alone count against ``max_control_connections``.
+the places of identified sessions, which alone count against ``max_control_connections``. An
+identified session that sends nothing for ``control_idle_timeout_s`` is closed: sessions that said
+HELLO and then went quiet used to keep their places for good.
 """
 
 from __future__ import annotations
@@ -240,7 +242,7 @@ class MergedPort:
                 return
             session = True
             self.stats["control_connections"] += 1
-            conn.settimeout(None)
+            conn.settimeout(self.rpc.control_idle_timeout_s)  # an idle session gives its place back
             while frame is not None:
                 if not self._op(frame, io, peer, trusted):
                     return
