@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from typing import Any, Coroutine, Iterator
 
 from hydrad.common import heap
@@ -30,31 +31,47 @@ def uvicorn_server(app: Any, host: str, port: int, header_timeout_s: float = 10.
     return Server(cfg)
 
 
+MIN_BODY_RATE = 1024
+"""Bytes a second a request body must average once it has taken longer than the header timeout."""
+
+
 def _deadline_protocol(timeout_s: float) -> type:
     """uvicorn's httptools protocol with a deadline on unfinished requests.
 
     uvicorn times out a connection only between requests (keep-alive), not one that connects
     and sends nothing or sends its headers a byte at a time; each such connection holds a file
     descriptor for ever. Here a request's headers must arrive within ``timeout_s`` of its first
-    byte (or of the connection), and its body may not pause for longer than ``timeout_s``;
-    otherwise the connection is closed. A long upload that keeps flowing is never cut."""
+    byte (or of the connection), and its body may not pause for longer than ``timeout_s`` nor,
+    past its first ``timeout_s``, arrive slower than :data:`MIN_BODY_RATE` on average (a byte
+    every few seconds kept a connection open for ever); otherwise the connection is closed. A
+    long upload that keeps flowing is never cut."""
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
     class DeadlineProtocol(HttpToolsProtocol):
         _deadline: asyncio.TimerHandle | None = None
         _in_body = False
+        _body_t0 = 0.0
+        _body_bytes = 0
 
         def connection_made(self, transport: Any) -> None:  # type: ignore[override]
             super().connection_made(transport)
             self._arm()
 
         def data_received(self, data: bytes) -> None:
+            if self._in_body:
+                self._body_bytes += len(data)
+                elapsed = time.monotonic() - self._body_t0
+                if elapsed > timeout_s and self._body_bytes < elapsed * MIN_BODY_RATE:
+                    self._expired()  # trickling: a byte now and then must not hold the connection
+                    return
             if self._in_body or (self._deadline is None and (self.cycle is None or self.cycle.response_complete)):
                 self._arm()  # a new request starts, or its body is still flowing
             super().data_received(data)
 
         def on_headers_complete(self) -> None:
             self._in_body = True
+            self._body_t0 = time.monotonic()
+            self._body_bytes = 0
             self._arm()
             super().on_headers_complete()
 

@@ -314,6 +314,28 @@ def test_idle_and_slow_connections_are_closed(engine: Engine) -> None:
     _alive_and_serving(engine)
 
 
+def test_a_trickling_body_is_closed(engine: Engine) -> None:
+    """A body sent a byte every half second (never pausing as long as header_timeout_s) is closed
+    once it has taken longer than that at less than 1 KiB/s, instead of holding the connection."""
+    slow = socket.create_connection(("127.0.0.1", engine.port))
+    slow.settimeout(5)
+    slow.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: 100000\r\n\r\n")
+    t0 = time.monotonic()
+    closed_after = None
+    while time.monotonic() - t0 < 8:
+        try:
+            slow.sendall(b" ")
+        except (BrokenPipeError, ConnectionResetError):
+            closed_after = time.monotonic() - t0
+            break
+        time.sleep(0.5)
+    assert closed_after is not None or _closed(slow)
+    assert time.monotonic() - t0 < 4
+    slow.close()
+    _alive_and_serving(engine)
+
+
 def _closed(sock: socket.socket) -> bool:
     try:
         return sock.recv(1) == b""
