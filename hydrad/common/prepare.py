@@ -10,8 +10,8 @@ threads of its own:
 - **small requests stay inline**: a body under :data:`INLINE_BYTES` with none of the fields that
   make grammars (:data:`HEAVY_FIELDS`) costs a fraction of a millisecond to parse, less than a
   hand-over to a thread would;
-- **bounded and fair**: at most ``workers`` run at once; the clients waiting (an API key, else an
-  address) take turns, one job each, so one client's heavy requests cannot take the workers from
+- **bounded and fair**: at most ``workers`` run at once; the clients waiting (by address)
+  take turns, one job each, so one client's heavy requests cannot take the workers from
   everyone else; a client may have ``per_client`` waiting or running, and gets 429 with
   ``Retry-After`` beyond that;
 - the work itself still holds the interpreter lock while it runs Python, but the loop thread is
@@ -22,7 +22,6 @@ threads of its own:
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import threading
 from collections import OrderedDict, deque
 from dataclasses import dataclass
@@ -42,11 +41,11 @@ def light(body: bytes) -> bool:
     return len(body) < INLINE_BYTES and not any(f in body for f in HEAVY_FIELDS)
 
 
-def client_key(headers: Any, peer: str | None) -> str:
-    """Who a request is from, for the fair share: its API key (hashed, never kept), else its address."""
-    auth = headers.get("authorization") or headers.get("x-api-key")
-    if auth:
-        return "key:" + hashlib.sha256(auth.encode("latin-1", "replace")).hexdigest()[:16]
+def client_key(request: Any) -> str:
+    """Who a request is from, for the fair shares: its peer address. Not a header: with no API key
+    (or one key shared by all) a client could name itself anew on every request and so take every
+    share; keys of their own per tenant will name tenants here."""
+    peer = request.client.host if getattr(request, "client", None) else None
     return "addr:" + (peer or "?")
 
 
@@ -82,8 +81,7 @@ class Preparer:
 
     async def parse(self, request: Any, raw: bytes, parse: Callable[[bytes], T]) -> T:
         """``parse(raw)`` for a request's body (``request``: a Starlette request, for who sent it)."""
-        peer = request.client.host if request.client else None
-        return await self.run(client_key(request.headers, peer), raw, parse, raw)
+        return await self.run(client_key(request), raw, parse, raw)
 
     async def run(self, client: str, body: bytes, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)``: inline when ``body`` is light, else on a worker (``refuse`` beyond the share)."""

@@ -47,7 +47,7 @@ from hydrad.coordinator.records import EngineLost, EngineRecord, EngineUnreachab
 from hydrad.coordinator.metrics import CONTENT_TYPE, CoordinatorMetrics
 from hydrad.coordinator.native import EMBEDDING_PATHS, PATHS as NATIVE_PATHS, NativeDoor
 from hydrad.common.eventstream import EventStream
-from hydrad.common.prepare import Preparer
+from hydrad.common.prepare import Preparer, client_key
 from hydrad.common.serving import CancelOnLeave
 from hydrad.coordinator.replies import Lost, Turn, api_error, collect, relay
 from hydrad.coordinator.mobility import LEAVING_STAGES, SessionMobility
@@ -313,6 +313,7 @@ class FrontDoor:
                 req, greq = await self.prep.parse(request, await request.body(),
                                                   lambda raw: outcome.measured(openai.parse(kind, raw)))  # type: ignore[arg-type]
                 greq.slot = None  # a slot number means nothing across engines
+                greq.client = _client(request)
                 session = self._session(req, request)
                 outcome.model = self._model(req.model)
                 response = await self._watched(request, kind, req, greq, session, outcome, arrival)
@@ -591,6 +592,7 @@ class FrontDoor:
             with self.burst.arrival() as arrival:
                 req, greq = await self.prep.parse(request, await request.body(),
                                                   lambda raw: outcome.measured(anthropic.parse(raw)))
+                greq.client = _client(request)
                 session = self._session_of(req.session_id, request)
                 outcome.model = self._model(req.model)
                 response = await self._messages(request, req, greq, session, outcome, arrival)
@@ -693,6 +695,11 @@ async def _anthropic_events(chunks: AsyncIterator[bytes], rid: str, dones: list[
         aclose = getattr(chunks, "aclose", None)
         if aclose is not None:
             await aclose()  # the chat stream's own cleanup cancels the request on its engine
+
+
+def _client(request: Request) -> str:
+    """Who sent a request (its address), as the engines' queues take clients in turn."""
+    return client_key(request)
 
 
 def _estimates(greq: GenRequest) -> tuple[int, str | None]:

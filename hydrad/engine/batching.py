@@ -135,6 +135,22 @@ def _token(a: _Active, text: str, end: bool = False) -> Token | None:
     return Token(text, ids, probs, calls)
 
 
+def in_turns(waiting: deque[RequestHandle]) -> deque[RequestHandle]:
+    """The queue with its clients taking turns (each client's own requests in their order): one
+    client's 26 requests queued ahead of another's single one delay it by one request per free
+    slot, not by all 26. A queue of one client comes back as it was."""
+    clients: dict[str, list[RequestHandle]] = {}
+    for h in waiting:
+        clients.setdefault(h.request.client, []).append(h)
+    if len(clients) < 2:
+        return waiting
+    out: deque[RequestHandle] = deque()
+    rows = list(clients.values())
+    for i in range(max(len(r) for r in rows)):
+        out.extend(r[i] for r in rows if i < len(r))
+    return out
+
+
 class Batching:
     gen: Generation | None
     retiring: list[Generation]
@@ -253,6 +269,9 @@ class Batching:
         if gen is None or self._pending() or not self._waiting:
             return
         deferred: deque[RequestHandle] = deque()
+        if not gen.free_slot_exists():
+            return
+        self._waiting = in_turns(self._waiting)
         while self._waiting:
             handle = self._waiting.popleft()
             want = handle.request.slot

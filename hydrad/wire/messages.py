@@ -336,19 +336,25 @@ class Generate(_Msg):
     cache_prompt: bool | None = Field(None, description=(
         "Reuse a slot's matching prompt prefix (llama-server's cache_prompt); absent: the engine's default. "
         "Sent only when set, so an engine of an earlier release still takes the message."))
+    client: str | None = Field(None, max_length=64, description=(
+        "Who sent the request to the front door (its address): the engine lets "
+        "clients take turns for free slots. Absent: one client. An engine of an earlier release refuses a "
+        "GENERATE that carries it: upgrade the engines before the coordinator."))
 
     @classmethod
     def from_request(cls, req: str, gen: GenRequest, model: str | None) -> Generate:
         return cls(req=req, model=model, prompt=gen.prompt, messages=gen.messages, tools=gen.tools,
                    max_tokens=gen.max_tokens,
                    stop=list(gen.stop), ignore_eos=gen.ignore_eos, slot=gen.slot,
-                   sampling=gen.sampling, logprobs=gen.logprobs, cache_prompt=gen.cache_prompt)
+                   sampling=gen.sampling, logprobs=gen.logprobs, cache_prompt=gen.cache_prompt,
+                   client=gen.client[:64] or None)
 
     def to_request(self) -> GenRequest:
         return GenRequest(prompt=self.prompt, messages=self.messages, tools=self.tools, max_tokens=self.max_tokens,
                           stop=list(self.stop),
                           sampling=self.sampling, ignore_eos=self.ignore_eos,
-                          slot=self.slot, logprobs=self.logprobs, cache_prompt=self.cache_prompt)
+                          slot=self.slot, logprobs=self.logprobs, cache_prompt=self.cache_prompt,
+                          client="bus:" + self.client if self.client else "")
 
 
 class Cancel(_Msg):

@@ -72,6 +72,7 @@ class GenRequest:
     tokens: list[int] | None = None  # prompt tokens made off the engine thread (EngineCore.prepare) ...
     tokens_for: int | None = None  # ... for this generation id; another generation tokenizes again
     stored_prefix: object = None  # a prefix read from the Store off the engine thread (engine.prefixshare)
+    client: str = ""  # who sent it (its address): clients take turns for free slots
     tool_grammar: str | None = None  # the tools' grammar made off the engine thread (None: free text) ...
     grammar_for: int | None = None  # ... for this generation id; another generation makes it again
     id: int = field(default_factory=lambda: next(_ids))

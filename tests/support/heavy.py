@@ -68,13 +68,17 @@ class Answer:
     error: str = ""
 
 
+STEADY_ADDRESS = "127.0.0.2"
+"""The steady clients connect from an address of their own: a pool tells clients apart by address."""
+
+
 def _stream_forever(url: str, body: dict[str, Any], stop: Any, out: Any) -> None:
     """The steady client's loop, in a process of its own: the test process sending megabytes of heavy
     requests must not stall the clock of the client it measures."""
     gaps: list[float] = []
     firsts: list[float] = []
     failures: list[str] = []
-    with httpx.Client(timeout=60) as client:
+    with httpx.Client(timeout=60, transport=httpx.HTTPTransport(local_address=STEADY_ADDRESS)) as client:
         while not stop.is_set():
             t0 = last = time.monotonic()
             first = True

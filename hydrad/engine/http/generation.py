@@ -14,6 +14,7 @@ from starlette.responses import JSONResponse, Response
 from hydrad.common.logs import log_event
 from hydrad.common.eventstream import EventStream
 from hydrad.common.serving import until_disconnected
+from hydrad.common.prepare import client_key
 from hydrad.engine.core import EngineCore, RequestRefused
 from hydrad.engine.http.context import HttpContext, ctx_of
 from hydrad.engine.requests import Done, Failed, Progress, RequestHandle, Token
@@ -89,6 +90,7 @@ async def start(request: Request, ctx: HttpContext, greq: GenRequest, prompt_fie
     busy slots is never prefilled for nobody (a client that gave up on a slow server used to leave its
     prompt in the queue, and every retry added another)."""
     core = ctx.core
+    greq.client = client_key(request)
     try:
         await core.prepare(greq)
     except RequestRefused as exc:
