@@ -269,9 +269,8 @@ class Batching:
         if gen is None or self._pending() or not self._waiting:
             return
         deferred: deque[RequestHandle] = deque()
-        if not gen.free_slot_exists():
-            return
-        self._waiting = in_turns(self._waiting)
+        if gen.free_slot_exists():  # (reordered only when someone can be admitted: not on every step)
+            self._waiting = in_turns(self._waiting)
         while self._waiting:
             handle = self._waiting.popleft()
             want = handle.request.slot
