@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from hydrad.common.logs import log_event
 from hydrad.common.params import RuntimeParams
-from hydrad.engine import chatprompt, faults, llama
+from hydrad.engine import chatprompt, faults, llama, sampling
 from hydrad.engine.generation import Generation, Slot
 from hydrad.engine.prefixshare import PrefixShare
 from hydrad.engine.requests import Done, Failed, Progress, RequestHandle, Token, Usage
@@ -92,7 +92,7 @@ class _Active:
     cached: int
     pending: list[int]
     max_tokens: int
-    sampler: llama.Sampler
+    sampler: sampling.Sampler
     detok: Utf8Detokenizer
     stopper: StopMatcher
     t_start: float
@@ -102,7 +102,7 @@ class _Active:
     unsent: list[int] = field(default_factory=list)  # sampled, not yet turned into text (text_overlap)
     ids: list[int] | None = None  # return_tokens: turned into text, not yet sent with a Token
     faulty: frozenset[str] = frozenset()  # fault-injection tests: stages at which this request fails
-    probs: llama.Logprobs | None = None  # logprobs: measures each row before sampling
+    probs: sampling.Logprobs | None = None  # logprobs: measures each row before sampling
     probs_unsent: deque[TokenLogprob] = field(default_factory=deque)  # one per token of ``unsent``
     probs_made: list[TokenLogprob] = field(default_factory=list)  # made into text, not yet sent with a Token
     tools: ToolStream | None = None  # a request offering tools: its text read into content and calls
@@ -319,7 +319,7 @@ class Batching:
         s = req.sampling
         grammar = s.grammar if req.tools is None else self._tool_grammar(gen, req)
         try:
-            sampler = llama.Sampler(llama.Sampling(
+            sampler = sampling.Sampler(sampling.Sampling(
                 temperature=params.temperature if s.temperature is None else s.temperature,
                 top_k=params.top_k if s.top_k is None else s.top_k,
                 top_p=params.top_p if s.top_p is None else s.top_p,
@@ -330,7 +330,7 @@ class Batching:
                 seed=params.seed if s.seed is None else s.seed,
                 ban=tuple(model.eog_tokens()) if req.ignore_eos else (),
                 grammar=grammar), model.n_vocab, limit, model.vocab)
-        except llama.GrammarRefused as exc:
+        except sampling.GrammarRefused as exc:
             raise _RequestError(str(exc), 400, "invalid_field") from None
         room = limit - len(tokens)
         if req.max_tokens is not None:
@@ -346,7 +346,7 @@ class Batching:
         except ValueError as exc:
             sampler.free()
             raise _RequestError(str(exc), 400, "invalid_stop") from None
-        probs = None if req.logprobs is None else llama.Logprobs(model.n_vocab, req.logprobs, model.piece)
+        probs = None if req.logprobs is None else sampling.Logprobs(model.n_vocab, req.logprobs, model.piece)
         slot.active = _Active(handle=handle, prompt_len=len(tokens), cached=keep, pending=tokens[keep:],
                               max_tokens=max_tokens, sampler=sampler, detok=Utf8Detokenizer(),
                               stopper=stopper, t_start=time.monotonic(), faulty=faulty,
@@ -477,10 +477,10 @@ class Batching:
     def _on_token(self, gen: Generation, slot: Slot, a: _Active, tok: int, defer: bool) -> None:
         """Token-level decisions now (end of generation, length); the text now, or once the next
         step is on the device when ``defer`` (the first token never waits: it is the TTFT)."""
-        if tok == llama.END_OF_GRAMMAR and a.n_gen == 0 and not a.handle.request.ignore_eos:
-            raise llama.GrammarUnsatisfiable("grammar: no token of this model can begin an answer the grammar "
+        if tok == sampling.END_OF_GRAMMAR and a.n_gen == 0 and not a.handle.request.ignore_eos:
+            raise sampling.GrammarUnsatisfiable("grammar: no token of this model can begin an answer the grammar "
                                              "allows (not even the end of the answer)")
-        if tok == llama.END_OF_GRAMMAR or gen.model.is_eog(tok):
+        if tok == sampling.END_OF_GRAMMAR or gen.model.is_eog(tok):
             self._finish(gen, slot, "stop")
             return
         a.n_gen += 1
@@ -580,7 +580,7 @@ class Batching:
         too ambiguous to sample is the request's own doing, a 400) and frees its slot; the engine
         thread and every other request go on."""
         self.stats.requests_failed_total += 1
-        if isinstance(exc, (llama.GrammarTooSlow, llama.GrammarUnsatisfiable)):  # what the request asked for: a 4xx
+        if isinstance(exc, (sampling.GrammarTooSlow, sampling.GrammarUnsatisfiable)):  # what the request asked for: a 4xx
             log_event(log, logging.INFO, "request refused", req=handle.id, stage=stage, code=exc.code, error=str(exc))
             self._emit(handle, Failed(str(exc), status=400, code=exc.code))
         else:

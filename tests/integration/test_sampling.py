@@ -9,21 +9,21 @@ from typing import Callable
 
 import pytest
 
-from hydrad.engine import llama
+from hydrad.engine import llama, sampling
 from hydrad.common.params import RuntimeParams
 
 
-def _greedy(ban: tuple[int, ...] = (), seed: int = 1) -> llama.Sampling:
-    return llama.Sampling(temperature=0, top_k=40, top_p=0.95, min_p=0.05, repeat_penalty=1.0, repeat_last_n=64,
+def _greedy(ban: tuple[int, ...] = (), seed: int = 1) -> sampling.Sampling:
+    return sampling.Sampling(temperature=0, top_k=40, top_p=0.95, min_p=0.05, repeat_penalty=1.0, repeat_last_n=64,
                           frequency_penalty=0, presence_penalty=0, seed=seed, ban=ban)
 
 
-def _sampled(ban: tuple[int, ...] = (), seed: int = 7) -> llama.Sampling:
-    return llama.Sampling(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, repeat_penalty=1.0, repeat_last_n=64,
+def _sampled(ban: tuple[int, ...] = (), seed: int = 7) -> sampling.Sampling:
+    return sampling.Sampling(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, repeat_penalty=1.0, repeat_last_n=64,
                           frequency_penalty=0, presence_penalty=0, seed=seed, ban=ban)
 
 
-def _shortcut_agrees(path: Path, make: Callable[..., llama.Sampling], shortcut: str, prompt: str,
+def _shortcut_agrees(path: Path, make: Callable[..., sampling.Sampling], shortcut: str, prompt: str,
                      steps: int) -> list[int]:
     """Decode ``steps`` tokens of ``prompt``; at every step a sampler taking ``shortcut`` (the
     attribute that says so) and the full chain (a sampler told of no vocabulary takes none), built
@@ -34,11 +34,11 @@ def _shortcut_agrees(path: Path, make: Callable[..., llama.Sampling], shortcut: 
     model = llama.Model.load(path, params)
     ctx = llama.Context(model, params)
     batch = llama.Batch(512)
-    samplers: list[llama.Sampler] = []
+    samplers: list[sampling.Sampler] = []
     try:
         eog = tuple(model.eog_tokens())
-        fast, chain = llama.Sampler(make((), 1), model.n_vocab), llama.Sampler(make((), 1), 0)
-        fast_ban, chain_ban = llama.Sampler(make(eog, 9), model.n_vocab), llama.Sampler(make(eog, 9), 0)
+        fast, chain = sampling.Sampler(make((), 1), model.n_vocab), sampling.Sampler(make((), 1), 0)
+        fast_ban, chain_ban = sampling.Sampler(make(eog, 9), model.n_vocab), sampling.Sampler(make(eog, 9), 0)
         samplers = [fast, chain, fast_ban, chain_ban]
         assert getattr(fast, shortcut) and getattr(fast_ban, shortcut)
         assert not getattr(chain, shortcut) and not getattr(chain_ban, shortcut)
@@ -78,7 +78,7 @@ def test_top_k_preselection_samples_what_the_full_chain_samples(gemma_path: Path
     chain over all n_vocab logits (llama_sampler_sample), same seed: the same token every step, with
     and without banned tokens. Gemma-3's 262,144-token vocabulary is where the preselection is used."""
     llama.preload_native()
-    small = llama.Sampler(_sampled(), 49_152)
+    small = sampling.Sampler(_sampled(), 49_152)
     assert not small.preselect  # SmolLM2's size: the chain's own top-k is as fast
     small.free()
     out = _shortcut_agrees(gemma_path, _sampled, "preselect", "Once upon a time, in a village by the sea,", 48)

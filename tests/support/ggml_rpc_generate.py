@@ -8,7 +8,7 @@ import json
 import sys
 import time
 
-from hydrad.engine import ggml, llama
+from hydrad.engine import ggml, llama, sampling
 from hydrad.common.params import RuntimeParams
 
 
@@ -29,7 +29,7 @@ def main() -> None:
     # flash attention off: a CUDA build without FA kernels (GGML_CUDA_FA=OFF) aborts the remote server otherwise
     ctx = llama.Context(model, RuntimeParams(n_ctx=512, n_batch=512, n_parallel=1, n_threads=1, flash_attn="off"))
     batch = llama.Batch(512)
-    sampler = llama.Sampler(llama.Sampling(0, 0, 1, 0, 1, 0, 0, 0, 0))
+    sampler = sampling.Sampler(sampling.Sampling(0, 0, 1, 0, 1, 0, 0, 0, 0))
     tokens = model.tokenize(prompt)
     for i, t in enumerate(tokens):
         batch.add(t, i, 0, i == len(tokens) - 1)
