@@ -21,7 +21,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator
 
-from hydrad.wire.grammar import MAX_SCHEMA_CHARS, GrammarError, schema_grammar
+from hydrad.wire.grammar import MAX_SCHEMA_CHARS, GrammarError, check_schema
 
 MAX_TOOLS = 128
 """Most functions a request may offer (OpenAI documents 128)."""
@@ -182,7 +182,7 @@ def parse(fields: dict[str, Any]) -> ToolSpec | None:
         return None
     for i, tool in enumerate(tools):
         try:
-            schema_grammar(tool["function"]["parameters"])
+            check_schema(tool["function"]["parameters"])
         except GrammarError as exc:
             raise ToolError(str(exc), f"tools[{i}].function.parameters") from None
     if choice == "none":
