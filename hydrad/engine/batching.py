@@ -193,7 +193,9 @@ class Batching:
         if not heavy and not from_store:
             return
         try:
-            tokens, grammar = await asyncio.to_thread(self._prepared, gen, request)
+            # both at once: the tokenizer runs without the interpreter lock while the grammar is made
+            tokens, grammar = await asyncio.gather(asyncio.to_thread(self._tokenize, gen, request),
+                                                   asyncio.to_thread(self._tool_grammar, gen, request))
         except _RequestError as exc:
             raise RequestRefused(str(exc), exc.status, exc.code, exc.n_prompt_tokens, exc.n_ctx) from None
         except Exception:  # noqa: BLE001 - not the request's fault (a retired model, ...): the engine
@@ -203,11 +205,6 @@ class Batching:
         request.tool_grammar, request.grammar_for = grammar, gen.id
         if from_store:  # the longest prefix the pool's Store holds, read and verified here, not on the engine thread
             request.stored_prefix = await asyncio.to_thread(self.prefix.lookup, gen, tokens)
-
-    def _prepared(self, gen: Generation, request: GenRequest) -> tuple[list[int], str | None]:
-        """A request's prompt tokens and its tools' grammar for ``gen`` (any thread)."""
-        tokens = self._tokenize(gen, request)
-        return tokens, self._tool_grammar(gen, request)
 
     def _tool_grammar(self, gen: Generation, request: GenRequest) -> str | None:
         if request.tools is None:

@@ -141,6 +141,7 @@ class ModelInfo:
 
 _UNSET = object()
 _SPECIAL_ATTRS = 1 | 8 | 16  # llama_token_attr UNKNOWN | CONTROL | USER_DEFINED: what llama.cpp cuts a text at
+_PARSED_ONLY_ATTRS = 1 | 8  # UNKNOWN | CONTROL: what it matches only with special parsing
 
 
 class Model:
@@ -158,6 +159,7 @@ class Model:
         self._readers_cv = threading.Condition()
         self._marker: Any = _UNSET  # where long prompts may be cut (tokenchunks), found at the first one
         self._marker_lock = threading.Lock()
+        self._controls: frozenset[int] | None = None  # control and unknown token ids (has_special_text)
         self.info = ModelInfo(
             path=str(path),
             desc=self._desc(),
@@ -357,10 +359,22 @@ class Model:
         return tokens
 
     def has_special_text(self, content: str) -> bool:
+        """Whether ``content`` holds the text of a control token (``<|im_end|>``): with special parsing
+        its tokens then include one, and only then do they differ from the tokens without it (user-
+        defined tokens are matched either way). One tokenization instead of both to compare."""
         if "<" not in content and "[" not in content and "|" not in content:
             return False  # every special-token text of the supported families has one of these
-        return (self.tokenize(content, add_special=False, parse_special=True)
-                != self.tokenize(content, add_special=False, parse_special=False))
+        controls = self._control_ids()
+        return any(t in controls for t in self.tokenize(content, add_special=False, parse_special=True))
+
+    def _control_ids(self) -> frozenset[int]:
+        """The tokens that special parsing alone matches (control, unknown), found once."""
+        with self._marker_lock:
+            if self._controls is None:
+                C = lib()
+                self._controls = frozenset(t for t in range(self.n_vocab)
+                                           if C.llama_vocab_get_attr(self.vocab, t) & _PARSED_ONLY_ATTRS)
+            return self._controls
 
     def piece(self, token: int) -> bytes:
         """Bytes of one token; cached, since decode loops ask for the same tokens again and again."""
