@@ -297,17 +297,8 @@ def test_idle_and_slow_connections_are_closed(engine: Engine) -> None:
     slow = socket.create_connection(("127.0.0.1", engine.port))
     idle.settimeout(5)
     slow.settimeout(5)
-    t0 = time.monotonic()
-    closed_after = None
-    for ch in b"GET /health HTTP/1.1\r\nHost: localhost\r\n":  # never finished: the blank line never comes
-        try:
-            slow.sendall(bytes([ch]))
-        except (BrokenPipeError, ConnectionResetError):
-            closed_after = time.monotonic() - t0
-            break
-        time.sleep(0.2)
-    assert closed_after is not None or _closed(slow)
-    assert time.monotonic() - t0 < 4
+    # never finished: the blank line never comes
+    _closed_while_trickling(slow, [bytes([ch]) for ch in b"GET /health HTTP/1.1\r\nHost: localhost\r\n"], 0.2)
     assert idle.recv(1) == b""
     idle.close()
     slow.close()
@@ -321,19 +312,24 @@ def test_a_trickling_body_is_closed(engine: Engine) -> None:
     slow.settimeout(5)
     slow.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                  b"Content-Length: 100000\r\n\r\n")
-    t0 = time.monotonic()
-    closed_after = None
-    while time.monotonic() - t0 < 8:
-        try:
-            slow.sendall(b" ")
-        except (BrokenPipeError, ConnectionResetError):
-            closed_after = time.monotonic() - t0
-            break
-        time.sleep(0.5)
-    assert closed_after is not None or _closed(slow)
-    assert time.monotonic() - t0 < 4
+    _closed_while_trickling(slow, [b" "] * 16, 0.5)
     slow.close()
     _alive_and_serving(engine)
+
+
+def _closed_while_trickling(sock: socket.socket, pieces: list[bytes], interval: float) -> None:
+    """Sends ``pieces`` ``interval`` apart; the server must close the connection within 4 s."""
+    t0 = time.monotonic()
+    closed = False
+    for piece in pieces:
+        try:
+            sock.sendall(piece)
+        except (BrokenPipeError, ConnectionResetError):
+            closed = True
+            break
+        time.sleep(interval)
+    assert closed or _closed(sock)
+    assert time.monotonic() - t0 < 4
 
 
 def _closed(sock: socket.socket) -> bool:
