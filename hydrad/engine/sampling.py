@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import hashlib
 import math
 import os
 import time
@@ -133,6 +134,15 @@ PRESELECT_MIN_VOCAB = 100_000
 PRESELECT_WIDTHS = (8.0, 16.0, 32.0, 64.0)  # band widths tried: a sampled row's top 40 rarely lie within 4
 
 
+def fold_seed(seed: int) -> int:
+    """A seed llama.cpp can take (32 bits) for one of up to 64: those below 2**32 as they are (the
+    same streams as llama-server's), larger ones hashed, so that two seeds differing only in their
+    high bits no longer give the same answer (the low 32 bits alone were used)."""
+    if seed < 1 << 32:
+        return seed
+    return int.from_bytes(hashlib.blake2b(seed.to_bytes(16, "little"), digest_size=4).digest(), "little")
+
+
 class Sampler:
     """A llama.cpp sampler chain: sampling runs in C, one call per token. A request with a grammar
     adds llama.cpp's grammar sampler (built for that request alone, so others pay nothing)."""
@@ -199,8 +209,8 @@ class Sampler:
             if s.min_p > 0:
                 add(C.llama_sampler_init_min_p(s.min_p, 1))
             add(C.llama_sampler_init_temp(s.temperature))
-            seed = s.seed if s.seed >= 0 else int.from_bytes(os.urandom(4), "little")
-            add(C.llama_sampler_init_dist(seed & 0xFFFFFFFF))
+            seed = fold_seed(s.seed) if s.seed >= 0 else int.from_bytes(os.urandom(4), "little")
+            add(C.llama_sampler_init_dist(seed))
 
     def sample(self, ctx: Context, idx: int) -> int:
         if self.grammar is not None:
