@@ -97,10 +97,11 @@ class Guard:
                             headers={"WWW-Authenticate": 'Bearer realm="hydra-admin"'})
         return None
 
-    def _too_large(self, size: int | None) -> ApiError:
+    def _too_large(self, size: int | None, close: bool = False) -> ApiError:
+        """413; ``close``: part of the body was read and the rest is left unread, so the connection ends."""
         what = f"{size} bytes" if size is not None else f"more than {self.max_body} bytes"
         return ApiError(413, f"the request body ({what}) exceeds this coordinator's limit of {self.max_body} bytes "
-                             "(max_body_bytes)", "request_too_large")
+                             "(max_body_bytes)", "request_too_large", headers={"Connection": "close"} if close else None)
 
     def _limited(self, receive: Receive) -> Receive:
         """``receive`` that counts body bytes and bounds the time until the body is complete.
@@ -121,12 +122,13 @@ class Guard:
             try:
                 message = await asyncio.wait_for(receive(), max(0.0, remaining))
             except asyncio.TimeoutError:
+                # the rest of the body may still come: the connection cannot carry another request
                 raise ApiError(408, f"the request body did not arrive within {self.body_timeout:g} s "
-                                    "(body_timeout_s)", "timeout") from None
+                                    "(body_timeout_s)", "timeout", headers={"Connection": "close"}) from None
             if message.get("type") == "http.request":
                 received += len(message.get("body") or b"")
                 if received > self.max_body:
-                    raise self._too_large(None)
+                    raise self._too_large(None, close=True)
                 if not message.get("more_body", False):
                     complete = True
             else:
