@@ -183,7 +183,10 @@ class BrowserGuard:
     def _foreign(self, origin: str | None, site: str | None, host: str | None, control: bool) -> bool:
         if origin is None:
             return site in ("cross-site", "same-site")
-        parts = urlsplit(origin.strip())
+        try:
+            parts = urlsplit(origin.strip())
+        except ValueError:  # not an origin a browser sends ("http://[::1" ...): nobody's own
+            return True
         if host is not None and parts.scheme in _DEFAULT_PORTS and parts.netloc \
                 and _netloc(parts.scheme, parts.netloc) == _netloc(parts.scheme, host):
             return False  # same origin: the page was served by this server (or its proxy) itself

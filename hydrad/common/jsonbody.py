@@ -40,6 +40,12 @@ def loads(raw: bytes | str, what: str = "request body", max_depth: int = MAX_DEP
     return data
 
 
+def dumps(obj: Any) -> bytes:
+    """JSON as Starlette's ``JSONResponse`` writes it (compact, UTF-8, no NaN): for a body written
+    on a worker thread, or one forwarded, which so never grows on the way."""
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+
+
 def loads_object(raw: bytes | str, what: str = "request body", max_depth: int = MAX_DEPTH) -> dict[str, Any]:
     """:func:`loads` for bodies that must be a JSON object; an empty body is an empty object."""
     data = loads(raw or b"{}", what, max_depth)

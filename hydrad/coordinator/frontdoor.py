@@ -313,7 +313,7 @@ class FrontDoor:
                 req, greq = await self.prep.parse(request, await request.body(),
                                                   lambda raw: outcome.measured(openai.parse(kind, raw)))  # type: ignore[arg-type]
                 greq.slot = None  # a slot number means nothing across engines
-                greq.client = _client(request)
+                greq.client = client_key(request)  # the engines' queues take clients in turn
                 session = self._session(req, request)
                 outcome.model = self._model(req.model)
                 response = await self._watched(request, kind, req, greq, session, outcome, arrival)
@@ -592,7 +592,7 @@ class FrontDoor:
             with self.burst.arrival() as arrival:
                 req, greq = await self.prep.parse(request, await request.body(),
                                                   lambda raw: outcome.measured(anthropic.parse(raw)))
-                greq.client = _client(request)
+                greq.client = client_key(request)  # the engines' queues take clients in turn
                 session = self._session_of(req.session_id, request)
                 outcome.model = self._model(req.model)
                 response = await self._messages(request, req, greq, session, outcome, arrival)
@@ -695,11 +695,6 @@ async def _anthropic_events(chunks: AsyncIterator[bytes], rid: str, dones: list[
         aclose = getattr(chunks, "aclose", None)
         if aclose is not None:
             await aclose()  # the chat stream's own cleanup cancels the request on its engine
-
-
-def _client(request: Request) -> str:
-    """Who sent a request (its address), as the engines' queues take clients in turn."""
-    return client_key(request)
 
 
 def _estimates(greq: GenRequest) -> tuple[int, str | None]:

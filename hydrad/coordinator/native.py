@@ -95,21 +95,22 @@ class NativeDoor:
             raise ApiError(503, f"engine {recs[0].name} has no HTTP address", "no_engine")
         return urls
 
-    async def _forwarded(self, request: Request, check: Callable[[bytes], Any] | None = None) -> tuple[Any, Any, bytes]:
+    async def _forwarded(self, request: Request,
+                         check: Callable[[dict[str, Any]], Any] | None = None) -> tuple[Any, Any, bytes]:
         """(what ``check`` made of the body, the body's ``model``, the body to forward without it),
-        all made on the preparation workers unless the body is small: a body of megabytes is
-        parsed and written again there, compact and as UTF-8, so it never grows on the way (an
-        8 MB body written with escapes was 12 MB and over the engine's limit)."""
+        all made on the preparation workers unless the body is small: a body of megabytes is read
+        once, checked, and written again there, compact and as UTF-8, so it never grows on the way
+        (an 8 MB body written with escapes was 12 MB and over the engine's limit)."""
         path = request.url.path
 
         def prepare(raw: bytes) -> tuple[Any, Any, bytes]:
-            checked = check(raw) if check is not None else None
             try:
                 body = jsonbody.loads_object(raw, f"{path} body")
             except jsonbody.BodyError as exc:
                 raise ApiError(400, str(exc), exc.code, exc.param) from None
-            model = body.pop("model", None)
-            return checked, model, json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+            checked = check(body) if check is not None else None
+            rest = {k: v for k, v in body.items() if k != "model"}
+            return checked, body.get("model"), jsonbody.dumps(rest)
 
         return await self.prep.parse(request, await request.body(), prepare)
 

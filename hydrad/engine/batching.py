@@ -193,9 +193,11 @@ class Batching:
         if not heavy and not from_store:
             return
         try:
-            # both at once: the tokenizer runs without the interpreter lock while the grammar is made
-            tokens, grammar = await asyncio.gather(asyncio.to_thread(self._tokenize, gen, request),
-                                                   asyncio.to_thread(self._tool_grammar, gen, request))
+            if request.tools is None:
+                tokens, grammar = await asyncio.to_thread(self._tokenize, gen, request), None
+            else:  # both at once: the tokenizer runs without the interpreter lock while the grammar is made
+                tokens, grammar = await asyncio.gather(asyncio.to_thread(self._tokenize, gen, request),
+                                                       asyncio.to_thread(self._tool_grammar, gen, request))
         except _RequestError as exc:
             raise RequestRefused(str(exc), exc.status, exc.code, exc.n_prompt_tokens, exc.n_ctx) from None
         except Exception:  # noqa: BLE001 - not the request's fault (a retired model, ...): the engine

@@ -405,7 +405,7 @@ def build_generation(resolved: ResolvedModel, params: RuntimeParams, progress: C
         placed = params.model_copy(update={"n_gpu_layers": placement.n_gpu_layers,
                                            "tensor_split": placement.tensor_split})
         model = llama.Model.load(resolved.path, placed, progress, placement.devices, placement.overrides)
-    model.has_special_text("<")  # its control tokens found here, on the loader thread, not by a request
+    model.specials()  # the vocabulary's special tokens read here, on the loader thread, not by a request
     t_model = time.monotonic()
     with PAGEABLE_BESIDE.open(beside):
         try:

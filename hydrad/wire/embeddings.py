@@ -106,7 +106,7 @@ def _normalize(data: dict[str, Any]) -> int:
     return value
 
 
-def parse_openai(raw: bytes, n_vocab: int | None = None) -> EmbedRequest:
+def parse_openai(raw: bytes | dict[str, Any], n_vocab: int | None = None) -> EmbedRequest:
     """A /v1/embeddings body (fields OpenAI defines, plus llama-server's ``embd_normalize``; others are
     ignored, as on the other OpenAI endpoints). ``n_vocab`` bounds token ids when known."""
     data = json_object(raw)
@@ -126,7 +126,7 @@ def parse_openai(raw: bytes, n_vocab: int | None = None) -> EmbedRequest:
                         dims)
 
 
-def parse_native(raw: bytes, n_vocab: int | None = None) -> EmbedRequest:
+def parse_native(raw: bytes | dict[str, Any], n_vocab: int | None = None) -> EmbedRequest:
     """An /embedding body: ``content`` (or ``input``, which llama-server reads first), ``embd_normalize``
     and, for a pool, ``model``; any other field is refused by name."""
     data = json_object(raw)

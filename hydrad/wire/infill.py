@@ -61,7 +61,7 @@ def mixed(value: Any, name: str) -> Mixed:
     raise ApiError(400, f"{name} must be a string or a list of strings and token ids", "invalid_field", name)
 
 
-def parse(raw: bytes) -> tuple[InfillRequest, SamplingOverrides]:
+def parse(raw: bytes | dict[str, Any]) -> tuple[InfillRequest, SamplingOverrides]:
     """An /infill body as the request and its checked sampling; ApiError 400 naming the field."""
     data = json_object(raw)
     for name in ("input_prefix", "input_suffix"):

@@ -105,7 +105,7 @@ def _prompt(value: Any, n_vocab: int | None) -> tuple[str | None, list[int] | No
     return None, list(value)
 
 
-def parse(raw: bytes, n_vocab: int | None = None) -> tuple[NativeCompletionRequest, GenRequest]:
+def parse(raw: bytes | dict[str, Any], n_vocab: int | None = None) -> tuple[NativeCompletionRequest, GenRequest]:
     """A /completion body as the request and its GenRequest; ApiError 400 naming the field.
     ``n_vocab`` (the engine's, when it has a model) bounds token-id prompts here; the engine
     thread checks them again against the model that takes the request."""

@@ -295,8 +295,12 @@ def _text_of(content: Any, where: str) -> str:
     raise ApiError(400, f"{where}.content must be a string or a list of text parts", "invalid_content", where)
 
 
-def json_object(raw: bytes) -> dict[str, Any]:
-    """A request body as a JSON object (the doors' own JSON checks), else a 400 saying what is wrong."""
+def json_object(raw: bytes | dict[str, Any]) -> dict[str, Any]:
+    """A request body as a JSON object (the doors' own JSON checks), else a 400 saying what is wrong.
+    A body already read so (``jsonbody.loads_object``) is taken as it is: the front door reads a
+    forwarded body once, to check it and to write it again."""
+    if isinstance(raw, dict):
+        return raw
     try:
         data = jsonbody.loads(raw)
     except jsonbody.BodyError as exc:

@@ -32,10 +32,11 @@ def test_pieces_give_the_same_tokens_as_one_call(which: str, smollm_path: Path, 
             pieces = m.tokenize_prompt(text)
             t2 = time.perf_counter()
             assert pieces == whole, (which, n, empty)
-            assert m._marker is not None  # the model's prompts were cut, not tokenized whole
+            marker = m.specials().marker
+            assert marker is not None  # the model's prompts were cut, not tokenized whole
             assert t2 - t1 < t1 - t0, (which, n, t1 - t0, t2 - t1)
-            raw = m.tokenize_prompt(text.replace(m._marker.text, m._marker.text.upper()))  # nothing to cut at
-            assert raw == m.tokenize(text.replace(m._marker.text, m._marker.text.upper()), True, True)
+            raw = m.tokenize_prompt(text.replace(marker.text, marker.text.upper()))  # nothing to cut at
+            assert raw == m.tokenize(text.replace(marker.text, marker.text.upper()), True, True)
     finally:
         m.free()
 
@@ -47,5 +48,18 @@ def test_forty_thousand_messages_are_refused_before_they_are_tokenized(smollm_pa
         with pytest.raises(llama.PromptTextTooLong) as err:
             m.chat_tokens([{"role": "user", "content": ""}] * 40_000, max_chars=4096 * 64)
         assert err.value.chars > 1_000_000 and time.perf_counter() - t0 < 2.0
+    finally:
+        m.free()
+
+
+def test_a_template_llama_cpp_does_not_know_leaves_long_prompts_whole(smollm_path: Path) -> None:
+    """The cut is found from the model's template as llama.cpp formats it; a template it does not
+    know (an operator's own jinja) means no cut, never a failed completion."""
+    m = llama.Model.load(smollm_path, RuntimeParams(model="x", n_gpu_layers=0))
+    try:
+        m.chat_template = b"{% for m in messages %}{{ m['content'] }}{% endfor %}"
+        text = "<|im_start|>user\nhello<|im_end|>\n" * 1000
+        assert m.tokenize_prompt(text) == m.tokenize(text, True, True)
+        assert m.specials().marker is None
     finally:
         m.free()

@@ -11,11 +11,12 @@ without ``--embeddings``.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response, StreamingResponse
 
+from hydrad.common import jsonbody
 from hydrad.engine.embedder import Embedder, as_base64, normalized
 from hydrad.engine.embedjobs import EmbedRefused
 from hydrad.engine.generation import Generation
@@ -38,8 +39,12 @@ async def embeddings(request: Request) -> Response:
                        "pooling_none", "input")
     tokens, vectors = await _compute(ctx, gen, embedder, req)
     encode: Callable[[Any], Any] = as_base64 if req.base64 else _floats
-    data = [encode(normalized(v, req.normalize)) for v in vectors]
-    return JSONResponse(wire.openai_answer(gen.resolved.id, data, sum(len(t) for t in tokens)))
+
+    def answer() -> bytes:
+        data = [encode(normalized(v, req.normalize)) for v in vectors]
+        return jsonbody.dumps(wire.openai_answer(gen.resolved.id, data, sum(len(t) for t in tokens)))
+
+    return Response(await asyncio.to_thread(answer), media_type="application/json")
 
 
 async def embedding(request: Request) -> Response:
@@ -51,10 +56,27 @@ async def embedding(request: Request) -> Response:
     _check_model(ctx, gen, req)
     _, vectors = await _compute(ctx, gen, embedder, req)
     if embedder.pooled:
-        out = [[_floats(normalized(v, req.normalize))] for v in vectors]
-    else:
-        out = [[_floats(row) for row in matrix] for matrix in vectors]
-    return JSONResponse(wire.native_answer(out))
+        answer = await asyncio.to_thread(lambda: jsonbody.dumps(wire.native_answer(
+            [[_floats(normalized(v, req.normalize))] for v in vectors])))
+        return Response(answer, media_type="application/json")
+    return StreamingResponse(_per_token(vectors), media_type="application/json")  # type: ignore[arg-type]
+
+
+_ROWS_PER_STEP = 64
+
+
+def _per_token(matrices: list[Any]) -> Iterator[bytes]:
+    """llama-server's answer for pooling none, one vector per token, written a token at a time:
+    a context of vectors is tens of megabytes of JSON, which written whole on the event loop held
+    it (and the engine's heartbeats) for seconds. Starlette runs each step on a worker thread."""
+    yield b"["
+    for i, matrix in enumerate(matrices):
+        yield (b"," if i else b"") + b'{"index":' + str(i).encode() + b',"embedding":'
+        for j in range(0, max(len(matrix), 1), _ROWS_PER_STEP):
+            rows = jsonbody.dumps([_floats(row) for row in matrix[j:j + _ROWS_PER_STEP]])
+            yield (b"[" if j == 0 else b",") + rows[1:-1]
+        yield b"]}"
+    yield b"]"
 
 
 def _serving(ctx: HttpContext) -> tuple[Generation, Embedder]:

@@ -10,12 +10,12 @@ reload freeing it meanwhile (then a 503, as for any request that meets a reload)
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any, Iterator
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from hydrad.common import jsonbody
 from hydrad.engine import chatprompt
 from hydrad.engine.http.context import ctx_of
 from hydrad.engine.llama import ModelFreed
@@ -81,7 +81,7 @@ async def tokenize(request: Request) -> Response:
     try:
         ids = await asyncio.to_thread(tokens)
         if not with_pieces:
-            return Response(await asyncio.to_thread(_compact, {"tokens": ids}), media_type="application/json")
+            return Response(await asyncio.to_thread(jsonbody.dumps, {"tokens": ids}), media_type="application/json")
         pieces = await asyncio.to_thread(model.detokenize, ids, True)
     except ModelFreed:
         raise ApiError(503, "the model was replaced while tokenizing; retry", "reloading",
@@ -92,10 +92,6 @@ async def tokenize(request: Request) -> Response:
 _PIECES_PER_CHUNK = 4096
 
 
-def _compact(obj: Any) -> bytes:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
-
-
 def _with_pieces(ids: list[int], pieces: list[bytes]) -> Iterator[bytes]:
     """``{"tokens": [{"id", "piece"}, ...]}`` a few thousand tokens at a time. Written whole, 8 MiB
     of text made one 100 MB ``json.dumps`` call, which holds the interpreter lock throughout: the
@@ -103,7 +99,7 @@ def _with_pieces(ids: list[int], pieces: list[bytes]) -> Iterator[bytes]:
     generator on a worker thread, and the lock is free between steps."""
     yield b'{"tokens":['
     for start in range(0, len(ids), _PIECES_PER_CHUNK):
-        part = _compact([{"id": t, "piece": _piece(b)} for t, b in
+        part = jsonbody.dumps([{"id": t, "piece": _piece(b)} for t, b in
                          zip(ids[start:start + _PIECES_PER_CHUNK], pieces[start:start + _PIECES_PER_CHUNK])])
         yield (b"," if start else b"") + part[1:-1]
     yield b"]}"
@@ -132,7 +128,8 @@ async def detokenize(request: Request) -> Response:
         raise ApiError(503, "the model was replaced while detokenizing; retry", "reloading",
                        headers={"Retry-After": "1"}) from None
     assert isinstance(text, bytes)
-    return JSONResponse({"content": text.decode("utf-8", "replace")})
+    return Response(await asyncio.to_thread(lambda: jsonbody.dumps({"content": text.decode("utf-8", "replace")})),
+                    media_type="application/json")
 
 
 async def apply_template(request: Request) -> Response:
@@ -152,7 +149,7 @@ async def apply_template(request: Request) -> Response:
         prompt = await asyncio.to_thread(chatprompt.chat_text, model, params.chat_template if params else None, req)
     except ValueError as exc:
         raise ApiError(400, str(exc), "template_error") from None
-    return JSONResponse({"prompt": prompt})
+    return Response(await asyncio.to_thread(jsonbody.dumps, {"prompt": prompt}), media_type="application/json")
 
 
 async def props(request: Request) -> Response:

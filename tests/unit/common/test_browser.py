@@ -73,7 +73,8 @@ def test_a_cross_site_post_is_refused_whatever_its_type(path: str, ctype: str) -
 
 
 def test_fetch_metadata_without_origin_and_the_null_origin_are_foreign() -> None:
-    for headers in ({"sec_fetch_site": "cross-site"}, {"sec_fetch_site": "same-site"}, {"origin": "null"}):
+    for headers in ({"sec_fetch_site": "cross-site"}, {"sec_fetch_site": "same-site"}, {"origin": "null"},
+                    {"origin": "http://[::1"}, {"origin": "http://[x]:99999"}):
         status, body, _ = _call(guard(cors=["http://localhost:5173"]), "POST", "/v1/completions",
                                 host="127.0.0.1:9000", content_type="application/json", **headers)
         assert status == 403 and body is not None and body["error"]["code"] == "cross_origin", headers
