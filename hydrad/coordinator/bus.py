@@ -380,7 +380,7 @@ class CoordinatorBus:
         rec.last_seen = time.monotonic()
         if isinstance(msg, M.Heartbeat):
             self._status(rec, msg.status)
-        elif isinstance(msg, (M.Tokens, M.Done, M.Error)):
+        elif isinstance(msg, (M.Tokens, M.Progress, M.Done, M.Error)):
             stream = self._streams.get(msg.req)
             if stream is None or stream.engine != name:
                 return  # a request cancelled or failed over a moment ago: its tail is expected

@@ -1,10 +1,12 @@
-"""The OpenAI front door: ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``, ``/health``,
-and Anthropic's ``/v1/messages`` served as the chat completion it translates to.
+"""The front door: every generating endpoint of the pool over one path — OpenAI's
+``/v1/chat/completions`` and ``/v1/completions``, Anthropic's ``/v1/messages``, llama-server's
+``/completion`` and ``/infill`` — plus ``/v1/models``, ``/health`` and ``/metrics``.
 
-A request is parsed exactly as an engine parses it (``hydrad.wire.openai``), routed over a
-snapshot of the engines (``routing.route``), and sent as GENERATE over the bus; TOKENS come
-back and are re-emitted as OpenAI chunks. Failure rules, so a client never hangs and never
-sees a bare 500:
+A request is parsed exactly as an engine parses it (``hydrad.wire``, on a preparation worker, not
+the event loop), routed over a snapshot of the engines (``routing.route``: session affinity,
+prefix-aware), and sent as GENERATE over the bus; its events come back (``answers``) and its
+dialect's renderer (``hydrad.wire.render``) makes the answer, as on the engine's own door.
+Failure rules, so a client never hangs and never sees a bare 500:
 
 - a request is retried on another engine (once) only when the *engine* failed, never when the
   request did: the engine was lost, unreachable or silent **before the first token**; it
@@ -13,7 +15,7 @@ sees a bare 500:
   false, is the request's own fault and would be the same anywhere: retrying it would only
   hurt a second engine (a request that crashes an engine would take the pool down one by one);
 - a second failure (or no other candidate) is a 503 that says what happened;
-- **after the first token**: a stream ends with an OpenAI error event and ``data: [DONE]``; a
+- **after the first token**: a stream ends with its dialect's error event; a
   non-streaming request is retried only on ``engine_failed``, otherwise it gets a 502/504;
 - every wait has a bound (``first_token_timeout_s``, ``token_timeout_s``);
 - no candidate at all: 503 with routing's reason (which names every engine and why not);
@@ -31,37 +33,42 @@ import json
 import logging
 import re
 import time
-from dataclasses import replace
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable, TypeVar
+from typing import Any, Callable, TypeVar
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from hydrad.wire import messages as M
 from hydrad.coordinator.affinity import Affinity, prefix_of
 from hydrad.coordinator.burst import Arrival, BurstGate
 from hydrad.coordinator.bus import CoordinatorBus
-from hydrad.coordinator.records import EngineLost, EngineRecord, EngineUnreachable, RequestUnsendable, pairs
+from hydrad.coordinator.records import EngineLost, EngineRecord, EngineUnreachable, RequestUnsendable
 from hydrad.coordinator.metrics import CONTENT_TYPE, CoordinatorMetrics
 from hydrad.coordinator.native import EMBEDDING_PATHS, PATHS as NATIVE_PATHS, NativeDoor
 from hydrad.common.eventstream import EventStream
 from hydrad.common.prepare import Preparer, client_key
 from hydrad.common.serving import CancelOnLeave
-from hydrad.coordinator.replies import Lost, Turn, api_error, collect, relay
+from hydrad.wire import answering
+from hydrad.coordinator.answers import BusEvents, Lost, Turn
 from hydrad.coordinator.mobility import LEAVING_STAGES, SessionMobility
 from hydrad.coordinator.sessions import SessionKeeper
-from hydrad.coordinator.kvmove import Placements, TransferMeter, stream_slot
+from hydrad.coordinator.kvmove import Placements, TransferMeter
 from hydrad.coordinator.pdsplit import SplitPlan, TransferRates, plan_split, split_excluded
 from hydrad.coordinator.routing import (
     Decision, EngineView, ModelSpec, RouteRequest, RoutingPolicy, route,
 )
 from hydrad.coordinator.switcher import LoadFailed, ProfileSwitcher
-from hydrad.wire.requests import GenRequest, SamplingOverrides
-from hydrad.wire.rpcclient import RpcError
-from hydrad.wire.stages import INCOMING_STAGES, SERVING_STAGES
-from hydrad.wire import anthropic, openai
+from hydrad.coordinator.splitrun import SplitRunner, generate_message
+from hydrad.coordinator.poolview import PoolView
+from hydrad.wire.requests import GenRequest
+from hydrad.wire.stages import INCOMING_STAGES
+from hydrad.wire import anthropic, events, infill, native_completion, openai
+from hydrad.wire.render import ChatAnswer, CompletionAnswer, MessagesAnswer, NativeAnswer, Renderer
+from hydrad.wire.render import anthropic as anthropic_render
+from hydrad.wire.render.openai import new_id
 from hydrad.wire.openai import ApiError
 from hydrad.common.logs import log_event
 from hydrad.common.registry import Registry
@@ -106,6 +113,8 @@ class FrontDoor:
         self.engine_token = read_token(token_file) if token_file else None
         self.specs = {alias: ModelSpec.from_entry(alias, e) for alias, e in registry.entries.items()}
         self.mobility = SessionMobility(bus, sessions, self.affinity, self.meter, self.specs)
+        self.splits = SplitRunner(settings, bus, self.meter, self.placements, self.engine_token)
+        self.pool = PoolView(settings, bus, switcher, self.affinity)
         self.admitting = True
         self.burst = BurstGate()  # a burst of requests leaves for the engines together (burst.py says why)
         self.prep = Preparer(openai.too_many_pending, name="coordinator-prep")  # parsing off the event loop
@@ -141,87 +150,12 @@ class FrontDoor:
             changed.set()  # wakes requests waiting for a model that is loading
 
     def views(self, session: str | None = None, prefix: str | None = None, model: str | None = None) -> list[EngineView]:
-        """What routing sees: REGISTER + latest heartbeat, corrected by the requests we have in flight
-        (a heartbeat is up to an interval old; our own count is exact for bus traffic).
-
-        Models on disk are offered for an on-demand load only where the load cannot break the
-        active profile (:meth:`_loadable`).
-        """
-        covered = model is not None and any(
-            r.alive and model in (r.status.model, r.status.loading_model) for r in self.bus.engines.values())
-        paired = pairs(self.bus.engines)
-        out = []
-        for rec in self.bus.engines.values():
-            st, gpu = rec.status, rec.info.gpu
-            vram_total, vram_free = self._pair_vram(rec, paired[rec.name].peers)
-            inflight = self.bus.inflight(rec.name)
-            total = st.slots_total
-            heard = rec.heard_load()
-            busy = max(min(heard, total), min(inflight, total))
-            queued = max(heard - total, inflight - total, 0)
-            model = st.model if st.model is not None or st.stage not in INCOMING_STAGES else st.loading_model
-            sessions, prefixes = self.affinity.holds(rec.name, session, prefix)
-            out.append(EngineView(
-                name=rec.name, alive=rec.alive, stage=st.stage, model=model,
-                models_on_disk=self._loadable(rec, covered),
-                slots_busy=busy, slots_total=total, queued=queued, max_queue=st.max_queue,
-                vram_total=vram_total, vram_free=vram_free,
-                gpu_arch=gpu.arch, prefill_tps=st.prefill_tps, decode_tps=st.decode_tps, load_seconds=st.load_seconds,
-                sessions=sessions, cached_prefixes=prefixes, role=st.role, kv_family=st.kv_family))
-        return out
-
-    def _pair_vram(self, rec: EngineRecord, peers: tuple[str, ...]) -> tuple[int, int]:
-        """(VRAM total, free) routing sees for the engine: its own device's, and for a COMBINE head
-        its live peers' added, since a load on the head spreads over them too. A device of unknown
-        size (0: a CPU, or a peer that is no registered engine) anywhere in the pair makes the
-        total unknown, which routing takes as fitting."""
-        def own(r: EngineRecord) -> tuple[int, int]:
-            st, gpu = r.status, r.info.gpu
-            return gpu.vram_total, st.vram_free if st.vram_free is not None else gpu.vram_free
-
-        total, free = own(rec)
-        for name in peers:
-            peer = self.bus.engines.get(name)
-            if peer is not None and (not peer.alive or name == rec.name):
-                continue
-            t, f = own(peer) if peer is not None else (0, 0)
-            if total <= 0 or t <= 0:
-                return 0, 0
-            total, free = total + t, free + f
-        return total, free
-
-    def _loadable(self, rec: EngineRecord, covered: bool) -> frozenset[str]:
-        """The models routing may load on demand on this engine.
-
-        - an engine the active profile places a model on: that model only, and only while it
-          serves nothing (it is model-less, e.g. restarted and not configured yet). Loading
-          another model there would evict the profile's, and nothing would restore it: a request
-          for a dead engine's model would move that model onto a healthy engine and leave the
-          healthy engine's own model served nowhere;
-        - a PEER of the profile: nothing (its device is lent to a COMBINE head);
-        - an engine the profile leaves free: anything on its disk while it serves nothing, or
-          while no live engine serves or loads the requested model at all (``covered``), so a
-          burst for one model does not replace another that is served;
-        - nothing while the engine is being configured, or when loading on demand is off.
-        """
-        st = rec.status
-        if not self.settings.load_on_demand or self.switcher.locked(rec.name):
-            return frozenset()
-        placed, model = self.switcher.placed(rec.name)
-        on_disk = frozenset(rec.info.models_on_disk)
-        if placed:
-            return on_disk & {model} if model is not None and st.stage == "idle" else frozenset()
-        if st.stage == "idle" or (st.stage == "ready" and not covered):
-            return on_disk
-        return frozenset()
+        """What routing sees (:meth:`hydrad.coordinator.poolview.PoolView.views`)."""
+        return self.pool.views(session, prefix, model)
 
     def served(self) -> dict[str, list[str]]:
         """Model → engines serving it now (alive, in a serving stage)."""
-        out: dict[str, list[str]] = {}
-        for rec in self.bus.engines.values():
-            if rec.alive and rec.status.model and rec.status.stage in SERVING_STAGES:
-                out.setdefault(rec.status.model, []).append(rec.name)
-        return out
+        return self.pool.served()
 
     def _model(self, name: str | None) -> str | None:
         """A request's ``model`` as a registry alias (aliases, file names and stems are accepted)."""
@@ -304,19 +238,23 @@ class FrontDoor:
 
     # ----- handlers --------------------------------------------------------------------
 
-    async def generate(self, request: Request, kind: str) -> Response:
+    async def serve(self, request: Request, parse: Callable[[bytes], tuple[Any, GenRequest]],
+                    answer: Callable[[Any, GenRequest], Answer]) -> Response:
+        """Every generating endpoint of the front door: the body parsed by ``parse`` on a preparation
+        worker, then routed, sent, retried and answered by ``answer(req, greq)``'s renderer, with the
+        request's outcome counted in the metrics."""
         if not self.admitting:
             raise ApiError(503, "the coordinator is shutting down", "shutting_down", headers={"Retry-After": "5"})
         outcome = _Outcome(time.monotonic())
         try:
             with self.burst.arrival() as arrival:
                 req, greq = await self.prep.parse(request, await request.body(),
-                                                  lambda raw: outcome.measured(openai.parse(kind, raw)))  # type: ignore[arg-type]
+                                                  lambda raw: outcome.measured(parse(raw)))
                 greq.slot = None  # a slot number means nothing across engines
                 greq.client = client_key(request)  # the engines' queues take clients in turn
                 session = self._session(req, request)
                 outcome.model = self._model(req.model)
-                response = await self._watched(request, kind, req, greq, session, outcome, arrival)
+                response = await self._watched(request, greq, session, outcome, arrival, answer(req, greq))
         except ApiError as exc:
             self.metrics.request(outcome.model, outcome.engine, exc.status)
             raise
@@ -326,20 +264,19 @@ class FrontDoor:
         self.metrics.request(outcome.model, outcome.engine, response.status_code)
         return response
 
-    async def _watched(self, request: Request, kind: str, req: Any, greq: GenRequest, session: str | None,
-                       outcome: "_Outcome", arrival: Arrival,
-                       record: Callable[[Turn, str, M.Done], None] | None = None) -> Response:
-        rid = openai.new_id(kind)
+    async def _watched(self, request: Request, greq: GenRequest, session: str | None, outcome: "_Outcome",
+                       arrival: Arrival, answer: "Answer") -> Response:
         # From here on the request waits on engines: watch the client meanwhile, and cancel the
         # request on its engine the moment the client goes (a non-streaming request has no
         # send that would fail; without this it would generate to max_tokens for nobody).
         async with CancelOnLeave(request.receive):
-            return await self._generate(kind, req, greq, session, outcome, rid, arrival, record or self._record)
-        log_event(log, logging.INFO, "client went away; request cancelled", req=rid)
+            return await self._generate(greq, session, outcome, arrival, answer)
+        log_event(log, logging.INFO, "client went away; request cancelled", req=answer.rid)
         return Response(status_code=499)  # nobody reads it; uvicorn drops it
 
-    async def _generate(self, kind: str, req: Any, greq: GenRequest, session: str | None, outcome: "_Outcome",
-                        rid: str, arrival: Arrival, record: Callable[[Turn, str, M.Done], None]) -> Response:
+    async def _generate(self, greq: GenRequest, session: str | None, outcome: "_Outcome", arrival: Arrival,
+                        answer: "Answer") -> Response:
+        rid = answer.rid
         rr = self.route_request(greq, outcome.model, session, outcome.estimates)
         exclude: set[str] = set()
         failures: list[str] = []
@@ -353,14 +290,14 @@ class FrontDoor:
                 raise ApiError(503, why, "no_engine", headers={"Retry-After": "1"})
             engine, served = decision.engine, decision.model
             try:
-                msg = _generate_message(self.bus.new_id("gen"), greq, served)
+                msg = generate_message(self.bus.new_id("gen"), greq, served)
                 await self._ensure(engine, served)
                 msg.slot = await self.mobility.restore(session, engine)
                 split = None
                 if msg.slot is None and attempt == 1 and self.settings.pd_split and greq.cache_prompt is not False:
                     split, _ = self._plan(rr, decision)
                     if split is not None:
-                        msg.slot = await self._split(split, greq, rid)
+                        msg.slot = await self.splits.run(split, greq, rid)
                         split = split if msg.slot is not None else None
                 frames = self.bus.encode_generate(msg)
                 await arrival.ready()
@@ -396,26 +333,31 @@ class FrontDoor:
             self.metrics.queue.labels(*labels).observe(t_sent - outcome.t0)
             self.metrics.ttft.labels(*labels).observe(time.monotonic() - outcome.t0)
             if isinstance(first, M.Error):  # the request's own fault: the same answer anywhere
-                raise api_error(first)
+                raise answering.refused(first.event())
             headers = {"X-Hydra-Engine": engine, "X-Hydra-Route": decision.step}
             if split is not None:
                 headers.update({"X-Hydra-Route": "split", "X-Hydra-Prefill-Engine": split.prefill})
             if session:
                 headers["X-Session-Id"] = session
-            turn = Turn(kind=kind, rid=rid, model=served or "", engine=engine, session=session,
-                         messages=greq.messages, include_usage=req.include_usage())
-            if req.stream:
+            turn = Turn(engine=engine, session=session, messages=greq.messages)
+            r = answer.renderer(served or "", self._fingerprint(engine))
+
+            def record(reply: str, done: events.Done, turn: Turn = turn) -> None:
+                self._record(turn, reply, done)
+
+            source = BusEvents(self.bus, stream, self.settings.token_timeout_s, engine, rid, not answer.streamed)
+            if answer.streamed:
                 headers.update({"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-                events = relay(self.bus, self.settings.token_timeout_s, turn, stream, first,
-                               lambda: self._fingerprint(engine), record)
-                return EventStream(events, headers=headers)
+                return EventStream(answering.stream(source, r, source.event(first), record), headers=headers)
             try:
-                return await collect(self.bus, self.settings.token_timeout_s, turn, stream, first, headers, record)
+                body, done = await answering.whole(source, r, source.event(first), record)
             except Lost as exc:  # engine_failed part-way: the engine's fault, and nothing was sent
                 failures.append(str(exc))
                 exclude.add(engine)
                 log_event(log, logging.WARNING, "request failed part-way; retrying elsewhere" if attempt == 1
                           else "request failed again", req=rid, engine=engine, error=str(exc))
+                continue
+            return JSONResponse(body, headers={**headers, "X-Hydra-Generation": done.fingerprint})
         raise ApiError(503, "the request failed twice: " + "; then ".join(failures), "engine_failed",
                        headers={"Retry-After": "1"})
 
@@ -429,60 +371,6 @@ class FrontDoor:
             return None, why_not
         return plan_split(rr, decision, self.views(rr.session_id, rr.prefix_hash, rr.model), self.specs,
                           TransferRates.of(self.meter), policy=self.policy)
-
-    async def _split(self, plan: SplitPlan, greq: GenRequest, rid: str) -> int | None:
-        """Run the plan's first half: the prefill engine computes the prompt's KV (one greedy token, which
-        is thrown away), the KV streams into an idle slot of the decode engine, and that slot is returned
-        for the request to be pinned to. None when any of it fails: the decode engine then prefills the
-        prompt itself, so the split can make a request slower, never fail it."""
-        src, dst = self.bus.engines.get(plan.prefill), self.bus.engines.get(plan.decode)
-        if src is None or dst is None or not src.info.rpc or not dst.info.rpc:
-            return None
-        t0 = time.monotonic()
-        first = replace(greq, max_tokens=1, stop=[], sampling=SamplingOverrides(temperature=0.0), ignore_eos=False,
-                        return_tokens=False, slot=None)
-        done: M.Done | None = None
-        why = ""
-        try:
-            stream = self.bus.generate(plan.prefill, _generate_message(self.bus.new_id("gen"), first, plan.prefill_model))
-        except (RequestUnsendable, EngineUnreachable, ApiError) as exc:  # the prefill half only: D still serves
-            stream, why = None, str(exc)
-        try:
-            while stream is not None:
-                ev = await stream.next(self.settings.first_token_timeout_s)
-                if isinstance(ev, M.Done):
-                    done = ev
-                    break
-                if ev is None or isinstance(ev, (M.Error, EngineLost)):
-                    why = getattr(ev, "message", None) or getattr(ev, "reason", None) or "no answer in time"
-                    break
-        finally:
-            if stream is not None:
-                self.bus.cancel(stream)
-        prefill_s = time.monotonic() - t0
-        moved = None
-        if done is not None and done.slot is not None:
-            try:
-                async with self.placements.lock(dst.name):
-                    moved = await asyncio.get_running_loop().run_in_executor(
-                        None, stream_slot, src.info.rpc, done.slot, dst.info.rpc, self.engine_token,
-                        self.settings.sessions.io_timeout_s, done.kv_hash)
-            except (OSError, RpcError, ValueError) as exc:
-                why = f"the KV did not move: {exc}"
-            else:
-                why = why or "the prefill slot was taken by another request, or the decode engine has no idle slot"
-        if moved is None:
-            log_event(log, logging.WARNING, "split abandoned; the decode engine prefills", req=rid,
-                      prefill=plan.prefill, decode=plan.decode, error=why)
-            self.bus.publish("split", req=rid, ok=False, error=why, **plan.public())
-            return None
-        self.meter.record(moved, dst.status.kv_family)
-        log_event(log, logging.INFO, "split", req=rid, prefill=plan.prefill, decode=plan.decode, tokens=moved.n_tokens,
-                  bytes=moved.n_bytes, prefill_s=round(prefill_s, 4), transfer_s=round(moved.seconds, 4))
-        self.bus.publish("split", req=rid, ok=True, slot=moved.slot, tokens=moved.n_tokens,
-                         measured_prefill_s=round(prefill_s, 4),
-                         measured_transfer_s=round(moved.seconds, 4), **plan.public())
-        return moved.slot
 
     def route_request(self, greq: GenRequest, model: str | None, session: str | None,
                       estimates: tuple[int, str | None] | None = None) -> RouteRequest:
@@ -513,14 +401,15 @@ class FrontDoor:
                         "transfers": self.meter.public()}
         return out
 
-    def _session(self, req: openai._Common, request: Request) -> str | None:
+    def _session(self, req: Any, request: Request) -> str | None:
         """The request's session id (body ``session_id``, else header ``X-Session-Id``), or None.
 
         It is echoed in a response header and written to logs and events, so it must be printable
         ASCII (a header decoded as Latin-1 that held UTF-8 shows up here as non-ASCII, a newline
         would split a header or a log line): anything else is a 400, not a broken response.
         """
-        return self._session_of((req.model_extra or {}).get("session_id"), request)
+        own = getattr(req, "session_id", None)  # a field of Anthropic's request, an extra of the others
+        return self._session_of(own if own is not None else (req.model_extra or {}).get("session_id"), request)
 
     def _session_of(self, value: Any, request: Request) -> str | None:
         """``value`` (a body's ``session_id``), else the ``X-Session-Id`` header, checked as :meth:`_session` says."""
@@ -576,60 +465,31 @@ class FrontDoor:
         return Response(self.metrics.render(), media_type=CONTENT_TYPE)
 
     async def chat(self, request: Request) -> Response:
-        return await self.generate(request, "chat")
+        return await self.serve(request, lambda raw: openai.parse("chat", raw), _openai_answer(ChatAnswer))
 
     async def completions(self, request: Request) -> Response:
-        return await self.generate(request, "completion")
+        return await self.serve(request, lambda raw: openai.parse("completion", raw),
+                                _openai_answer(CompletionAnswer))
 
     async def messages(self, request: Request) -> Response:
         """Anthropic's Messages API: parsed into the request its chat completion makes, then routed,
-        kept as a session and retried exactly as that chat completion; the OpenAI answer is put in
-        Anthropic's shapes, errors included."""
-        outcome = _Outcome(time.monotonic())
+        kept as a session and retried exactly as that chat completion, and answered by the Anthropic
+        renderer, errors included."""
         try:
-            if not self.admitting:
-                raise ApiError(503, "the coordinator is shutting down", "shutting_down", headers={"Retry-After": "5"})
-            with self.burst.arrival() as arrival:
-                req, greq = await self.prep.parse(request, await request.body(),
-                                                  lambda raw: outcome.measured(anthropic.parse(raw)))
-                greq.client = client_key(request)  # the engines' queues take clients in turn
-                session = self._session_of(req.session_id, request)
-                outcome.model = self._model(req.model)
-                response = await self._messages(request, req, greq, session, outcome, arrival)
+            return await self.serve(request, anthropic.parse, _messages_answer)
         except ApiError as exc:
-            self.metrics.request(outcome.model, outcome.engine, exc.status)
-            return JSONResponse(anthropic.error_of(exc), status_code=exc.status, headers=exc.headers)
+            return JSONResponse(MessagesAnswer.refusal(exc), status_code=exc.status, headers=exc.headers)
         except Exception as exc:
-            self.metrics.request(outcome.model, outcome.engine, 500)
             log_event(log, logging.ERROR, "request failed", path=request.url.path, error=repr(exc), exc_info=True)
-            return JSONResponse(anthropic.error_body(500, "internal error (see the coordinator log)"), status_code=500)
-        self.metrics.request(outcome.model, outcome.engine, response.status_code)
-        return response
-
-    async def _messages(self, request: Request, req: anthropic.MessagesRequest, greq: GenRequest,
-                        session: str | None, outcome: "_Outcome", arrival: Arrival) -> Response:
-        dones: list[M.Done] = []
-
-        def record(turn: Turn, text: str, done: M.Done) -> None:
-            dones.append(done)
-            self._record(turn, text, done)
-
-        rid = anthropic.new_id()
-        response = await self._watched(request, "chat", _AsChat(req.stream), greq, session, outcome, arrival, record)
-        if response.status_code != 200:
-            return response
-        headers = {k: v for k, v in response.headers.items() if k not in ("content-type", "content-length")}
-        if isinstance(response, StreamingResponse):
-            events = _anthropic_events(response.body_iterator, rid, dones,  # type: ignore[arg-type]
-                                       greq.tools is not None)
-            return EventStream(events, headers=headers)
-        body = anthropic.from_openai(json.loads(bytes(response.body)), rid, _stop_word(dones))
-        return JSONResponse(body, headers=headers)
+            return JSONResponse(MessagesAnswer.refusal(ApiError(500, "internal error (see the coordinator log)")),
+                                status_code=500)
 
     async def native_completion(self, request: Request) -> Response:
-        if not self.admitting:
-            raise ApiError(503, "the coordinator is shutting down", "shutting_down", headers={"Retry-After": "5"})
-        return await self.native.completion(request)
+        """llama-server's ``/completion`` and ``/infill``, over the same route as chat (session affinity,
+        prefix-aware routing, retry before the first token); an /infill prompt is built by the engine
+        that takes it, with its model's FIM tokens."""
+        parse = infill.parse if request.url.path == "/infill" else native_completion.parse
+        return await self.serve(request, parse, _native_answer)
 
     async def embeddings(self, request: Request) -> Response:
         if not self.admitting:
@@ -651,50 +511,32 @@ class FrontDoor:
         ]
 
 
-def _generate_message(req: str, greq: GenRequest, model: str | None) -> M.Generate:
-    """GENERATE for a parsed request; a request the bus message cannot represent is a 400."""
-    try:
-        return M.Generate.from_request(req, greq, model)
-    except ValueError as exc:  # pydantic's ValidationError, e.g. more stop strings than the bus carries
-        raise ApiError(400, f"the request cannot be sent to an engine: {M._first_error(exc)}",
-                       "invalid_request") from None
+@dataclass(frozen=True)
+class Answer:
+    """How a parsed request is answered: its renderer (made once the engine is chosen: the model and
+    generation it serves go into the answer), whether it streams, and its id for the logs."""
+
+    rid: str
+    streamed: bool
+    renderer: Callable[[str, str], Renderer]
 
 
-class _AsChat:
-    """What the chat path reads of its parsed request, for a Messages request: whether it streams,
-    and usage always (Anthropic's last event carries the totals)."""
-
-    def __init__(self, stream: bool) -> None:
-        self.stream = stream
-
-    @staticmethod
-    def include_usage() -> bool:
-        return True
+def _openai_answer(cls: type[ChatAnswer] | type[CompletionAnswer]) -> Callable[[Any, GenRequest], Answer]:
+    def answer(req: Any, greq: GenRequest) -> Answer:
+        rid = new_id(cls.kind)
+        return Answer(rid, req.stream, lambda model, fp: cls(model, fp, include_usage=req.include_usage(),
+                                                             logprobs=greq.logprobs is not None, rid=rid))
+    return answer
 
 
-def _stop_word(dones: list[M.Done]) -> str | None:
-    """The stop string that ended the generation (Anthropic's ``stop_sequence``), as DONE names it."""
-    return dones[-1].stop_word if dones else None
+def _messages_answer(req: Any, greq: GenRequest) -> Answer:
+    rid = anthropic_render.new_id()
+    return Answer(rid, req.stream, lambda model, _fp: MessagesAnswer(model, tools=greq.tools is not None, rid=rid))
 
 
-async def _anthropic_events(chunks: AsyncIterator[bytes], rid: str, dones: list[M.Done],
-                            tools: bool) -> AsyncIterator[bytes]:
-    """A chat stream's chunks as Anthropic's events. Its end waits for the chat stream to be over:
-    DONE (and the stop string it names) is recorded only after its last chunk."""
-    out = anthropic.StreamFromOpenAI(rid, "", tools)
-    try:
-        async for piece in chunks:
-            events = out.feed(piece if isinstance(piece, bytes) else str(piece).encode())
-            if events:
-                yield events
-        yield out.close(_stop_word(dones))
-    except Exception as exc:  # headers are out: a bug here must still end the stream properly
-        log_event(log, logging.ERROR, "stream failed", req=rid, error=repr(exc), exc_info=True)
-        yield anthropic.stream_error(500, "internal error (see the coordinator log)")
-    finally:
-        aclose = getattr(chunks, "aclose", None)
-        if aclose is not None:
-            await aclose()  # the chat stream's own cleanup cancels the request on its engine
+def _native_answer(req: Any, greq: GenRequest) -> Answer:
+    greq.report_settings = True  # llama-server's answer says what the request ran with
+    return Answer(new_id("completion"), req.stream, lambda model, _fp: NativeAnswer(req, model))
 
 
 def _estimates(greq: GenRequest) -> tuple[int, str | None]:

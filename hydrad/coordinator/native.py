@@ -1,38 +1,24 @@
-"""llama-server's native endpoints at the front door: ``/tokenize``, ``/detokenize``,
-``/apply-template``, ``/completion`` and ``/infill`` (and ``/v1/messages`` while the bus cannot carry its stop word),
-and the embeddings (OpenAI's ``/v1/embeddings``, llama-server's ``/embedding``).
+"""llama-server's native endpoints that generate nothing, at the front door: ``/tokenize``,
+``/detokenize``, ``/apply-template``, and the embeddings (OpenAI's ``/v1/embeddings``,
+llama-server's ``/embedding``). ``/completion`` and ``/infill`` generate: they take the one
+request path with chat (``frontdoor``: routed, kept as sessions, retried, answered by their
+renderer).
 
-The first three generate nothing, so they do not go over the bus as GENERATE does: the body is
-forwarded over HTTP to an engine that serves the model, and its answer (or its 4xx) comes back as
-is. A ``model`` field picks the model (as in chat; llama-server has none, since it serves one
-model): without it the pool must serve exactly one model. The engine answers a field it does not
-know by name, so ``model`` is taken out before forwarding.
+These are forwarded over HTTP to an engine that serves the model, and its answer (or its 4xx)
+comes back as is, streamed through (a ``with_pieces`` answer is a hundred megabytes for 8 MiB of
+text: never held whole here). A ``model`` field picks the model (as in chat; llama-server has
+none, since it serves one model): without it the pool must serve exactly one model. The engine
+answers a field it does not know by name, so ``model`` is taken out before forwarding. The body
+is parsed, checked and written again on the preparation workers, never on the event loop.
 
-``/completion`` is forwarded the same way (its stream passed through as the engine writes it),
-after the front door has parsed it as the engine will (:mod:`hydrad.wire.native_completion`), so
-a bad field is refused here without touching an engine. Not over the bus: GENERATE, TOKENS and
-DONE carry text only, and this endpoint needs what they do not carry (a prompt of token ids, the
-generated ids of ``return_tokens``, the stopping word, a per-request ``cache_prompt``). The cost,
-until the bus carries them: the engine is the least busy one serving the model, without session
-affinity, on-demand loading or a retry elsewhere; a client that goes away still cancels the
-request on its engine (the forwarded connection closes). What the engine streams passes as is,
-so the ``prompt_progress`` events a ``return_progress`` request asks for come through too.
-``/infill`` goes the same way: its prompt is made of the model's FIM tokens, on the engine.
-
-Embeddings are forwarded the same way (the bus carries text, not vectors), checked here first
-(:mod:`hydrad.wire.embeddings`); an engine whose model is loaded without embeddings passes them on
-to the next engine serving the model.
-
-An Anthropic ``/v1/messages`` request normally goes over the bus like a chat completion
-(``frontdoor``); one with stop sequences comes this way while DONE does not say which stop string
-ended the generation, since Anthropic's answer names it. The engine's answer, in Anthropic's
-shapes, comes back as it is.
+Embeddings are checked here first (:mod:`hydrad.wire.embeddings`); an engine whose model is
+loaded without embeddings passes them on to the next engine serving the model. (The bus carries
+events of generations, not vectors: these stay on HTTP, without session affinity, which they
+have no use for.)
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
 from typing import Any, AsyncIterator, Callable
 
 import httpx
@@ -40,22 +26,15 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from hydrad.common import jsonbody
-from hydrad.common.eventstream import EventStream
 from hydrad.common.prepare import Preparer
-from hydrad.common.serving import until_disconnected
-from hydrad.wire import embeddings, infill, native_completion
+from hydrad.wire import embeddings
 from hydrad.wire.openai import ApiError
 
 PATHS = ("/tokenize", "/detokenize", "/apply-template")
 EMBEDDING_PATHS = ("/v1/embeddings", "/embeddings", "/embedding")
 TIMEOUT_S = 60.0
-GENERATION_S = 600.0
 """Longest a whole non-streamed /completion may take past its first token (its engine sends
 nothing before the end, so no per-token bound applies)."""
-
-
-def _data_event(exc: ApiError) -> bytes:
-    return b"data: " + json.dumps(exc.body()).encode() + b"\n\n"
 
 
 class NativeDoor:
@@ -170,62 +149,6 @@ class NativeDoor:
                 break
         assert answer is not None
         return answer
-
-    async def completion(self, request: Request) -> Response:
-        """``POST /completion`` and ``POST /infill``: checked here, generated on an engine serving
-        the model (whose vocabulary decides whether it can fill in the middle: its 501 comes back)."""
-        path = request.url.path
-        (req, _), model, content = await self._forwarded(
-            request, infill.parse if path == "/infill" else native_completion.parse)
-        base = self._engine_url(model)
-        return await self._generation(request, base + path, content, req.stream)
-
-    async def _generation(self, request: Request, url: str, content: bytes, stream: bool,
-                          broken: Callable[[ApiError], bytes] = _data_event) -> Response:
-        """A generating request forwarded to ``url``, its answer or stream passed back as the engine writes
-        it; the client going away closes the forwarded connection, which cancels it on the engine. A
-        stream the engine breaks off ends with ``broken`` of the error, in the endpoint's own shape."""
-        first, between = self.settings.first_token_timeout_s, self.settings.token_timeout_s
-        timeout = httpx.Timeout(TIMEOUT_S, read=max(first, between) if stream else first + GENERATION_S)
-        sent = self.client.build_request("POST", url, content=content, headers=self._headers(request), timeout=timeout)
-        answer = asyncio.ensure_future(self._answer(sent, stream, broken))
-        gone = asyncio.ensure_future(until_disconnected(request))
-        try:
-            await asyncio.wait({answer, gone}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            gone.cancel()
-        if not answer.done():  # the client went away: closing the connection cancels it on the engine
-            answer.cancel()
-            return Response(status_code=499)
-        return answer.result()
-
-    async def _answer(self, sent: httpx.Request, stream: bool, broken: Callable[[ApiError], bytes]) -> Response:
-        try:
-            r = await self.client.send(sent, stream=True)
-        except httpx.HTTPError as exc:
-            raise _unreachable(exc) from None
-        ctype = r.headers.get("content-type", "application/json")
-        passed = {k: v for k, v in r.headers.items() if k.lower().startswith("x-hydra-")}
-        if stream and r.status_code == 200 and ctype.startswith("text/event-stream"):
-            passed.update({"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-            return EventStream(self._relay(r, broken), headers=passed)
-        try:
-            content = await r.aread()
-        except httpx.HTTPError as exc:
-            raise _unreachable(exc) from None
-        finally:
-            await r.aclose()
-        return Response(content, status_code=r.status_code, media_type=ctype, headers=passed)
-
-    async def _relay(self, r: httpx.Response, broken: Callable[[ApiError], bytes]) -> AsyncIterator[bytes]:
-        """The engine's events as they come; a stream the engine breaks off ends with an error event."""
-        try:
-            async for piece in r.aiter_raw():
-                yield piece
-        except httpx.HTTPError as exc:
-            yield broken(_unreachable(exc))
-        finally:
-            await r.aclose()
 
     async def close(self) -> None:
         if self._client is not None:

@@ -56,7 +56,7 @@ class EngineLost:
     reason: str
 
 
-StreamEvent = M.Tokens | M.Done | M.Error | EngineLost
+StreamEvent = M.Tokens | M.Progress | M.Done | M.Error | EngineLost
 
 
 class RequestStream:

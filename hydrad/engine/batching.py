@@ -2,85 +2,34 @@
 batch over every active sequence per step, sample, turn tokens into text, finish or fail one
 request without touching the others.
 
-``Batching`` is part of :class:`hydrad.engine.core.EngineCore`; everything here but
-:meth:`Batching.prepare` runs on the engine thread.
+:class:`Scheduler` is the engine core's component that owns the requests (the wait queue and
+each slot's request); everything here runs on the engine thread. What a request needs before
+it gets here (tokens, grammar) is made by :mod:`hydrad.engine.promptprep`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from hydrad.common.logs import log_event
-from hydrad.common.params import RuntimeParams
-from hydrad.engine import chatprompt, faults, llama, sampling
+from hydrad.engine import chatprompt, faults, sampling
 from hydrad.engine.generation import Generation, Slot
-from hydrad.engine.prefixshare import PrefixShare
+from hydrad.engine.promptprep import RequestError
 from hydrad.engine.requests import Done, Failed, Progress, RequestHandle, Token, Usage
-from hydrad.engine.stats import EngineStats
 from hydrad.engine.textstream import StopMatcher, Utf8Detokenizer
 from hydrad.wire.kvdigest import tokens_digest
-from hydrad.wire.grammar import GrammarError
 from hydrad.wire.logprobs import TokenLogprob
-from hydrad.wire.requests import GenRequest
 from hydrad.wire.toolcalls import ToolStream
+
 
 log = logging.getLogger("hydrad.engine")
 
 
-PRETOKENIZE_CHARS = 32 << 10
-"""Prompts longer than this are tokenized on a worker thread before they reach the engine
-thread: tokenizing 50 MB on the engine thread stalled every stream for about 22 s."""
-
-MAX_CHARS_PER_TOKEN = 64
-"""A prompt with more characters than this times the context cannot fit (no tokenizer of the
-supported families averages more than a few characters a token): refused before tokenizing."""
 STEP_GAP_S = 0.05  # a step starting sooner than this after the last one counts its gap as between steps
-
-PRETOKENIZE_MESSAGES = 64
-"""Chats with more messages than this are prepared on a worker thread too, whatever their length:
-40,000 empty messages held the engine thread for 77 s in the template and tokenizer."""
-
-
-class RequestRefused(ValueError):
-    """A request refused while it was prepared, before the engine thread saw it: its own fault
-    (a template that will not render it, tools no grammar can hold, a prompt too long), answered
-    by both planes as this status and code."""
-
-    def __init__(self, message: str, status: int = 400, code: str = "invalid_request",
-                 n_prompt_tokens: int | None = None, n_ctx: int | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.n_prompt_tokens = n_prompt_tokens
-        self.n_ctx = n_ctx
-
-
-class PromptTooLong(RequestRefused):
-    """A prompt refused by its length before tokenizing (400 ``context_length_exceeded``).
-    ``n_prompt_tokens`` is a lower bound (its characters / MAX_CHARS_PER_TOKEN, rounded up, so above
-    the context), not a count."""
-
-    def __init__(self, message: str, n_prompt_tokens: int, n_ctx: int) -> None:
-        super().__init__(message, 400, "context_length_exceeded", n_prompt_tokens, n_ctx)
-
-
-class _RequestError(Exception):
-    def __init__(self, message: str, status: int, code: str, n_prompt_tokens: int | None = None,
-                 n_ctx: int | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.n_prompt_tokens = n_prompt_tokens
-        self.n_ctx = n_ctx
-
-    def failed(self) -> Failed:
-        return Failed(str(self), status=self.status, code=self.code, n_prompt_tokens=self.n_prompt_tokens,
-                      n_ctx=self.n_ctx)
 
 
 @dataclass
@@ -106,6 +55,7 @@ class _Active:
     probs_unsent: deque[TokenLogprob] = field(default_factory=deque)  # one per token of ``unsent``
     probs_made: list[TokenLogprob] = field(default_factory=list)  # made into text, not yet sent with a Token
     tools: ToolStream | None = None  # a request offering tools: its text read into content and calls
+    settings: dict[str, Any] | None = None  # the values it runs with, when it asked (report_settings)
 
 
 
@@ -135,6 +85,13 @@ def _token(a: _Active, text: str, end: bool = False) -> Token | None:
     return Token(text, ids, probs, calls)
 
 
+def _settings(params: Any, used: sampling.Sampling, n_ctx: int) -> dict[str, Any]:
+    """The engine's values a request runs with, as llama-server's ``generation_settings`` names them."""
+    return {"temperature": used.temperature, "top_k": used.top_k, "top_p": used.top_p, "min_p": used.min_p,
+            "repeat_penalty": used.repeat_penalty, "seed": used.seed, "repeat_last_n": params.repeat_last_n,
+            "n_predict": params.n_predict, "cache_prompt": params.cache_prompt, "n_ctx": n_ctx}
+
+
 def in_turns(waiting: deque[RequestHandle]) -> deque[RequestHandle]:
     """The queue with its clients taking turns (each client's own requests in their order): one
     client's 26 requests queued ahead of another's single one delay it by one request per free
@@ -151,130 +108,59 @@ def in_turns(waiting: deque[RequestHandle]) -> deque[RequestHandle]:
     return out
 
 
-class Batching:
-    gen: Generation | None
-    retiring: list[Generation]
-    params: RuntimeParams | None
-    stats: EngineStats
-    _waiting: deque[RequestHandle]
-    _deferred: list[tuple[Generation, Slot, _Active]]
-    _faults: bool
-    _t_step_end: float = 0.0  # when the last step ended (perf_counter), for the gap between steps
-    _unsynced: set[Generation]  # generations whose last step the device may still be computing (see _step)
-    _pending_swap: Any  # a Swap command waiting for the slots to go idle
-    # provided by EngineCore: queue an event for a request, hand the queued events to the loop,
-    # whether a swap or a drain holds admission back, and whether a drain-policy reload runs
-    _emit: Callable[[RequestHandle, Any], None]
-    _flush: Callable[[], None]
-    _pending: Callable[[], bool]
-    _draining: Callable[[], bool]
-    prefix: PrefixShare  # prefix checkpoints: another slot's or the Store's prefix instead of a prefill
+class Scheduler:
+    """Owns the requests: the wait queue, and each slot's request from admission to its end (a
+    slot's KV is its generation's). Runs on the engine thread, except :meth:`enqueue`'s callers'
+    reads of :attr:`waiting`'s length."""
 
-    async def prepare(self, request: GenRequest) -> None:
-        """Work a request needs before the engine thread sees it, done off that thread: a prompt
-        too long for the context by its length alone is refused (:class:`PromptTooLong`), and a
-        large one, a chat of many messages or one offering tools is rendered, tokenized and given
-        its tools' grammar on a worker thread, so it cannot stall the streams being decoded. What
-        that work finds wrong with the request is raised as :class:`RequestRefused`."""
-        gen = self.gen
-        if gen is None:
-            return
-        chars = len(request.prompt or "") + sum(len(m.get("content") or "") for m in request.messages or ())
-        limit = gen.ctx.n_ctx_seq
-        if chars > limit * MAX_CHARS_PER_TOKEN:
-            raise PromptTooLong(f"the prompt has {chars} characters, more than this engine's context of {limit} "
-                                "tokens can hold", -(-chars // MAX_CHARS_PER_TOKEN), limit)
-        ids = len(request.prompt_ids or ())
-        if ids >= limit:
-            raise PromptTooLong(f"the prompt has {ids} tokens; this engine's context holds {limit}", ids, limit)
-        from_store = self.prefix.wants_lookup(chars) and request.slot is None
-        heavy = (chars >= PRETOKENIZE_CHARS or len(request.messages or ()) > PRETOKENIZE_MESSAGES
-                 or request.tools is not None or ids * 8 >= PRETOKENIZE_CHARS)
-        if not heavy and not from_store:
-            return
-        try:
-            if request.tools is None:
-                tokens, grammar = await asyncio.to_thread(self._tokenize, gen, request), None
-            else:  # both at once: the tokenizer runs without the interpreter lock while the grammar is made
-                tokens, grammar = await asyncio.gather(asyncio.to_thread(self._tokenize, gen, request),
-                                                       asyncio.to_thread(self._tool_grammar, gen, request))
-        except _RequestError as exc:
-            raise RequestRefused(str(exc), exc.status, exc.code, exc.n_prompt_tokens, exc.n_ctx) from None
-        except Exception:  # noqa: BLE001 - not the request's fault (a retired model, ...): the engine
-            # thread meets the same failure under its per-request guard and answers it
-            return
-        request.tokens, request.tokens_for = tokens, gen.id
-        request.tool_grammar, request.grammar_for = grammar, gen.id
-        if from_store:  # the longest prefix the pool's Store holds, read and verified here, not on the engine thread
-            request.stored_prefix = await asyncio.to_thread(self.prefix.lookup, gen, tokens)
+    def __init__(self, core: Any) -> None:  # the EngineCore this is part of (it imports us)
+        self.core = core
+        self.waiting: deque[RequestHandle] = deque()
+        self.deferred: list[tuple[Generation, Slot, _Active]] = []  # text to make while the device computes
+        self.unsynced: set[Generation] = set()  # steps queued on the device and not waited for (see step)
+        self._t_step_end = 0.0  # when the last step ended (perf_counter), for the gap between steps
 
-    def _tool_grammar(self, gen: Generation, request: GenRequest) -> str | None:
-        if request.tools is None:
-            return None
-        if request.grammar_for == gen.id:
-            return request.tool_grammar
-        try:
-            return chatprompt.grammar(gen.model, (self.params or gen.params).chat_template, request.tools)
-        except GrammarError as exc:
-            raise _RequestError(f"tools: {exc}", 400, "invalid_field") from None
-
-    def _tokenize(self, gen: Generation, request: GenRequest) -> list[int]:
-        """A request's prompt tokens for ``gen`` (any thread: tokenizing only reads the vocabulary)."""
-        params = self.params or gen.params
-        if request.prompt_ids is not None:
-            n_vocab = gen.model.n_vocab
-            bad = next((t for t in request.prompt_ids if not 0 <= t < n_vocab), None)
-            if bad is not None:
-                raise _RequestError(f"prompt: token {bad} is not in this model's vocabulary (0..{n_vocab - 1})",
-                                    400, "invalid_field")
-            return list(request.prompt_ids)
-        limit = gen.ctx.n_ctx_seq
-        if request.messages is not None:
-            try:
-                tokens = chatprompt.chat_tokens(gen.model, params.chat_template, request,
-                                                max_chars=limit * MAX_CHARS_PER_TOKEN)
-            except llama.PromptTextTooLong as exc:
-                raise _RequestError(f"the chat's prompt has {exc.chars} characters, more than this engine's context "
-                                    f"of {limit} tokens can hold", 400, "context_length_exceeded",
-                                    -(-exc.chars // MAX_CHARS_PER_TOKEN), limit) from None
-            except ValueError as exc:
-                raise _RequestError(str(exc), 400, "template_error") from None
+    def enqueue(self, handle: RequestHandle) -> None:
+        core = self.core
+        if not core.admitting:
+            core.emit(handle, Failed("engine is shutting down", status=503, code="shutting_down"))
+        elif core.gen is None and core.loader.current_load is None:
+            core.emit(handle, Failed("no model is loaded", status=503, code="no_model"))
+        elif len(self.waiting) >= core.max_queue and not (core.gen and core.gen.free_slot_exists()):
+            core.emit(handle, Failed("all slots busy and the queue is full", status=503, code="queue_full"))
         else:
-            tokens = gen.model.tokenize_prompt(request.prompt or "")
-        bos = gen.bos
-        if len(tokens) >= 2 and tokens[0] == tokens[1] == bos:
-            tokens = tokens[1:]
-        return tokens
+            handle.t_enqueued = time.monotonic()
+            self.waiting.append(handle)
+            core.stats.requests_total += 1
 
-
-    def _expire_waiting(self) -> None:
+    def expire_waiting(self) -> None:
         """Requests queued while no generation admits them wait at most reload_queue_timeout_s."""
-        if not self._waiting or (self.gen is not None and not self._draining()):
+        if not self.waiting or (self.core.gen is not None and not self.core.draining()):
             return
-        limit = (self.params.reload_queue_timeout_s if self.params else 30.0)
+        limit = (self.core.params.reload_queue_timeout_s if self.core.params else 30.0)
         now = time.monotonic()
         keep: deque[RequestHandle] = deque()
-        for h in self._waiting:
+        for h in self.waiting:
             if now - h.t_enqueued > limit:
-                self._emit(h, Failed(f"the engine is loading a model; waited {limit:.0f}s, retry later", status=503,
+                self.core.emit(h, Failed(f"the engine is loading a model; waited {limit:.0f}s, retry later", status=503,
                                      code="reloading"))
             else:
                 keep.append(h)
-        self._waiting = keep
+        self.waiting = keep
 
 
-    def _admit(self) -> None:
-        gen = self.gen
-        if gen is None or self._pending() or not self._waiting:
+    def admit(self) -> None:
+        gen = self.core.gen
+        if gen is None or self.core.held() or not self.waiting:
             return
         deferred: deque[RequestHandle] = deque()
         if gen.free_slot_exists():  # (reordered only when someone can be admitted: not on every step)
-            self._waiting = in_turns(self._waiting)
-        while self._waiting:
-            handle = self._waiting.popleft()
+            self.waiting = in_turns(self.waiting)
+        while self.waiting:
+            handle = self.waiting.popleft()
             want = handle.request.slot
             if want is not None and not 0 <= want < len(gen.slots):
-                self._emit(handle, Failed(f"slot {want} does not exist (this engine has {len(gen.slots)})",
+                self.core.emit(handle, Failed(f"slot {want} does not exist (this engine has {len(gen.slots)})",
                                           status=400, code="invalid_slot"))
                 continue
             if (want is not None and gen.slots[want].active is not None) or not gen.free_slot_exists():
@@ -282,43 +168,43 @@ class Batching:
                 continue
             try:
                 self._start(gen, handle)
-            except _RequestError as exc:
-                self._emit(handle, exc.failed())
+            except RequestError as exc:
+                self.core.emit(handle, exc.failed())
             except Exception as exc:  # the request's own failure: it alone ends, the engine goes on
-                self._request_failed(gen, handle, "admitting", exc)
-        self._waiting = deferred
+                self.request_failed(gen, handle, "admitting", exc)
+        self.waiting = deferred
 
     def _start(self, gen: Generation, handle: RequestHandle) -> None:
         req = handle.request
-        params = self.params or gen.params
+        params = self.core.params or gen.params
         model = gen.model
-        faulty = faults.stages_of(req) if self._faults else faults.NONE
+        faulty = faults.stages_of(req) if self.core.faults_armed else faults.NONE
         self._fault("admit", faulty)
         if req.tokens is not None and req.tokens_for == gen.id:
             tokens = req.tokens
         else:
             self._fault("tokenize", faulty)
-            tokens = self._tokenize(gen, req)
+            tokens = self.core.prep.tokenize(gen, req)
         req.tokens = None  # not needed any more; a queued copy of a long prompt is memory
         if not tokens:
-            raise _RequestError("the prompt is empty", 400, "empty_prompt")
+            raise RequestError("the prompt is empty", 400, "empty_prompt")
         limit = gen.ctx.n_ctx_seq
         if len(tokens) >= limit:
-            raise _RequestError(f"the prompt has {len(tokens)} tokens; this engine's context holds {limit}",
+            raise RequestError(f"the prompt has {len(tokens)} tokens; this engine's context holds {limit}",
                                 400, "context_length_exceeded", n_prompt_tokens=len(tokens), n_ctx=limit)
         cache = params.cache_prompt if req.cache_prompt is None else req.cache_prompt
         slot = gen.slots[req.slot] if req.slot is not None else gen.pick_slot(
             tokens if cache else None,
-            spare_tails=self.prefix.settings.min_tokens if self.prefix.settings.share else 0)
+            spare_tails=self.core.prefix.settings.min_tokens if self.core.prefix.settings.share else 0)
         keep = gen.reuse_prefix(slot, tokens) if cache else gen.reset_slot(slot)
         if cache:
-            keep = self.prefix.extend(gen, slot, tokens, keep, req.stored_prefix)  # type: ignore[arg-type]
+            keep = self.core.prefix.extend(gen, slot, tokens, keep, req.stored_prefix)  # type: ignore[arg-type]
         req.stored_prefix = None
         gen.ensure_room(len(tokens) - keep, exclude=slot)
         s = req.sampling
-        grammar = s.grammar if req.tools is None else self._tool_grammar(gen, req)
+        grammar = s.grammar if req.tools is None else self.core.prep.tool_grammar(gen, req)
         try:
-            sampler = sampling.Sampler(sampling.Sampling(
+            spec = sampling.Sampling(
                 temperature=params.temperature if s.temperature is None else s.temperature,
                 top_k=params.top_k if s.top_k is None else s.top_k,
                 top_p=params.top_p if s.top_p is None else s.top_p,
@@ -328,9 +214,10 @@ class Batching:
                 frequency_penalty=s.frequency_penalty, presence_penalty=s.presence_penalty,
                 seed=params.seed if s.seed is None else s.seed,
                 ban=tuple(model.eog_tokens()) if req.ignore_eos else (),
-                grammar=grammar), model.n_vocab, limit, model.vocab)
+                grammar=grammar)
+            sampler = sampling.Sampler(spec, model.n_vocab, limit, model.vocab)
         except sampling.GrammarRefused as exc:
-            raise _RequestError(str(exc), 400, "invalid_field") from None
+            raise RequestError(str(exc), 400, "invalid_field") from None
         room = limit - len(tokens)
         if req.max_tokens is not None:
             max_tokens = min(req.max_tokens, room)
@@ -344,7 +231,7 @@ class Batching:
             stopper = StopMatcher(req.stop)
         except ValueError as exc:
             sampler.free()
-            raise _RequestError(str(exc), 400, "invalid_stop") from None
+            raise RequestError(str(exc), 400, "invalid_stop") from None
         probs = None if req.logprobs is None else sampling.Logprobs(model.n_vocab, req.logprobs, model.piece)
         slot.active = _Active(handle=handle, prompt_len=len(tokens), cached=keep, pending=tokens[keep:],
                               max_tokens=max_tokens, sampler=sampler, detok=Utf8Detokenizer(),
@@ -352,15 +239,17 @@ class Batching:
                               ids=[] if req.return_tokens else None, probs=probs,
                               tools=None if req.tools is None else ToolStream(chatprompt.tool_format(
                                   model, params.chat_template)))
+        if req.report_settings:
+            slot.active.settings = _settings(params, spec, gen.ctx.n_ctx)
         gen.n_active += 1
         if req.return_progress:
             self._progress(slot.id, slot.active)
-        self.stats.prompt_tokens_total += len(tokens) - keep
-        self.stats.cached_tokens_total += keep
+        self.core.stats.prompt_tokens_total += len(tokens) - keep
+        self.core.stats.cached_tokens_total += keep
         if max_tokens <= 0:
             self._finish(gen, slot, "length")
 
-    def _step(self, gen: Generation) -> None:
+    def step(self, gen: Generation) -> None:
         t0 = time.perf_counter()
         batch, ctx = gen.batch, gen.ctx
         batch.clear()
@@ -380,7 +269,7 @@ class Batching:
         prompts = [slot for slot in gen.slots if slot.active is not None and slot.active.pending]
         if len(prompts) > 1:
             prompts.sort(key=lambda slot: slot.active.t_start)  # type: ignore[union-attr]  # first come, first prefilled
-            if (self.params or gen.params).prefill_split == "ubatch":
+            if (self.core.params or gen.params).prefill_split == "ubatch":
                 ubatch = min(gen.params.n_ubatch, batch.capacity)
                 budget = min(budget, max(ubatch - (batch.capacity - budget), ubatch // 4))
         for slot in prompts:
@@ -401,17 +290,17 @@ class Batching:
             if last:
                 outputs.append((slot, idx))
         if batch.n == 0:
-            self._settle_text()
+            self.settle_text()
             return
         rc = batch.decode(ctx)
-        self.stats.n_decode_total += 1
+        self.core.stats.n_decode_total += 1
         if rc == 1 and gen.evict_idle():  # KV pool full: free idle slots' caches and try the step again
             rc = batch.decode(ctx)
-            self.stats.n_decode_total += 1
+            self.core.stats.n_decode_total += 1
         t1 = time.perf_counter()
-        if self._deferred:  # the device computes this step meanwhile; the first sample below waits for it
-            self._settle_text()
-            self._flush()
+        if self.deferred:  # the device computes this step meanwhile; the first sample below waits for it
+            self.settle_text()
+            self.core.flush()
         if rc != 0:
             self._decode_failed(gen, rc, before)
             return
@@ -421,11 +310,11 @@ class Batching:
             # for the device. It builds and queues the next step while this one computes (llama.cpp orders
             # them on the device, as it does the ubatches of one batch); the engine thread waits before
             # anything else touches the context (settle_device).
-            self._unsynced.add(gen)
-            self.stats.steps_unwaited_total += 1
+            self.unsynced.add(gen)
+            self.core.stats.steps_unwaited_total += 1
         else:
             ctx.synchronize()  # (waits for any earlier step of this context left computing, too)
-            self._unsynced.discard(gen)
+            self.unsynced.discard(gen)
         t3 = time.perf_counter()
         for slot_id, a in watched:  # before this step's tokens: the last progress says the prompt is done
             self._progress(slot_id, a)
@@ -447,9 +336,9 @@ class Batching:
                 self._on_token(gen, slot, a, tok, overlap and a.n_gen > 0)
             except Exception as exc:  # this request's failure, not the step's: the other slots go on
                 if slot.active is a:
-                    self._request_failed(gen, a.handle, "sampling", exc, slot)
+                    self.request_failed(gen, a.handle, "sampling", exc, slot)
         t4 = time.perf_counter()
-        st = self.stats
+        st = self.core.stats
         st.steps_total += 1
         st.step_submit_seconds_total += t1 - t0
         st.step_overlap_seconds_total += t2 - t1
@@ -462,15 +351,15 @@ class Batching:
     def settle_device(self) -> None:
         """Wait for the steps left computing (see :meth:`_step`): before the engine thread does anything but
         queue another step, such as a command, an admission, a swap or an embedding."""
-        while self._unsynced:
-            self._unsynced.pop().ctx.synchronize()
+        while self.unsynced:
+            self.unsynced.pop().ctx.synchronize()
 
     def _progress(self, slot_id: int, a: _Active) -> None:
-        self._emit(a.handle, Progress(total=a.prompt_len, cache=a.cached, processed=a.prompt_len - len(a.pending),
+        self.core.emit(a.handle, Progress(total=a.prompt_len, cache=a.cached, processed=a.prompt_len - len(a.pending),
                                       time_ms=int((time.monotonic() - a.t_start) * 1000), slot=slot_id))
 
     def _text_overlap(self, gen: Generation) -> bool:
-        mode = (self.params or gen.params).text_overlap
+        mode = (self.core.params or gen.params).text_overlap
         return mode == "on" or (mode == "auto" and gen.asynchronous)
 
     def _on_token(self, gen: Generation, slot: Slot, a: _Active, tok: int, defer: bool) -> None:
@@ -483,7 +372,7 @@ class Batching:
             self._finish(gen, slot, "stop")
             return
         a.n_gen += 1
-        self.stats.tokens_predicted_total += 1
+        self.core.stats.tokens_predicted_total += 1
         a.unsent.append(tok)
         if a.probs is not None:
             a.probs_unsent.append(a.probs.entry(tok))
@@ -492,7 +381,7 @@ class Batching:
             return
         if defer:
             a.next_token = tok
-            self._deferred.append((gen, slot, a))
+            self.deferred.append((gen, slot, a))
         elif not self._text(gen, slot, a):
             a.next_token = tok
 
@@ -524,18 +413,18 @@ class Batching:
     def _send(self, a: _Active, text: str, end: bool = False) -> None:
         ev = _token(a, text, end)
         if ev is not None:
-            self._emit(a.handle, ev)
+            self.core.emit(a.handle, ev)
 
-    def _settle_text(self) -> None:
+    def settle_text(self) -> None:
         """The deferred text of the last step, for requests still running (a cancelled one's is dropped)."""
-        deferred, self._deferred = self._deferred, []
+        deferred, self.deferred = self.deferred, []
         for gen, slot, a in deferred:
             if slot.active is a and a.unsent:
                 try:
                     self._text(gen, slot, a)
                 except Exception as exc:
                     if slot.active is a:
-                        self._request_failed(gen, a.handle, "making text", exc, slot)
+                        self.request_failed(gen, a.handle, "making text", exc, slot)
 
     def _finish(self, gen: Generation, slot: Slot, reason: str, flush: bool = True) -> None:
         a = slot.active
@@ -560,43 +449,43 @@ class Batching:
         usage = Usage(prompt_tokens=a.prompt_len, completion_tokens=a.n_gen, cached_tokens=a.cached,
                       prompt_ms=round((t_first - a.t_start) * 1000, 3), predicted_ms=round((now - t_first) * 1000, 3),
                       queue_ms=round((a.t_start - (a.handle.t_enqueued or a.t_start)) * 1000, 3))
-        self.stats.prompt_seconds_total += t_first - a.t_start
-        self.prefix.prefill_seen(a.prompt_len - a.cached, t_first - a.t_start)
-        self.stats.predicted_seconds_total += now - t_first
-        self.stats.requests_finished_total += 1
-        self._emit(a.handle, Done(reason, usage, gen.tag, slot.id, len(slot.cache), tokens_digest(slot.cache),
-                                  a.stopper.matched, _take_ids(a)))
-        self._release(gen, slot)
+        self.core.stats.prompt_seconds_total += t_first - a.t_start
+        self.core.prefix.prefill_seen(a.prompt_len - a.cached, t_first - a.t_start)
+        self.core.stats.predicted_seconds_total += now - t_first
+        self.core.stats.requests_finished_total += 1
+        self.core.emit(a.handle, Done(reason, usage, gen.tag.fingerprint, gen.tag.model, slot.id, len(slot.cache),
+                                      tokens_digest(slot.cache), a.stopper.matched, _take_ids(a), a.settings))
+        self.release(gen, slot)
 
     def _fault(self, stage: str, faulty: frozenset[str]) -> None:
         if stage in faulty:
             raise faults.InjectedFault(f"injected fault at stage {stage}")
 
-    def _request_failed(self, gen: Generation, handle: RequestHandle, stage: str, exc: Exception,
+    def request_failed(self, gen: Generation, handle: RequestHandle, stage: str, exc: Exception,
                         slot: Slot | None = None) -> None:
         """An exception while serving one request ends that request with a JSON error (500,
         ``request_failed``, never retried elsewhere: the same request would fail there too; a grammar
         too ambiguous to sample is the request's own doing, a 400) and frees its slot; the engine
         thread and every other request go on."""
-        self.stats.requests_failed_total += 1
+        self.core.stats.requests_failed_total += 1
         if isinstance(exc, (sampling.GrammarTooSlow, sampling.GrammarUnsatisfiable)):  # what the request asked for: a 4xx
             log_event(log, logging.INFO, "request refused", req=handle.id, stage=stage, code=exc.code, error=str(exc))
-            self._emit(handle, Failed(str(exc), status=400, code=exc.code))
+            self.core.emit(handle, Failed(str(exc), status=400, code=exc.code))
         else:
             log_event(log, logging.ERROR, "request failed", req=handle.id, stage=stage, error=repr(exc), exc_info=True)
-            self._emit(handle, Failed(f"the request failed while {stage}: {type(exc).__name__}: {exc}",
+            self.core.emit(handle, Failed(f"the request failed while {stage}: {type(exc).__name__}: {exc}",
                                       status=500, code="request_failed"))
         if slot is None:  # failed while admitting: the slot may already have taken it
             slot = next((sl for sl in gen.slots if sl.active is not None and sl.active.handle is handle), None)
         if slot is not None and slot.active is not None and slot.active.handle is handle:
             try:
-                self._release(gen, slot)
+                self.release(gen, slot)
             except Exception as again:  # freeing its sampler failed too: drop the slot's bookkeeping anyway
                 log_event(log, logging.ERROR, "slot release failed", slot=slot.id, error=repr(again))
                 slot.active = None
                 gen.n_active -= 1
 
-    def _release(self, gen: Generation, slot: Slot) -> None:
+    def release(self, gen: Generation, slot: Slot) -> None:
         a = slot.active
         if a is None:
             return
@@ -618,34 +507,31 @@ class Batching:
             if slot.id in seen or slot.active is None:
                 continue
             seen.add(slot.id)
-            self._emit(slot.active.handle, Failed(msg, status=503 if rc == 1 else 500,
+            self.core.emit(slot.active.handle, Failed(msg, status=503 if rc == 1 else 500,
                                                   code="context_full" if rc == 1 else "decode_error"))
-            self._release(gen, slot)
+            self.release(gen, slot)
 
-    def _cancel(self, handle: RequestHandle) -> None:
+    def cancel(self, handle: RequestHandle) -> None:
         try:
-            self._waiting.remove(handle)
+            self.waiting.remove(handle)
             return
         except ValueError:
             pass
-        for gen in ([self.gen] if self.gen else []) + self.retiring:
+        for gen in ([self.core.gen] if self.core.gen else []) + self.core.retiring:
             for slot in gen.slots:
                 if slot.active is not None and slot.active.handle is handle:
-                    self.stats.requests_cancelled_total += 1
-                    self._release(gen, slot)
+                    self.core.stats.requests_cancelled_total += 1
+                    self.release(gen, slot)
                     return
 
-    def _fail_all(self, message: str, engine_failed: bool, status: int = 500, code: str = "engine_error") -> None:
-        self._settle_text()  # what was generated before the failure still reaches the client
-        while self._waiting:
-            self._emit(self._waiting.popleft(), Failed(message, engine_failed, status, code))
-        for gen in ([self.gen] if self.gen else []) + self.retiring:
+    def fail_all(self, message: str, engine_failed: bool, status: int = 500, code: str = "engine_error") -> None:
+        self.settle_text()  # what was generated before the failure still reaches the client
+        while self.waiting:
+            self.core.emit(self.waiting.popleft(), Failed(message, engine_failed, status, code))
+        for gen in ([self.core.gen] if self.core.gen else []) + self.core.retiring:
             for slot in gen.slots:
                 if slot.active is not None:
-                    self._emit(slot.active.handle, Failed(message, engine_failed, status, code))
-                    self._release(gen, slot)
-        if self._pending_swap is not None:
-            self._pending_swap.fut.set_exception(RuntimeError(message))
-            self._pending_swap = None
+                    self.core.emit(slot.active.handle, Failed(message, engine_failed, status, code))
+                    self.release(gen, slot)
 
 

@@ -7,7 +7,7 @@ generating slots: a large batch of inputs delays each generated token by one emb
 most, and is never starved by generation either. Only the engine thread touches the embedding
 context (``engine/embedder.py``), like every other llama.cpp object of a generation.
 
-``EmbedJobs`` is part of :class:`hydrad.engine.core.EngineCore`; ``embed()`` runs on the event
+:class:`EmbedRunner` is the engine core's component for them; ``embed()`` runs on the event
 loop, the rest on the engine thread.
 """
 
@@ -21,7 +21,7 @@ from typing import Any
 
 from hydrad.engine.commands import Embed
 from hydrad.engine.embedder import MAX_SEQS
-from hydrad.engine.generation import Generation
+
 
 
 class EmbedRefused(Exception):
@@ -51,40 +51,40 @@ def _settle(fut: cf.Future[Any], result: Any = None, exc: BaseException | None =
         pass
 
 
-class EmbedJobs:
-    gen: Generation | None
-    admitting: bool
-    max_queue: int
-    _cmds: Any
-    _embeds: deque[_Job]
+class EmbedRunner:
+    """Owns the embedding requests waiting or being computed (engine thread, but :meth:`embed`)."""
+
+    def __init__(self, core: Any) -> None:  # the EngineCore this is part of (it imports us)
+        self.core = core
+        self.jobs: deque[_Job] = deque()
 
     async def embed(self, gen_id: int, inputs: list[list[int]]) -> list[Any]:
         """The embeddings of ``inputs`` (token lists) by generation ``gen_id``; EmbedRefused when the
         engine cannot take them or that generation is no longer serving."""
         cmd = Embed(gen_id, inputs)
-        self._cmds.put(cmd)
+        self.core.put(cmd)
         return await asyncio.wrap_future(cmd.fut)
 
-    def _queue_embed(self, cmd: Embed) -> None:
-        if not self.admitting:
+    def queue(self, cmd: Embed) -> None:
+        if not self.core.admitting:
             _settle(cmd.fut, exc=EmbedRefused("engine is shutting down", 503, "shutting_down"))
-        elif len(self._embeds) >= self.max_queue:
+        elif len(self.jobs) >= self.core.max_queue:
             _settle(cmd.fut, exc=EmbedRefused("too many embedding requests are waiting", 503, "queue_full"))
         else:
-            self._embeds.append(_Job(cmd))
+            self.jobs.append(_Job(cmd))
 
-    def _fail_embeds(self, message: str, status: int = 503, code: str = "shutting_down") -> None:
-        while self._embeds:
-            _settle(self._embeds.popleft().cmd.fut, exc=EmbedRefused(message, status, code))
+    def fail(self, message: str, status: int = 503, code: str = "shutting_down") -> None:
+        while self.jobs:
+            _settle(self.jobs.popleft().cmd.fut, exc=EmbedRefused(message, status, code))
 
-    def _embed_step(self) -> None:
+    def step(self) -> None:
         """One embedding decode for the oldest waiting inputs (engine thread)."""
-        jobs = self._embeds
+        jobs = self.jobs
         while jobs and jobs[0].cmd.fut.cancelled():
             jobs.popleft()
         if not jobs:
             return
-        gen = self.gen
+        gen = self.core.gen
         embedder = gen.embedder if gen is not None else None
         if gen is None or embedder is None or jobs[0].cmd.gen_id != gen.id:
             _settle(jobs.popleft().cmd.fut, exc=EmbedRefused("the model was replaced before the embeddings were "

@@ -1,8 +1,8 @@
 """KV-state operations of the engine: a slot's state read and restored between steps, the cheap
 checks before an upload is accepted, and the KV carried from one generation to a sibling one.
 
-``KvOps`` is part of :class:`hydrad.engine.core.EngineCore`; the ``_state_*`` methods run on the
-engine thread, the public ones on the event loop.
+:class:`KvMover` is the engine core's component for it; ``get``/``put``/``erase`` run on the
+engine thread, the ``state_*`` coroutines on the event loop.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from typing import Any
 from hydrad.common.logs import log_event
 from hydrad.engine.commands import StateErase, StateGet, StatePut
 from hydrad.engine.generation import Generation, Slot
+from hydrad.engine.statebuf import StateBuffers
+
 
 log = logging.getLogger("hydrad.engine")
 
@@ -27,13 +29,16 @@ class StateError(Exception):
         self.kind = kind  # not_found | conflict | incompatible | failed
 
 
-class KvOps:
-    gen: Generation | None
-    _cmds: Any
-    state_buffers: Any
+class KvMover:
+    """Moves slots' KV in and out between steps: owns the state buffers (snapshots read and uploads
+    being received, which any thread may take)."""
+
+    def __init__(self, core: Any) -> None:  # the EngineCore this is part of (it imports us)
+        self.core = core
+        self.buffers = StateBuffers()
 
     def _idle_slot(self, slot_id: int) -> tuple[Generation, Slot]:
-        gen = self.gen
+        gen = self.core.gen
         if gen is None:
             raise StateError("no model is loaded", "not_found")
         if not 0 <= slot_id < len(gen.slots):
@@ -43,16 +48,16 @@ class KvOps:
             raise StateError(f"slot {slot_id} is busy with a request; retry when it is idle", "conflict")
         return gen, slot
 
-    def _state_get(self, cmd: StateGet) -> None:
+    def get(self, cmd: StateGet) -> None:
         fut = cmd.fut
         try:
             gen, slot = self._idle_slot(cmd.slot_id)
-            data = gen.read_state(slot, self.state_buffers)
+            data = gen.read_state(slot, self.buffers)
             fut.set_result((gen.state_meta(slot, len(data)), data))
         except Exception as exc:
             fut.set_exception(exc)
 
-    def _state_put(self, cmd: StatePut) -> None:
+    def put(self, cmd: StatePut) -> None:
         slot_id, meta, data, fut, trusted = cmd.slot_id, cmd.meta, cmd.data, cmd.fut, cmd.trusted
         try:
             gen, slot = self._idle_slot(slot_id)
@@ -66,7 +71,7 @@ class KvOps:
         except Exception as exc:
             fut.set_exception(exc)
 
-    def _state_erase(self, cmd: StateErase) -> None:
+    def erase(self, cmd: StateErase) -> None:
         try:
             gen, slot = self._idle_slot(cmd.slot_id)
             n = len(slot.cache)
@@ -77,7 +82,7 @@ class KvOps:
 
     def check_put(self, slot_id: int, meta: Any, max_bytes: int) -> StateError | None:
         """Cheap checks before any state byte is accepted, so a doomed upload is refused up front."""
-        gen = self.gen
+        gen = self.core.gen
         if gen is None:
             return StateError("no model is loaded", "not_found")
         if not 0 <= slot_id < len(gen.slots):
@@ -93,19 +98,19 @@ class KvOps:
     async def state_get(self, slot_id: int) -> tuple[dict[str, Any], Any]:
         """A slot's KV state (meta, bytes), read on the engine thread between steps."""
         cmd = StateGet(slot_id)
-        self._cmds.put(cmd)
+        self.core.put(cmd)
         return await asyncio.wrap_future(cmd.fut)
 
     async def state_put(self, slot_id: int, meta: dict[str, Any], data: Any, trusted: bool = False) -> dict[str, Any]:
         """Restore a slot from meta + bytes; an incompatible state leaves the slot untouched."""
         cmd = StatePut(slot_id, meta, data, trusted)
-        self._cmds.put(cmd)
+        self.core.put(cmd)
         return await asyncio.wrap_future(cmd.fut)
 
     async def state_erase(self, slot_id: int) -> int:
         """Empty an idle slot's KV between steps; how many tokens it held."""
         cmd = StateErase(slot_id)
-        self._cmds.put(cmd)
+        self.core.put(cmd)
         return await asyncio.wrap_future(cmd.fut)
 
 

@@ -1,17 +1,12 @@
-"""Anthropic's Messages API (``POST /v1/messages``) as a translation over chat completions.
+"""Anthropic's Messages API (``POST /v1/messages``): its requests, read as chat completions.
 
 Clients written for Anthropic's API (and for llama-server, which serves it too) send a request
 that :func:`parse` turns into the very :class:`GenRequest` the equivalent chat completion makes:
 the system prompt as a first system message, each turn's text, ``max_tokens``, the stop
 sequences, the sampling fields, and tools, calls and their results
-(:mod:`hydrad.wire.anthropic_tools`). The answer goes back in Anthropic's shapes: a ``message``
-object, or its server-sent event sequence (``message_start``, ``content_block_start``, ``ping``,
-``content_block_delta``..., ``content_block_stop``, ``message_delta``, ``message_stop``), and
-errors as ``{"type": "error", "error": {"type", "message"}}``.
-
-Used by both doors: the engine builds its answer from its own events; the coordinator's front
-door serves the request like a chat completion and translates the OpenAI body or chunks it gets
-(:func:`from_openai`, :class:`StreamFromOpenAI`). Nothing here does I/O.
+(:mod:`hydrad.wire.anthropic_tools`). Both doors parse here; the answer, in Anthropic's shapes,
+is built from the request's events by :mod:`hydrad.wire.render.anthropic` on either door.
+Nothing here does I/O.
 
 What the engine cannot honour (server tools, images and documents, extended thinking, ...) is refused
 with a 400 naming the field, and so is any field Anthropic does not define (Anthropic refuses
@@ -23,7 +18,6 @@ would open a new turn after it instead.
 from __future__ import annotations
 
 import json
-import uuid
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -31,7 +25,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from hydrad.common.params import validation_message
 from hydrad.wire import anthropic_tools
 from hydrad.wire.openai import INT32_MAX, MAX_MODEL_NAME, ApiError, check_stops, json_object
-from hydrad.wire.toolcalls import ToolCall
 from hydrad.wire.tools import MAX_CALLS
 from hydrad.wire.requests import MAX_STOP_CHARS, GenRequest, SamplingOverrides
 
@@ -205,221 +198,3 @@ def parse(raw: bytes) -> tuple[MessagesRequest, GenRequest]:
     gen = GenRequest(messages=_messages(req), tools=tools, max_tokens=req.max_tokens, stop=req.stops(),
                      sampling=sampling)
     return req, gen
-
-
-# ---- answers -------------------------------------------------------------------------------------
-
-def new_id() -> str:
-    return "msg_" + uuid.uuid4().hex[:24]
-
-
-def stop_reason(finish_reason: str | None, stop_word: str | None) -> tuple[str, str | None]:
-    """Anthropic's ``stop_reason`` and ``stop_sequence`` for the engine's finish reason and the stop
-    string that ended the generation, if one did."""
-    if finish_reason == "length":
-        return "max_tokens", None
-    if finish_reason == "tool_calls":
-        return "tool_use", None
-    if stop_word:
-        return "stop_sequence", stop_word
-    return "end_turn", None
-
-
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, int]:
-    """Anthropic counts the prompt tokens read from the cache apart from the ones it computed."""
-    return {"input_tokens": max(prompt_tokens - cached_tokens, 0), "output_tokens": completion_tokens,
-            "cache_read_input_tokens": cached_tokens}
-
-
-def message(rid: str, model: str, text: str, finish_reason: str | None, stop_word: str | None,
-            counts: dict[str, int], calls: list[ToolCall] | None = None) -> dict[str, Any]:
-    reason, sequence = stop_reason(finish_reason, stop_word)
-    return {"id": rid, "type": "message", "role": "assistant", "model": model,
-            "content": anthropic_tools.content(text, calls or []), "stop_reason": reason, "stop_sequence": sequence,
-            "usage": counts}
-
-
-def event(name: str, data: dict[str, Any]) -> bytes:
-    return (f"event: {name}\ndata: " + json.dumps(data, separators=(",", ":"), ensure_ascii=False) + "\n\n").encode()
-
-
-class Stream:
-    """The events of one streamed answer, block by block. :meth:`start` opens the message (its
-    totals come with ``message_delta``: the prompt's token count is known only at the end);
-    :meth:`text` and :meth:`calls` add to it, each opening a block of its kind after closing the
-    one before (text in one ``text`` block, each call a ``tool_use`` block with its input as one
-    ``input_json_delta``); :meth:`end` closes it.
-
-    Without tools the one text block opens at once, as it always did; with tools the first block
-    waits for the first text or call, since an answer may be calls only."""
-
-    def __init__(self, rid: str, model: str, tools: bool = False) -> None:
-        self.rid, self.model, self.tools = rid, model, tools
-        self.index = -1  # the last block opened
-        self.open: str | None = None  # the type of the block open now
-
-    def start(self) -> bytes:
-        head = {"id": self.rid, "type": "message", "role": "assistant", "model": self.model, "content": [],
-                "stop_reason": None, "stop_sequence": None, "usage": usage(0, 0, 0)}
-        out = event("message_start", {"type": "message_start", "message": head})
-        if not self.tools:
-            out += self._open({"type": "text", "text": ""})
-        return out + event("ping", {"type": "ping"})
-
-    def _open(self, block: dict[str, Any]) -> bytes:
-        out = self._close()
-        self.index += 1
-        self.open = block["type"]
-        return out + event("content_block_start", {"type": "content_block_start", "index": self.index,
-                                                   "content_block": block})
-
-    def _close(self) -> bytes:
-        if self.open is None:
-            return b""
-        self.open = None
-        return event("content_block_stop", {"type": "content_block_stop", "index": self.index})
-
-    def _delta(self, delta: dict[str, Any]) -> bytes:
-        return event("content_block_delta", {"type": "content_block_delta", "index": self.index, "delta": delta})
-
-    def text(self, text: str) -> bytes:
-        if not text:
-            return b""
-        out = b"" if self.open == "text" else self._open({"type": "text", "text": ""})
-        return out + self._delta({"type": "text_delta", "text": text})
-
-    def calls(self, calls: list[ToolCall]) -> bytes:
-        if not calls:
-            return b""
-        out = b""
-        for call in calls:
-            out += self._open({**anthropic_tools.block(call), "input": {}})
-            out += self._delta({"type": "input_json_delta", "partial_json": json.dumps(
-                anthropic_tools.input_of(call), ensure_ascii=False)})
-        return out + self._close()
-
-    def end(self, finish_reason: str | None, stop_word: str | None, counts: dict[str, int]) -> bytes:
-        reason, sequence = stop_reason(finish_reason, stop_word)
-        out = self._open({"type": "text", "text": ""}) if self.index < 0 else b""
-        return (out + self._close()
-                + event("message_delta", {"type": "message_delta", "delta": {"stop_reason": reason,
-                                                                             "stop_sequence": sequence},
-                                          "usage": counts})
-                + event("message_stop", {"type": "message_stop"}))
-
-
-_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-                404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error",
-                529: "overloaded_error"}
-
-
-def error_body(status: int, message: str) -> dict[str, Any]:
-    kind = _ERROR_TYPES.get(status) or ("invalid_request_error" if status < 500 else "api_error")
-    return {"type": "error", "error": {"type": kind, "message": message}}
-
-
-def error_of(exc: ApiError) -> dict[str, Any]:
-    return error_body(exc.status, exc.message)
-
-
-def stream_error(status: int, message: str) -> bytes:
-    """A failure after the stream began: Anthropic's ``error`` event, which ends the stream."""
-    return event("error", error_body(status, message))
-
-
-# ---- the front door's adapters: an OpenAI chat answer in Anthropic's shapes ---------------------------
-
-def _counts(openai_usage: dict[str, Any] | None) -> dict[str, int]:
-    u = openai_usage or {}
-    cached = (u.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-    return usage(u.get("prompt_tokens") or 0, u.get("completion_tokens") or 0, cached)
-
-
-def _calls(entries: list[dict[str, Any]]) -> list[ToolCall]:
-    """``message.tool_calls`` of an OpenAI answer as the calls it names."""
-    return [ToolCall(c.get("id") or "", c["function"]["name"], c["function"].get("arguments") or "{}")
-            for c in entries]
-
-
-def from_openai(body: dict[str, Any], rid: str, stop_word: str | None) -> dict[str, Any]:
-    """A chat completion body as the Messages API's answer."""
-    choice = body["choices"][0]
-    msg = choice["message"]
-    return message(rid, body.get("model", ""), msg.get("content") or "", choice.get("finish_reason"),
-                   stop_word, _counts(body.get("usage")), _calls(msg.get("tool_calls") or []))
-
-
-class StreamFromOpenAI:
-    """Chat completion chunks (``data:`` events) in, Messages API events out. :meth:`feed` takes what
-    the chat stream yields; :meth:`close` ends the message once that stream is over, when the stop
-    string that ended it (if any) is known. ``tools``: whether the request offered tools (the
-    stream's blocks then open as they come: :class:`Stream`). A call's ``delta.tool_calls``
-    entries (its id and name, then its arguments) are gathered and go out as one ``tool_use``
-    block before the next text or the end."""
-
-    def __init__(self, rid: str, model: str, tools: bool = False) -> None:
-        self.rid, self.model, self.tools = rid, model, tools
-        self.out: Stream | None = None
-        self.finish: str | None = None
-        self.counts = usage(0, 0, 0)
-        self.failed = False
-        self.pending: dict[int, dict[str, str]] = {}
-
-    def _start(self) -> bytes:
-        self.out = Stream(self.rid, self.model, self.tools)
-        return self.out.start()
-
-    def _flush(self) -> bytes:
-        calls = [ToolCall(c["id"], c["name"], c["arguments"] or "{}") for _, c in sorted(self.pending.items())]
-        self.pending = {}
-        return self.out.calls(calls) if calls and self.out is not None else b""
-
-    def _gather(self, entries: list[dict[str, Any]]) -> None:
-        for entry in entries:
-            fn = entry.get("function") or {}
-            call = self.pending.setdefault(entry.get("index", 0), {"id": "", "name": "", "arguments": ""})
-            call["id"] = entry.get("id") or call["id"]
-            call["name"] = fn.get("name") or call["name"]
-            call["arguments"] += fn.get("arguments") or ""
-
-    def feed(self, raw: bytes) -> bytes:
-        out = b""
-        for block in raw.decode("utf-8", "replace").split("\n\n"):
-            line = block.strip()
-            if not line.startswith("data:") or self.failed:
-                continue
-            payload = line[len("data:"):].strip()
-            if payload == "[DONE]":
-                continue
-            obj = json.loads(payload)
-            if self.out is None:
-                self.model = obj.get("model") or self.model
-                out += self._start()
-            assert self.out is not None
-            if "error" in obj:
-                err = obj["error"] if isinstance(obj["error"], dict) else {}
-                status = 503 if err.get("type") == "unavailable_error" else (
-                    400 if err.get("type") == "invalid_request_error" else 500)
-                out += stream_error(status, str(err.get("message", "the request failed")))
-                self.failed = True
-                continue
-            if obj.get("usage"):
-                self.counts = _counts(obj["usage"])
-            for choice in obj.get("choices") or []:
-                delta = choice.get("delta") or {}
-                if delta.get("content"):
-                    out += self._flush() + self.out.text(delta["content"])
-                self._gather(delta.get("tool_calls") or [])
-                if choice.get("finish_reason"):
-                    out += self._flush()
-                    self.finish = choice["finish_reason"]
-        return out
-
-    def close(self, stop_word: str | None) -> bytes:
-        if self.failed:
-            return b""
-        out = b"" if self.out is not None else self._start()
-        assert self.out is not None
-        if self.finish is None:
-            return out + stream_error(502, "the stream ended before the message did")
-        return out + self._flush() + self.out.end(self.finish, stop_word, self.counts)

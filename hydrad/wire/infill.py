@@ -19,9 +19,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
-from hydrad.wire.native_completion import NativeCompletionRequest, validated
+from hydrad.wire.native_completion import NativeCompletionRequest, gen_request, validated
 from hydrad.wire.openai import INT32_MAX, ApiError, checked_sampling, json_object
-from hydrad.wire.requests import SamplingOverrides
+from hydrad.wire.requests import FimChunk, GenRequest, InfillParts
 
 MAX_EXTRA = 1024
 """Most ``input_extra`` chunks: far more than an editor sends, few enough that a request of tiny
@@ -61,14 +61,17 @@ def mixed(value: Any, name: str) -> Mixed:
     raise ApiError(400, f"{name} must be a string or a list of strings and token ids", "invalid_field", name)
 
 
-def parse(raw: bytes | dict[str, Any]) -> tuple[InfillRequest, SamplingOverrides]:
-    """An /infill body as the request and its checked sampling; ApiError 400 naming the field."""
+def parse(raw: bytes | dict[str, Any]) -> tuple[InfillRequest, GenRequest]:
+    """An /infill body as the request and its GenRequest, whose prompt the engine builds from its
+    ``infill`` parts; ApiError 400 naming the field."""
     data = json_object(raw)
     for name in ("input_prefix", "input_suffix"):
         if name not in data:
             raise ApiError(400, f"{name} is required", "invalid_field", name)
     req = validated(InfillRequest, data)
     sampling = checked_sampling(req)
-    mixed(req.input_prefix, "input_prefix")
-    mixed(req.input_suffix, "input_suffix")
-    return req, sampling
+    parts = InfillParts(prefix=mixed(req.input_prefix, "input_prefix"), suffix=mixed(req.input_suffix, "input_suffix"),
+                        extra=[FimChunk(text=c.text, filename=c.filename) for c in req.input_extra], middle=req.prompt)
+    gen = gen_request(req, sampling, None, None)
+    gen.infill = parts
+    return req, gen

@@ -23,10 +23,11 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
 from hydrad.common.netaccess import split_endpoint
+from hydrad.wire import events
 from hydrad.wire import logprobs as lp
 from hydrad.wire import toolcalls
 from hydrad.wire.gpuinfo import GpuInfo
-from hydrad.wire.requests import GenRequest, SamplingOverrides
+from hydrad.wire.requests import GenRequest, InfillParts, SamplingOverrides
 from hydrad.wire.tools import MAX_CALL_ID, NAME_RE, ToolSpec
 
 PROTOCOL = b"hydra-bus/2"  # 2: stream messages may travel in batches
@@ -198,6 +199,28 @@ class Tokens(_Msg):
     tool_calls: list[ToolCall] | None = Field(None, max_length=4096, description=(
         "Tool calls completed in this step, when the GENERATE offered tools (the texts are then content "
         "only); absent otherwise."))
+    ids: list[Annotated[int, Field(ge=0, le=2**31 - 1)]] | None = Field(None, max_length=65536, description=(
+        "The token ids these texts were made of, when the GENERATE asked (return_tokens); absent otherwise."))
+
+    def event(self) -> events.Token:
+        """This step as the one event stream's Token (its texts joined)."""
+        return events.Token("".join(self.texts), tuple(self.ids or ()),
+                            tuple(p.token() for p in self.logprobs or ()), tuple(c.call() for c in self.tool_calls or ()))
+
+
+class Progress(_Msg):
+    """How far a request's prompt prefill has got (when its GENERATE asked: return_progress)."""
+
+    KIND = b"PROGRESS"
+    req: str = Field(pattern=REQ_PATTERN)
+    total: int = Field(ge=0)
+    cache: int = Field(ge=0)
+    processed: int = Field(ge=0)
+    time_ms: int = Field(ge=0)
+    slot: int = Field(ge=0)
+
+    def event(self) -> events.Progress:
+        return events.Progress(self.total, self.cache, self.processed, self.time_ms, self.slot)
 
 
 class Done(_Msg):
@@ -213,6 +236,28 @@ class Done(_Msg):
     kv_hash: str = Field("", max_length=32, description="hydrad.wire.kvdigest of those tokens.")
     stop_word: str | None = Field(None, max_length=8192, description="The stop string that ended the generation, "
                                                                       "if one did (Anthropic's stop_sequence).")
+    ids: list[Annotated[int, Field(ge=0, le=2**31 - 1)]] | None = Field(None, max_length=65536, description=(
+        "Generated token ids no TOKENS carried yet (return_tokens); absent otherwise."))
+    settings: dict[str, Any] | None = Field(None, description=(
+        "The engine's values the request ran with, when the GENERATE asked (report_settings)."))
+
+    _finite = field_validator("settings")(classmethod(lambda cls, v: v if v is None else only_finite(v)))
+
+    @classmethod
+    def of(cls, req: str, done: events.Done) -> Done:
+        u = done.usage
+        return cls(req=req, finish_reason=done.finish_reason, model=done.model, fingerprint=done.fingerprint,
+                   slot=done.slot, kv_tokens=done.kv_tokens, kv_hash=done.kv_hash, stop_word=done.stop_word,
+                   ids=list(done.ids) or None, settings=dict(done.settings) if done.settings is not None else None,
+                   usage=UsageInfo(prompt_tokens=u.prompt_tokens, completion_tokens=u.completion_tokens,
+                                   cached_tokens=u.cached_tokens, prompt_ms=u.prompt_ms, predicted_ms=u.predicted_ms))
+
+    def event(self) -> events.Done:
+        u = self.usage
+        return events.Done(self.finish_reason, events.Usage(u.prompt_tokens, u.completion_tokens, u.cached_tokens,
+                                                            u.prompt_ms, u.predicted_ms),
+                           self.fingerprint, self.model, self.slot, self.kv_tokens, self.kv_hash, self.stop_word,
+                           tuple(self.ids or ()), self.settings)
 
 
 class Error(_Msg):
@@ -227,6 +272,18 @@ class Error(_Msg):
     n_prompt_tokens: int | None = Field(None, ge=0, description="A prompt longer than the context: its tokens "
                                                                 "(llama-server's error field).")
     n_ctx: int | None = Field(None, ge=0, description="... and the context it did not fit.")
+    param: str | None = Field(None, max_length=64, description="The request field at fault, when one is.")
+
+    @classmethod
+    def of(cls, req: str, failed: events.Failed) -> Error:
+        return cls(req=req, message=failed.message[:8192], status=min(599, max(100, failed.status)),
+                   code=failed.code[:64], engine_failed=failed.engine_failed,
+                   n_prompt_tokens=failed.n_prompt_tokens, n_ctx=failed.n_ctx,
+                   param=failed.param[:64] if failed.param else None)
+
+    def event(self) -> events.Failed:
+        return events.Failed(self.message, self.engine_failed, self.status, self.code, self.n_prompt_tokens, self.n_ctx,
+                             self.param)
 
 
 def only_finite(v: dict[str, Any]) -> dict[str, Any]:
@@ -340,6 +397,13 @@ class Generate(_Msg):
         "Who sent the request to the front door (its address): the engine lets "
         "clients take turns for free slots. Absent: one client. An engine of an earlier release refuses a "
         "GENERATE that carries it: upgrade the engines before the coordinator."))
+    prompt_ids: list[Annotated[int, Field(ge=0, le=2**31 - 1)]] | None = Field(None, min_length=1, description=(
+        "The prompt as token ids, used as given (llama-server's /completion); absent: prompt or messages."))
+    infill: InfillParts | None = Field(None, description=(
+        "An /infill request's parts: the engine builds the prompt with its model's fill-in-the-middle tokens."))
+    return_tokens: bool = Field(False, description="TOKENS and DONE carry the generated token ids.")
+    return_progress: bool = Field(False, description="PROGRESS messages while the prompt is prefilled.")
+    report_settings: bool = Field(False, description="DONE carries the engine's values the request ran with.")
 
     @classmethod
     def from_request(cls, req: str, gen: GenRequest, model: str | None) -> Generate:
@@ -347,14 +411,18 @@ class Generate(_Msg):
                    max_tokens=gen.max_tokens,
                    stop=list(gen.stop), ignore_eos=gen.ignore_eos, slot=gen.slot,
                    sampling=gen.sampling, logprobs=gen.logprobs, cache_prompt=gen.cache_prompt,
-                   client=gen.client[:64] or None)
+                   client=gen.client[:64] or None, prompt_ids=gen.prompt_ids, infill=gen.infill,
+                   return_tokens=gen.return_tokens, return_progress=gen.return_progress,
+                   report_settings=gen.report_settings)
 
     def to_request(self) -> GenRequest:
         return GenRequest(prompt=self.prompt, messages=self.messages, tools=self.tools, max_tokens=self.max_tokens,
                           stop=list(self.stop),
                           sampling=self.sampling, ignore_eos=self.ignore_eos,
                           slot=self.slot, logprobs=self.logprobs, cache_prompt=self.cache_prompt,
-                          client="bus:" + self.client if self.client else "")
+                          client="bus:" + self.client if self.client else "", prompt_ids=self.prompt_ids,
+                          infill=self.infill, return_tokens=self.return_tokens, return_progress=self.return_progress,
+                          report_settings=self.report_settings)
 
 
 class Cancel(_Msg):
@@ -372,15 +440,15 @@ class Configure(_Msg):
     _finite = field_validator("payload")(classmethod(lambda cls, v: only_finite(v)))
 
 
-Message = (Register | Heartbeat | Goodbye | Tokens | Done | Error | ConfigureReply | LoadDone
+Message = (Register | Heartbeat | Goodbye | Tokens | Progress | Done | Error | ConfigureReply | LoadDone
            | Welcome | StreamOffer | Refused | Ping | Reregister | Generate | Cancel | Configure)
 
 KINDS: dict[bytes, type[_Msg]] = {cls.KIND: cls for cls in (
-    Register, Heartbeat, Goodbye, Tokens, Done, Error, ConfigureReply, LoadDone,
+    Register, Heartbeat, Goodbye, Tokens, Progress, Done, Error, ConfigureReply, LoadDone,
     Welcome, StreamOffer, Refused, Ping, Reregister, Generate, Cancel, Configure)}
 
-FROM_ENGINE = frozenset({Register, Heartbeat, Goodbye, Tokens, Done, Error, ConfigureReply, LoadDone})
-BATCHABLE = frozenset({Tokens, Done, Error})  # the only kinds a batch may carry (see encode_batch)
+FROM_ENGINE = frozenset({Register, Heartbeat, Goodbye, Tokens, Progress, Done, Error, ConfigureReply, LoadDone})
+BATCHABLE = frozenset({Tokens, Progress, Done, Error})  # the only kinds a batch may carry (see encode_batch)
 MAX_BATCH = 4096  # messages in one batch: a receiver refuses more before decoding any
 TO_ENGINE = frozenset({Welcome, StreamOffer, Refused, Ping, Reregister, Generate, Cancel, Configure})
 

@@ -22,14 +22,14 @@ token, none for a token wholly inside the stop string that ended it).
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any
 
 from pydantic import Field, StrictBool, StrictInt, ValidationError
 
 from hydrad.common.params import validation_message
 from hydrad.wire import logprobs as lp
 from hydrad.wire.openai import (
-    INT32_MAX, ApiError, ChatRequest, CompletionRequest, _Common, checked_sampling, json_object, sse,
+    INT32_MAX, ApiError, ChatRequest, CompletionRequest, _Common, checked_sampling, json_object,
 )
 from hydrad.wire.requests import GenRequest, SamplingOverrides
 
@@ -142,57 +142,3 @@ def gen_request(req: NativeCompletionRequest, sampling: SamplingOverrides, text:
                       sampling=sampling, ignore_eos=req.ignore_eos, slot=req.slot(),
                       cache_prompt=req.cache_prompt, return_tokens=req.return_tokens or req.stream,
                       logprobs=req.wants_logprobs(), return_progress=req.stream and req.return_progress)
-
-
-def stop_type(finish_reason: str, stop_word: str | None) -> str:
-    """llama-server's ``stop_type`` for how a generation ended."""
-    if finish_reason == "length":
-        return "limit"
-    return "word" if stop_word else "eos"
-
-
-def generation_settings(req: NativeCompletionRequest, defaults: Mapping[str, Any], n_ctx: int | None,
-                        model: str) -> dict[str, Any]:
-    """The settings the request ran with (its own, else the engine's defaults), as llama-server
-    reports them; a subset: the sampling fields this engine has."""
-    s = req.sampling()
-    out = {name: getattr(s, name) if getattr(s, name) is not None else defaults.get(name)
-           for name in ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "seed")}
-    limit = req.limit()
-    out.update(n_ctx=n_ctx, n_predict=defaults.get("n_predict", -1) if limit is None else -1 if limit == INT32_MAX
-               else limit, repeat_last_n=defaults.get("repeat_last_n"), presence_penalty=s.presence_penalty,
-               frequency_penalty=s.frequency_penalty, stop=req.stops(), ignore_eos=req.ignore_eos, stream=req.stream,
-               n_probs=req.n_probs or 0, cache_prompt=defaults.get("cache_prompt") if req.cache_prompt is None else req.cache_prompt,
-               model=model)
-    return out
-
-
-def result(*, content: str, finish_reason: str, stop_word: str | None, tokens: list[int], prompt_tokens: int,
-           cached_tokens: int, predicted: int, timings: dict[str, Any], model: str, slot: int | None,
-           settings: dict[str, Any], probs: list[lp.TokenLogprob] | None = None) -> dict[str, Any]:
-    """The whole answer (non-streamed), or with ``content`` empty the last event of a stream.
-    ``probs``: the tokens' ``completion_probabilities`` (None: not asked, or already streamed)."""
-    out = {"index": 0, "content": content, "tokens": tokens, "id_slot": -1 if slot is None else slot, "stop": True,
-           "model": model, "tokens_predicted": predicted, "tokens_evaluated": prompt_tokens,
-           "generation_settings": settings, "has_new_line": "\n" in content, "truncated": False,
-           "stop_type": stop_type(finish_reason, stop_word), "stopping_word": stop_word or "",
-           "tokens_cached": cached_tokens, "timings": timings}
-    if probs is not None:
-        out["completion_probabilities"] = lp.content(probs)
-    return out
-
-
-def chunk(content: str, tokens: tuple[int, ...], probs: tuple[lp.TokenLogprob, ...] | None = None) -> bytes:
-    """One streamed piece: llama-server sends only these fields until the end, and the probabilities
-    of the piece's tokens when the request asked (``n_probs``)."""
-    out: dict[str, Any] = {"index": 0, "content": content, "tokens": list(tokens), "stop": False}
-    if probs is not None:
-        out["completion_probabilities"] = lp.content(probs)
-    return sse(out)
-
-
-def progress_chunk(progress: dict[str, int], slot: int, prompt_tokens: int) -> bytes:
-    """One ``prompt_progress`` event of a stream that asked (``return_progress``), in llama-server's
-    shape: a piece with no content, ``progress`` being ``{total, cache, processed, time_ms}``."""
-    return sse({"index": 0, "content": "", "tokens": [], "stop": False, "id_slot": slot, "tokens_predicted": 0,
-                "tokens_evaluated": prompt_tokens, "prompt_progress": progress})

@@ -14,9 +14,6 @@ and so is constrained output: ``grammar`` (GBNF), ``json_schema`` and OpenAI's J
 from __future__ import annotations
 
 import dataclasses
-import json
-import time
-import uuid
 from typing import Any, Callable, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError, field_validator
@@ -24,7 +21,6 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Valida
 from hydrad.common import jsonbody
 from hydrad.wire import logprobs as lp
 from hydrad.wire import tools as tl
-from hydrad.wire.toolcalls import ToolCall
 from hydrad.wire.grammar import GrammarError, check_gbnf, json_object_grammar, schema_grammar
 from hydrad.wire.requests import GenRequest, SamplingOverrides
 from hydrad.wire.requests import MAX_STOP_CHARS, MAX_STOPS
@@ -376,75 +372,3 @@ def parse(kind: Literal["chat", "completion"], raw: bytes) -> tuple[_Common, Gen
                          ignore_eos=req.ignore_eos, slot=req.slot(), logprobs=req.wants_logprobs(),
                          cache_prompt=req.cache_prompt)
     return req, gen
-
-
-def new_id(kind: str) -> str:
-    return ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
-
-
-def full_response(kind: str, rid: str, model: str, text: str, finish: str, usage: dict[str, Any],
-                  fingerprint: str, timings: dict[str, Any], logprobs: dict[str, Any] | None = None,
-                  calls: list[ToolCall] | None = None) -> dict[str, Any]:
-    """A whole answer; ``logprobs`` is its choice's (:func:`hydrad.wire.logprobs.render`), null when
-    the request asked for none. An answer that made ``calls`` has them in ``message.tool_calls``
-    and, as OpenAI's, a null content unless the model also wrote text."""
-    created = int(time.time())
-    if kind == "chat":
-        message: dict[str, Any] = {"role": "assistant", "content": text}
-        if calls:
-            message = {"role": "assistant", "content": text.strip() or None,
-                       "tool_calls": [c.openai() for c in calls]}
-        choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish, "logprobs": logprobs}
-        obj = "chat.completion"
-    else:
-        choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": logprobs}
-        obj = "text_completion"
-    return {"id": rid, "object": obj, "created": created, "model": model, "system_fingerprint": fingerprint,
-            "choices": [choice], "usage": usage, "timings": timings}
-
-
-def chunk(kind: str, rid: str, model: str, created: int, text: str | None, finish: str | None,
-          fingerprint: str, first: bool = False, timings: dict[str, Any] | None = None,
-          logprobs: dict[str, Any] | None = None, calls: list[dict[str, Any]] | None = None) -> bytes:
-    """SSE for one step of an answer; ``logprobs`` are those of the tokens whose text it carries.
-    ``calls`` are ``delta.tool_calls`` entries (:func:`hydrad.wire.toolcalls.delta`), each in a
-    chunk of its own as OpenAI streams them, after the text's chunk (none when the step made only
-    calls)."""
-    if not calls:
-        return _chunk(kind, rid, model, created, {"content": text}, finish, fingerprint, first, timings, logprobs)
-    head = _chunk(kind, rid, model, created, {"content": text}, None, fingerprint, first, None, logprobs) if text else b""
-    return head + b"".join(_chunk(kind, rid, model, created, {"tool_calls": [c]}, None, fingerprint,
-                                  logprobs=None if text or i else logprobs) for i, c in enumerate(calls))
-
-
-def _chunk(kind: str, rid: str, model: str, created: int, delta: dict[str, Any], finish: str | None,
-           fingerprint: str, first: bool = False, timings: dict[str, Any] | None = None,
-           logprobs: dict[str, Any] | None = None) -> bytes:
-    text = delta.get("content")
-    if kind == "chat":
-        delta = {k: v for k, v in delta.items() if v is not None}
-        if first:
-            delta = {"role": "assistant", **delta}
-        choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}
-        obj = "chat.completion.chunk"
-    else:
-        choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": logprobs}
-        obj = "text_completion"
-    body = {"id": rid, "object": obj, "created": created, "model": model, "system_fingerprint": fingerprint,
-            "choices": [choice]}
-    if timings is not None:  # the last chunk carries them, as llama-server's does
-        body["timings"] = timings
-    return sse(body)
-
-
-def usage_chunk(kind: str, rid: str, model: str, created: int, usage: dict[str, Any], fingerprint: str) -> bytes:
-    obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
-    return sse({"id": rid, "object": obj, "created": created, "model": model, "system_fingerprint": fingerprint,
-                "choices": [], "usage": usage})
-
-
-def sse(obj: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
-
-
-DONE = b"data: [DONE]\n\n"

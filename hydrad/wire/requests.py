@@ -11,7 +11,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Annotated
 
-from pydantic import AfterValidator
+from pydantic import AfterValidator, Field
 
 from hydrad.wire.grammar import check_gbnf
 from hydrad.wire.tools import ToolSpec
@@ -23,6 +23,9 @@ MAX_STOP_CHARS = 4096
 """Longest stop sequence accepted. OpenAI documents no bound; one is needed so a request
 cannot make the engine hold back (and scan) an unbounded amount of text."""
 
+
+MAX_FIM_CHARS = 64 << 20
+"""Longest ``input_extra`` text a bus message carries (the body limit bounds their sum anyway)."""
 
 _ids = itertools.count(1)
 
@@ -51,6 +54,27 @@ class SamplingOverrides:
     """GBNF the output must match (from a request's grammar, json_schema or JSON response_format)."""
 
 
+@dataclass(frozen=True)
+class FimChunk:
+    """One ``input_extra`` chunk of an /infill request: another file of the project."""
+
+    text: Annotated[str, Field(max_length=MAX_FIM_CHARS)]
+    filename: Annotated[str, Field(max_length=4096)] = "tmp"
+
+
+@dataclass(frozen=True)
+class InfillParts:
+    """What an /infill request's prompt is made of. The prompt itself needs the serving model's
+    fill-in-the-middle tokens, so the engine builds it (``hydrad.engine.fim``) where it tokenizes
+    any prompt: off its thread, when the request is prepared. ``prefix`` and ``suffix`` are texts
+    and token ids in order (llama-server's mixed prompts); ``middle`` is the request's ``prompt``."""
+
+    prefix: list[str | Annotated[int, Field(ge=0, le=2**31 - 1)]]
+    suffix: list[str | Annotated[int, Field(ge=0, le=2**31 - 1)]]
+    extra: Annotated[list[FimChunk], Field(max_length=1024)] = field(default_factory=list)
+    middle: str = ""
+
+
 @dataclass
 class GenRequest:
     """One generation: a raw prompt (completions), prompt token ids (llama-server's /completion) or
@@ -69,6 +93,8 @@ class GenRequest:
     return_tokens: bool = False  # the generated token ids travel with the text (Token.ids, Done.ids)
     logprobs: int | None = None  # each token's log-probability and this many most likely; None: not asked
     return_progress: bool = False  # Progress events while the prompt is prefilled (a /completion stream)
+    report_settings: bool = False  # Done carries the engine's values the request ran with (/completion's answer)
+    infill: InfillParts | None = None  # an /infill request: the prompt is built from these for the serving model
     tokens: list[int] | None = None  # prompt tokens made off the engine thread (EngineCore.prepare) ...
     tokens_for: int | None = None  # ... for this generation id; another generation tokenizes again
     stored_prefix: object = None  # a prefix read from the Store off the engine thread (engine.prefixshare)

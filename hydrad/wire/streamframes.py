@@ -19,7 +19,7 @@ import struct
 from hydrad.wire import messages as M
 from hydrad.wire.messages import MAX_BATCH, MAX_BODY
 
-ANSWER_KINDS = frozenset({M.Tokens.KIND, M.Done.KIND, M.Error.KIND})  # what an engine sends on it (a batch's first kind)
+ANSWER_KINDS = frozenset({M.Tokens.KIND, M.Progress.KIND, M.Done.KIND, M.Error.KIND})  # what an engine sends on it (a batch's first kind)
 U32 = struct.Struct("<I")
 U16 = struct.Struct("<H")
 MAX_FRAMES = 1 + 2 * MAX_BATCH  # a full batch: the protocol frame, then kind and body per message

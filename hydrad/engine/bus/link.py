@@ -54,22 +54,27 @@ from hydrad.engine.bus.stream import EngineStream
 from hydrad.engine.control import EngineControl
 from hydrad.engine.refusals import refusal
 from hydrad.engine.core import RequestRefused
-from hydrad.engine.requests import Done, Failed, Token
+from hydrad.engine.requests import Done, Failed, Progress, Token
+from hydrad.wire.events import END
 from hydrad.common.logs import LogThrottle, log_event
 from hydrad.engine.settings import EngineSettings
 
 log = logging.getLogger("hydrad.bus")
 
 
-def _tokens(req: str, batch: list[Any], texts: list[str], logprobs: bool) -> M.Tokens | None:
+def _tokens(req: str, batch: list[Any], logprobs: bool, ids: bool) -> M.Tokens | None:
     """TOKENS for a step's events, with the log-probabilities of their tokens when the request asked
-    for them and the tool calls they completed (each absent otherwise: a request that asked for
-    neither sends what it always sent); None when the step made nothing to send."""
-    calls = [M.ToolCall.of(c) for ev in batch if isinstance(ev, Token) for c in ev.calls] or None
-    if not texts and not calls:
+    for them, their token ids when it asked for those, and the tool calls they completed (each absent
+    otherwise: a request that asked for none sends what it always sent); None when the step made
+    nothing to send."""
+    tokens = [ev for ev in batch if isinstance(ev, Token)]
+    texts = [ev.text for ev in tokens if ev.text]
+    calls = [M.ToolCall.of(c) for ev in tokens for c in ev.calls] or None
+    made = [i for ev in tokens for i in ev.ids] if ids else []
+    if not texts and not calls and not made:
         return None
-    probs = [M.TokenLogprob.of(p) for ev in batch if isinstance(ev, Token) for p in ev.probs] if logprobs else None
-    return M.Tokens(req=req, texts=texts or [""], logprobs=probs, tool_calls=calls)
+    probs = [M.TokenLogprob.of(p) for ev in tokens for p in ev.probs] if logprobs else None
+    return M.Tokens(req=req, texts=texts or [""], logprobs=probs, tool_calls=calls, ids=made or None)
 
 LIVENESS = 3  # intervals of silence before the other side counts as gone
 BACKOFF_MAX_S = 10.0
@@ -505,36 +510,29 @@ class EngineLink:
                 await self.core.prepare(request)  # a long prompt is tokenized off the engine thread
             except RequestRefused as exc:
                 self._queue(M.Error(req=req, status=exc.status, code=exc.code, message=str(exc),
-                                    n_prompt_tokens=exc.n_prompt_tokens, n_ctx=exc.n_ctx))
+                                    n_prompt_tokens=exc.n_prompt_tokens, n_ctx=exc.n_ctx, param=exc.param))
                 return
             handle = self.core.submit(request)
             try:
                 while True:
                     batch = [await handle.queue.get()]
-                    while not isinstance(batch[-1], (Done, Failed)) and not handle.queue.empty():
+                    while not isinstance(batch[-1], END) and not handle.queue.empty():
                         batch.append(handle.queue.get_nowait())
-                    texts = [ev.text for ev in batch if isinstance(ev, Token) and ev.text]
-                    step = _tokens(req, batch, texts, request.logprobs is not None)
+                    for ev in batch:
+                        if isinstance(ev, Progress):
+                            self._queue(M.Progress(req=req, total=ev.total, cache=ev.cache, processed=ev.processed,
+                                                   time_ms=ev.time_ms, slot=ev.slot))
+                    step = _tokens(req, batch, request.logprobs is not None, request.return_tokens)
                     if step is not None and not self._queue(step):
                         return  # nobody to stream to: the finally cancels it in the core
                     last = batch[-1]
                     if isinstance(last, Done):
                         handle.finished = True
-                        u = last.usage
-                        self._queue(M.Done(req=req, finish_reason=last.finish_reason, model=last.generation.model,
-                                           fingerprint=last.generation.fingerprint, slot=last.slot,
-                                           kv_tokens=last.kv_tokens, kv_hash=last.kv_hash, stop_word=last.stop_word,
-                                           usage=M.UsageInfo(prompt_tokens=u.prompt_tokens,
-                                                             completion_tokens=u.completion_tokens,
-                                                             cached_tokens=u.cached_tokens, prompt_ms=u.prompt_ms,
-                                                             predicted_ms=u.predicted_ms)))
+                        self._queue(M.Done.of(req, last))
                         return
                     if isinstance(last, Failed):
                         handle.finished = True
-                        self._queue(M.Error(req=req, message=last.message[:8192],
-                                            status=min(599, max(100, last.status)),
-                                            code=last.code[:64], engine_failed=last.engine_failed,
-                                            n_prompt_tokens=last.n_prompt_tokens, n_ctx=last.n_ctx))
+                        self._queue(M.Error.of(req, last))
                         return
             finally:
                 if not handle.finished:

@@ -1,26 +1,31 @@
-"""The OpenAI generation endpoints (``/v1/chat/completions``, ``/v1/completions``): parse, admit,
-then answer whole or as server-sent events, cancelling the request when its client goes away."""
+"""The engine door's generation path: parse, prepare (off the loop), admit, wait for the first
+event, then answer whole or as server-sent events through the dialect's renderer
+(:mod:`hydrad.wire.render`, driven by :mod:`hydrad.wire.answering` as on the front door),
+cancelling the request when its client goes away. The OpenAI endpoints are here; Anthropic's and
+llama-server's native ones parse their own way and end in :func:`answer` too."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from typing import Any, AsyncIterator
+from typing import Any, Callable
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from hydrad.wire import answering
 from hydrad.common.logs import log_event
 from hydrad.common.eventstream import EventStream
-from hydrad.common.serving import until_disconnected
+from hydrad.common.serving import CancelOnLeave, until_disconnected
 from hydrad.common.prepare import client_key
 from hydrad.engine.core import EngineCore, RequestRefused
 from hydrad.engine.http.context import HttpContext, ctx_of
 from hydrad.engine.requests import Done, Failed, Progress, RequestHandle, Token
-from hydrad.wire import logprobs as lp
-from hydrad.wire import openai, toolcalls
+from hydrad.wire import openai
+from hydrad.wire.events import END
 from hydrad.wire.openai import ApiError, overflow_details
+from hydrad.wire.render import ChatAnswer, CompletionAnswer, Renderer
 from hydrad.wire.requests import GenRequest
 
 log = logging.getLogger("hydrad.http")
@@ -36,28 +41,68 @@ async def completions(request: Request) -> Response:
 
 async def generate(request: Request, kind: str) -> Response:
     ctx = ctx_of(request)
-    core = ctx.core
     t_arrival = time.monotonic()
     req, greq = await ctx.parsed(request, lambda raw: openai.parse(kind, raw))
     model_id = ctx.check_serving(req)
-    started = await start(request, ctx, greq, "messages" if kind == "chat" else "prompt", t_arrival)
+    answer_cls = ChatAnswer if kind == "chat" else CompletionAnswer
+
+    def renderer(model: str, fingerprint: str) -> Renderer:
+        return answer_cls(model, fingerprint, include_usage=req.include_usage(), logprobs=greq.logprobs is not None)
+
+    return await answer(request, ctx, greq, renderer, "messages" if kind == "chat" else "prompt", req.stream,
+                        model_id, t_arrival)
+
+
+async def answer(request: Request, ctx: HttpContext, greq: GenRequest, renderer: Callable[[str, str], Renderer],
+                 prompt_field: str, streamed: bool, model_id: str, t_arrival: float) -> Response:
+    """A parsed request admitted, generated and answered by ``renderer(model, fingerprint)`` of the
+    generation that took it: every generating endpoint of this door ends here."""
+    started = await start(request, ctx, greq, prompt_field, t_arrival)
     if started is None:
         return Response(status_code=499)
     handle, first, lag = started
-    rid = openai.new_id(kind)
-    if handle.generation is not None:  # the generation that took the request, not the one asked at arrival
-        model_id = handle.generation.model
-    if req.stream:
-        return EventStream(_stream(core, kind, rid, model_id, req, handle, first, lag, t_arrival), headers=SSE_HEADERS)
-    got = await gather(request, core, handle, first)
-    if got is None:
-        return Response(status_code=499)
-    tokens, ev = got
-    probs = None if greq.logprobs is None else lp.render(kind, [p for t in tokens for p in t.probs])
-    return JSONResponse(openai.full_response(
-        kind, rid, model_id, "".join(t.text for t in tokens), ev.finish_reason, ev.usage.openai(),
-        ev.generation.fingerprint, {**timings(ev), **lag, **served(t_arrival)}, probs, [c for t in tokens for c in t.calls]),
-        headers={"X-Hydra-Generation": ev.generation.fingerprint})
+    tag = handle.generation  # the generation that took the request, not the one asked at arrival
+    r = renderer(tag.model if tag is not None else model_id, tag.fingerprint if tag is not None else "")
+    source = HandleEvents(ctx.core, handle, first, lag, t_arrival)
+    if streamed:
+        return EventStream(answering.stream(source, r, first), headers=SSE_HEADERS)
+    async with CancelOnLeave(request.receive):
+        body, done = await answering.whole(source, r, first)
+        return JSONResponse(body, headers={"X-Hydra-Generation": done.fingerprint})
+    log_event(log, logging.INFO, "client disconnected; request cancelled", req=handle.id)
+    return Response(status_code=499)
+
+
+class HandleEvents:
+    """A request's events from the engine thread (:class:`hydrad.wire.answering.EventSource`).
+    A request that asked for prompt progress got a :class:`Progress` first: the lag to its first
+    token is measured again when that token comes."""
+
+    def __init__(self, core: EngineCore, handle: RequestHandle, first: Any, lag: dict[str, Any],
+                 t_arrival: float) -> None:
+        self.core, self.handle, self.lag, self.t_arrival = core, handle, lag, t_arrival
+        self.timed = not isinstance(first, Progress)
+        if isinstance(first, END):
+            handle.finished = True
+
+    async def next(self) -> Any:
+        ev = await self.handle.queue.get()
+        if not self.timed and not isinstance(ev, Progress):
+            self.lag.update(lag_of(self.handle, self.t_arrival, time.monotonic()))
+            self.timed = True
+        if isinstance(ev, END):
+            self.handle.finished = True
+        return ev
+
+    def ready(self) -> bool:
+        return not self.handle.queue.empty()
+
+    def extra(self) -> dict[str, Any]:
+        return {**self.lag, **served(self.t_arrival)}
+
+    def close(self) -> None:
+        if not self.handle.finished:
+            self.core.cancel(self.handle)
 
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -95,7 +140,7 @@ async def start(request: Request, ctx: HttpContext, greq: GenRequest, prompt_fie
         await core.prepare(greq)
     except RequestRefused as exc:
         overflow = exc.code == "context_length_exceeded"
-        raise ApiError(exc.status, str(exc), exc.code, prompt_field if overflow else None,
+        raise ApiError(exc.status, str(exc), exc.code, exc.param or (prompt_field if overflow else None),
                        details=overflow_details(exc.n_prompt_tokens, exc.n_ctx) if overflow else None) from None
     handle = core.submit(greq)
     watch = asyncio.ensure_future(_wake_when_gone(request, handle))
@@ -113,9 +158,7 @@ async def start(request: Request, ctx: HttpContext, greq: GenRequest, prompt_fie
     lag = lag_of(handle, t_arrival, time.monotonic())
     if isinstance(first, Failed):
         handle.finished = True
-        raise ApiError(first.status, first.message, first.code,
-                       headers={"Retry-After": "1"} if first.status == 503 else None,
-                       details=overflow_details(first.n_prompt_tokens, first.n_ctx))
+        raise answering.refused(first)
     return handle, first, lag
 
 
@@ -134,80 +177,3 @@ def served(t_arrival: float) -> dict[str, float]:
     client took; this less ``server_ttft_ms`` and ``predicted_ms`` is the last event's way from the
     engine thread to the handler. A benchmark reads a long response's time by these."""
     return {"server_ms": round((time.monotonic() - t_arrival) * 1000, 3)}
-
-
-async def gather(request: Request, core: EngineCore, handle: RequestHandle,
-                 first: Any) -> tuple[list[Token], Done] | None:
-    """A non-streamed request's text events and its end; None when the client went away first
-    (then the request is cancelled: nobody would read what it generates)."""
-    tokens: list[Token] = []
-    ev: Any = first
-    gone = asyncio.ensure_future(until_disconnected(request))
-    try:
-        while True:
-            if isinstance(ev, Token):
-                tokens.append(ev)
-            elif isinstance(ev, Done):
-                handle.finished = True
-                return tokens, ev
-            elif isinstance(ev, Failed):
-                handle.finished = True
-                raise ApiError(ev.status, ev.message, ev.code)
-            if handle.queue.empty():
-                nxt = asyncio.ensure_future(handle.queue.get())
-                await asyncio.wait((nxt, gone), return_when=asyncio.FIRST_COMPLETED)
-                if not nxt.done():  # the client went away: stop generating for nobody
-                    nxt.cancel()
-                    log_event(log, logging.INFO, "client disconnected; request cancelled", req=handle.id)
-                    return None
-                ev = nxt.result()
-            else:
-                ev = handle.queue.get_nowait()
-    finally:
-        gone.cancel()
-        core.cancel(handle) if not handle.finished else None
-
-
-async def _stream(core: EngineCore, kind: str, rid: str, model_id: str, req: openai._Common, handle: RequestHandle,
-                  first: Any, lag: dict[str, Any], t_arrival: float) -> AsyncIterator[bytes]:
-    created = int(time.time())
-    fp = handle.generation.fingerprint if handle.generation else ""
-    offsets = lp.TextOffsets() if handle.request.logprobs is not None else None
-    n_calls = 0
-    try:
-        if kind == "chat":
-            yield openai.chunk(kind, rid, model_id, created, "", None, fp, first=True)
-        ev = first
-        while True:
-            if isinstance(ev, Token):
-                probs = None if offsets is None else lp.render(kind, ev.probs, offsets)
-                yield openai.chunk(kind, rid, model_id, created, ev.text, None, fp, logprobs=probs,
-                                   calls=toolcalls.delta(list(ev.calls), n_calls))
-                n_calls += len(ev.calls)
-            elif isinstance(ev, Done):
-                handle.finished = True
-                fp = ev.generation.fingerprint
-                yield openai.chunk(kind, rid, model_id, created, None, ev.finish_reason, fp,
-                                   timings={**timings(ev), **lag, **served(t_arrival)})
-                if req.include_usage():
-                    yield openai.usage_chunk(kind, rid, model_id, created, ev.usage.openai(), fp)
-                yield openai.DONE
-                return
-            elif isinstance(ev, Failed):
-                handle.finished = True
-                yield openai.sse(ApiError(ev.status, ev.message, ev.code).body())
-                yield openai.DONE
-                return
-            ev = await handle.queue.get()
-    finally:
-        if not handle.finished:
-            core.cancel(handle)
-
-
-def timings(ev: Done) -> dict[str, Any]:
-    """llama-server's ``timings`` object for a finished request."""
-    u = ev.usage
-    evaluated = u.prompt_tokens - u.cached_tokens
-    return {"prompt_n": evaluated, "prompt_ms": u.prompt_ms, "queue_ms": u.queue_ms, "predicted_n": u.completion_tokens,
-            "predicted_ms": u.predicted_ms, "cache_n": u.cached_tokens,
-            "predicted_per_second": round(u.completion_tokens / (u.predicted_ms / 1000), 2) if u.predicted_ms else None}

@@ -1,6 +1,6 @@
 """A request's stream inside the coordinator: the waits of ``RequestStream.next`` and the SSE writes of
-``replies.relay`` (events already waiting leave in one write, events arriving one by one in one write
-each)."""
+the front door's stream (``answers.BusEvents`` read by ``answering.stream`` through a renderer: events
+already waiting leave in one write, events arriving one by one in one write each)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,11 @@ import asyncio
 import json
 from typing import Any
 
+from hydrad.wire import answering
+from hydrad.coordinator.answers import BusEvents
 from hydrad.coordinator.records import EngineLost, RequestStream
-from hydrad.coordinator.replies import Turn, relay
 from hydrad.wire import messages as M
+from hydrad.wire.render import CompletionAnswer
 
 
 class _Bus:
@@ -31,8 +33,10 @@ def _done() -> M.Done:
     return M.Done(req="r1", finish_reason="length", usage=M.UsageInfo(prompt_tokens=3, completion_tokens=3))
 
 
-def _turn(kind: str = "completion") -> Turn:
-    return Turn(kind=kind, rid="cmpl-1", model="m", engine="e1", session=None, messages=None, include_usage=False)
+def relay(bus: _Bus, stream: RequestStream, first: Any, record: Any) -> Any:
+    """The front door's stream of a /v1/completions request whose first event was ``first``."""
+    source = BusEvents(bus, stream, 5.0, "e1", "cmpl-1", retry_lost=False)
+    return answering.stream(source, CompletionAnswer("m", "fp"), source.event(first), record)
 
 
 def _events(writes: list[bytes]) -> list[Any]:
@@ -50,7 +54,7 @@ async def _relay_all(stream: RequestStream, first: Any, bus: _Bus, *, feed: list
     """Every write relay makes; ``feed`` events are pushed one at a time, each after relay has waited."""
     recorded: list[str] = []
     writes: list[bytes] = []
-    gen = relay(bus, 5.0, _turn(), stream, first, lambda: "fp", lambda turn, text, done: recorded.append(text))
+    gen = relay(bus, stream, first, lambda text, done: recorded.append(text))
     feed = list(feed or [])
 
     async def feeder() -> None:
@@ -139,7 +143,7 @@ def test_an_engine_lost_mid_stream_ends_with_the_tokens_before_it_and_an_error()
         s.push(EngineLost("the engine died"))
         bus = _Bus()
         writes: list[bytes] = []
-        async for w in relay(bus, 5.0, _turn(), s, _tokens("a"), lambda: "fp", lambda *a: None):
+        async for w in relay(bus, s, _tokens("a"), lambda *a: None):
             writes.append(w)
         return writes, bus
 

@@ -66,12 +66,12 @@ def test_a_new_generation_warms_up_on_the_lent_threads(smollm_path: Path) -> Non
 def test_the_engine_lends_while_a_load_runs_and_takes_back_however_it_ends(smollm_path: Path) -> None:
     core = EngineCore(load_threads=2)
     serving, retiring = _generation(smollm_path), _generation(smollm_path)
-    core.gen, core.retiring = serving, [retiring]
+    core.loader.gen, core.loader.retiring = serving, [retiring]
     try:
         core._share_cpu()
         assert _in_llama(serving.ctx) == (3, 4)  # no load: their own
         rec = LoadRecord(7, "gemma3-270m")
-        core.current_load = rec
+        core.loader.current_load = rec
         core._share_cpu()
         assert _in_llama(serving.ctx) == (3, 4), "a queued load has not started taking CPU yet"
         for phase in ("loading", "warming"):
@@ -88,11 +88,11 @@ def test_the_engine_lends_while_a_load_runs_and_takes_back_however_it_ends(smoll
             assert _in_llama(retiring.ctx) == (3, 4), ending
         rec.phase = "loading"
         core._share_cpu()
-        core.current_load = None  # the loader thread clears it when a load ends
+        core.loader.current_load = None  # the loader thread clears it when a load ends
         core._share_cpu()
         assert _in_llama(serving.ctx) == (3, 4)
     finally:
-        core.gen, core.retiring = None, []
+        core.loader.gen, core.loader.retiring = None, []
         serving.free()
         retiring.free()
 
@@ -100,24 +100,24 @@ def test_the_engine_lends_while_a_load_runs_and_takes_back_however_it_ends(smoll
 def test_an_installed_generation_gets_its_own_threads_back(smollm_path: Path) -> None:
     core = EngineCore(load_threads=1)
     new = _generation(smollm_path, warm_threads=1)
-    core.gen = new
+    core.loader.gen = new
     try:
         core._share_cpu()  # the engine thread's first turn after the install
         assert _in_llama(new.ctx) == (3, 4)
     finally:
-        core.gen = None
+        core.loader.gen = None
         new.free()
 
 
 def test_no_sharing_when_load_threads_is_zero(smollm_path: Path) -> None:
     core = EngineCore(load_threads=0)
     serving = _generation(smollm_path)
-    core.gen, core.current_load = serving, LoadRecord(1, "gemma3-270m", phase="loading")
+    core.loader.gen, core.loader.current_load = serving, LoadRecord(1, "gemma3-270m", phase="loading")
     try:
         core._share_cpu()
         assert _in_llama(serving.ctx) == (3, 4)
     finally:
-        core.gen, core.current_load = None, None
+        core.loader.gen, core.loader.current_load = None, None
         serving.free()
 
 
@@ -126,16 +126,16 @@ def test_an_embedding_context_lends_too(smollm_path: Path) -> None:
     resolved = ResolvedModel(alias="smollm2-135m", path=smollm_path, entry=None)
     gen = build_generation(resolved, params, lambda _v: True, 1, on_warming=lambda: None)
     core = EngineCore(load_threads=1)
-    core.gen, core.current_load = gen, LoadRecord(2, "gemma3-270m", phase="warming")
+    core.loader.gen, core.loader.current_load = gen, LoadRecord(2, "gemma3-270m", phase="warming")
     try:
         assert gen.embedder is not None
         core._share_cpu()
         assert _in_llama(gen.embedder.ctx) == (2, 3) and _in_llama(gen.ctx) == (2, 3)
-        core.current_load = None
+        core.loader.current_load = None
         core._share_cpu()
         assert _in_llama(gen.embedder.ctx) == (3, 4)
     finally:
-        core.gen, core.current_load = None, None
+        core.loader.gen, core.loader.current_load = None, None
         gen.free()
 
 

@@ -3,6 +3,7 @@ name, the answer and event shapes, and the front door's adapters from OpenAI cha
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 from typing import Any
@@ -11,8 +12,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hydrad.wire import answering
 from hydrad.wire import anthropic as A
+from hydrad.wire import events as E
 from hydrad.wire import openai
+from hydrad.wire.render import anthropic as R
 from hydrad.wire.openai import ApiError
 from hydrad.wire.requests import GenRequest
 
@@ -122,7 +126,7 @@ def test_malformed_bodies_are_400s(raw: bytes, param: str | None) -> None:
     exc = refused(raw)
     if param is not None:
         assert exc.param == param, (exc.param, exc.message)
-    err = A.error_of(exc)
+    err = R.error_of(exc)
     assert err["type"] == "error" and err["error"]["type"] == "invalid_request_error" and err["error"]["message"]
 
 
@@ -139,16 +143,16 @@ def test_any_json_is_parsed_or_refused_with_a_400(value: Any) -> None:
 
 
 def test_answer_shape_and_stop_reasons() -> None:
-    counts = A.usage(20, 5, 12)
+    counts = R.usage(20, 5, 12)
     assert counts == {"input_tokens": 8, "output_tokens": 5, "cache_read_input_tokens": 12}
-    msg = A.message("msg_1", "m", "Hi", "stop", None, counts)
+    msg = R.message("msg_1", "m", "Hi", "stop", None, counts)
     assert msg == {"id": "msg_1", "type": "message", "role": "assistant", "model": "m",
                    "content": [{"type": "text", "text": "Hi"}], "stop_reason": "end_turn", "stop_sequence": None,
                    "usage": counts}
-    assert A.stop_reason("length", None) == ("max_tokens", None)
-    assert A.stop_reason("stop", "END") == ("stop_sequence", "END")
-    assert A.stop_reason("length", "END") == ("max_tokens", None)
-    assert A.new_id().startswith("msg_") and A.new_id() != A.new_id()
+    assert R.stop_reason("length", None) == ("max_tokens", None)
+    assert R.stop_reason("stop", "END") == ("stop_sequence", "END")
+    assert R.stop_reason("length", "END") == ("max_tokens", None)
+    assert R.new_id().startswith("msg_") and R.new_id() != R.new_id()
 
 
 def events(raw: bytes) -> list[tuple[str, dict[str, Any]]]:
@@ -165,8 +169,8 @@ def events(raw: bytes) -> list[tuple[str, dict[str, Any]]]:
 
 
 def test_stream_event_sequence() -> None:
-    s = A.Stream("msg_1", "m")
-    raw = s.start() + s.text("Hel") + s.text("lo") + s.end("stop", "END", A.usage(3, 2, 0))
+    s = R.Stream("msg_1", "m")
+    raw = s.start() + s.text("Hel") + s.text("lo") + s.end("stop", "END", R.usage(3, 2, 0))
     evs = events(raw)
     assert [n for n, _ in evs] == ["message_start", "content_block_start", "ping", "content_block_delta",
                                    "content_block_delta", "content_block_stop", "message_delta", "message_stop"]
@@ -176,7 +180,7 @@ def test_stream_event_sequence() -> None:
     assert "".join(d["delta"]["text"] for n, d in evs if n == "content_block_delta") == "Hello"
     assert evs[6][1]["delta"] == {"stop_reason": "stop_sequence", "stop_sequence": "END"}
     assert evs[6][1]["usage"]["output_tokens"] == 2
-    err = events(A.stream_error(503, "busy"))
+    err = events(R.stream_error(503, "busy"))
     assert err == [("error", {"type": "error", "error": {"type": "overloaded_error", "message": "busy"}})]
 
 
@@ -184,41 +188,48 @@ def test_error_types() -> None:
     for status, kind in ((400, "invalid_request_error"), (401, "authentication_error"), (404, "not_found_error"),
                          (413, "request_too_large"), (409, "invalid_request_error"), (500, "api_error"),
                          (502, "api_error"), (503, "overloaded_error")):
-        assert A.error_body(status, "m")["error"]["type"] == kind, status
+        assert R.error_body(status, "m")["error"]["type"] == kind, status
 
 
-def test_from_openai_body() -> None:
-    body = openai.full_response("chat", "chatcmpl-1", "m", "Hi there", "length",
-                                {"prompt_tokens": 10, "completion_tokens": 4, "total_tokens": 14,
-                                 "prompt_tokens_details": {"cached_tokens": 9}}, "fp", {})
-    msg = A.from_openai(body, "msg_2", None)
+def _done(reason: str, stop_word: str | None = None, prompt: int = 5, completion: int = 2,
+          cached: int = 0) -> E.Done:
+    return E.Done(reason, E.Usage(prompt, completion, cached, 1.0, 1.0), "fp", "m", stop_word=stop_word)
+
+
+def test_whole_answer_from_events() -> None:
+    r = R.MessagesAnswer("m", rid="msg_2")
+    msg = r.whole([E.Token("Hi"), E.Token(" there")], _done("length", prompt=10, completion=4, cached=9), {})
     assert msg["content"] == [{"type": "text", "text": "Hi there"}] and msg["stop_reason"] == "max_tokens"
     assert msg["usage"] == {"input_tokens": 1, "output_tokens": 4, "cache_read_input_tokens": 9}
-    body["choices"][0]["finish_reason"] = "stop"
-    assert A.from_openai(body, "msg_2", "\n")["stop_reason"] == "stop_sequence"
+    assert r.whole([E.Token("x")], _done("stop", "\n"), {})["stop_reason"] == "stop_sequence"
 
 
-def test_stream_from_openai_chunks() -> None:
-    t = A.StreamFromOpenAI("msg_3", "m")
-    usage = {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7, "prompt_tokens_details": {"cached_tokens": 0}}
-    out = t.feed(openai.chunk("chat", "c", "m", 0, "", None, "fp", first=True))
-    out += t.feed(openai.chunk("chat", "c", "m", 0, "Hi", None, "fp"))
-    out += t.feed(openai.chunk("chat", "c", "m", 0, " you", None, "fp"))
-    out += t.feed(openai.chunk("chat", "c", "m", 0, None, "stop", "fp"))
-    out += t.feed(openai.usage_chunk("chat", "c", "m", 0, usage, "fp"))
-    out += t.feed(openai.DONE)
-    out += t.close(None)
+def test_stream_from_events() -> None:
+    async def drive(first: E.Event, rest: list[E.Event]) -> bytes:
+        class Source:
+            def __init__(self) -> None:
+                self.left = list(rest)
+                self.closed = False
+
+            async def next(self) -> E.Event:
+                return self.left.pop(0)
+
+            def ready(self) -> bool:
+                return bool(self.left)
+
+            def extra(self) -> dict[str, Any]:
+                return {}
+
+            def close(self) -> None:
+                self.closed = True
+
+        return b"".join([w async for w in answering.stream(Source(), R.MessagesAnswer("m", rid="msg_3"), first)])
+
+    out = asyncio.run(drive(E.Token("Hi"), [E.Token(" you"), _done("stop")]))
     evs = events(out)
     assert [n for n, _ in evs] == ["message_start", "content_block_start", "ping", "content_block_delta",
                                    "content_block_delta", "content_block_stop", "message_delta", "message_stop"]
     assert evs[6][1]["delta"]["stop_reason"] == "end_turn" and evs[6][1]["usage"]["input_tokens"] == 5
-
-    broken = A.StreamFromOpenAI("msg_4", "m")
-    out = broken.feed(openai.chunk("chat", "c", "m", 0, "", None, "fp", first=True) + openai.chunk(
-        "chat", "c", "m", 0, "Hi", None, "fp"))
-    out += broken.feed(openai.sse(ApiError(502, "engine e failed mid-stream", "engine_failed").body()) + openai.DONE)
-    out += broken.close(None)
+    out = asyncio.run(drive(E.Token("Hi"), [E.Failed("engine e failed mid-stream", True, 502, "engine_failed")]))
     names = [n for n, _ in events(out)]
     assert names[-1] == "error" and "message_stop" not in names
-    cut = A.StreamFromOpenAI("msg_5", "m")
-    assert [n for n, _ in events(cut.close(None))][-1] == "error"

@@ -11,9 +11,11 @@ from typing import Any
 import pytest
 
 from hydrad.wire import anthropic as A
+from hydrad.wire import events as E
 from hydrad.wire import openai
+from hydrad.wire.render import anthropic as R
 from hydrad.wire.openai import ApiError
-from hydrad.wire.toolcalls import ToolCall, delta
+from hydrad.wire.toolcalls import ToolCall
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 TOOLS = [{"name": "get_weather", "description": "Weather now", "input_schema": SCHEMA},
@@ -119,12 +121,12 @@ CALL = ToolCall("call_abc", "get_weather", '{"city": "Paris"}')
 
 
 def test_answer_with_calls() -> None:
-    msg = A.message("msg_1", "m", "\n", "tool_calls", None, A.usage(3, 2, 0), [CALL])
+    msg = R.message("msg_1", "m", "\n", "tool_calls", None, R.usage(3, 2, 0), [CALL])
     assert msg["stop_reason"] == "tool_use"
     assert msg["content"] == [{"type": "tool_use", "id": "toolu_abc", "name": "get_weather", "input": {"city": "Paris"}}]
-    msg = A.message("msg_1", "m", "Sure.", "tool_calls", None, A.usage(3, 2, 0), [CALL])
+    msg = R.message("msg_1", "m", "Sure.", "tool_calls", None, R.usage(3, 2, 0), [CALL])
     assert [b["type"] for b in msg["content"]] == ["text", "tool_use"]
-    odd = A.message("m", "m", "", "tool_calls", None, A.usage(1, 1, 0), [ToolCall("call_x", "f", "[1")])
+    odd = R.message("m", "m", "", "tool_calls", None, R.usage(1, 1, 0), [ToolCall("call_x", "f", "[1")])
     assert odd["content"][0]["input"] == {"arguments": "[1"}
 
 
@@ -146,23 +148,20 @@ def check_tool_stream(evs: list[dict[str, Any]], text: str | None) -> None:
 
 
 def test_stream_with_calls() -> None:
-    s = A.Stream("msg_1", "m", tools=True)
-    check_tool_stream(events(s.start() + s.calls([CALL]) + s.end("tool_calls", None, A.usage(1, 1, 0))), None)
-    s = A.Stream("msg_1", "m", tools=True)
+    s = R.Stream("msg_1", "m", tools=True)
+    check_tool_stream(events(s.start() + s.calls([CALL]) + s.end("tool_calls", None, R.usage(1, 1, 0))), None)
+    s = R.Stream("msg_1", "m", tools=True)
     check_tool_stream(events(s.start() + s.text("Sure.") + s.calls([CALL]) + s.end("tool_calls", None,
-                                                                                  A.usage(1, 1, 0))), "Sure.")
-    s = A.Stream("msg_1", "m", tools=True)  # no text, no call: one empty text block, as a whole answer has
-    evs = events(s.start() + s.end("stop", None, A.usage(1, 1, 0)))
+                                                                                  R.usage(1, 1, 0))), "Sure.")
+    s = R.Stream("msg_1", "m", tools=True)  # no text, no call: one empty text block, as a whole answer has
+    evs = events(s.start() + s.end("stop", None, R.usage(1, 1, 0)))
     assert [e["content_block"] for e in evs if e["type"] == "content_block_start"] == [{"type": "text", "text": ""}]
 
 
-def test_front_door_adapters_with_calls() -> None:
-    body = openai.full_response("chat", "c", "m", "", "tool_calls", {"prompt_tokens": 3, "completion_tokens": 2},
-                                "fp", {}, calls=[CALL])
-    assert A.from_openai(body, "msg_1", None)["content"] == A.message("x", "m", "", "tool_calls", None, {},
-                                                                      [CALL])["content"]
-    t = A.StreamFromOpenAI("msg_2", "m", tools=True)
-    out = t.feed(openai.chunk("chat", "c", "m", 0, "", None, "fp", first=True))
-    out += t.feed(openai.chunk("chat", "c", "m", 0, "", None, "fp", calls=delta([CALL], 0)))
-    out += t.feed(openai.chunk("chat", "c", "m", 0, None, "tool_calls", "fp") + openai.DONE)
-    check_tool_stream(events(out + t.close(None)), None)
+def test_renderer_with_calls() -> None:
+    r = R.MessagesAnswer("m", tools=True, rid="msg_1")
+    done = E.Done("tool_calls", E.Usage(3, 2, 0, 1.0, 1.0), "fp", "m")
+    assert r.whole([E.Token("", calls=(CALL,))], done, {})["content"] == R.message(
+        "x", "m", "", "tool_calls", None, {}, [CALL])["content"]
+    r = R.MessagesAnswer("m", tools=True, rid="msg_2")
+    check_tool_stream(events(r.head() + r.piece(E.Token("", calls=(CALL,))) + r.end(done, {})), None)

@@ -12,7 +12,9 @@ import pytest
 from hydrad.wire import logprobs as lp
 from hydrad.wire import messages as M
 from hydrad.wire import native_completion
-from hydrad.wire.openai import ApiError, chunk, full_response, overflow_details, parse
+from hydrad.wire.openai import ApiError, overflow_details, parse
+from hydrad.wire.render import native as native_render
+from hydrad.wire.render.openai import chunk, full_response
 
 USER = [{"role": "user", "content": "Hi"}]
 EURO = "€".encode()  # three bytes: a token can end inside it
@@ -95,7 +97,7 @@ def test_native_refusals_name_the_field(body: dict[str, Any], field: str) -> Non
 
 def test_native_settings_report_n_probs() -> None:
     req, _ = native_completion.parse(json.dumps({"prompt": "x", "n_probs": 4}).encode())
-    assert native_completion.generation_settings(req, {}, 512, "m")["n_probs"] == 4
+    assert native_render.generation_settings(req, {}, 512, "m")["n_probs"] == 4
 
 
 # ----- answer shapes ----------------------------------------------------------------------------
@@ -153,12 +155,12 @@ def test_responses_and_chunks_carry_logprobs_only_when_asked() -> None:
 def test_native_shapes() -> None:
     common = dict(content="c", finish_reason="length", stop_word=None, tokens=[], prompt_tokens=1, cached_tokens=0,
                   predicted=3, timings={}, model="m", slot=0, settings={})
-    assert "completion_probabilities" not in native_completion.result(**common)  # type: ignore[arg-type]
-    body = native_completion.result(**common, probs=TOKENS)  # type: ignore[arg-type]
+    assert "completion_probabilities" not in native_render.result(**common)  # type: ignore[arg-type]
+    body = native_render.result(**common, probs=TOKENS)  # type: ignore[arg-type]
     assert body["completion_probabilities"] == lp.content(TOKENS)
-    piece = json.loads(native_completion.chunk("c", (5,), tuple(TOKENS[:1]))[6:])
+    piece = json.loads(native_render.chunk("c", (5,), tuple(TOKENS[:1]))[6:])
     assert piece["completion_probabilities"] == lp.content(TOKENS[:1]) and piece["stop"] is False
-    assert "completion_probabilities" not in json.loads(native_completion.chunk("c", (5,))[6:])
+    assert "completion_probabilities" not in json.loads(native_render.chunk("c", (5,))[6:])
 
 
 # ----- the bus ----------------------------------------------------------------------------------

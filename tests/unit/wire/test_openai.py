@@ -11,18 +11,9 @@ from hypothesis import strategies as st
 
 from hydrad.wire.grammar import MAX_GRAMMAR_CHARS, MAX_SCHEMA_CHARS, GrammarError, check_gbnf
 from hydrad.wire.requests import GenRequest, SamplingOverrides
-from hydrad.wire.openai import (
-    DONE,
-    ApiError,
-    ChatRequest,
-    CompletionRequest,
-    chunk,
-    full_response,
-    new_id,
-    parse,
-    sse,
-    usage_chunk,
-)
+from hydrad.wire.openai import ApiError, ChatRequest, CompletionRequest, parse
+from hydrad.wire.render.base import sse
+from hydrad.wire.render.openai import DONE, chunk, full_response, new_id, usage_chunk
 
 USER = [{"role": "user", "content": "Hello"}]
 

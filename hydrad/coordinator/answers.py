@@ -1,0 +1,80 @@
+"""A request's events as the front door reads them from the bus: TOKENS, PROGRESS, DONE and ERROR
+decoded into the one event stream (:mod:`hydrad.wire.events`) that the renderers read on both
+doors, with the front door's own endings made into events too: an engine lost, or silent past
+``token_timeout_s``, is a :class:`~hydrad.wire.events.Failed` like any other.
+
+Failure rules after the first token (see ``frontdoor``): a stream ends in its dialect's error
+shape; a non-streaming request raises :class:`Lost` when its engine failed (the front door may
+retry it: nothing reached the client yet), else the error (502, 504 or the engine's own).
+Whichever way an answer ends, a request still running on its engine is cancelled there.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from hydrad.common.logs import log_event
+from hydrad.coordinator.records import EngineLost, RequestStream
+from hydrad.wire import events
+from hydrad.wire import messages as M
+
+log = logging.getLogger("hydra.coordinator")
+
+
+class Lost(Exception):
+    """A non-streaming request's engine failed part-way; nothing reached the client yet."""
+
+
+@dataclass(frozen=True)
+class Turn:
+    """What a finished turn needs for affinity and the session store."""
+
+    engine: str
+    session: str | None
+    messages: list[dict[str, str]] | None
+
+
+class BusEvents:
+    """One GENERATE's events (:class:`hydrad.wire.answering.EventSource`). ``retry_lost``: an
+    engine failure raises :class:`Lost` instead of becoming the answer (a whole answer, of which
+    nothing went out yet)."""
+
+    def __init__(self, bus: Any, stream: RequestStream, token_timeout_s: float, engine: str, rid: str,
+                 retry_lost: bool) -> None:
+        self.bus, self.stream, self.timeout, self.engine, self.rid = bus, stream, token_timeout_s, engine, rid
+        self.retry_lost = retry_lost
+
+    def event(self, msg: Any) -> events.Event:
+        """``msg`` (what the stream held, None after the timeout) as an event."""
+        if isinstance(msg, M.Tokens):
+            return msg.event()
+        if isinstance(msg, (M.Done, M.Progress)):
+            return msg.event()
+        if isinstance(msg, M.Error):
+            if msg.engine_failed and self.retry_lost:
+                raise Lost(f"engine {self.engine} failed during the request: {msg.message}")
+            return msg.event()
+        if isinstance(msg, EngineLost):
+            # lost after it started generating: the request itself may be what killed it, so it is
+            # not tried on a second engine
+            log_event(log, logging.WARNING, "engine failed mid-request", req=self.rid, engine=self.engine,
+                      error=msg.reason)
+            when = "during the request" if self.retry_lost else "mid-stream"
+            return events.Failed(f"engine {self.engine} failed {when} ({msg.reason})", True, 502, "engine_failed")
+        log_event(log, logging.WARNING, "engine went silent mid-request", req=self.rid, engine=self.engine)
+        return events.Failed(f"engine {self.engine} sent nothing for {self.timeout:g} s", False, 504, "timeout")
+
+    async def next(self) -> events.Event:
+        return self.event(await self.stream.next(self.timeout))
+
+    def ready(self) -> bool:
+        return self.stream.ready()
+
+    def extra(self) -> dict[str, Any]:
+        return {}
+
+    def close(self) -> None:
+        if not self.stream.finished:
+            self.bus.cancel(self.stream)
