@@ -33,14 +33,13 @@ from hydrad.wire.openai import ApiError
 PATHS = ("/tokenize", "/detokenize", "/apply-template")
 EMBEDDING_PATHS = ("/v1/embeddings", "/embeddings", "/embedding")
 TIMEOUT_S = 60.0
-"""Longest a whole non-streamed /completion may take past its first token (its engine sends
-nothing before the end, so no per-token bound applies)."""
+"""Longest a forwarded request may wait for its engine's answer to begin."""
 
 
 class NativeDoor:
     """``engines``: the bus's engine records by name; ``served``: model → engines serving it now;
     ``model_of``: a request's ``model`` as the pool names it (ApiError 404 when unknown);
-    ``settings``: the coordinator's, whose first-token and token timeouts bound a /completion."""
+    ``settings``: the coordinator's."""
 
     def __init__(self, engines: dict[str, Any], served: Callable[[], dict[str, list[str]]],
                  model_of: Callable[[str | None], str | None], settings: Any, prep: Preparer) -> None:

@@ -733,3 +733,52 @@ def test_a_burst_through_the_front_door_reaches_the_engine_in_one_step(tmp_path:
         assert min(steps) == 1, steps
     finally:
         c.stop()
+
+
+# ----- llama-server's /completion on the one path -----------------------------------------------
+
+def test_native_completion_keeps_its_session_and_is_retried_before_its_first_token(
+        cluster: Callable[..., Cluster]) -> None:
+    """/completion goes the way chat goes: a session's second turn returns to the engine holding its
+    KV, and an engine lost before the first token is replaced by the other one, unseen by the client."""
+    cl = cluster(profiles=TWIN_PROFILES, default_profile="twin")
+    c = cl.c
+    c.wait_serving(TWIN)
+    prompt = "Alice keeps a list of fruit: apples, pears, plums, figs, dates. The third fruit is"
+    first = c.http.post("/completion", json={"prompt": prompt, "n_predict": 6, "temperature": 0},
+                        headers={"X-Session-Id": "native-1"})
+    assert first.status_code == 200, first.text
+    home = first.headers["x-hydra-engine"]
+    assert first.json()["stop"] is True and first.headers["x-session-id"] == "native-1"
+    again = c.http.post("/completion", json={"prompt": prompt + first.json()["content"] + " and the fourth is",
+                                             "n_predict": 4, "temperature": 0}, headers={"X-Session-Id": "native-1"})
+    assert again.status_code == 200, again.text
+    assert again.headers["x-hydra-engine"] == home and again.headers["x-hydra-route"] == "affinity"
+    assert again.json()["tokens_cached"] > 10  # the first turn's KV, reused on its engine
+    assert again.json()["generation_settings"]["n_ctx"] > 0  # the engine's values, carried by the bus
+
+    out: dict[str, Any] = {}
+
+    def ask() -> None:
+        with c.http.stream("POST", "/completion", json={
+                "prompt": LONG_PROMPT + " Which item is number 7?", "stream": True, "n_predict": 6,
+                "temperature": 0, "return_tokens": True}) as r:
+            out["status"] = r.status_code
+            out["engine"] = r.headers.get("x-hydra-engine")
+            out["events"] = [json.loads(x) for x in sse_lines(r)]
+
+    seen = {ev["data"]["req"] for ev in c.events.of("route")}
+    t = threading.Thread(target=ask)
+    t.start()
+    chosen = c.events.wait("route", lambda ev: ev["data"]["attempt"] == 1 and ev["data"]["req"] not in seen)["data"]
+    victim = cl.engines[chosen["engine"]]
+    os.kill(victim.proc.pid, signal.SIGSTOP)  # frozen mid-prefill: it cannot have sent a token
+    os.kill(victim.proc.pid, signal.SIGKILL)
+    t.join(120)
+    assert out["status"] == 200, out
+    assert out["engine"] != chosen["engine"]
+    evs = out["events"]
+    assert evs[-1]["stop"] is True and not any("error" in ev for ev in evs), evs
+    assert sum(len(ev["tokens"]) for ev in evs) == evs[-1]["tokens_predicted"]  # ids over the bus, streamed
+    retry = c.events.wait("route", lambda ev: ev["data"]["req"] == chosen["req"] and ev["data"]["attempt"] == 2)["data"]
+    assert retry["engine"] == out["engine"]
