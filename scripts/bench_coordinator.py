@@ -25,7 +25,7 @@ Then, in this process, the time of one routing decision: ``routing.route`` over 
 
     .venv/bin/python scripts/bench_coordinator.py --runs 10
     .venv/bin/python scripts/bench_coordinator.py --runs 10 --bus-only   # requests over the bus, not beside it
-    .venv/bin/python scripts/bench_coordinator.py --runs 20 --markdown     # appends to docs/benchmarks.md
+    .venv/bin/python scripts/bench_coordinator.py --runs 20 --markdown     # a section for docs/benchmarks.md
 """
 
 from __future__ import annotations
@@ -53,7 +53,6 @@ from hydrad.common import heap  # noqa: E402
 from tests.support.coordinator import Coordinator  # noqa: E402
 from tests.support.engine import SMOLLM, Engine, models_dir  # noqa: E402
 
-BENCHMARKS = REPO / "docs" / "benchmarks.md"
 MODEL = "smollm2-135m"
 WORDS = ("the river carries light stone across a quiet valley where old towers watch the road and every "
          "traveller counts the bridges before night falls on the hills").split()
@@ -382,14 +381,6 @@ def markdown(args: argparse.Namespace, streams: list[dict[str, Any]], overhead: 
     return "\n".join(lines)
 
 
-def append_markdown(text: str) -> None:
-    """Append at the very end of docs/benchmarks.md, read again just now (others may have appended)."""
-    current = BENCHMARKS.read_text(encoding="utf-8") if BENCHMARKS.exists() else ""
-    sep = "" if not current or current.endswith("\n\n") else ("\n" if current.endswith("\n") else "\n\n")
-    with open(BENCHMARKS, "a", encoding="utf-8") as fh:
-        fh.write(sep + text)
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -411,7 +402,7 @@ def main() -> int:
                     help="requests go over the ZeroMQ bus (bus.request_stream: off); default: on the request stream, "
                          "as in a default pool")
     ap.add_argument("--json", metavar="FILE", help="write every figure to FILE")
-    ap.add_argument("--markdown", action="store_true", help="append a dated section to docs/benchmarks.md")
+    ap.add_argument("--markdown", action="store_true", help="print a section for docs/benchmarks.md (it does not write the file)")
     args = ap.parse_args()
     if not (models_dir() / SMOLLM).is_file():
         raise SystemExit(f"{models_dir() / SMOLLM} is missing (scripts/setup fetches it)")
@@ -468,8 +459,7 @@ def main() -> int:
                                                "machine": machine(),
                                                "load": loads, "started": started}, indent=2))
     if args.markdown:
-        append_markdown(markdown(args, streams, overhead, routing, started, loads))
-        print(f"appended to {BENCHMARKS.relative_to(REPO)}")
+        print("\n" + markdown(args, streams, overhead, routing, started, loads), flush=True)
     return 0
 
 

@@ -88,7 +88,6 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 REGISTRY = REPO / "etc" / "hydra" / "models.yaml"
-DOC = REPO / "docs" / "benchmarks.md"
 sys.path.insert(0, str(REPO))
 from hydrad.common import heap  # noqa: E402
 from hydrad.common.cpus import usable_cpus  # noqa: E402
@@ -1244,7 +1243,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="exit 1 when a pair-median ratio misses parity with llama-server by more than SLACK "
                          "(default 0.02: throughput ≥ 0.98×, times ≤ 1.02×); needs llama-server")
     ap.add_argument("--json", metavar="FILE", help="write every measurement as JSON")
-    ap.add_argument("--markdown", action="store_true", help=f"append a dated section to {DOC.relative_to(REPO)}")
+    ap.add_argument("--markdown", action="store_true", help="print a section for docs/benchmarks.md (it does not write the file)")
     args = ap.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the finally blocks: stop the servers
 
@@ -1298,14 +1297,7 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
         log(f"wrote {args.json}")
     if args.markdown:
-        section = markdown_section(report)
-        if DOC.exists():
-            text = DOC.read_text()
-            DOC.write_text(text + ("" if text.endswith("\n\n") else "\n" if text.endswith("\n") else "\n\n") + section)
-        else:
-            DOC.parent.mkdir(parents=True, exist_ok=True)
-            DOC.write_text("# Benchmarks\n\n" + section)
-        log(f"appended a section to {DOC.relative_to(REPO)}")
+        print("\n" + markdown_section(report), flush=True)
     if args.check is not None:
         failed = check_goals(report, args.check)
         for line in failed:

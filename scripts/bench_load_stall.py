@@ -24,9 +24,9 @@ stamped, with a pause between them so that every phase's effect stands alone:
 For each phase: the steps that overlap it, their median and longest step time against the steady
 median before any phase.
 
-On the H200 (docs/benchmarks.md, fourteenth session) the context's creation stalled a step by about 10 ms,
-which ``GGML_CUDA_NO_PINNED=1`` (host buffers in pageable memory, no ``cudaMallocHost``) removed; a large
-``cudaMalloc`` alone stalled nothing.
+On the H200 (docs/benchmarks.md, "A load beside a serving context") the context's creation stalled a
+step by about 10 ms, which ``GGML_CUDA_NO_PINNED=1`` (host buffers in pageable memory, no
+``cudaMallocHost``) removed; a large ``cudaMalloc`` alone stalled nothing.
 
 The engine's own steps stalled more at the start of the weights' upload (10–27 ms) than this script's
 did (5–7 ms), so the differences between the two can be switched on one at a time:
@@ -42,7 +42,7 @@ did (5–7 ms), so the differences between the two can be switched on one at a t
 
 Both ways run with the engine's interpreter switch interval (``switch_interval_ms``).
 
-On the H200 (sixteenth session) the upload-start stall was there with a pool of 4 as with 16, so the
+On the H200 the upload-start stall was there with a pool of 4 as with 16, so the
 width is not it. These switches test the next leads, each the llama.cpp side of an engine setting:
 
 - ``--no-mmap``: the loaded model is read, not mapped (``use_mmap: false``). From a mapping llama.cpp

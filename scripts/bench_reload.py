@@ -28,7 +28,7 @@ in the engine's HTTP handler) splits a request's time, as the client saw it, int
 rest (the HTTP layer around the handler, the network, the client): each gap is also given with that
 rest held at its steady median, which is the gap the engine alone made.
 
-    .venv/bin/python scripts/bench_reload.py --switches 6 --markdown
+    .venv/bin/python scripts/bench_reload.py --switches 6
 """
 
 from __future__ import annotations
@@ -497,7 +497,8 @@ def main() -> int:
                          "variant's run (scripts/gil_holders.py: py-spy, from the test extras; the right to trace "
                          "the engine as for --blocked)")
     ap.add_argument("--json", metavar="FILE")
-    ap.add_argument("--markdown", action="store_true", help="append the table to docs/benchmarks.md")
+    ap.add_argument("--markdown", action="store_true", help="accepted for older command lines: the tables are printed as markdown either way "
+                    "(docs/benchmarks.md is not written)")
     args = ap.parse_args()
     named = tuple(args.models.split(","))
     # a GGUF path is handed to the engine absolute: it resolves a relative one under its models directory
@@ -517,10 +518,6 @@ def main() -> int:
     print(text)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
-    if args.markdown:
-        doc = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
-        existing = doc.read_text() if doc.exists() else "# Benchmarks\n\n"
-        doc.write_text(existing.rstrip("\n") + "\n\n" + text)
     return 0
 
 

@@ -21,8 +21,9 @@ loopback, each with ``n_ctx`` 16384 and ``n_parallel`` 2. Then:
    1). Every migration is checked: a request on B's slot 1 with the same prompt must find
    ``cached_tokens ≥ n - 1``. ``--migrate-runs`` runs per size, each with a fresh prompt.
 
-All tables show medians. ``--json FILE`` writes every sample; ``--markdown`` appends a dated
-"KV state and migration" section (command, machine, tables) to the end of docs/benchmarks.md.
+All tables show medians. ``--json FILE`` writes every sample; ``--markdown`` prints a dated
+"KV state and migration" section (command, machine, tables) for docs/benchmarks.md (it does not
+write the file).
 
 Example::
 
@@ -60,7 +61,6 @@ if str(REPO) not in sys.path:
 from hydrad.wire.rpcclient import RpcClient, migrate  # noqa: E402
 
 REGISTRY = REPO / "etc" / "hydra" / "models.yaml"
-DOC = REPO / "docs" / "benchmarks.md"
 SECTION = "KV state and migration"
 RECV_BUFFER = 1 << 20  # what RpcClient receives into
 
@@ -495,22 +495,6 @@ def markdown_section(args: argparse.Namespace, argv: list[str], mach: dict[str, 
     ])
 
 
-def append_markdown(section: str) -> None:
-    """Append ``section`` at the end of docs/benchmarks.md; other sections (other writers) stay as they are."""
-    DOC.parent.mkdir(parents=True, exist_ok=True)
-    existing = DOC.read_text() if DOC.exists() else ""  # read right before appending
-    if not existing:
-        prefix = "# Benchmarks\n\n"
-    elif existing.endswith("\n\n"):
-        prefix = ""
-    elif existing.endswith("\n"):
-        prefix = "\n"
-    else:
-        prefix = "\n\n"
-    with open(DOC, "a", encoding="utf-8") as fh:  # O_APPEND: lands at the end whatever was written meanwhile
-        fh.write(prefix + section)
-
-
 # ----- main ---------------------------------------------------------------------------------
 
 def parse_sizes(text: str) -> list[int]:
@@ -544,7 +528,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="longest wait for quiet before a step runs anyway (default 120 s)")
     ap.add_argument("--seed", type=int, default=None, help="prompt seed (default: random)")
     ap.add_argument("--json", type=Path, metavar="FILE", help="write all samples and medians as JSON")
-    ap.add_argument("--markdown", action="store_true", help=f"append a '{SECTION}' section to docs/benchmarks.md")
+    ap.add_argument("--markdown", action="store_true", help=f"print a '{SECTION}' section for docs/benchmarks.md (it does not write the file)")
     return ap
 
 
@@ -604,8 +588,7 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
         say(f"wrote {args.json}")
     if args.markdown:
-        append_markdown(markdown_section(args, argv, mach, thr, mig, when))
-        say(f"appended '{SECTION}' to {DOC.relative_to(REPO)}")
+        print("\n" + markdown_section(args, argv, mach, thr, mig, when), flush=True)
     return 0
 
 

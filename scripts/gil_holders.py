@@ -11,7 +11,7 @@ holding at the default rate, so a thread's count is its time holding the lock.
 
 It found one: after each load the engine froze its heap and then counted what was frozen, a walk of
 every frozen object under the lock, 4 ms on the 2-core machine, at the moment a reload installs the
-new model (docs/benchmarks.md, nineteenth session).
+new model.
 
     scripts/gil_holders.py --pid PID --seconds 20
     scripts/gil_holders.py --pid PID            # until SIGTERM or SIGINT, then the summary

@@ -7,7 +7,7 @@ arrival and its handler, where none of the request's own timings can see it. A d
 long-lived objects (modules, the web app, pydantic models, a loaded model's Python side) are
 tens of thousands: a full pass over an engine took 37–51 ms on the 2-core machine and about
 10 ms on the GPU host, where it put 9–16 ms into every other one-token answer of a benchmark
-(docs/benchmarks.md, tenth session).
+(docs/benchmarks.md, "How to reproduce").
 
 :func:`settle` moves every object alive now into the permanent generation, which no pass walks,
 so a full pass only walks what was made since. The price: an object frozen here and later

@@ -4,8 +4,8 @@ Every request of a daemon passes its event loop twice or more: its arrival (pars
 its answer (the body, the write). A loop held by one long callback, or waiting for the interpreter
 lock another thread holds, delays every request then in flight, and none of the requests' own timings
 see it (``timings.server_ms`` starts when the handler runs). On the GPU host an overlap reload's worst
-gaps had about 20 ms of a request's time outside its handler (docs/benchmarks.md, twenty-first
-session); this says whether that time was the engine's loop.
+gaps had about 20 ms of a request's time outside its handler (docs/benchmarks.md, "Overlap reload");
+this says whether that time was the engine's loop.
 
 :class:`LoopWatch` is one thread that asks the loop to run a callback every ``threshold`` and waits
 for it. When it has not run within ``threshold``, the watch notes the loop thread's innermost frames

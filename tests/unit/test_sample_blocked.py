@@ -3,8 +3,8 @@
 Against real child processes: a thread that sleeps is seen in clock_nanosleep for as long as it sleeps,
 and a thread that maps and unmaps memory is seen waiting in mmap/munmap while another thread of its
 process maps a model file with MAP_POPULATE, as a mapped llama.cpp load does (the lock that pre-faulting
-holds; docs/benchmarks.md, seventeenth session), and a thread waiting for the interpreter lock is seen in
-futex with the lock's word in the interpreter's own mapping. The engine names its threads for this
+holds; docs/benchmarks.md, "A load beside a serving context"), and a thread waiting for the interpreter
+lock is seen in futex with the lock's word in the interpreter's own mapping. The engine names its threads for this
 (hydrad.common.osthread), checked on a real engine.
 """
 
