@@ -1,5 +1,5 @@
 """``bench_load_stall --hold-alloc``: the serving steps wait, at a step's boundary, while a load beside
-them allocates. Measured and not taken into the engine (docs/benchmarks.md, twenty-second session).
+them allocates. Measured and not taken into the engine (docs/benchmarks.md).
 
 On a GPU the step of a serving context that runs while a loader allocates the new model's buffers (its
 weights' device buffer, one ``cudaMalloc``; for a read load four page-locked staging buffers,

@@ -42,7 +42,7 @@ did (5–7 ms), so the differences between the two can be switched on one at a t
 
 Both ways run with the engine's interpreter switch interval (``switch_interval_ms``).
 
-On the H200 (sixteenth session) the upload-start stall was there with a pool of 4 as with 16, so the
+On the H200 the upload-start stall was there with a pool of 4 as with 16, so the
 width is not it. These switches test the next leads, each the llama.cpp side of an engine setting:
 
 - ``--no-mmap``: the loaded model is read, not mapped (``use_mmap: false``). From a mapping llama.cpp
@@ -85,6 +85,10 @@ load (callbacks, the engine's wrappers) shows there, and not in the step column,
 """
 
 from __future__ import annotations
+
+if __name__ == "__main__":  # run as scripts/NAME: under the checkout's .venv when there is one
+    import _venv
+    _venv.reexec()
 
 import argparse
 import contextlib
