@@ -20,6 +20,10 @@ message, so every hop wakes sleeping threads on idle CPUs, as a request's do.
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # run as scripts/NAME: under the checkout's .venv when there is one
+    import _venv
+    _venv.reexec()
+
 import argparse
 import asyncio
 import multiprocessing as mp

@@ -30,6 +30,10 @@ Then, in this process, the time of one routing decision: ``routing.route`` over 
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # run as scripts/NAME: under the checkout's .venv when there is one
+    import _venv
+    _venv.reexec()
+
 import argparse
 import asyncio
 import datetime as dt

@@ -13,6 +13,10 @@ difference lies before the first byte.
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # run as scripts/NAME: under the checkout's .venv when there is one
+    import _venv
+    _venv.reexec()
+
 import argparse
 import asyncio
 import statistics

@@ -14,6 +14,10 @@ against the goal p99 < 100 ms; and the time of that first switch (a load) for co
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # run as scripts/NAME: under the checkout's .venv when there is one
+    import _venv
+    _venv.reexec()
+
 import argparse
 import datetime as dt
 import os

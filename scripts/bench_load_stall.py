@@ -86,6 +86,10 @@ load (callbacks, the engine's wrappers) shows there, and not in the step column,
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # run as scripts/NAME: under the checkout's .venv when there is one
+    import _venv
+    _venv.reexec()
+
 import argparse
 import contextlib
 import ctypes

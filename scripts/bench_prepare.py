@@ -24,6 +24,10 @@ Prints a table of medians and the ratio hydrad ÷ llama-server (below 1: hydrad 
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # run as scripts/NAME: under the checkout's .venv when there is one
+    import _venv
+    _venv.reexec()
+
 import argparse
 import json
 import statistics

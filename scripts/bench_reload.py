@@ -33,6 +33,10 @@ rest held at its steady median, which is the gap the engine alone made.
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # run as scripts/NAME: under the checkout's .venv when there is one
+    import _venv
+    _venv.reexec()
+
 import argparse
 import datetime as _dt
 import json

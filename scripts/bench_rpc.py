@@ -10,6 +10,10 @@ internal endpoint, alternating, and report medians and the ratio (goal ≥ 0.95)
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # run as scripts/NAME: under the checkout's .venv when there is one
+    import _venv
+    _venv.reexec()
+
 import argparse
 import json
 import os

@@ -28,6 +28,10 @@ are used from that run.
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # run as scripts/NAME: under the checkout's .venv when there is one
+    import _venv
+    _venv.reexec()
+
 import argparse
 import collections
 import csv

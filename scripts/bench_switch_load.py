@@ -23,6 +23,10 @@ steady vs within 10 s after a switch began.
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # run as scripts/NAME: under the checkout's .venv when there is one
+    import _venv
+    _venv.reexec()
+
 import argparse
 import datetime as dt
 import json

@@ -5,11 +5,15 @@ The pool is the recording the snapshot tests replay (``tests/data/console-stream
 engines, traffic, a switch from profile dense to gemma), stopped 21.5 s in, mid-switch, so the
 picture is the same on every run and on every machine. Times print in UTC.
 
-    .venv/bin/python scripts/console_screenshot.py                 # writes docs/console-main.svg
-    .venv/bin/python scripts/console_screenshot.py --at 30 --size 80x24 --out pool.svg
+    scripts/console_screenshot.py                 # writes docs/console-main.svg
+    scripts/console_screenshot.py --at 30 --size 80x24 --out pool.svg
 """
 
 from __future__ import annotations
+
+if __name__ == "__main__":  # run as scripts/NAME: under the checkout's .venv when there is one
+    import _venv
+    _venv.reexec()
 
 import argparse
 import asyncio

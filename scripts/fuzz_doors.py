@@ -22,6 +22,10 @@ distinct violation with a body that reproduces it (whole bodies go to --out, if 
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # run as scripts/NAME: under the checkout's .venv when there is one
+    import _venv
+    _venv.reexec()
+
 import argparse
 import json
 import os

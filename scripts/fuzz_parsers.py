@@ -29,6 +29,10 @@ Exit status 1 on any violation; violations are written to ``--out`` (one JSON fi
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # run as scripts/NAME: under the checkout's .venv when there is one
+    import _venv
+    _venv.reexec()
+
 import argparse
 import hashlib
 import json

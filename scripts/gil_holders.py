@@ -23,6 +23,10 @@ py-spy (in the test extras) and the right to trace the process (root, or ptrace 
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # run as scripts/NAME: under the checkout's .venv when there is one
+    import _venv
+    _venv.reexec()
+
 import argparse
 import collections
 import json

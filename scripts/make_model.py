@@ -30,6 +30,10 @@ about a minute to write and each quantization about half a minute (16 cores).
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # run as scripts/NAME: under the checkout's .venv when there is one
+    import _venv
+    _venv.reexec()
+
 import argparse
 import ctypes
 import sys

@@ -34,6 +34,10 @@ GGUF with gguf.GGUFReader.
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # run as scripts/NAME: under the checkout's .venv when there is one
+    import _venv
+    _venv.reexec()
+
 import argparse
 import os
 import sys

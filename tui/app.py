@@ -438,7 +438,8 @@ class HydraConsole(ProfileSwitching, App[None]):
                     timeout=self.toast_s * (2 if severity == "error" else 1))
 
 
-def _parse(argv: list[str] | None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
+    """hydra-console's command line (also read by scripts/gen_docs for docs/reference/cli.md)."""
     ap = argparse.ArgumentParser(
         prog="hydra-console",
         description="Terminal console of a Hydra pool: engines, loads, profiles, routing decisions.")
@@ -451,6 +452,11 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                     help="seconds between admin API fetches (slots, queue, tok/s; default 2)")
     ap.add_argument("--curve-server-key", default=None, metavar="Z85",
                     help="the coordinator's CURVE public key, when its bus and events are encrypted")
+    return ap
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    ap = build_parser()
     args = ap.parse_args(argv)
     if not args.coordinator.startswith(("tcp://", "ipc://", "inproc://")):
         ap.error(f"--coordinator {args.coordinator!r}: expected a ZeroMQ endpoint like tcp://127.0.0.1:9501")

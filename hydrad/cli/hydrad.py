@@ -83,8 +83,8 @@ def _port(endpoint: str) -> int | None:
     return int(tail) if sep and head.startswith("tcp://") and tail.isdigit() else None
 
 
-def main(argv: list[str] | None = None) -> int:
-    llama.preload_native()  # before numpy & co. link the C++ runtime: see preload_native
+def build_parser() -> argparse.ArgumentParser:
+    """hydrad's command line (also read by scripts/gen_docs for docs/reference/cli.md)."""
     ap = argparse.ArgumentParser(prog="hydrad", description="Hydra engine daemon: one per GPU.")
     ap.add_argument("--config", help="engine YAML (e.g. /etc/hydra/5060ti.yaml)")
     ap.add_argument("--check-config", metavar="FILE", help="validate FILE and exit (non-zero naming the bad field)")
@@ -93,6 +93,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--print-config", metavar="FILE", help="show effective values and where each came from")
     ap.add_argument("--json", action="store_true", help="with --print-config: JSON instead of YAML")
     ap.add_argument("--version", action="version", version=f"hydrad {__version__}")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    llama.preload_native()  # before numpy & co. link the C++ runtime: see preload_native
+    ap = build_parser()
     args = ap.parse_args(argv)
     path = args.check_config or args.print_config or args.config
     try:

@@ -3,7 +3,8 @@
 Starts ``hydra-coordinator`` on ``<config-dir>/coordinator.yaml`` and one ``hydrad`` per engine
 its profiles name, each on ``<config-dir>/<engine>.yaml``, as child processes of this one. It
 waits until the coordinator reports every engine alive and the profile applied (models
-loaded), prints the OpenAI endpoint and how to use it, and runs until SIGINT (Ctrl-C), SIGTERM
+loaded), prints the OpenAI endpoint and how to use it (a first curl, the exact ``hydra-console``
+command for this pool's ports), and runs until SIGINT (Ctrl-C), SIGTERM
 or SIGHUP, which stop every child: SIGTERM (each drains as under systemd), then SIGKILL after
 ``--stop-timeout``; a second Ctrl-C does not wait.
 
@@ -54,7 +55,8 @@ from hydrad.common import tokenfile
 from hydrad.wire.httpapi import AdminHttp, NoAnswer
 from hydrad.cli.common import COORDINATOR_URL, COORDINATOR_URL_ENV, EXIT_OK, CliError
 from hydrad.cli.up_plan import (
-    EXIT_BAD_CONFIG, EXIT_INTERRUPTED, EXIT_START_FAILED, POLL_S, SERVICE_ENV, TAIL_LINES, Plan, hydractl_command, display_path,
+    EXIT_BAD_CONFIG, EXIT_INTERRUPTED, EXIT_START_FAILED, POLL_S, SERVICE_ENV, TAIL_LINES, Plan, console_command,
+    hydractl_command, display_path,
     check_ports, default_config_dir, plan,
 )
 
@@ -362,39 +364,8 @@ class Runner:
         return ready, ", ".join(waiting) or "applying the profile"
 
     def _banner(self, p: Plan, seconds: float, logs: Path | None) -> None:
-        url = p.http_url
-        v1 = f"{url}/v1"
-        models = [m for m in p.targets.values() if m]
-        model = models[0] if models else "MODEL"
-        implicit = url == COORDINATOR_URL and os.environ.get(COORDINATOR_URL_ENV) in (None, "", url)
-        at = "" if implicit else f" {url}"
-        prog = hydractl_command()
-
-        def c(cmd: str, rest: str = "") -> str:
-            return f"{prog} {cmd}{at} {rest}".rstrip()
-        other = [n for n in p.profiles if n != p.profile]
-        width = max(len(n) for n in p.engine_configs)
-        engines = "\n".join(f"  {n:<{width}}  {p.engine_urls[n]}  {p.targets.get(n) or '(no model)'}"
-                            for n in p.engine_configs)
-        lines = [
-            "",
-            f"Hydra pool ready in {seconds:.1f}s: profile {p.profile}, endpoint {v1}",
-            engines,
-            "",
-            f"  curl {v1}/chat/completions -H 'Content-Type: application/json' \\",
-            f"       -d '{{\"model\":\"{model}\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hello!\"}}],"
-            f"\"max_tokens\":64}}'",
-            f"  python: openai.OpenAI(base_url=\"{v1}\", api_key=\"none\").chat.completions.create(",
-            f"              model=\"{model}\", messages=[{{\"role\": \"user\", \"content\": \"Hello!\"}}])",
-            f"  {c('engines')}",
-            f"  {c('route', '--explain --model ' + model + ' Hello')}",
-            f"  {c('profile', other[0] if other else '')}",
-        ]
-        if logs is not None:
-            lines.append(f"  logs: {display_path(logs)}/<name>.log")
-        lines += ["", "Ctrl-C stops the coordinator and every engine.", ""]
         assert self.out is not None
-        self.out.block("\n".join(lines))
+        self.out.block(banner(p, seconds, logs))
 
     # --- running
 
@@ -438,6 +409,47 @@ class Runner:
             self.say(f"killed {', '.join(killed)} (still running {self.args.stop_timeout:g}s after SIGTERM)")
         self.say(f"stopped ({codes})")
         self.children = []
+
+
+def banner(p: Plan, seconds: float, logs: Path | None) -> str:
+    """What ``hydractl up`` prints once the pool serves: the endpoint and engines, a first request,
+    the exact console command for this pool's ports, and hydractl's commands against it."""
+    url = p.http_url
+    v1 = f"{url}/v1"
+    models = [m for m in p.targets.values() if m]
+    model = models[0] if models else "MODEL"
+    implicit = url == COORDINATOR_URL and os.environ.get(COORDINATOR_URL_ENV) in (None, "", url)
+    at = "" if implicit else f" {url}"
+    prog = hydractl_command()
+
+    def c(cmd: str, rest: str = "") -> str:
+        return f"{prog} {cmd}{at} {rest}".rstrip()
+    other = [n for n in p.profiles if n != p.profile]
+    width = max(len(n) for n in p.engine_configs)
+    engines = "\n".join(f"  {n:<{width}}  {p.engine_urls[n]}  {p.targets.get(n) or '(no model)'}"
+                        for n in p.engine_configs)
+    lines = [
+        "",
+        f"Hydra pool ready in {seconds:.1f}s: profile {p.profile}, endpoint {v1}",
+        engines,
+        "",
+        "A first request (the answer's X-Hydra-Engine header names the engine that served it):",
+        f"  curl -i {v1}/chat/completions -H 'Content-Type: application/json' \\",
+        f"       -d '{{\"model\":\"{model}\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hello!\"}}],"
+        f"\"max_tokens\":64}}'",
+        f"  python: openai.OpenAI(base_url=\"{v1}\", api_key=\"none\").chat.completions.create(",
+        f"              model=\"{model}\", messages=[{{\"role\": \"user\", \"content\": \"Hello!\"}}])",
+        "",
+        "The console of this pool, and hydractl:",
+        f"  {console_command(p)}",
+        f"  {c('engines')}",
+        f"  {c('route', '--explain --model ' + model + ' Hello')}",
+        f"  {c('profile', other[0] if other else '')}",
+    ]
+    if logs is not None:
+        lines.append(f"  logs: {display_path(logs)}/<name>.log")
+    lines += ["", "Ctrl-C stops the coordinator and every engine.", ""]
+    return "\n".join(lines)
 
 
 def run(args: argparse.Namespace) -> int:

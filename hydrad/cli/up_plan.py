@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import shlex
 import shutil
 import socket
 import sys
@@ -27,6 +28,10 @@ DEFAULT_CONFIG_DIR = Path("etc") / "hydra" / "dev"
 COORDINATOR_FILE = "coordinator.yaml"
 POLL_S = 0.25
 TAIL_LINES = 30
+# hydra-console's defaults (tui/app.py: DEFAULT_ADMIN, DEFAULT_EVENTS; the command line may not import
+# the console, so a unit test holds the two equal): a pool elsewhere needs --admin and --coordinator.
+CONSOLE_ADMIN = "http://127.0.0.1:9000"
+CONSOLE_EVENTS = "tcp://127.0.0.1:9501"
 # What systemd hands a service; meaningless (or harmful) for processes we start ourselves.
 SERVICE_ENV = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "JOURNAL_STREAM", "LISTEN_FDS", "LISTEN_PID",
                "LISTEN_FDNAMES", "INVOCATION_ID", "STATE_DIRECTORY")
@@ -58,6 +63,8 @@ class Plan:
     copies: bool  # configs were rewritten into a directory of ours
     profiles: list[str]  # every profile of the profiles file
     admin_token_file: Path | None = None  # the coordinator's, if it has one: start-up polls /admin with it
+    events_url: str = CONSOLE_EVENTS  # the coordinator's event stream (PUB) as a client reaches it
+    curve_server_key: str | None = None  # the coordinator's CURVE public key, when its bus and events are encrypted
 
 
 def default_config_dir() -> Path:
@@ -90,9 +97,9 @@ def _client_host(host: str) -> str:
     return "127.0.0.1" if host in ("0.0.0.0", "*", "", "::") else host
 
 
-def _url(host: str, port: int) -> str:
+def _url(host: str, port: int, scheme: str = "http") -> str:
     host = _client_host(host)
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
 
 
 def plan(config_dir: Path, profile: str | None, offset: int, copy_dir: Path, state_dir: Path | None = None) -> Plan:
@@ -224,7 +231,9 @@ def plan(config_dir: Path, profile: str | None, offset: int, copy_dir: Path, sta
             raise CliError(f"{exc} (moved by --port-offset {offset})", EXIT_BAD_CONFIG) from None
     return Plan(config_dir=config_dir, coordinator_config=coord_run, engine_configs=engine_configs, profile=name,
                 targets=targets, http_url=_url(cs.http.host, cs.http.port + offset), engine_urls=engine_urls,
-                ports=ports, copies=copies, profiles=list(profiles.profiles), admin_token_file=cs.admin_token_file)
+                ports=ports, copies=copies, profiles=list(profiles.profiles), admin_token_file=cs.admin_token_file,
+                events_url=_url(ev_host, ev_port + offset, "tcp") if cs.events.startswith("tcp://") else cs.events,
+                curve_server_key=cs.bus.curve_public_key)
 
 
 def display_path(path: Path) -> str:
@@ -237,12 +246,32 @@ def display_path(path: Path) -> str:
 
 def hydractl_command() -> str:
     """How to run hydractl from here: its name when it is on PATH, else the path it was run by."""
-    if shutil.which("hydractl"):
-        return "hydractl"
+    return _command("hydractl", "hydrad.cli.hydractl")
+
+
+def _command(name: str, module: str) -> str:
+    """How to run one of this package's commands from here: its name when it is on PATH, else the
+    script beside the hydractl that runs (scripts/run: .venv/bin/), else ``python -m``."""
+    if shutil.which(name):
+        return name
     argv0 = Path(sys.argv[0])
-    if argv0.name == "hydractl":
-        return display_path(argv0)
-    return f"{display_path(Path(sys.executable))} -m hydrad.cli.hydractl"
+    if argv0.name == "hydractl" and (argv0.parent / name).is_file():
+        return display_path(argv0.parent / name)
+    return f"{display_path(Path(sys.executable))} -m {module}"
+
+
+def console_command(p: Plan) -> str:
+    """The exact ``hydra-console`` command line for this pool: ``--admin`` and ``--coordinator`` when
+    either differs from the console's defaults (a --port-offset, another config), its CURVE key when
+    the events are encrypted, and the admin token file when the coordinator wants one."""
+    words = [_command("hydra-console", "tui.app")]
+    if p.http_url != CONSOLE_ADMIN or p.events_url != CONSOLE_EVENTS:
+        words += ["--admin", shlex.quote(p.http_url), "--coordinator", shlex.quote(p.events_url)]
+    if p.curve_server_key:
+        words += ["--curve-server-key", shlex.quote(p.curve_server_key)]
+    if p.admin_token_file is not None:
+        words.insert(0, "HYDRA_ADMIN_TOKEN_FILE=" + shlex.quote(display_path(p.admin_token_file)))
+    return " ".join(words)
 
 
 def check_ports(ports: list[Port]) -> None:

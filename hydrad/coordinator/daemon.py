@@ -185,11 +185,17 @@ class CoordinatorDaemon:
             await asyncio.sleep(0.5)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """hydra-coordinator's command line (also read by scripts/gen_docs for docs/reference/cli.md)."""
     ap = argparse.ArgumentParser(prog="hydra-coordinator", description="Hydra coordinator: bus, routing, profiles, OpenAI front door.")
     ap.add_argument("--config", help="coordinator YAML (e.g. /etc/hydra/coordinator.yaml)")
     ap.add_argument("--check-config", metavar="FILE", help="validate FILE (and its registry and profiles) and exit")
     ap.add_argument("--version", action="version", version=f"hydra-coordinator {__version__}")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
     args = ap.parse_args(argv)
     path = args.check_config or args.config
     try:

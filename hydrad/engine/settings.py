@@ -65,7 +65,7 @@ class RpcSettings(BaseModel):
                                         "to llama.cpp's own RPC server once their HELLO is answered, one peer at a time: "
                                         "the stock server's speed (no per-command hop) and its trust model (a malformed "
                                         "command from such a peer can abort this engine). Empty: every peer goes through "
-                                        "the checking relay. The peer must be in control_allow_from too (docs/combine.md).")
+                                        "the checking relay. The peer must be in control_allow_from too (docs/rpc-protocol.md, 'The direct line').")
 
     @field_validator("ggml_direct_from")
     @classmethod

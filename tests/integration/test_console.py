@@ -199,7 +199,7 @@ def test_console_two_engines_detail_and_switch_from_keys(tmp_path: Path, smollm_
                 assert "dev-a gemma3-270m · dev-b smollm2-135m" in picker.labels["swapped"]
                 assert "now: reloads dev-a, dev-b" in picker.labels["swapped"]
                 assert "now: nothing to reload" in picker.labels["dev"]
-                await pilot.press("enter")
+                await pilot.press("down", "enter")  # it opened on the active dev; swapped is next
                 await w.until(lambda: isinstance(app.screen, ConfirmSwitch), "the confirmation", 10)
                 confirm = app.screen
                 assert isinstance(confirm, ConfirmSwitch)

@@ -13,6 +13,7 @@ import json
 import os
 import random
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -25,6 +26,7 @@ from typing import Iterator
 import httpx
 import openai
 import pytest
+import yaml
 
 from tests.support.engine import GEMMA, REPO, SMOLLM, models_dir
 from tests.support.wait import eventually
@@ -262,7 +264,7 @@ def test_up_stops_the_rest_when_a_child_dies_during_start_up(tmp_path: Path) -> 
 def test_up_serves_the_profile_through_the_coordinator(pool: tuple[Up, str]) -> None:
     up, url = pool
     assert READY.search("\n".join(up.lines)).group(1) == "dev"  # type: ignore[union-attr]
-    assert f"curl {url}/v1/chat/completions" in "\n".join(up.lines)
+    assert f"curl -i {url}/v1/chat/completions" in "\n".join(up.lines)
     assert {p.name for p in up.logs.glob("*.log")} == {"coordinator.log", "dev-a.log", "dev-b.log"}
     c = client(url)
     for model, engine in (("smollm2-135m", "dev-a"), ("gemma3-270m", "dev-b")):
@@ -276,6 +278,22 @@ def test_up_serves_the_profile_through_the_coordinator(pool: tuple[Up, str]) -> 
                                        max_tokens=8, temperature=0, stream=True)
     text = "".join(ch.choices[0].delta.content or "" for ch in stream if ch.choices)
     assert text
+
+
+@pytest.mark.model
+def test_up_prints_the_console_command_of_this_pool(pool: tuple[Up, str]) -> None:
+    """The pool runs with a --port-offset: the printed hydra-console command names the moved admin URL
+    and event endpoint, as the console parses them, and both are this pool's."""
+    from tui.app import build_parser
+
+    up, url = pool
+    (line,) = [ln for ln in up.lines if "hydra-console" in ln or "-m tui.app" in ln]
+    words = shlex.split(line)
+    args = build_parser().parse_args(words[words.index("--admin"):])
+    assert args.admin == url
+    coordinator = yaml.safe_load((up.logs / "configs" / "coordinator.yaml").read_text())
+    assert args.coordinator == coordinator["events"]
+    assert set(engines(args.admin)) == set(DEV)
 
 
 @pytest.mark.model

@@ -1,6 +1,7 @@
 """A real systemd (PID 1 of its own namespaces, scripts/systemd-sandbox) with Hydra installed
-into it the way README's "Installing on a host" says, driven only through systemctl,
-journalctl, hydractl and HTTP (curl inside the sandbox: its network namespace is its own).
+into it by the README's "Install on a host" block itself, read from README.md and run step by
+step, then driven only through systemctl, journalctl, hydractl and HTTP (curl inside the sandbox:
+its network namespace is its own).
 
 Needs root, util-linux, overlayfs, systemd, the default models and the llama-cpp-python wheel
 that scripts/setup built; the install step runs pip with this host's network (as scripts/setup
@@ -222,53 +223,94 @@ def token_files(node: Any) -> Iterator[str]:
             yield from token_files(item)
 
 
+README = ROOT / "README.md"
+INSTALL_HEADING = "## Install on a host"
+
+
+def readme_blocks() -> list[str]:
+    """The fenced blocks of the README's "Install on a host" section: the install steps, then the check."""
+    text = README.read_text(encoding="utf-8")
+    assert INSTALL_HEADING in text, f"README.md has no {INSTALL_HEADING!r} section"
+    section = text.split(INSTALL_HEADING, 1)[1].split("\n## ", 1)[0]
+    parts = section.split("```")
+    return [parts[i].strip("\n") for i in range(1, len(parts), 2)]
+
+
+def readme_install_steps() -> dict[int, str]:
+    """The install block split at its ``# N.`` comments: {N: that step's lines}; 0 is what precedes step 1."""
+    steps: dict[int, list[str]] = {0: []}
+    current = 0
+    for line in readme_blocks()[0].splitlines():
+        head = line.split(".", 1)[0]
+        if line.startswith("# ") and head[2:].isdigit():
+            current = int(head[2:])
+            steps[current] = []
+        steps[current].append(line)
+    return {n: "\n".join(lines).strip() for n, lines in steps.items()}
+
+
+def exactly(script: str, old: str, new: str) -> str:
+    """``script`` with ``old`` replaced; the README must still say ``old`` (else this test is out of step)."""
+    assert old in script, f"the README's install step no longer says {old!r}:\n{script}"
+    return script.replace(old, new)
+
+
+def run_step(sb: Sandbox, steps: dict[int, str], n: int, engine: str | None = None, **kw: Any) -> str:
+    """Step ``n`` as the README writes it, in the checkout's copy (as root, from the checkout)."""
+    script = steps[n]
+    prelude = f"cd /usr/src/hydra\nNAME={shlex.quote(engine)}\n" if engine else "cd /usr/src/hydra\n"
+    return sb.sh(prelude + script, **kw).stdout
+
+
 def install(sb: Sandbox) -> None:
-    """README's "Installing on a host", step by step, for a CPU host with engines a and b."""
+    """README's "Install on a host", step by step, for a CPU host with engines a and b. Each step
+    runs as written; the only substitutions are where this machine's files are (the checkout's
+    copy, the wheel, the models) and step 5's "edit them" (the CPU configs of engines a and b)."""
     wheel = llama_wheel()
     assert wheel is not None
-    # 1. The software: this checkout (as a clone would have it) into a venv at /opt/hydra, with the
-    #    llama-cpp-python build scripts/setup made; every command linked into /usr/local/bin.
+    steps = readme_install_steps()
+    assert sorted(steps) == list(range(8)), sorted(steps)
+    assert steps[0].split("#")[0].strip() == "NAME=5060ti", steps[0]
+    # The checkout, as a clone would have it, at /usr/src/hydra (the README's steps run in a checkout).
     files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
                            capture_output=True, check=True).stdout.decode().split("\0")
     listing = "\n".join(f for f in files if f and (ROOT / f).is_file())
     sb.write("/root/hydra-files", listing + "\n")
     sb.sh(f"mkdir -p /usr/src/hydra && cd {shlex.quote(inside(ROOT))} && "
           "tar -c --files-from=/root/hydra-files | tar -x -C /usr/src/hydra")
-    sb.run("bash", "-euo", "pipefail", "-c",
-           "python3 -m venv /opt/hydra\n"
-           f"/opt/hydra/bin/pip install -q {shlex.quote(inside(wheel))}\n"
-           "/opt/hydra/bin/pip install -q /usr/src/hydra\n",
-           host_net=True, timeout=600)
-    sb.sh("for b in hydrad hydra-coordinator hydractl hydra-console; do"
-          " ln -sf /opt/hydra/bin/$b /usr/local/bin/$b; done")
+    # 1. The software: the wheel scripts/setup built, from where this machine keeps it.
+    step1 = exactly(steps[1], "~/.cache/hydra/wheels/$(cat .venv/.hydra-llama-key)/llama_cpp_python-*.whl",
+                    shlex.quote(inside(wheel)))
+    step1 = exactly(step1, "/opt/hydra/bin/pip install ", "/opt/hydra/bin/pip install -q ")
+    run_step(sb, {1: step1}, 1, host_net=True, timeout=600)
     # 2. The service user (in the GPU device groups this host has) and its directories.
-    sb.sh("useradd --system --home-dir /var/lib/hydra --shell /usr/sbin/nologin hydra\n"
-          "for g in video render; do getent group $g >/dev/null && usermod -aG $g hydra; done\n"
-          "install -d -m 755 /etc/hydra\n"
-          "install -d -m 750 -o hydra -g hydra /var/lib/hydra /var/lib/hydra/models")
+    run_step(sb, steps, 2)
     # 3. The model files, owned by hydra.
-    for name in MODEL_FILES:
-        sb.run("install", "-m", "640", "-o", "hydra", "-g", "hydra", inside(MODELS / name), f"/var/lib/hydra/models/{name}")
-    # 4. Configs: the registry and coordinator as shipped; profiles and engines adapted.
-    sb.sh("cd /usr/src/hydra && cp etc/hydra/models.yaml etc/hydra/coordinator.yaml /etc/hydra/")
+    run_step(sb, {3: exactly(steps[3], "models/*.gguf", " ".join(shlex.quote(inside(MODELS / name))
+                                                                  for name in MODEL_FILES))}, 3)
+    # 4. The secrets.
+    run_step(sb, steps, 4)
+    # 5. The configs as shipped, then "edit them": CPU engines a and b, the profile that places them.
+    for name in ENGINES:
+        run_step(sb, steps, 5, name)
     sb.write("/etc/hydra/profiles.yaml", profiles_config())
     for name in ENGINES:
         sb.write(f"/etc/hydra/{name}.yaml", engine_config(name))
-    # 5. The secrets the configs name (bus, admin, engine tokens...), each in a file of its own,
-    #    0600, owned by hydra.
+    # Every secret the configs name was made by step 4: 0600, owned by hydra.
     tokens = sorted({path for name in ("coordinator", *ENGINES)
                      for path in token_files(yaml.safe_load(sb.read(f"/etc/hydra/{name}.yaml")))})
     assert "/etc/hydra/bus.token" in tokens, tokens
     for path in tokens:
-        sb.sh(f"install -m 600 -o hydra -g hydra /dev/null {path}\n"
-              f"python3 -c 'import secrets; print(secrets.token_urlsafe(32))' > {path}")
+        assert sb.run("stat", "-c", "%a %U %s", path).stdout.split()[:2] == ["600", "hydra"], path
+    # 6. The checks pass, without a warning.
     for name in ENGINES:
-        out = sb.run("hydrad", "--check-config", f"/etc/hydra/{name}.yaml", check=False)
+        out = sb.run("bash", "-euo", "pipefail", "-c", f"cd /usr/src/hydra\nNAME={name}\n" + steps[6], check=False)
         assert out.returncode == 0, out.stdout + out.stderr
-    # 6. The units.
-    sb.sh("cd /usr/src/hydra && cp units/hydrad@.service units/hydra-coordinator.service units/hydra.target"
-          " /etc/systemd/system/ && systemctl daemon-reload")
-    sb.systemctl("enable", "hydra.target", *(f"hydrad@{n}" for n in ENGINES))
+        assert "/etc/hydra/coordinator.yaml: ok" in out.stdout and f"/etc/hydra/{name}.yaml: ok" in out.stdout, out.stdout
+        assert "warning" not in out.stderr, out.stderr
+    # 7. The units, enabled and started.
+    for name in ENGINES:
+        run_step(sb, steps, 7, name, timeout=180)
 
 
 @pytest.fixture(scope="module")

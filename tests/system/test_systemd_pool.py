@@ -11,7 +11,7 @@ import json
 import threading
 import time
 
-from tests.system.conftest import COORDINATOR, ENGINES, Sandbox
+from tests.system.conftest import COORDINATOR, ENGINES, Sandbox, readme_blocks
 
 A_URL = f"http://127.0.0.1:{ENGINES['a']['http']}"
 B_URL = f"http://127.0.0.1:{ENGINES['b']['http']}"
@@ -56,10 +56,18 @@ def test_start_registers_both_engines_applies_the_profile_and_serves(sandbox: Sa
     coordinator_status = sb.show("hydra-coordinator", "StatusText")["StatusText"]
     assert coordinator_status.startswith("engines 2/2 alive"), coordinator_status
 
+    # The README's "Check that it works", as written, for engine a: every command succeeds and shows
+    # what its comment says.
+    out = sb.run("bash", "-euo", "pipefail", "-c", "NAME=a\n" + readme_blocks()[1], check=False, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "Active: active (running)" in out.stdout, out.stdout
+    assert "HTTP/1.1 200 OK" in out.stdout and "x-hydra-engine: a" in out.stdout.lower(), out.stdout
+    assert "matches" in out.stdout, out.stdout
+
 
 def test_engines_run_without_the_absent_gpu_groups_but_with_the_users_own(sandbox: Sandbox) -> None:
     """No SupplementaryGroups= in the unit (this root has no "render" group, which once failed every
-    start with 216/GROUP): the engine gets the hydra user's groups, "video" here (README's usermod)."""
+    start with 216/GROUP): the engine gets the hydra user's groups, "video" here (the README's usermod, install step 2)."""
     sb = sandbox
     sb.ensure_pool()
     assert sb.run("getent", "group", "render", check=False).returncode != 0, "this root has a render group"
@@ -71,7 +79,7 @@ def test_engines_run_without_the_absent_gpu_groups_but_with_the_users_own(sandbo
 
 
 def test_systemd_analyze_security_scores(sandbox: Sandbox) -> None:
-    """The exposure scores of the loaded units, as README states them."""
+    """The exposure scores of the loaded units, as docs/operations.md states them."""
     sb = sandbox
     sb.ensure_pool()
     out = sb.run("systemd-analyze", "security", "--no-pager").stdout   # one line per loaded unit

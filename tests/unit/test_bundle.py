@@ -3,7 +3,7 @@
 Splitting into parts, the manifest, verification, reassembly (checked, atomic), the stripped
 sdist and the wheel made of a standalone build's libraries, all on small synthetic files; no
 network, no compiler. The whole path (scripts/bundle, then scripts/setup --from-bundle without
-network) is run by hand, see README "GPU hosts and offline install".
+network) is run by hand, see docs/gpu-hosts.md.
 """
 
 from __future__ import annotations

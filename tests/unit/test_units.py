@@ -143,7 +143,7 @@ def test_engine_unit_declares_notify_watchdog_and_lifecycle() -> None:
 @pytest.mark.parametrize("unit", [ENGINE, COORDINATOR], ids=lambda p: p.name)
 def test_units_name_no_group_a_host_may_lack(unit: Path) -> None:
     """SupplementaryGroups=video render failed every start with status=216/GROUP on a host without
-    a render group (no GPU packages). GPU access comes from the hydra user's own groups (README)."""
+    a render group (no GPU packages). GPU access comes from the hydra user's own groups (README, install step 2)."""
     service = parse_unit(unit)["Service"]
     assert "SupplementaryGroups" not in service, service["SupplementaryGroups"]
     assert service["Group"] == ["hydra"]
@@ -243,7 +243,7 @@ def test_units_raise_the_open_file_limit(unit: Path) -> None:
 
 
 # Exposure scores of "systemd-analyze security" (0 = locked down, 10 = exposed), offline on the
-# unit files. README ("systemd") states them; an instance on a booted systemd (tests/system)
+# unit files. docs/operations.md ("systemd") states them; an instance on a booted systemd (tests/system)
 # scores a little lower, since offline analysis cannot see some of what the manager implies.
 SECURITY_LIMITS = {ENGINE: 1.6, COORDINATOR: 1.2}
 
@@ -271,11 +271,11 @@ def _security_score(tmp_path: Path, unit: Path) -> float:
 @pytest.mark.parametrize("unit", [ENGINE, COORDINATOR], ids=lambda p: p.name)
 def test_systemd_analyze_security_score(tmp_path: Path, unit: Path) -> None:
     score = _security_score(tmp_path, unit)
-    assert score <= SECURITY_LIMITS[unit], f"{unit.name}: exposure {score}, README promises {SECURITY_LIMITS[unit]}"
+    assert score <= SECURITY_LIMITS[unit], f"{unit.name}: exposure {score}, docs/operations.md promises {SECURITY_LIMITS[unit]}"
     assert score <= 5.0
 
 
-def test_security_scores_stated_in_readme() -> None:
-    readme = (UNITS.parent / "README.md").read_text()
+def test_security_scores_stated_in_the_docs() -> None:
+    doc = (UNITS.parent / "docs" / "operations.md").read_text()
     for unit, limit in SECURITY_LIMITS.items():
-        assert f"{limit} OK" in readme, f"README does not state {unit.name}'s score {limit}"
+        assert f"{limit} OK" in doc, f"docs/operations.md does not state {unit.name}'s score {limit}"

@@ -107,6 +107,7 @@ class ProfilePicker(ModalScreen[str | None]):
     | Key(s) | Description |
     | :- | :- |
     | escape | Close without choosing. |
+    | up/down | Move the highlight; it opens on the active profile. |
     | enter | Choose the highlighted profile (the option list's own binding). |
     """
 
@@ -162,10 +163,11 @@ class ProfilePicker(ModalScreen[str | None]):
             yield OptionList(*options, id="profiles")
 
     def on_mount(self) -> None:
+        # Opens on the active profile (the first when none is known), so the list shows where the
+        # pool stands and up/down move from there to the neighbours.
         ol = self.query_one(OptionList)
         names = list(self.profiles)
-        others = [i for i, n in enumerate(names) if n != self.active]
-        ol.highlighted = others[0] if others else 0
+        ol.highlighted = names.index(self.active) if self.active in names else 0
         ol.focus()
 
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import shutil
 from pathlib import Path
 
@@ -9,7 +10,9 @@ import pytest
 import yaml
 
 from hydrad.cli.common import CliError
-from hydrad.cli.up_plan import EXIT_BAD_CONFIG, plan
+from hydrad.cli import up_plan
+from hydrad.cli.up import banner
+from hydrad.cli.up_plan import EXIT_BAD_CONFIG, console_command, plan
 
 REPO = Path(__file__).resolve().parents[3]
 DEV = REPO / "etc" / "hydra" / "dev"
@@ -91,3 +94,48 @@ def test_an_engine_named_by_the_profiles_needs_a_config(tmp_path: Path) -> None:
     with pytest.raises(CliError) as err:
         plan(pool, None, 0, tmp_path / "run")
     assert err.value.code == EXIT_BAD_CONFIG and "dev-b" in str(err.value)
+
+
+def test_the_console_command_of_the_shipped_pool_needs_no_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The dev pool's ports are the console's defaults: the banner names the bare command."""
+    monkeypatch.setattr(up_plan.shutil, "which", lambda name: f"/usr/local/bin/{name}")
+    p = plan(DEV, None, 0, tmp_path)
+    assert p.events_url == "tcp://127.0.0.1:9501" and p.curve_server_key is None
+    assert console_command(p) == "hydra-console"
+    text = banner(p, 1.0, None)
+    assert "\n  hydra-console\n" in text
+    assert "curl -i http://127.0.0.1:9000/v1/chat/completions" in text
+
+
+def test_a_port_offset_gives_the_console_its_admin_url_and_event_endpoint(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """--port-offset 1000: the console must be told both moved addresses, exactly as it parses them."""
+    monkeypatch.setattr(up_plan.shutil, "which", lambda name: f"/usr/local/bin/{name}")
+    p = plan(DEV, None, 1000, tmp_path)
+    command = console_command(p)
+    assert command == "hydra-console --admin http://127.0.0.1:10000 --coordinator tcp://127.0.0.1:10501"
+    assert f"\n  {command}\n" in banner(p, 1.0, None)
+    from tui.app import build_parser
+
+    args = build_parser().parse_args(shlex.split(command)[1:])
+    assert (args.admin, args.coordinator) == (p.http_url, p.events_url)
+
+
+def test_the_console_command_carries_the_admin_token_file_and_curve_key(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(up_plan.shutil, "which", lambda name: None)
+    monkeypatch.setattr(up_plan.sys, "argv", [str(tmp_path / "venv" / "bin" / "hydractl")])
+    (tmp_path / "venv" / "bin").mkdir(parents=True)
+    (tmp_path / "venv" / "bin" / "hydra-console").write_text("")
+    p = plan(DEV, None, 0, tmp_path / "unused")
+    p.admin_token_file = tmp_path / "admin token"
+    p.curve_server_key = "k" * 40
+    assert console_command(p) == (f"HYDRA_ADMIN_TOKEN_FILE='{tmp_path / 'admin token'}' "
+                                  f"{tmp_path / 'venv' / 'bin' / 'hydra-console'} --curve-server-key {'k' * 40}")
+
+
+def test_the_console_defaults_are_the_ones_the_banner_assumes() -> None:
+    """hydrad.cli may not import the console (docs/architecture.md), so its defaults are copied: held equal here."""
+    from tui import app
+
+    assert (up_plan.CONSOLE_ADMIN, up_plan.CONSOLE_EVENTS) == (app.DEFAULT_ADMIN, app.DEFAULT_EVENTS)

@@ -301,7 +301,7 @@ def test_profile_switch_flow() -> None:
         await until(pilot, lambda: app.snapshots >= 1)
         await pilot.press("p")
         await until(pilot, lambda: isinstance(app.screen, ProfilePicker))
-        await pilot.press("enter")  # the first profile other than the active one: gemma
+        await pilot.press("down", "enter")  # the picker opens on the active dense; one down is gemma
         await until(pilot, lambda: isinstance(app.screen, ConfirmSwitch))
         confirm = app.screen
         assert isinstance(confirm, ConfirmSwitch)
@@ -354,7 +354,7 @@ def test_profile_switch_cancel_and_errors() -> None:
         await until(pilot, lambda: not isinstance(app.screen, ProfilePicker))
         await pilot.press("p")
         await until(pilot, lambda: isinstance(app.screen, ProfilePicker))
-        await pilot.press("enter")
+        await pilot.press("down", "enter")
         await until(pilot, lambda: isinstance(app.screen, ConfirmSwitch))
         await pilot.press("n")
         await until(pilot, lambda: not isinstance(app.screen, ConfirmSwitch))
@@ -362,7 +362,7 @@ def test_profile_switch_cancel_and_errors() -> None:
         # the coordinator refuses: an error notification, the app runs on
         await pilot.press("p")
         await until(pilot, lambda: isinstance(app.screen, ProfilePicker))
-        await pilot.press("enter")
+        await pilot.press("down", "enter")
         await until(pilot, lambda: isinstance(app.screen, ConfirmSwitch))
         await pilot.click("#yes")
         await until(pilot, lambda: any(sev == "error" for sev, _ in app.notices))

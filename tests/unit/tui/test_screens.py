@@ -161,7 +161,7 @@ def test_profile_switch_chooser_plan_and_progress_until_done() -> None:
         assert picker.labels["gemma"].splitlines()[1:] == [
             "    5060ti gemma3-270m · 3060 gemma3-270m · p100 gemma3-270m",
             "    now: reloads 3060, p100"]
-        await pilot.press("enter")
+        await pilot.press("down", "enter")  # it opened on the active dense; gemma is next
         await until(pilot, lambda: isinstance(app.screen, ConfirmSwitch))
         confirm = app.screen
         assert isinstance(confirm, ConfirmSwitch)
@@ -199,7 +199,7 @@ def test_switch_failure_and_refusal_show_the_reason() -> None:
     app = make_fake_app(admin)
 
     async def body(pilot: Pilot[None]) -> None:
-        await pilot.press("p", "enter")
+        await pilot.press("p", "down", "enter")
         await until(pilot, lambda: isinstance(app.screen, ConfirmSwitch))
         await pilot.press("y")
         await until(pilot, lambda: isinstance(app.screen, SwitchProgress) and admin.switched == ["gemma"])
@@ -219,7 +219,7 @@ def test_switch_failure_and_refusal_show_the_reason() -> None:
         await pilot.press("escape")
         # refused by the coordinator: the dialog says so, nothing changed
         admin.switch_error = "POST /admin/profile: HTTP 409: a switch to 'dense' is under way"
-        await pilot.press("p", "enter")
+        await pilot.press("p", "down", "enter")
         await until(pilot, lambda: isinstance(app.screen, ConfirmSwitch))
         await pilot.press("y")
         await until(pilot, lambda: isinstance(app.screen, SwitchProgress) and app.screen.phase == "refused")
@@ -299,7 +299,7 @@ def test_80x24_switch_dialogs_fit() -> None:
         await pilot.press("p")
         await until(pilot, lambda: isinstance(app.screen, ProfilePicker))
         assert _inside(app, "#profiles", size)
-        await pilot.press("enter")
+        await pilot.press("down", "enter")
         await until(pilot, lambda: isinstance(app.screen, ConfirmSwitch))
         for selector in ("#question", "#plan", "#yes", "#no"):
             assert _inside(app, selector, size), selector
@@ -347,7 +347,7 @@ def test_no_color_snapshot_of_the_switch_dialogs(monkeypatch: pytest.MonkeyPatch
     app, _ = make_app()
 
     async def body(pilot: Pilot[None]) -> None:
-        await pilot.press("p", "enter")
+        await pilot.press("p", "down", "enter")
         await until(pilot, lambda: isinstance(app.screen, ConfirmSwitch))
         colours = _colours(app.export_screenshot())
         assert all(c[0:2] == c[2:4] == c[4:6] for c in colours), colours
@@ -374,5 +374,79 @@ def test_a_pool_update_before_the_engine_screen_is_mounted_is_kept_for_the_mount
             await app.push_screen(screen)
             await until(pilot, lambda: screen.slot_rows != [])
             assert screen.slot_rows == [("0", "busy", "-", "-", "-"), ("1", "idle", "-", "-", "-")]
+
+    asyncio.run(main())
+
+
+def _option_rows(picker: ProfilePicker) -> dict[str, set[str]]:
+    """Each profile's first rendered line in the chooser → the background colours it is drawn with."""
+    from textual.widgets import OptionList
+
+    ol = picker.query_one(OptionList)
+    rows: dict[str, set[str]] = {}
+    for y in range(ol.size.height):
+        strip = ol.render_line(y)
+        words = strip.text.split()
+        if len(words) >= 2 and words[0] == "●" and words[1] in picker.profiles:
+            rows.setdefault(words[1], {str(s.style.bgcolor) for s in strip if s.style})
+        elif words and words[0] in picker.profiles:
+            rows.setdefault(words[0], {str(s.style.bgcolor) for s in strip if s.style})
+    return rows
+
+
+def test_profile_chooser_opens_on_the_active_profile_drawn_highlighted() -> None:
+    """p: the chooser opens with the active profile highlighted (drawn so, not only set), and one
+    down moves to the next profile, one up back: no key is lost to a list without a highlight."""
+    from textual.widgets import OptionList
+
+    app, clock = make_app()
+
+    async def body(pilot: Pilot[None]) -> None:
+        assert app.pool.profile.active == "dense"
+        await pilot.press("p")
+        await until(pilot, lambda: isinstance(app.screen, ProfilePicker))
+        picker = app.screen
+        assert isinstance(picker, ProfilePicker)
+        ol = picker.query_one(OptionList)
+        await pilot.pause()
+        assert ol.has_focus
+        assert ol.highlighted_option is not None and ol.highlighted_option.id == "dense"
+        rows = _option_rows(picker)
+        assert set(rows) == {"dense", "gemma"}
+        assert rows["dense"] != rows["gemma"], rows  # the highlight is on screen, on the active row
+        await pilot.press("down")
+        assert ol.highlighted_option is not None and ol.highlighted_option.id == "gemma"
+        rows_after = _option_rows(picker)
+        assert rows_after["gemma"] == rows["dense"] and rows_after["dense"] == rows["gemma"]
+        await pilot.press("up")
+        assert ol.highlighted_option is not None and ol.highlighted_option.id == "dense"
+        await pilot.press("escape")
+        await until(pilot, lambda: not isinstance(app.screen, ProfilePicker))
+
+    run(app, body)
+
+
+@pytest.mark.parametrize(("active", "opens_on", "after_down"),
+                         [("b", "b", "c"), ("c", "c", "a"), (None, "a", "b"), ("gone", "a", "b")])
+def test_profile_chooser_highlight_follows_the_active_profile(active: str | None, opens_on: str,
+                                                             after_down: str) -> None:
+    """Wherever the active profile sits in the list (last: down wraps to the first; none known; one the
+    list lacks)."""
+    from textual.app import App
+    from textual.widgets import OptionList
+
+    class One(App[None]):
+        def on_mount(self) -> None:
+            self.push_screen(ProfilePicker({"a": "first", "b": "", "c": "last"}, active))
+
+    async def main() -> None:
+        app = One()
+        async with app.run_test(size=(100, 30)) as pilot:
+            await until(pilot, lambda: isinstance(app.screen, ProfilePicker))
+            await pilot.pause()
+            ol = app.screen.query_one(OptionList)
+            assert ol.highlighted_option is not None and ol.highlighted_option.id == opens_on
+            await pilot.press("down")
+            assert ol.highlighted_option is not None and ol.highlighted_option.id == after_down
 
     asyncio.run(main())

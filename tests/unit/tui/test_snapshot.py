@@ -104,10 +104,10 @@ def test_snapshot_engine_screen(snap_compare: Any, utc: None) -> None:
 
 
 def test_snapshot_switch_confirmation(snap_compare: Any, utc: None) -> None:
-    """p, enter: the exact plan of a switch to gemma."""
+    """p, down, enter: the exact plan of a switch to gemma."""
     from tui.widgets import ConfirmSwitch, ProfilePicker
 
-    app, run_before = _replayed(8.0, keys=(("p", ProfilePicker), ("enter", ConfirmSwitch)))
+    app, run_before = _replayed(8.0, keys=(("p", ProfilePicker), ("down", None), ("enter", ConfirmSwitch)))
     assert snap_compare(app, terminal_size=(100, 30), run_before=run_before)
 
 
@@ -115,7 +115,7 @@ def test_snapshot_switch_progress(snap_compare: Any, utc: None) -> None:
     """y: the switch's own dialog, each engine's load with its ETA."""
     from tui.widgets import ConfirmSwitch, ProfilePicker, SwitchProgress
 
-    app, run_before = _replayed(8.0, keys=(("p", ProfilePicker), ("enter", ConfirmSwitch), ("y", SwitchProgress)),
+    app, run_before = _replayed(8.0, keys=(("p", ProfilePicker), ("down", None), ("enter", ConfirmSwitch), ("y", SwitchProgress)),
                                 after=21.5)
     assert snap_compare(app, terminal_size=(100, 30), run_before=run_before)
 
