@@ -95,7 +95,7 @@ class GenRequest:
     return_progress: bool = False  # Progress events while the prompt is prefilled (a /completion stream)
     report_settings: bool = False  # Done carries the engine's values the request ran with (/completion's answer)
     infill: InfillParts | None = None  # an /infill request: the prompt is built from these for the serving model
-    tokens: list[int] | None = None  # prompt tokens made off the engine thread (EngineCore.prepare) ...
+    tokens: list[int] | None = None  # prompt tokens made off the engine thread (PromptPrep.prepare) ...
     tokens_for: int | None = None  # ... for this generation id; another generation tokenizes again
     stored_prefix: object = None  # a prefix read from the Store off the engine thread (engine.prefixshare)
     client: str = ""  # who sent it (its address): clients take turns for free slots
