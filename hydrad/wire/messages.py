@@ -16,6 +16,7 @@ broken message and log it as such; a change of wire shape bumps it.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 from typing import Annotated, Any, ClassVar, Literal
@@ -503,6 +504,20 @@ def decode(frames: list[bytes]) -> Message:
         raise
     except Exception as exc:  # RecursionError, MemoryError on absurd input...: still a typed error
         raise BusDecodeError(f"undecodable message: {type(exc).__name__}") from None
+
+
+DECODE_INLINE_BYTES = 64 << 10
+"""Messages up to this size are decoded where they arrive; a larger one (a GENERATE of a long chat,
+whose grammar is checked again as it is read) is decoded on a worker thread, so the loop that
+carries heartbeats and other streams never waits for it."""
+
+
+async def decode_aside(frames: list[bytes]) -> Message:
+    """:func:`decode`, off the caller's event loop when the message is large. The caller awaits it,
+    so messages still reach it in order."""
+    if sum(len(f) for f in frames) <= DECODE_INLINE_BYTES:
+        return decode(frames)
+    return await asyncio.to_thread(decode, frames)
 
 
 def decode_all(frames: list[bytes]) -> list[Message]:

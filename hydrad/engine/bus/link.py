@@ -419,7 +419,7 @@ class EngineLink:
                 return
             self._last_heard = time.monotonic()
             try:
-                msg = M.decode(frames)
+                msg = await M.decode_aside(frames)
             except M.BusDecodeError as exc:
                 if sum(len(f) for f in frames) > M.MAX_BODY:  # its own key: junk must not hide this one
                     self._warn("too-large", "oversized bus message dropped", error=exc.reason)

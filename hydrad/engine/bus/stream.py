@@ -122,7 +122,7 @@ class EngineStream:
                 self._warn("stream-malformed", "malformed request stream message; stream closed", error=str(exc))
                 return
             try:
-                msg = M.decode(frames)
+                msg = await M.decode_aside(frames)
             except M.BusDecodeError as exc:
                 self._warn("stream-decode", "malformed request stream message dropped", error=exc.reason)
                 continue

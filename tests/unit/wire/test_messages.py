@@ -62,9 +62,8 @@ def test_generate_carries_a_request_both_ways() -> None:
     assert (back.prompt, back.max_tokens, back.stop, back.sampling) == (gen.prompt, gen.max_tokens, gen.stop, gen.sampling)
 
 
-# GenRequest fields the bus does not carry, and why: the native doors (token-id prompts, returned ids,
-# progress events) reach an engine over HTTP (hydrad.coordinator.native); the rest are the engine's own.
-NOT_ON_THE_BUS = {"prompt_ids", "return_tokens", "return_progress", "tokens", "tokens_for", "stored_prefix", "id"}
+# GenRequest fields the bus does not carry: the engine's own (made when it prepares the request).
+NOT_ON_THE_BUS = {"tokens", "tokens_for", "stored_prefix", "id"}
 
 
 @pytest.mark.parametrize("kind, body", [
@@ -73,15 +72,22 @@ NOT_ON_THE_BUS = {"prompt_ids", "return_tokens", "return_progress", "tokens", "t
     ("chat", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "stop": "!", "cache_prompt": True,
               "logprobs": True, "top_logprobs": 2, "id_slot": 1, "ignore_eos": False, "presence_penalty": 0.5,
               "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]}),
+    ("native", {"prompt": [1, 2, 3], "n_predict": 4, "return_tokens": True, "stream": True, "return_progress": True,
+                "n_probs": 2, "cache_prompt": False}),
+    ("infill", {"input_prefix": ["def f(", 7], "input_suffix": "):\n", "prompt": "x",
+                "input_extra": [{"filename": "a.py", "text": "import os"}], "n_predict": 3}),
 ])
-def test_every_field_an_openai_door_sets_survives_the_bus(kind: str, body: dict) -> None:
+def test_every_field_a_door_sets_survives_the_bus(kind: str, body: dict) -> None:
     """What the front door parsed is what the engine runs: a field GENERATE drops is a request
     silently answered differently through the coordinator (``cache_prompt`` once was)."""
     import dataclasses
 
-    from hydrad.wire import openai
+    from hydrad.wire import infill, native_completion, openai
 
-    _, gen = openai.parse(kind, json.dumps(body).encode())  # type: ignore[arg-type]
+    raw = json.dumps(body).encode()
+    parse = {"native": native_completion.parse, "infill": infill.parse}.get(kind) or (lambda r: openai.parse(kind, r))
+    _, gen = parse(raw)  # type: ignore[operator]
+    gen.report_settings = kind in ("native", "infill")
     back = M.decode(M.encode(M.Generate.from_request("gen-1", gen, "m"))).to_request()  # type: ignore[union-attr]
     carried = [f.name for f in dataclasses.fields(GenRequest) if f.name not in NOT_ON_THE_BUS]
     assert {f: getattr(back, f) for f in carried} == {f: getattr(gen, f) for f in carried}
