@@ -1,7 +1,10 @@
 """An optional API key for the inference endpoints of both daemons (llama-server's ``--api-key``).
 
 Inference (the OpenAI and llama-server endpoints) then needs ``Authorization: Bearer <key>`` or
-Anthropic's ``x-api-key: <key>``, compared in constant time; a missing or wrong key is a 401 in OpenAI's error shape. Left open, as
+Anthropic's ``x-api-key: <key>``, compared in constant time; a missing or wrong key is a 401 in OpenAI's error shape.
+Several keys (``http.api_keys_file``: :mod:`hydrad.common.tenants`) make several tenants: the key a
+request presents names its tenant (``request.state.tenant``), whose prompt cache no other key
+shares, and whose optional rate beyond which it gets 429. Left open, as
 llama-server leaves them: the health and model-list endpoints and ``/metrics`` (and ``/openapi.json``,
 which describes the doors and answers nothing else). The control
 surfaces keep their own credentials (an engine's token, the coordinator's admin token), so the key
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any, TypeVar
@@ -22,6 +26,7 @@ from pydantic import Field, field_validator
 from hydrad.common import tokenfile
 from hydrad.common.browser import HostAccess
 from hydrad.common.cors import check_origins
+from hydrad.common.tenants import DEFAULT_TENANT, Tenant, read_keys
 from hydrad.common.yamlfile import ConfigError, beside
 
 A = TypeVar("A", bound="InferenceAccess")
@@ -42,6 +47,10 @@ class InferenceAccess(HostAccess):
     api_key_file: Path | None = Field(None, description="File holding an API key: the inference endpoints then need "
                                       "'Authorization: Bearer <key>' (401 otherwise); $HYDRA_API_KEY when no file is set.")
 
+    api_keys_file: Path | None = Field(None, description="YAML file of several API keys, one tenant each (name, key "
+                                       "or key_file, optional rate_per_minute): a tenant's prompt cache is its own. "
+                                       "Replaces api_key_file when set.")
+
     @field_validator("cors_origins")
     @classmethod
     def _origins(cls, v: list[str]) -> list[str]:
@@ -59,14 +68,27 @@ def api_key(key_file: Path | None) -> str | None:
     return env or None
 
 
+def api_keys(http: InferenceAccess) -> list[Tenant] | None:
+    """The tenants of the doors: the keys file's, else the one key's (``default``), else None (open)."""
+    if http.api_keys_file is not None:
+        return read_keys(http.api_keys_file)
+    key = api_key(http.api_key_file)
+    return None if key is None else [Tenant(DEFAULT_TENANT, key)]
+
+
 def resolve_api_key(config: Path, http: A) -> A:
-    """A settings loader's step: ``http.api_key_file`` resolved beside the config file and the key it
-    (or ``$HYDRA_API_KEY``) names checked usable, else ConfigError naming the file."""
-    resolved = http.model_copy(update={"api_key_file": beside(config.resolve().parent, http.api_key_file)})
+    """A settings loader's step: ``http.api_key_file`` and ``http.api_keys_file`` resolved beside the
+    config file and the keys they (or ``$HYDRA_API_KEY``) name checked usable, else ConfigError naming
+    the file."""
+    base = config.resolve().parent
+    resolved = http.model_copy(update={"api_key_file": beside(base, http.api_key_file),
+                                       "api_keys_file": beside(base, http.api_keys_file)})
     try:
         api_key(resolved.api_key_file)
     except tokenfile.TokenError as exc:
         raise ConfigError(f"{config}: http.api_key_file: {exc}") from None
+    if resolved.api_keys_file is not None:
+        read_keys(resolved.api_keys_file)  # ConfigError naming the keys file and the entry
     return resolved
 
 
@@ -80,27 +102,48 @@ _REFUSAL = json.dumps({"error": {"message": "a valid API key is needed: 'Authori
                                  "type": "authentication_error", "code": "invalid_api_key", "param": None}}).encode()
 
 
-def with_api_key(app: Any, key: str | None) -> Any:
-    """``app`` with the inference endpoints behind ``key`` (``app`` itself when there is none)."""
-    if key is None:
+def _too_many(seconds: float) -> tuple[list[tuple[bytes, bytes]], bytes]:
+    body = json.dumps({"error": {"message": "this API key's rate is spent; retry later", "type": "rate_limit_error",
+                                 "code": "rate_limited", "param": None}}).encode()
+    return [(b"content-type", b"application/json"), (b"retry-after", str(max(1, math.ceil(seconds))).encode()),
+            (b"content-length", str(len(body)).encode())], body
+
+
+def with_api_key(app: Any, keys: str | list[Tenant] | None) -> Any:
+    """``app`` with the inference endpoints behind ``keys`` (one key, or the tenants of a keys file;
+    ``app`` itself when there are none). A request that presents a tenant's key carries its name in
+    ``request.state.tenant``."""
+    if keys is None:
         return app
-    raw = key.encode()
+    tenants = [Tenant(DEFAULT_TENANT, keys)] if isinstance(keys, str) else list(keys)
+    raws = [(t, t.key.encode()) for t in tenants]
 
     async def asgi(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "http" and scope["method"] != "OPTIONS" and guarded(scope["path"]):
             headers = scope.get("headers", [])
             scheme, _, presented = next((v for k, v in headers if k == b"authorization"), b"").partition(b" ")
-            # Anthropic's SDKs send the key as x-api-key; both are compared, each in constant time. The
-            # scheme's case is free (RFC 9110: "bearer" is "Bearer")
+            # Anthropic's SDKs send the key as x-api-key; both are compared, each in constant time, against
+            # every key (the loop does not stop at a match). The scheme's case is free (RFC 9110)
             anthropic = next((v for k, v in headers if k == b"x-api-key"), b"")
             bearer = scheme.lower() == b"bearer"
-            if not ((hmac.compare_digest(presented, raw) & bearer) | hmac.compare_digest(anthropic, raw)):
+            who = None
+            for tenant, raw in raws:
+                if (hmac.compare_digest(presented, raw) & bearer) | hmac.compare_digest(anthropic, raw):
+                    who = tenant
+            if who is None:
                 await send({"type": "http.response.start", "status": 401,
                             "headers": [(b"content-type", b"application/json"),
                                         (b"www-authenticate", b'Bearer realm="hydra"'),
                                         (b"content-length", str(len(_REFUSAL)).encode())]})
                 await send({"type": "http.response.body", "body": _REFUSAL})
                 return
+            wait = who.admit()
+            if wait > 0:
+                head, body = _too_many(wait)
+                await send({"type": "http.response.start", "status": 429, "headers": head})
+                await send({"type": "http.response.body", "body": body})
+                return
+            scope.setdefault("state", {})["tenant"] = who.name
         await app(scope, receive, send)
 
     return asgi

@@ -50,8 +50,10 @@ class Affinity:
     def _index(self, engine: str) -> tuple[set[str], set[str]]:
         return self._by_engine.setdefault(engine, (set(), set()))
 
-    def record(self, engine: str, session: str | None, messages: list[dict[str, Any]] | None, reply: str | None) -> None:
-        """A turn finished on ``engine``: its KV now holds this session and this conversation."""
+    def record(self, engine: str, session: str | None, messages: list[dict[str, Any]] | None, reply: str | None,
+               ns: str = "") -> None:
+        """A turn finished on ``engine``: its KV now holds this session and this conversation (in the
+        cache namespace ``ns``: a conversation of another namespace is not routed by it)."""
         if session:
             old = self._sessions.pop(session, None)
             if old is not None and old in self._by_engine:
@@ -63,6 +65,8 @@ class Affinity:
                 self._by_engine.get(e, (set(), set()))[0].discard(s)
         if messages and reply is not None:
             h = conversation_hash([*messages, {"role": "assistant", "content": reply}])
+            if h is not None and ns:
+                h = f"{ns}/{h}"
             if h is not None:
                 old = self._prefixes.pop(h, None)
                 if old is not None and old in self._by_engine:

@@ -32,8 +32,9 @@ class Turn:
     """What a finished turn needs for affinity and the session store."""
 
     engine: str
-    session: str | None
+    session: str | None  # inside the request's cache namespace (hydrad.common.tenants.scoped)
     messages: list[dict[str, str]] | None
+    ns: str = ""  # the request's cache namespace
 
 
 class BusEvents:

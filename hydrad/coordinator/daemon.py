@@ -41,7 +41,7 @@ from hydrad.coordinator.switcher import ProfileSwitcher
 from hydrad.common.logs import log_event, setup_logging
 from hydrad.common.registry import Registry
 from hydrad.common.sdnotify import Notifier
-from hydrad.common.apikey import api_key, with_api_key
+from hydrad.common.apikey import api_keys, with_api_key
 from hydrad.common.browser import BrowserGuard
 from hydrad.common.cors import with_cors
 from hydrad.common.openapi import openapi_route
@@ -118,7 +118,7 @@ class CoordinatorDaemon:
         routes = front.routes() + admin_routes(bus, switcher, affinity, front)
         described = openapi_route(routes, "hydra-coordinator", __version__, bodies={**FRONT_DOOR_BODIES, **ADMIN_BODIES})
         app = Starlette(routes=[*routes, described], exception_handlers=exception_handlers())
-        keyed = with_api_key(app, api_key(s.http.api_key_file))
+        keyed = with_api_key(app, api_keys(s.http))
         guarded = Guard(with_cors(keyed, s.http.cors_origins), admin_allow_from=s.admin_allow_from, admin_token=admin_token,
                         max_body_bytes=s.max_body_bytes, body_timeout_s=s.body_timeout_s)
         server = uvicorn_server(BrowserGuard(guarded, listen_host=s.http.host, allowed_hosts=s.http.allowed_hosts,

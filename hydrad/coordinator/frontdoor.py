@@ -72,6 +72,7 @@ from hydrad.wire.render.openai import new_id
 from hydrad.wire.openai import ApiError
 from hydrad.common.logs import log_event
 from hydrad.common.registry import Registry
+from hydrad.common.tenants import cache_namespace, scoped, tenant_of
 from hydrad.common.tokenfile import read_token
 
 log = logging.getLogger("hydra.coordinator")
@@ -252,7 +253,10 @@ class FrontDoor:
                                                   lambda raw: outcome.measured(parse(raw)))
                 greq.slot = None  # a slot number means nothing across engines
                 greq.client = client_key(request)  # the engines' queues take clients in turn
-                session = self._session(req, request)
+                greq.cache_ns = cache_namespace(tenant_of(request.state), greq.cache_salt)
+                outcome.session = self._session(req, request)
+                # one tenant's session id, or conversation, never leads to another's KV
+                session = scoped(greq.cache_ns, outcome.session) if outcome.session else None
                 outcome.model = self._model(req.model)
                 response = await self._watched(request, greq, session, outcome, arrival, answer(req, greq))
         except ApiError as exc:
@@ -337,9 +341,9 @@ class FrontDoor:
             headers = {"X-Hydra-Engine": engine, "X-Hydra-Route": decision.step}
             if split is not None:
                 headers.update({"X-Hydra-Route": "split", "X-Hydra-Prefill-Engine": split.prefill})
-            if session:
-                headers["X-Session-Id"] = session
-            turn = Turn(engine=engine, session=session, messages=greq.messages)
+            if outcome.session:
+                headers["X-Session-Id"] = outcome.session
+            turn = Turn(engine=engine, session=session, messages=greq.messages, ns=greq.cache_ns)
             r = answer.renderer(served or "", self._fingerprint(engine))
 
             def record(reply: str, done: events.Done, turn: Turn = turn) -> None:
@@ -379,6 +383,8 @@ class FrontDoor:
         entry = self.registry.entries.get(model) if model else None
         stored = self.sessions.kept_tokens(session, model) if self.sessions is not None and session else 0
         tokens, prefix = estimates if estimates is not None else _estimates(greq)
+        if prefix and greq.cache_ns:
+            prefix = f"{greq.cache_ns}/{prefix}"
         return RouteRequest(model=model, prompt_tokens=tokens, max_tokens=greq.max_tokens or 256,
                             session_id=session, prefix_hash=prefix,
                             n_ctx=int((entry.defaults.get("n_ctx") if entry else None) or 8192),
@@ -386,7 +392,7 @@ class FrontDoor:
 
     def explain(self, kind: str, raw: bytes, request: Request) -> dict[str, Any]:
         """Where this request would go now and why, without sending it anywhere: the same parsing,
-        estimate and routing as :meth:`generate`, but nothing is loaded, logged at INFO or published."""
+        estimate and routing as :meth:`serve`, but nothing is loaded, logged at INFO or published."""
         req, greq = openai.parse(kind, raw)  # type: ignore[arg-type]
         session = self._session(req, request)
         rr = self.route_request(greq, self._model(req.model), session)
@@ -427,7 +433,7 @@ class FrontDoor:
         return (rec.status.generation or "") if rec else ""
 
     def _record(self, turn: Turn, reply: str, done: M.Done) -> None:
-        self.affinity.record(turn.engine, turn.session, turn.messages, reply)
+        self.affinity.record(turn.engine, turn.session, turn.messages, reply, turn.ns)
         if self.sessions is not None:
             self.sessions.after_turn(turn.session, turn.engine, done)
             self.mobility.after_turn(turn.session, turn.engine)
@@ -549,10 +555,11 @@ class _Outcome:
     """What is known of a request besides its body: what the metrics need once it is answered, and
     routing's estimates, made on the preparation worker that parsed it rather than on the loop."""
 
-    __slots__ = ("t0", "model", "engine", "estimates")
+    __slots__ = ("t0", "model", "engine", "estimates", "session")
 
     def __init__(self, t0: float) -> None:
         self.t0 = t0
+        self.session: str | None = None  # the session id as the client gave it (echoed in X-Session-Id)
         self.model: str | None = None
         self.engine: str | None = None
         self.estimates: tuple[int, str | None] | None = None

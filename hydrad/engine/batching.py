@@ -193,12 +193,19 @@ class Scheduler:
             raise RequestError(f"the prompt has {len(tokens)} tokens; this engine's context holds {limit}",
                                 400, "context_length_exceeded", n_prompt_tokens=len(tokens), n_ctx=limit)
         cache = params.cache_prompt if req.cache_prompt is None else req.cache_prompt
+        ns = req.cache_ns
         slot = gen.slots[req.slot] if req.slot is not None else gen.pick_slot(
             tokens if cache else None,
-            spare_tails=self.core.prefix.settings.min_tokens if self.core.prefix.settings.share else 0)
-        keep = gen.reuse_prefix(slot, tokens) if cache else gen.reset_slot(slot)
+            spare_tails=self.core.prefix.settings.min_tokens if self.core.prefix.settings.share else 0, owner=ns)
+        # A slot's KV is reused only by requests of its own cache namespace, by the request pinned to an
+        # untrusted upload (owner None, foreign), or by the request the pool pinned to the state it put
+        # there itself: no other key learns a byte of it through cached_tokens.
+        pinned = req.slot is not None
+        own = slot.owner == ns or (pinned and (slot.owner is None or (req.pool_pin and slot.owner == "")))
+        keep = gen.reuse_prefix(slot, tokens) if cache and own else gen.reset_slot(slot)
         if cache:
-            keep = self.core.prefix.extend(gen, slot, tokens, keep, req.stored_prefix)  # type: ignore[arg-type]
+            keep = self.core.prefix.extend(gen, slot, tokens, keep, req.stored_prefix, ns)  # type: ignore[arg-type]
+        slot.owner = ns
         req.stored_prefix = None
         gen.ensure_room(len(tokens) - keep, exclude=slot)
         s = req.sampling

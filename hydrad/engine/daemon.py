@@ -27,7 +27,7 @@ from hydrad.common.loopwatch import LoopWatch
 from hydrad.common.params import ParamError
 from hydrad.common.registry import Registry, UnknownModel
 from hydrad.common.sdnotify import Notifier
-from hydrad.common.apikey import api_key, with_api_key
+from hydrad.common.apikey import api_keys, with_api_key
 from hydrad.common.browser import BrowserGuard
 from hydrad.common.cors import with_cors
 from hydrad.common.serving import uvicorn_server
@@ -75,7 +75,7 @@ class Daemon:
         self.control = EngineControl(self.core, registry, s.defaults)
         from hydrad.engine.http.app import build_app
 
-        app = with_api_key(build_app(s, self.control), api_key(s.http.api_key_file))
+        app = with_api_key(build_app(s, self.control), api_keys(s.http))
         guarded = BrowserGuard(with_cors(app, s.http.cors_origins), listen_host=s.http.host,
                                allowed_hosts=s.http.allowed_hosts, cors_origins=s.http.cors_origins)
         server = uvicorn_server(guarded, s.http.host, s.http.port, s.http.header_timeout_s)

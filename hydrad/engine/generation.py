@@ -35,6 +35,10 @@ class Slot:
     # uploader's claim, not something this engine computed, so only a request pinned to this slot
     # (id_slot) may build on it. Cleared when the slot is emptied.
     foreign: bool = False
+    # The cache namespace of the requests whose KV this is (hydrad.common.tenants): a request of another
+    # namespace never reuses it, except the request the pool itself pinned here after putting its state
+    # (a moved session, a split's prefill: GenRequest.pool_pin). None: an untrusted upload's (foreign).
+    owner: str | None = ""
 
 
 STATE_FORMAT = "hydra-kv/1"
@@ -186,7 +190,8 @@ class Generation:
             raise RuntimeError(f"llama_state_seq_get_data wrote {n} of {size} bytes")
         return buf
 
-    def write_state(self, slot: Slot, tokens: list[int], data: Any, foreign: bool = False) -> None:
+    def write_state(self, slot: Slot, tokens: list[int], data: Any, foreign: bool = False,
+                    owner: str | None = None) -> None:
         """Replace the slot's KV with ``data`` and its token list with ``tokens``; ``foreign`` marks a state
         nobody trusted vouched for (see ``Slot.foreign``).
 
@@ -199,7 +204,7 @@ class Generation:
 
         C = llama.lib()
         arr = np.frombuffer(data, dtype=np.uint8)
-        old_tokens, old_foreign = list(slot.cache), slot.foreign
+        old_tokens, old_foreign, old_owner = list(slot.cache), slot.foreign, slot.owner
         backup = self.read_state(slot) if old_tokens else None
         self.ctx.seq_rm(slot.id, -1, -1)
         slot.cache.clear()
@@ -213,10 +218,10 @@ class Generation:
             why = "llama.cpp refused the state data (corrupt, from another build, or no room in the KV cache)"
         else:
             slot.cache.extend(tokens)
-            slot.foreign = foreign
+            slot.foreign, slot.owner = foreign, owner
             return
         self.ctx.seq_rm(slot.id, -1, -1)
-        slot.foreign = False
+        slot.foreign, slot.owner = False, ""
         if backup is None:
             raise RuntimeError(f"{why}; the slot is unchanged")
         back = C.llama_state_seq_set_data(self.ctx.ptr, backup.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)),
@@ -225,13 +230,13 @@ class Generation:
             self.ctx.seq_rm(slot.id, -1, -1)
             raise RuntimeError(f"{why}, and the slot's previous KV could not be put back; the slot is empty")
         slot.cache.extend(old_tokens)
-        slot.foreign = old_foreign
+        slot.foreign, slot.owner = old_foreign, old_owner
         raise RuntimeError(f"{why}; the slot is unchanged")
 
     def free_slot_exists(self) -> bool:
         return self.n_active < len(self.slots)
 
-    def pick_slot(self, tokens: list[int] | None, spare_tails: int = 0) -> Slot:
+    def pick_slot(self, tokens: list[int] | None, spare_tails: int = 0, owner: str = "") -> Slot:
         """The free slot sharing the longest prefix with ``tokens``; otherwise the least recently used.
 
         Foreign slots (restored from an untrusted STATE_PUT) never count as sharing a prefix: their
@@ -248,8 +253,11 @@ class Generation:
         reused as usual rather than prefilling from nothing."""
         free = [s for s in self.slots if s.active is None]
         if tokens:
-            best = max(free, key=lambda s: (0 if s.foreign else common_prefix(s.cache, tokens), -s.last_used))
-            shared = 0 if best.foreign else common_prefix(best.cache, tokens)
+            def held(s: Slot) -> int:  # what the slot shares with the prompt, for a request of ``owner``
+                return 0 if s.foreign or s.owner != owner else common_prefix(s.cache, tokens)  # type: ignore[arg-type]
+
+            best = max(free, key=lambda s: (held(s), -s.last_used))
+            shared = held(best)
             if shared > 0:
                 if spare_tails and shared >= spare_tails and len(best.cache) - shared > SPARE_TAIL:
                     empty = [s for s in free if not s.cache]
@@ -277,6 +285,7 @@ class Generation:
         self.ctx.seq_rm(slot.id, -1, -1)
         slot.cache.clear()
         slot.foreign = False
+        slot.owner = ""
         return 0
 
     def ensure_room(self, needed: int, exclude: Slot) -> None:
@@ -305,14 +314,15 @@ class Generation:
         """T2: a new context with new parameters; the model stays. Each idle slot's KV is carried into the
         new context when the new context can hold it (same cache types, enough room, slot still exists);
         otherwise that slot starts empty and its next request prefills again."""
-        saved: list[tuple[int, list[int], Any, float, bool]] = []
+        saved: list[tuple[int, list[int], Any, float, bool, str | None]] = []
         same_layout = (params.cache_type_k, params.cache_type_v) == (self.params.cache_type_k, self.params.cache_type_v)
         dropped = 0
         for slot in self.slots:
             if not slot.cache:
                 continue
             if same_layout and slot.id < params.n_parallel:
-                saved.append((slot.id, list(slot.cache), self.read_state(slot), slot.last_used, slot.foreign))
+                saved.append((slot.id, list(slot.cache), self.read_state(slot), slot.last_used, slot.foreign,
+                              slot.owner))
             else:
                 dropped += 1
         new_ctx = llama.Context(self.model, params)
@@ -332,12 +342,12 @@ class Generation:
         self.params = params
         self.tag = GenerationTag(self.id, self.resolved.id, params.snapshot_hash())
         carried = 0
-        for sid, tokens, data, last_used, foreign in saved:
+        for sid, tokens, data, last_used, foreign, owner in saved:
             if len(tokens) >= new_ctx.n_ctx_seq:
                 dropped += 1
                 continue
             try:
-                self.write_state(self.slots[sid], tokens, data, foreign=foreign)
+                self.write_state(self.slots[sid], tokens, data, foreign=foreign, owner=owner)
                 self.slots[sid].last_used = last_used
                 carried += 1
             except RuntimeError:

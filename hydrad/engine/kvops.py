@@ -65,7 +65,9 @@ class KvMover:
             if problem:
                 raise StateError(problem, "incompatible")
             t0 = time.monotonic()
-            gen.write_state(slot, meta["tokens"], data, foreign=not trusted)  # untrusted KV: see Slot.foreign
+            # untrusted KV: see Slot.foreign; trusted KV (an operator's slot file, the pool's own move) is
+            # in the shared cache namespace, which tenants reach only through the pool's own pin (Slot.owner)
+            gen.write_state(slot, meta["tokens"], data, foreign=not trusted, owner="" if trusted else None)
             slot.last_used = time.monotonic()
             fut.set_result({"slot": slot_id, "n_tokens": len(slot.cache), "seconds": round(time.monotonic() - t0, 6)})
         except Exception as exc:
@@ -141,7 +143,7 @@ def carry_slots(old: Generation, new: Generation) -> dict[str, int]:
             continue
         try:
             data = old.read_state(slot)
-            new.write_state(new.slots[slot.id], list(slot.cache), data, foreign=slot.foreign)
+            new.write_state(new.slots[slot.id], list(slot.cache), data, foreign=slot.foreign, owner=slot.owner)
             new.slots[slot.id].last_used = slot.last_used
             carried += 1
         except RuntimeError as exc:

@@ -50,6 +50,7 @@ class StoredPrefix:
     data: bytes | bytearray
     generation: int
     read_s: float = 0.0  # seconds the read took (with the write, the restore rate prefill is weighed against)
+    owner: str = ""  # the cache namespace it was looked up in
 
 
 class PrefixShare:
@@ -78,15 +79,17 @@ class PrefixShare:
         """Whether a prompt of ``chars`` characters could span a stored block (then it is tokenized early)."""
         return self.store is not None and chars >= 2 * self.store.block
 
-    def lookup(self, gen: Generation, tokens: list[int]) -> StoredPrefix | None:
-        """Worker thread: the longest stored prefix of ``tokens`` that beats every slot's own, read and
-        verified; None when there is none worth restoring (or the store fails: the request prefills)."""
+    def lookup(self, gen: Generation, tokens: list[int], owner: str = "") -> StoredPrefix | None:
+        """Worker thread: the longest stored prefix of ``tokens`` in the cache namespace ``owner`` that beats
+        every slot's own, read and verified; None when there is none worth restoring (or the store fails:
+        the request prefills)."""
         store = self.store
         if store is None or len(tokens) <= self.settings.min_tokens:
             return None
-        held = max((common_prefix(list(s.cache), tokens) for s in gen.slots if not s.foreign), default=0)
+        held = max((common_prefix(list(s.cache), tokens) for s in gen.slots if not s.foreign and s.owner == owner),
+                   default=0)
         try:
-            hit = store.lookup(self._meta(gen), tokens)
+            hit = store.lookup(self._meta(gen, owner), tokens)
             if hit is None:
                 return None
             n = min(hit.n_tokens, len(tokens) - 1)
@@ -100,7 +103,7 @@ class PrefixShare:
         except (StoreError, OSError) as exc:
             log_event(log, logging.WARNING, "stored prefix not used; the request prefills", error=str(exc))
             return None
-        return StoredPrefix(list(meta["tokens"]), data, gen.id, read_s)
+        return StoredPrefix(list(meta["tokens"]), data, gen.id, read_s, owner)
 
     def prefill_seen(self, n_new: int, seconds: float) -> None:
         """Engine thread, at each request's end: its prefill, for the rate a restore must beat. Only long
@@ -126,21 +129,24 @@ class PrefixShare:
 
     # ----- on the engine thread ----------------------------------------------------------------
 
-    def extend(self, gen: Generation, slot: Slot, tokens: list[int], keep: int, stored: StoredPrefix | None) -> int:
+    def extend(self, gen: Generation, slot: Slot, tokens: list[int], keep: int, stored: StoredPrefix | None,
+               owner: str = "") -> int:
         """After the slot's own reuse (``keep`` tokens): give the slot a longer prefix of ``tokens`` from
-        another slot or from the Store when that gains ``min_tokens``; returns the tokens now held."""
+        another slot or from the Store, of the request's cache namespace ``owner``, when that gains
+        ``min_tokens``; returns the tokens now held."""
         from hydrad.store import layout as L  # numpy, after libllama (preload_native)
 
         limit = len(tokens) - 1  # the last prompt token is always decoded again, for its logits
         donor, shared = None, keep
         if self.settings.share and gen.id not in self._uncuttable:
             for s in gen.slots:
-                if s is slot or s.foreign or not s.cache:
+                if s is slot or s.foreign or not s.cache or s.owner != owner:
                     continue
                 cp = min(common_prefix(s.cache, tokens), limit)
                 if cp > shared:
                     donor, shared = s, cp
-        from_store = stored is not None and stored.generation == gen.id and len(stored.tokens) <= limit \
+        from_store = stored is not None and stored.generation == gen.id and stored.owner == owner \
+            and len(stored.tokens) <= limit \
             and tokens[:len(stored.tokens)] == stored.tokens
         if donor is not None and shared - keep >= self.settings.min_tokens \
                 and not (from_store and len(stored.tokens) > shared):  # type: ignore[union-attr]
@@ -150,15 +156,15 @@ class PrefixShare:
                 self._uncut(gen, parsed)
             else:
                 prefix = L.truncate(data, parsed, shared)
-                if self._write(gen, slot, tokens[:shared], prefix):
+                if self._write(gen, slot, tokens[:shared], prefix, owner):
                     self.stats["shared_from_slot"] += 1
                     self.stats["tokens_shared"] += shared - keep
-                    self._checkpoint(gen, tokens[:shared], prefix)
+                    self._checkpoint(gen, tokens[:shared], prefix, owner)
                     return shared
         if from_store and len(stored.tokens) - keep >= self.settings.min_tokens:  # type: ignore[union-attr]
             assert stored is not None
             t0 = time.perf_counter()
-            if self._write(gen, slot, stored.tokens, stored.data):
+            if self._write(gen, slot, stored.tokens, stored.data, owner):
                 spt = (stored.read_s + time.perf_counter() - t0) / max(1, len(stored.tokens) - keep)
                 self._restore_spt = spt if self._restore_spt is None else 0.5 * (self._restore_spt + spt)
                 self.stats["restored_from_store"] += 1
@@ -179,24 +185,24 @@ class PrefixShare:
         if parsed.kind != "kv" or not parsed.truncatable:  # the model's layout, not this state: not again
             self._uncuttable.add(gen.id)
 
-    def _write(self, gen: Generation, slot: Slot, tokens: list[int], data: bytes) -> bool:
+    def _write(self, gen: Generation, slot: Slot, tokens: list[int], data: bytes, owner: str) -> bool:
         import numpy as np
 
         gen.ensure_room(len(tokens), exclude=slot)
         try:
-            gen.write_state(slot, tokens, np.frombuffer(data, dtype=np.uint8))
+            gen.write_state(slot, tokens, np.frombuffer(data, dtype=np.uint8), owner=owner)
         except RuntimeError as exc:  # refused: the slot keeps what it had (write_state restores it)
             log_event(log, logging.WARNING, "prefix not written into the slot; the request prefills",
                       slot=slot.id, tokens=len(tokens), error=str(exc))
             return False
         return True
 
-    def _checkpoint(self, gen: Generation, tokens: list[int], data: bytes) -> None:
+    def _checkpoint(self, gen: Generation, tokens: list[int], data: bytes, owner: str = "") -> None:
         """Put a shared prefix into the Store, on the worker thread (the engine thread only copied it)."""
         store = self.store
         if store is None:
             return
-        meta = {**self._meta(gen), "tokens": tokens, "n_tokens": len(tokens), "bytes": len(data)}
+        meta = {**self._meta(gen, owner), "tokens": tokens, "n_tokens": len(tokens), "bytes": len(data)}
         self._pool.submit(self._put, store, meta, data)
 
     def _put(self, store: Store, meta: dict[str, Any], data: bytes) -> None:
@@ -218,13 +224,17 @@ class PrefixShare:
         if self.store is None:
             raise StoreError("this engine has no prefix store (prefix.store)")
         data = gen.read_state(slot)
-        self._checkpoint(gen, list(slot.cache), bytes(data))
+        self._checkpoint(gen, list(slot.cache), bytes(data), slot.owner or "")
         return {"slot": slot.id, "n_tokens": len(slot.cache), "bytes": len(data)}
 
     @staticmethod
-    def _meta(gen: Generation) -> dict[str, Any]:
+    def _meta(gen: Generation, owner: str = "") -> dict[str, Any]:
+        """The Store's key material for this generation's KV, in the cache namespace ``owner`` (the Store
+        keys objects by it: hydrad.store.store.model_key)."""
         m = gen.state_meta(gen.slots[0], 0)
         m.pop("tokens", None)
+        if owner:
+            m["cache_ns"] = owner
         return m
 
     def public(self) -> dict[str, Any]:

@@ -135,7 +135,7 @@ class PromptPrep:
         request.tokens, request.tokens_for = tokens, gen.id
         request.tool_grammar, request.grammar_for = grammar, gen.id
         if from_store:  # the longest prefix the pool's Store holds, read and verified here, not on the engine thread
-            request.stored_prefix = await asyncio.to_thread(self.core.prefix.lookup, gen, tokens)
+            request.stored_prefix = await asyncio.to_thread(self.core.prefix.lookup, gen, tokens, request.cache_ns)
 
     def tool_grammar(self, gen: Generation, request: GenRequest) -> str | None:
         if request.tools is None:

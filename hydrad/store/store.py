@@ -44,6 +44,8 @@ def model_key(meta: dict[str, Any]) -> str:
     ident = {k: model.get(k) for k in IDENTITY_KEYS}
     ident["cache_type_k"] = meta.get("cache_type_k")
     ident["cache_type_v"] = meta.get("cache_type_v")
+    if meta.get("cache_ns"):  # a tenant's prefixes are keyed apart (hydrad.common.tenants)
+        ident["cache_ns"] = meta["cache_ns"]
     return xxhash.xxh3_128_hexdigest(json.dumps(ident, sort_keys=True).encode())
 
 

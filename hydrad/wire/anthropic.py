@@ -69,6 +69,7 @@ class MessagesRequest(BaseModel):
     tools: Any = None  # checked by anthropic_tools.spec, which names the tool at fault
     tool_choice: Any = None
     session_id: Any = None
+    cache_salt: str | None = Field(None, min_length=1, max_length=256)  # see hydrad.common.tenants
 
     @field_validator("stop_sequences")
     @classmethod
@@ -196,5 +197,5 @@ def parse(raw: bytes) -> tuple[MessagesRequest, GenRequest]:
     sampling = SamplingOverrides(temperature=req.temperature, top_k=req.top_k, top_p=req.top_p)
     tools = anthropic_tools.spec(req.tools, req.tool_choice)
     gen = GenRequest(messages=_messages(req), tools=tools, max_tokens=req.max_tokens, stop=req.stops(),
-                     sampling=sampling)
+                     sampling=sampling, cache_salt=req.cache_salt)
     return req, gen

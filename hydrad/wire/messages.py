@@ -402,6 +402,9 @@ class Generate(_Msg):
         "The prompt as token ids, used as given (llama-server's /completion); absent: prompt or messages."))
     infill: InfillParts | None = Field(None, description=(
         "An /infill request's parts: the engine builds the prompt with its model's fill-in-the-middle tokens."))
+    cache_ns: str = Field("", max_length=64, pattern=r"^[0-9a-f]*$", description=(
+        "The namespace of the request's prompt cache (its tenant and cache_salt, hashed): KV computed "
+        "in another namespace is never reused for it. Empty: the shared one."))
     return_tokens: bool = Field(False, description="TOKENS and DONE carry the generated token ids.")
     return_progress: bool = Field(False, description="PROGRESS messages while the prompt is prefilled.")
     report_settings: bool = Field(False, description="DONE carries the engine's values the request ran with.")
@@ -414,7 +417,7 @@ class Generate(_Msg):
                    sampling=gen.sampling, logprobs=gen.logprobs, cache_prompt=gen.cache_prompt,
                    client=gen.client[:64] or None, prompt_ids=gen.prompt_ids, infill=gen.infill,
                    return_tokens=gen.return_tokens, return_progress=gen.return_progress,
-                   report_settings=gen.report_settings)
+                   report_settings=gen.report_settings, cache_ns=gen.cache_ns)
 
     def to_request(self) -> GenRequest:
         return GenRequest(prompt=self.prompt, messages=self.messages, tools=self.tools, max_tokens=self.max_tokens,
@@ -423,7 +426,8 @@ class Generate(_Msg):
                           slot=self.slot, logprobs=self.logprobs, cache_prompt=self.cache_prompt,
                           client="bus:" + self.client if self.client else "", prompt_ids=self.prompt_ids,
                           infill=self.infill, return_tokens=self.return_tokens, return_progress=self.return_progress,
-                          report_settings=self.report_settings)
+                          report_settings=self.report_settings, cache_ns=self.cache_ns,
+                          pool_pin=self.slot is not None)
 
 
 class Cancel(_Msg):

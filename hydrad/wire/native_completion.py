@@ -140,5 +140,6 @@ def gen_request(req: NativeCompletionRequest, sampling: SamplingOverrides, text:
     Prompt progress is sent only on a stream, as llama-server does."""
     return GenRequest(prompt=text, prompt_ids=ids, max_tokens=req.limit(), stop=req.stops(),
                       sampling=sampling, ignore_eos=req.ignore_eos, slot=req.slot(),
-                      cache_prompt=req.cache_prompt, return_tokens=req.return_tokens or req.stream,
+                      cache_prompt=req.cache_prompt, cache_salt=req.cache_salt,
+                      return_tokens=req.return_tokens or req.stream,
                       logprobs=req.wants_logprobs(), return_progress=req.stream and req.return_progress)

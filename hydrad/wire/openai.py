@@ -115,6 +115,9 @@ class _Common(BaseModel):
     ignore_eos: bool = False
     cache_prompt: bool | None = Field(None, description="Reuse the slot's matching prompt prefix (llama-server's "
                                                         "cache_prompt); unset: the engine's default.")
+    cache_salt: str | None = Field(None, min_length=1, max_length=256, description=(
+        "Requests share cached prompt prefixes only with requests of the same API key and the same salt "
+        "(vLLM's cache_salt)."))
 
     @field_validator("stop")
     @classmethod
@@ -360,7 +363,7 @@ def parse(kind: Literal["chat", "completion"], raw: bytes) -> tuple[_Common, Gen
         tools = tool_spec(req.model_extra or {}, sampling.grammar)
         gen = GenRequest(messages=chat_messages(req.messages), tools=tools, max_tokens=req.limit(), stop=req.stops(),
                          sampling=sampling, ignore_eos=req.ignore_eos, slot=req.slot(), logprobs=req.wants_logprobs(),
-                         cache_prompt=req.cache_prompt)
+                         cache_prompt=req.cache_prompt, cache_salt=req.cache_salt)
     else:
         assert isinstance(req, CompletionRequest)
         prompt = req.prompt
@@ -370,5 +373,5 @@ def parse(kind: Literal["chat", "completion"], raw: bytes) -> tuple[_Common, Gen
             prompt = prompt[0]
         gen = GenRequest(prompt=prompt, max_tokens=req.limit(), stop=req.stops(), sampling=sampling,
                          ignore_eos=req.ignore_eos, slot=req.slot(), logprobs=req.wants_logprobs(),
-                         cache_prompt=req.cache_prompt)
+                         cache_prompt=req.cache_prompt, cache_salt=req.cache_salt)
     return req, gen

@@ -90,6 +90,9 @@ class GenRequest:
     ignore_eos: bool = False  # generate exactly max_tokens (benchmarks); a llama-server extension
     slot: int | None = None  # pin to a slot (llama-server's id_slot), e.g. one restored from migrated KV
     cache_prompt: bool | None = None  # reuse a slot's matching prefix; None: the engine's T1 cache_prompt
+    cache_salt: str | None = None  # the client's own cache partition (vLLM's cache_salt): read by the door ...
+    cache_ns: str = ""  # ... into the namespace of its prompt cache, with its tenant (hydrad.common.tenants)
+    pool_pin: bool = False  # ``slot`` was chosen by the coordinator, for the state it put there itself
     return_tokens: bool = False  # the generated token ids travel with the text (Token.ids, Done.ids)
     logprobs: int | None = None  # each token's log-probability and this many most likely; None: not asked
     return_progress: bool = False  # Progress events while the prompt is prefilled (a /completion stream)

@@ -111,7 +111,9 @@ class Coordinator:
             cfg["profiles"] = str(profiles)
         if default_profile is not None:
             cfg["default_profile"] = default_profile
-        cfg.update(extra or {})
+        extra = dict(extra or {})
+        cfg["http"] = {**cfg["http"], **extra.pop("http", {})}  # the http section is merged: it holds the port
+        cfg.update(extra)
         self.config = tmp / "coordinator.yaml"
         self.config.write_text(yaml.safe_dump(cfg))
         self.notify = NotifyListener(tmp / "notify-coordinator.sock")

@@ -19,6 +19,7 @@ from hydrad.common.logs import log_event
 from hydrad.common.eventstream import EventStream
 from hydrad.common.serving import CancelOnLeave, until_disconnected
 from hydrad.common.prepare import client_key
+from hydrad.common.tenants import cache_namespace, tenant_of
 from hydrad.engine.core import EngineCore, RequestRefused
 from hydrad.engine.http.context import HttpContext, ctx_of
 from hydrad.engine.requests import Done, Failed, Progress, RequestHandle, Token
@@ -136,6 +137,7 @@ async def start(request: Request, ctx: HttpContext, greq: GenRequest, prompt_fie
     prompt in the queue, and every retry added another)."""
     core = ctx.core
     greq.client = client_key(request)
+    greq.cache_ns = cache_namespace(tenant_of(request.state), greq.cache_salt)
     try:
         await core.prepare(greq)
     except RequestRefused as exc:

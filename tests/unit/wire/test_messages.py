@@ -62,8 +62,9 @@ def test_generate_carries_a_request_both_ways() -> None:
     assert (back.prompt, back.max_tokens, back.stop, back.sampling) == (gen.prompt, gen.max_tokens, gen.stop, gen.sampling)
 
 
-# GenRequest fields the bus does not carry: the engine's own (made when it prepares the request).
-NOT_ON_THE_BUS = {"tokens", "tokens_for", "stored_prefix", "id"}
+# GenRequest fields the bus does not carry: the engine's own (made when it prepares the request), and
+# the client's cache_salt (the door folds it into cache_ns: the salt itself never travels on).
+NOT_ON_THE_BUS = {"tokens", "tokens_for", "stored_prefix", "id", "cache_salt", "pool_pin"}
 
 
 @pytest.mark.parametrize("kind, body", [
