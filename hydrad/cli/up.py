@@ -22,7 +22,9 @@ or SIGHUP, which stop every child: SIGTERM (each drains as under systemd), then 
 - Every pool has a bus token of its own: a random one is written (mode 0600) to this run's
   temporary directory and handed to the coordinator and every engine as
   ``$HYDRA_BUS_TOKEN_FILE``, so no other process on the machine can register on the pool's bus
-  as an engine and be sent its users' prompts. It goes away with the pool.
+  as an engine and be sent its users' prompts. It goes away with the pool. So does the pool's events
+  token (``$HYDRA_EVENTS_TOKEN_FILE``, which the console presents to read the events): the banner
+  shows the console's command line with it.
 - When the coordinator's config names an ``admin_token_file``, this process reads it to follow
   the start-up through ``/admin/*``.
 - Every port is checked before anything starts; a taken one is named with the file and field
@@ -152,6 +154,7 @@ class Runner:
         self.tmp: Path | None = None
         self.state_dir: Path | None = None
         self.bus_token_file: Path | None = None
+        self.events_token_file: Path | None = None
         self.admin_token: str | None = None
 
     # --- signals
@@ -212,6 +215,8 @@ class Runner:
         check_ports(p.ports)
         self.bus_token_file = self.tmp / "bus.token"  # mkdtemp made the directory 0700; the file is 0600
         tokenfile.write_token(self.bus_token_file)
+        self.events_token_file = self.tmp / "events.token"
+        tokenfile.write_token(self.events_token_file)
         if p.admin_token_file is not None:
             try:
                 self.admin_token = tokenfile.read_token(p.admin_token_file)
@@ -245,6 +250,8 @@ class Runner:
         env["PYTHONUNBUFFERED"] = "1"
         if self.bus_token_file is not None:  # the pool's own bus token, for the coordinator and every engine
             env[tokenfile.ENV_BUS_TOKEN_FILE] = str(self.bus_token_file)
+        if self.events_token_file is not None:  # the pool's events token, which the coordinator asks of consoles
+            env[tokenfile.ENV_EVENTS_TOKEN_FILE] = str(self.events_token_file)
         preexec = _death_signal()
         # Every child is forked before any thread of ours exists (a preexec function is only safe then).
         for c in children:
@@ -390,6 +397,11 @@ class Runner:
             f"  {c('route', '--explain --model ' + model + ' Hello')}",
             f"  {c('profile', other[0] if other else '')}",
         ]
+        events = next((pt for pt in p.ports if pt.what == "coordinator events"), None)
+        if events is not None and self.events_token_file is not None:
+            host = "127.0.0.1" if events.host in ("*", "0.0.0.0", "::", "") else events.host
+            lines.append(f"  {tokenfile.ENV_EVENTS_TOKEN_FILE}={self.events_token_file} hydra-console "
+                         f"--coordinator tcp://{host}:{events.port} --admin {url}")
         if logs is not None:
             lines.append(f"  logs: {display_path(logs)}/<name>.log")
         lines += ["", "Ctrl-C stops the coordinator and every engine.", ""]

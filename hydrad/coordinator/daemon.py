@@ -7,9 +7,10 @@ no engine yet is up and says so in STATUS=), STATUS= whenever the pool changes, 
 only while the bus tasks run, STOPPING=1 on SIGTERM. Signal handlers only set a flag.
 
 Secrets are read once at start, from files (never from the YAML): the bus token (engines must
-present it to register) and the admin token (``/admin/*`` needs it as a bearer token). A bus
-that listens beyond loopback without a token is refused at start: anyone who can reach it
-could register as an engine and receive users' prompts.
+present it to register), the admin token (``/admin/*`` needs it as a bearer token) and the
+events token (a console must present it to subscribe; ``eventsdoor``). A bus that listens beyond
+loopback without a token is refused at start: anyone who can reach it could register as an
+engine and receive users' prompts.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from hydrad.common import tokenfile
 from hydrad.coordinator.admin import ADMIN_BODIES, admin_routes
 from hydrad.coordinator.affinity import Affinity
 from hydrad.coordinator.bus import CoordinatorBus
+from hydrad.coordinator.eventsdoor import EventsDoor, events_token
 from hydrad.coordinator.frontdoor import FrontDoor, exception_handlers
 from hydrad.coordinator.guard import Guard
 from hydrad.coordinator.profiles import ProfileSet, load_profiles
@@ -82,6 +84,8 @@ class CoordinatorDaemon:
         try:
             bus.load_token()
             admin_token = tokenfile.read_token(s.admin_token_file) if s.admin_token_file is not None else None
+            token, events_source = events_token(s, StateFile.for_settings(s).path.parent)
+            bus.events_door = EventsDoor(token)
         except tokenfile.TokenError as exc:
             log_event(log, logging.ERROR, "cannot read a token file", error=str(exc))
             return 2
@@ -93,6 +97,9 @@ class CoordinatorDaemon:
                 return 2
             log_event(log, logging.WARNING, "the bus has no token: any local process can register as an engine; "
                       "set bus_token_file", bus=s.bus.endpoint)
+        if not bus_is_loopback(s.events) and not s.bus.curve_secret_key:
+            log_event(log, logging.WARNING, "the events socket listens beyond loopback without CURVE keys: its "
+                      "subscribers' token crosses the network in the clear; set bus.curve_secret_key", events=s.events)
         try:
             bus.start()
         except zmq.ZMQError as exc:
@@ -135,7 +142,7 @@ class CoordinatorDaemon:
         port = server.servers[0].sockets[0].getsockname()[1] if server.servers else s.http.port
         log_event(log, logging.INFO, "listening", http=f"{s.http.host}:{port}", bus=bus.bus_endpoint,
                   events=bus.events_endpoint, profile=switcher.active or "-", version=__version__,
-                  bus_token=bus.token is not None, admin_token=admin_token is not None,
+                  bus_token=bus.token is not None, admin_token=admin_token is not None, events_token=events_source,
                   admin_allow_from=",".join(s.admin_allow_from))
         self.notifier.ready()
         tasks = [asyncio.create_task(self._watchdog(bus), name="watchdog"),

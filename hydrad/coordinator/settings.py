@@ -75,7 +75,13 @@ class CoordinatorSettings(BaseModel):
     name: str = Field("coordinator", pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="Name the coordinator gives in WELCOME.")
     http: HttpSettings = Field(default_factory=HttpSettings, description="OpenAI front door and admin API.")
     bus: BusSettings = Field(default_factory=BusSettings, description="ZeroMQ ROUTER for the engines (string = endpoint).")
-    events: str = Field("tcp://127.0.0.1:9501", description="ZeroMQ PUB endpoint for events.")
+    events: str = Field("tcp://127.0.0.1:9501", description="ZeroMQ PUB endpoint for events (the console's feed); a "
+                        "subscriber must present the events token (events_token_file).")
+    events_token_file: Path | None = Field(None, description="File holding the token a subscriber of the events socket "
+                                           "must present (ZeroMQ PLAIN's password, or under CURVE the key pair derived "
+                                           "from it); others receive nothing. $HYDRA_EVENTS_TOKEN_FILE overrides it; "
+                                           "unset, the admin token is used, else a token the coordinator writes once to "
+                                           "<state_dir>/<name>.events.token (mode 0600).")
     heartbeat_interval_s: float = Field(1.0, gt=0, le=60, description="Seconds between the coordinator's PINGs; engines declare their own interval.")
     liveness: int = Field(3, ge=1, le=100, description="Heartbeat intervals of silence before an engine counts as dead.")
     registry: Path | None = Field(None, description="Model registry (alias → GGUF, size, KV bytes per token); default models.yaml beside this file.")
@@ -147,7 +153,8 @@ def load_config(path: str | Path | None) -> LoadedConfig:
     base = p.resolve().parent
     defaults = {"registry": "models.yaml", "profiles": "profiles.yaml"}
     updates: dict[str, Any] = {key: beside(base, getattr(settings, key), defaults.get(key))
-                               for key in ("registry", "profiles", "state_dir", "bus_token_file", "admin_token_file")}
+                               for key in ("registry", "profiles", "state_dir", "bus_token_file", "admin_token_file",
+                                           "events_token_file")}
     updates["http"] = resolve_api_key(p, settings.http)
     sessions = settings.sessions
     updates["sessions"] = sessions.model_copy(update={
