@@ -117,7 +117,7 @@ class CoordinatorDaemon:
             try:
                 keeper = SessionKeeper(s.sessions, bus.engines, bus.publish)
             except (StoreError, tokenfile.TokenError, OSError) as exc:
-                log_event(log, logging.ERROR, "cannot open the session store", dir=str(s.sessions.store.dir),
+                log_event(log, logging.ERROR, "cannot open the session store", dir=str(s.sessions.store.location()),
                           error=str(exc), how="set sessions.store.dir to a writable directory, or sessions.keep: false")
                 await bus.close()
                 return 2

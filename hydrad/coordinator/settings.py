@@ -19,6 +19,7 @@ from hydrad.common.apikey import InferenceAccess, resolve_api_key
 from hydrad.common.netaccess import address_allowed, check_networks, split_endpoint
 from hydrad.common.yamlfile import ConfigError, beside, read_settings
 from hydrad.coordinator.sessions import SessionSettings
+from hydrad.store.settings import POOL_PATTERN, pool_of
 
 
 class HttpSettings(InferenceAccess):
@@ -73,6 +74,10 @@ class CoordinatorSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field("coordinator", pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="Name the coordinator gives in WELCOME.")
+    pool: str | None = Field(None, pattern=POOL_PATTERN, description="The pool's name, which names its Store directory "
+                             "(<root>/hydra-store/<pool>, docs/store.md) unless sessions.store.dir is set. Unset: "
+                             "derived from the bus endpoint, bus-<port> (the name its engines derive from theirs), "
+                             "else this coordinator's name.")
     http: HttpSettings = Field(default_factory=HttpSettings, description="OpenAI front door and admin API.")
     bus: BusSettings = Field(default_factory=BusSettings, description="ZeroMQ ROUTER for the engines (string = endpoint).")
     events: str = Field("tcp://127.0.0.1:9501", description="ZeroMQ PUB endpoint for events (the console's feed); a "
@@ -119,6 +124,14 @@ class CoordinatorSettings(BaseModel):
     @classmethod
     def _cidrs(cls, v: list[str]) -> list[str]:
         return check_networks(v)
+
+    @model_validator(mode="after")
+    def _pool(self) -> "CoordinatorSettings":
+        """The pool's name, and the sessions' Store in it (two pools on a host never share a Store)."""
+        if self.pool is None:
+            self.pool = pool_of(self.bus.endpoint, self.name)
+        self.sessions = self.sessions.model_copy(update={"store": self.sessions.store.in_pool(self.pool)})
+        return self
 
     def allows_admin(self, host: str | None) -> bool:
         """Whether a client at ``host`` may call /admin/* (IPv4-mapped IPv6 counts as IPv4)."""

@@ -20,7 +20,7 @@ from hydrad.common.apikey import InferenceAccess, resolve_api_key
 from hydrad.common.netaccess import address_allowed, check_networks
 from hydrad.common.params import check_partial
 from hydrad.common.yamlfile import ConfigError, beside, read_settings
-from hydrad.store.settings import StoreSettings
+from hydrad.store.settings import POOL_PATTERN, StoreSettings, pool_of
 
 
 class HttpSettings(InferenceAccess):
@@ -183,6 +183,10 @@ class EngineSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field("engine", pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="Engine name, unique in the pool (the systemd instance name).")
+    pool: str | None = Field(None, pattern=POOL_PATTERN, description="The pool's name, which names the Store directory "
+                             "prefix.store uses unless it sets dir (<root>/hydra-store/<pool>, docs/store.md). Unset: "
+                             "derived from bus.endpoint, bus-<port> (as the coordinator derives its own), else this "
+                             "engine's name.")
     http: HttpSettings = Field(default_factory=HttpSettings, description="HTTP server.")
     rpc: RpcSettings = Field(default_factory=RpcSettings, description="Merged RPC port.")
     models_dir: Path = Field(Path("/var/lib/hydra/models"), description="Directory GGUF paths and registry entries are relative to.")
@@ -256,6 +260,15 @@ class EngineSettings(BaseModel):
     @classmethod
     def _defaults(cls, v: dict[str, Any]) -> dict[str, Any]:
         return check_partial(v)
+
+    @model_validator(mode="after")
+    def _pool(self) -> "EngineSettings":
+        """The pool's name, and the prefix Store in it: the directory the pool's coordinator uses too."""
+        if self.pool is None:
+            self.pool = pool_of(self.bus.endpoint, self.name)
+        if self.prefix.store is not None:
+            self.prefix = self.prefix.model_copy(update={"store": self.prefix.store.in_pool(self.pool)})
+        return self
 
     def allows_control(self, host: str | None) -> bool:
         return address_allowed(host, self.control_allow_from)
