@@ -12,8 +12,9 @@ carrying it. Until a connection has identified itself (a complete first request,
 where one is needed) it is *pending*: it has ``handshake_timeout_s`` to do so, and pending
 connections have their own small bound (the oldest is dropped), so idle sockets can never use up
 the places of identified sessions, which alone count against ``max_control_connections``. An
-identified session that sends nothing for ``control_idle_timeout_s`` is closed: sessions that said
-HELLO and then went quiet used to keep their places for good.
+identified session that sends nothing for ``control_idle_timeout_s`` is closed, and when every place
+is taken the session idle the longest gives its place to a newcomer (``places.py``): sessions that
+said HELLO and then went quiet can no longer hold a configure off.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from hydrad.engine.core import StateError
 from hydrad.common.logs import LogThrottle, log_event
 from hydrad.wire import protocol as P
 from hydrad.engine.rpc.ggml_relay import GgmlRelay
+from hydrad.engine.rpc.places import ControlPlaces
 from hydrad.engine.rpc.workers import ConnectionWorkers
 from hydrad.wire.kvstream import StateReceiver, chunked
 from hydrad.engine.settings import EngineSettings
@@ -65,7 +67,7 @@ class MergedPort:
         self.devices = devices
         self.rpc = settings.rpc
         self.relay = GgmlRelay(settings, ggml_endpoint) if ggml_endpoint is not None else None
-        self._control_slots = threading.BoundedSemaphore(self.rpc.max_control_connections)
+        self._places = ControlPlaces(self.rpc.max_control_connections)
         self._pending: OrderedDict[int, socket.socket] = OrderedDict()  # not yet identified, oldest first
         self._pending_lock = threading.Lock()
         self._ids = iter(range(1, 1 << 62))
@@ -235,17 +237,22 @@ class MergedPort:
                 trusted = True
             if not self._unpend(key):
                 return  # dropped as the oldest pending connection meanwhile
-            if not self._control_slots.acquire(blocking=False):
+            if not self._places.take(key, conn):
                 self.stats["busy_rejections"] += 1
-                io.send_quietly(P.error_frame(P.Status.BUSY, "busy", f"more than {self.rpc.max_control_connections} "
-                                              "control sessions; retry later"))
+                io.send_quietly(P.error_frame(P.Status.BUSY, "busy", f"{self.rpc.max_control_connections} control "
+                                              "sessions are each inside a request; retry later"))
                 return
             session = True
             self.stats["control_connections"] += 1
             conn.settimeout(self.rpc.control_idle_timeout_s)  # an idle session gives its place back
             while frame is not None:
-                if not self._op(frame, io, peer, trusted):
-                    return
+                if not self._places.busy(key):
+                    return  # closed while idle to make room for another session
+                try:
+                    if not self._op(frame, io, peer, trusted):
+                        return
+                finally:
+                    self._places.idle(key)
                 frame = io.next()
         except P.ProtocolError as exc:
             io.send_quietly(P.error_frame(exc.status, "protocol_error", str(exc)))
@@ -258,7 +265,7 @@ class MergedPort:
             io.send_quietly(P.error_frame(P.Status.ERROR, "internal_error", "internal error (see the engine log)"))
         finally:
             if session:
-                self._control_slots.release()
+                self._places.leave(key)
 
     def _token_ok(self, frame: P.Frame) -> bool:
         try:
