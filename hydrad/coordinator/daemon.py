@@ -28,7 +28,7 @@ import zmq
 from starlette.applications import Starlette
 
 from hydrad import __version__
-from hydrad.common import tokenfile
+from hydrad.common import fdlimit, tokenfile
 from hydrad.coordinator.admin import ADMIN_BODIES, admin_routes
 from hydrad.coordinator.affinity import Affinity
 from hydrad.coordinator.bus import CoordinatorBus
@@ -75,6 +75,7 @@ class CoordinatorDaemon:
     async def run(self) -> int:
         s = self.settings
         loop = asyncio.get_running_loop()
+        fd_limit = fdlimit.raise_soft_limit(log)
         try:
             registry, profiles = _load_parts(s)
         except ValueError as exc:
@@ -129,7 +130,8 @@ class CoordinatorDaemon:
         guarded = Guard(with_cors(keyed, s.http.cors_origins), admin_allow_from=s.admin_allow_from, admin_token=admin_token,
                         max_body_bytes=s.max_body_bytes, body_timeout_s=s.body_timeout_s)
         server = uvicorn_server(BrowserGuard(guarded, listen_host=s.http.host, allowed_hosts=s.http.allowed_hosts,
-                                             cors_origins=s.http.cors_origins), s.http.host, s.http.port)
+                                             cors_origins=s.http.cors_origins), s.http.host, s.http.port,
+                                s.http.header_timeout_s)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop_requested.set)
         serve = asyncio.create_task(server.serve(), name="http")
@@ -143,7 +145,7 @@ class CoordinatorDaemon:
         log_event(log, logging.INFO, "listening", http=f"{s.http.host}:{port}", bus=bus.bus_endpoint,
                   events=bus.events_endpoint, profile=switcher.active or "-", version=__version__,
                   bus_token=bus.token is not None, admin_token=admin_token is not None, events_token=events_source,
-                  admin_allow_from=",".join(s.admin_allow_from))
+                  admin_allow_from=",".join(s.admin_allow_from), fd_limit=fd_limit)
         self.notifier.ready()
         tasks = [asyncio.create_task(self._watchdog(bus), name="watchdog"),
                  asyncio.create_task(self._status(bus, front, switcher), name="status")]

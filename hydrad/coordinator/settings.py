@@ -26,6 +26,10 @@ class HttpSettings(InferenceAccess):
     model_config = ConfigDict(extra="forbid")
     host: str = Field("127.0.0.1", description="Address the OpenAI front door and /admin bind.")
     port: int = Field(9000, ge=0, le=65535, description="HTTP port; 0 = pick a free one (tests).")
+    header_timeout_s: float = Field(10.0, gt=0, le=3600,
+                                    description="How long a connection may take to send a request's headers (and may "
+                                                "stay idle between requests, keep-alive) before it is closed; a body "
+                                                "has body_timeout_s.")
 
 
 class BusSettings(BaseModel):

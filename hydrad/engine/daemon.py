@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from hydrad import __version__
+from hydrad.common import fdlimit
 from hydrad.common.cpus import CpuLimits, usable_cpus
 from hydrad.engine import ggml, llama
 from hydrad.engine.control import EngineControl
@@ -67,6 +68,7 @@ class Daemon:
         s = self.settings
         loop = asyncio.get_running_loop()
         llama.set_llama_log_level(s.logging.llama_level)
+        fd_limit = fdlimit.raise_soft_limit(log)
         try:
             registry = Registry.load(s.registry, s.models_dir)
         except ValueError as exc:
@@ -104,7 +106,7 @@ class Daemon:
         cpus = CpuLimits()  # what "every core" is here: the thread pools' default, and the limits it came from
         log_event(log, logging.INFO, "listening", engine=s.name, http=f"{s.http.host}:{port}", version=__version__,
                   cpus=cpus.usable, affinity_cpus=cpus.affinity,
-                  cpu_quota="none" if cpus.quota is None else round(cpus.quota, 2))
+                  cpu_quota="none" if cpus.quota is None else round(cpus.quota, 2), fd_limit=fd_limit)
         self.notifier.ready()
         self.notifier.status(status_text(self.core.snapshot(), with_progress=False))
         watch = LoopWatch(loop, s.logging.slow_loop_ms / 1000, log) if s.logging.slow_loop_ms else None

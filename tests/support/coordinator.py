@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import httpx
 import yaml
@@ -84,7 +84,10 @@ class Coordinator:
     def __init__(self, tmp: Path, profiles: dict[str, Any] | str | Path | None = None, default_profile: str | None = None,
                  heartbeat_interval_s: float = 0.5, extra: dict[str, Any] | None = None,
                  env: dict[str, str] | None = None, curve: tuple[str, str] | None = None,
-                 bus_token: bool = True, admin_token: bool = False, request_stream: bool = True) -> None:
+                 bus_token: bool = True, admin_token: bool = False, request_stream: bool = True,
+                 wrap: Sequence[str] = ()) -> None:
+        """``wrap``: a command prefix the daemon runs under (``prlimit ... --``)."""
+        self.wrap = list(wrap)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.bus = f"tcp://127.0.0.1:{free_port()}"
@@ -127,7 +130,8 @@ class Coordinator:
             cfg["profiles"] = str(profiles)
         if default_profile is not None:
             cfg["default_profile"] = default_profile
-        cfg.update(extra or {})
+        for key, value in (extra or {}).items():  # a section (http, sessions, ...) is merged, not replaced
+            cfg[key] = {**cfg[key], **value} if isinstance(value, dict) and isinstance(cfg.get(key), dict) else value
         self.config = tmp / "coordinator.yaml"
         self.config.write_text(yaml.safe_dump(cfg))
         self.notify = NotifyListener(tmp / "notify-coordinator.sock")
@@ -147,7 +151,7 @@ class Coordinator:
         return out
 
     def _spawn(self) -> subprocess.Popen[bytes]:
-        return subprocess.Popen([sys.executable, "-m", "hydrad.coordinator.daemon", "--config", str(self.config)],
+        return subprocess.Popen([*self.wrap, sys.executable, "-m", "hydrad.coordinator.daemon", "--config", str(self.config)],
                                 stdout=self._log, stderr=subprocess.STDOUT, env=self._env, cwd=str(self._cwd))
 
     def kill(self, sig: int = signal.SIGTERM, timeout: float = 20.0) -> int:

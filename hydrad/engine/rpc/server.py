@@ -20,7 +20,10 @@ said HELLO and then went quiet can no longer hold a configure off.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
+import os
+import resource
 import socket
 import threading
 import time
@@ -57,6 +60,14 @@ class _Closed(Exception):
     pass
 
 
+def _spare_fd() -> int | None:
+    """A descriptor held in reserve for when the limit is reached (see _accept_loop)."""
+    try:
+        return os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+
+
 class MergedPort:
     def __init__(self, settings: EngineSettings, control: EngineControl, loop: asyncio.AbstractEventLoop,
                  ggml_endpoint: tuple[str, int] | None, devices: Callable[[], list[dict[str, Any]]]) -> None:
@@ -77,7 +88,8 @@ class MergedPort:
         self._closing = False
         self.port = 0
         self.stats = {"ggml_connections": 0, "control_connections": 0, "busy_rejections": 0, "closed_unknown": 0,
-                      "forbidden": 0, "handshake_timeouts": 0, "pending_dropped": 0, "spawn_failures": 0}
+                      "forbidden": 0, "handshake_timeouts": 0, "pending_dropped": 0, "spawn_failures": 0,
+                      "fd_exhausted": 0}
 
     # ----- accept and dispatch ------------------------------------------------------------
 
@@ -114,14 +126,28 @@ class MergedPort:
 
     def _accept_loop(self) -> None:
         """Never dies while the port is open: a failed accept is retried, and a connection for which no
-        worker is idle and none can start (threads or memory exhausted) is answered BUSY and closed."""
+        worker is idle and none can start (threads or memory exhausted) is answered BUSY and closed.
+
+        Out of file descriptors (EMFILE, ENFILE) the loop logs it (once per 10 s) and goes on trying:
+        the port serves again as soon as descriptors are free. The connection at the head of the queue
+        would wait there, and the ones behind it: a spare descriptor kept for the purpose is closed,
+        that connection accepted and closed at once (its peer learns now, as uvloop does for HTTP)
+        and the spare reopened. Best effort: another thread of the process may take the freed
+        descriptor first (llama.cpp's ggml-RPC server retries its accepts without pause)."""
         assert self._sock is not None
+        spare = _spare_fd()
         while not self._closing:
             try:
                 conn, addr = self._sock.accept()
-            except OSError:
+            except OSError as exc:
                 if self._closing:
                     return
+                if exc.errno in (errno.EMFILE, errno.ENFILE):
+                    self.stats["fd_exhausted"] += 1
+                    spare, peer = self._shed(spare)
+                    self._throttle(log, logging.WARNING, "fd", "out of file descriptors: merged-port connections "
+                                   "wait or are closed unserved until some are free", error=exc.strerror or str(exc),
+                                   closed=peer or "-", fd_limit=resource.getrlimit(resource.RLIMIT_NOFILE)[0])
                 time.sleep(0.05)
                 continue
             try:
@@ -137,6 +163,20 @@ class MergedPort:
                     conn.close()
                 if not isinstance(exc, Exception):
                     raise
+
+    def _shed(self, spare: int | None) -> tuple[int | None, str | None]:
+        """Close the connection at the head of the accept queue with the spare descriptor: a new spare,
+        and the peer of the connection closed (None when none could be taken)."""
+        if spare is not None:
+            os.close(spare)
+        peer = None
+        try:
+            conn, addr = self._sock.accept()  # type: ignore[union-attr]
+            conn.close()
+            peer = addr[0] if isinstance(addr, tuple) else str(addr)
+        except OSError:
+            pass
+        return _spare_fd(), peer
 
     def _pend(self, conn: socket.socket) -> int:
         """Count a connection as pending; beyond the bound the oldest pending one is dropped."""
