@@ -131,7 +131,7 @@ class CoordinatorDaemon:
                         max_body_bytes=s.max_body_bytes, body_timeout_s=s.body_timeout_s)
         server = uvicorn_server(BrowserGuard(guarded, listen_host=s.http.host, allowed_hosts=s.http.allowed_hosts,
                                              cors_origins=s.http.cors_origins), s.http.host, s.http.port,
-                                s.http.header_timeout_s)
+                                s.http.header_timeout_s, log)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop_requested.set)
         serve = asyncio.create_task(server.serve(), name="http")

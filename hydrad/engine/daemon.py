@@ -80,7 +80,8 @@ class Daemon:
         app = with_api_key(build_app(s, self.control), api_key(s.http.api_key_file))
         guarded = BrowserGuard(with_cors(app, s.http.cors_origins), listen_host=s.http.host,
                                allowed_hosts=s.http.allowed_hosts, cors_origins=s.http.cors_origins)
-        server = uvicorn_server(guarded, s.http.host, s.http.port, s.http.header_timeout_s)
+        server = uvicorn_server(guarded, s.http.host, s.http.port, s.http.header_timeout_s,
+                                logging.getLogger("hydrad.http"))
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop_requested.set)
         loop.add_signal_handler(signal.SIGHUP, self.hup_requested.set)
