@@ -19,7 +19,7 @@ from typing import Any
 from hydrad import __version__
 from hydrad.common import fdlimit
 from hydrad.common.cpus import CpuLimits, usable_cpus
-from hydrad.engine import ggml, llama
+from hydrad.engine import ggml, jinjabox, llama
 from hydrad.engine.control import EngineControl
 from hydrad.engine.core import EngineCore
 from hydrad.engine.snapshot import EngineSnapshot, status_text
@@ -69,6 +69,7 @@ class Daemon:
         loop = asyncio.get_running_loop()
         llama.set_llama_log_level(s.logging.llama_level)
         fd_limit = fdlimit.raise_soft_limit(log)
+        jinjabox.configure(s.templates)
         try:
             registry = Registry.load(s.registry, s.models_dir)
         except ValueError as exc:

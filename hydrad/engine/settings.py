@@ -20,6 +20,7 @@ from hydrad.common.apikey import InferenceAccess, resolve_api_key
 from hydrad.common.netaccess import address_allowed, check_networks
 from hydrad.common.params import check_partial
 from hydrad.common.yamlfile import ConfigError, beside, read_settings
+from hydrad.engine.jinjabox import TemplateLimits
 from hydrad.store.settings import POOL_PATTERN, StoreSettings, pool_of
 
 
@@ -236,6 +237,9 @@ class EngineSettings(BaseModel):
                                    "prefix copied from another slot or restored from the pool's Store instead of "
                                    "prefilled again.")
     bus: BusSettings = Field(default_factory=BusSettings, description="Link to the coordinator's bus.")
+    templates: TemplateLimits = Field(default_factory=TemplateLimits, description="Limits on rendering a jinja chat "
+                                      "template (the chat_template parameter, or the model's own, for requests with "
+                                      "tools): time, memory and output of each render.")
     slot_save_dir: Path | None = Field(
         None, description="Directory of slot files, llama-server's --slot-save-path: POST /slots/{id}?action=save, "
                           "restore and erase are served only when it is set (501 otherwise). Relative to the config "
