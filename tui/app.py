@@ -30,6 +30,7 @@ from textual import events as tevents
 from textual.widgets import Footer, Header
 from textual.worker import get_current_worker
 
+from hydrad.common import tokenfile
 from tui.feed import (CONNECTED, DISCONNECTED, AdminClient, AdminError, EngineClient, EventReader, FeedEvent,
                       engine_base_url)
 from tui.model import PoolModel, summarize
@@ -178,8 +179,10 @@ class HydraConsole(ProfileSwitching, App[None]):
     def __init__(self, *, admin_url: str = DEFAULT_ADMIN, events: str | None = DEFAULT_EVENTS,
                  admin: Admin | None = None, refresh_s: float = 2.0, curve_server_key: str | None = None,
                  clock: Callable[[], float] = time.monotonic, refresh_on_events: bool = True,
-                 engine_api: EngineApi | None = None, toast_s: float = 4.0) -> None:
+                 engine_api: EngineApi | None = None, toast_s: float = 4.0, events_token: str | None = None) -> None:
         """``events=None`` runs without a SUB reader (unit tests post :class:`PoolEvents` themselves);
+        ``events_token``: what the SUB reader presents (default: ``$HYDRA_EVENTS_TOKEN``, the file
+        ``$HYDRA_EVENTS_TOKEN_FILE`` names, else the admin token from the environment);
         ``clock`` drives heartbeat ages (a fixed one makes snapshots reproducible);
         ``refresh_on_events`` fetches the admin API soon after events that change its figures
         (a route changes slots, an engine coming up brings its GPU and slots) and after a switch
@@ -195,6 +198,12 @@ class HydraConsole(ProfileSwitching, App[None]):
         self.engine_api: EngineApi = engine_api if engine_api is not None else EngineClient(timeout=timeout)
         self.refresh_s = refresh_s
         self.curve_server_key = curve_server_key
+        if events_token is None:
+            try:
+                events_token = tokenfile.events_token_from_env()
+            except tokenfile.TokenError:
+                events_token = None  # the feed then says that no token was presented
+        self.events_token = events_token
         self.refresh_on_events = refresh_on_events
         self.toast_s = toast_s
         self.pool = PoolModel(clock=clock)
@@ -259,7 +268,7 @@ class HydraConsole(ProfileSwitching, App[None]):
     def _read_events(self, endpoint: str) -> None:
         worker = get_current_worker()
         while not worker.is_cancelled:
-            reader = EventReader(endpoint, curve_server_key=self.curve_server_key)
+            reader = EventReader(endpoint, curve_server_key=self.curve_server_key, token=self.events_token)
             try:
                 reader.run(on_events=lambda batch: self.post_message(self.PoolEvents(batch)),
                            on_state=lambda state, detail: self.post_message(self.FeedState(state, detail)),
@@ -452,6 +461,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="seconds between admin API fetches (slots, queue, tok/s; default 2)")
     ap.add_argument("--curve-server-key", default=None, metavar="Z85",
                     help="the coordinator's CURVE public key, when its bus and events are encrypted")
+    ap.add_argument("--events-token-file", default=None, metavar="FILE",
+                    help="file holding the coordinator's events token (default: $HYDRA_EVENTS_TOKEN, the file "
+                         "$HYDRA_EVENTS_TOKEN_FILE names, else the admin token from the environment)")
     return ap
 
 
@@ -471,8 +483,15 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
+    token = None
+    if args.events_token_file is not None:
+        try:
+            token = tokenfile.read_token(args.events_token_file)
+        except tokenfile.TokenError as exc:
+            print(f"hydra-console: --events-token-file: {exc}", file=sys.stderr)
+            return 2
     app = HydraConsole(admin_url=args.admin, events=args.coordinator, refresh_s=args.refresh,
-                       curve_server_key=args.curve_server_key)
+                       curve_server_key=args.curve_server_key, events_token=token)
     app.run()
     return 0
 

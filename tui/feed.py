@@ -13,7 +13,8 @@ Both are blocking and meant to run in Textual thread workers, never on the UI's 
   calls :meth:`EventReader.run`; pyzmq sockets are not thread-safe, so they never leave it.
   Events are handed on in small batches (a burst of routing decisions becomes one UI message,
   not hundreds), and connection changes are reported as they happen. ZeroMQ reconnects on its
-  own, with a back-off capped at ``reconnect_max_s``.
+  own, with a back-off capped at ``reconnect_max_s``. It presents the events token
+  (``hydrad.wire.eventsauth``): without it the coordinator admits no subscriber.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import httpx
 import zmq
 
 from hydrad.common import tokenfile
-from hydrad.wire import messages as M
+from hydrad.wire import eventsauth, messages as M
 from hydrad.wire.httpapi import AdminHttp, EngineHttp, NoAnswer, json_of
 
 
@@ -186,10 +187,13 @@ CONNECTING, CONNECTED, DISCONNECTED = "connecting", "connected", "disconnected"
 class EventReader:
     """SUB reader: call :meth:`run` on the thread that should own the sockets."""
 
-    def __init__(self, endpoint: str, *, curve_server_key: str | None = None, reconnect_max_s: float = 2.0,
-                 batch_s: float = 0.05, context: zmq.Context | None = None) -> None:
+    def __init__(self, endpoint: str, *, curve_server_key: str | None = None, token: str | None = None,
+                 reconnect_max_s: float = 2.0, batch_s: float = 0.05, context: zmq.Context | None = None) -> None:
+        """``token``: the events token the coordinator asks of subscribers (None: none is presented,
+        and the coordinator refuses the connection, which the state reports)."""
         self.endpoint = endpoint
         self.curve_server_key = curve_server_key
+        self.token = token
         self.reconnect_max_s = reconnect_max_s
         self.batch_s = batch_s
         self._ctx = context
@@ -207,11 +211,7 @@ class EventReader:
         sub.setsockopt(zmq.RECONNECT_IVL, 100)
         sub.setsockopt(zmq.RECONNECT_IVL_MAX, int(self.reconnect_max_s * 1000))
         sub.setsockopt(zmq.MAXMSGSIZE, 1 << 20)
-        if self.curve_server_key:
-            public, secret = zmq.curve_keypair()
-            sub.setsockopt(zmq.CURVE_SERVERKEY, self.curve_server_key.encode())
-            sub.setsockopt(zmq.CURVE_PUBLICKEY, public)
-            sub.setsockopt(zmq.CURVE_SECRETKEY, secret)
+        eventsauth.present(sub, self.token, self.curve_server_key)
         sub.setsockopt(zmq.SUBSCRIBE, b"")
         monitor = sub.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED
                                          | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
@@ -268,8 +268,10 @@ class EventReader:
             return CONNECTED, f"connected to {self.endpoint}"
         if event == zmq.EVENT_DISCONNECTED:
             return DISCONNECTED, f"lost {self.endpoint}; reconnecting"
-        if event in (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
-                     zmq.EVENT_HANDSHAKE_FAILED_AUTH):
+        if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH or (event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL and not self.token):
+            what = "no events token was presented" if not self.token else "the events token was refused"
+            return DISCONNECTED, f"{self.endpoint}: {what} (HYDRA_EVENTS_TOKEN_FILE)"
+        if event in (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL):
             return DISCONNECTED, f"{self.endpoint}: handshake failed (CURVE server key?)"
         if event == zmq.EVENT_CONNECT_RETRIED and state != CONNECTED:
             return DISCONNECTED, f"{self.endpoint} not reachable; retrying"

@@ -23,7 +23,9 @@ or SIGHUP, which stop every child: SIGTERM (each drains as under systemd), then 
 - Every pool has a bus token of its own: a random one is written (mode 0600) to this run's
   temporary directory and handed to the coordinator and every engine as
   ``$HYDRA_BUS_TOKEN_FILE``, so no other process on the machine can register on the pool's bus
-  as an engine and be sent its users' prompts. It goes away with the pool.
+  as an engine and be sent its users' prompts. It goes away with the pool. So does the pool's events
+  token (``$HYDRA_EVENTS_TOKEN_FILE``, which the console presents to read the events): the banner
+  shows the console's command line with it.
 - When the coordinator's config names an ``admin_token_file``, this process reads it to follow
   the start-up through ``/admin/*``.
 - Every port is checked before anything starts; a taken one is named with the file and field
@@ -154,6 +156,7 @@ class Runner:
         self.tmp: Path | None = None
         self.state_dir: Path | None = None
         self.bus_token_file: Path | None = None
+        self.events_token_file: Path | None = None
         self.admin_token: str | None = None
 
     # --- signals
@@ -214,6 +217,8 @@ class Runner:
         check_ports(p.ports)
         self.bus_token_file = self.tmp / "bus.token"  # mkdtemp made the directory 0700; the file is 0600
         tokenfile.write_token(self.bus_token_file)
+        self.events_token_file = self.tmp / "events.token"
+        tokenfile.write_token(self.events_token_file)
         if p.admin_token_file is not None:
             try:
                 self.admin_token = tokenfile.read_token(p.admin_token_file)
@@ -247,6 +252,8 @@ class Runner:
         env["PYTHONUNBUFFERED"] = "1"
         if self.bus_token_file is not None:  # the pool's own bus token, for the coordinator and every engine
             env[tokenfile.ENV_BUS_TOKEN_FILE] = str(self.bus_token_file)
+        if self.events_token_file is not None:  # the pool's events token, which the coordinator asks of consoles
+            env[tokenfile.ENV_EVENTS_TOKEN_FILE] = str(self.events_token_file)
         preexec = _death_signal()
         # Every child is forked before any thread of ours exists (a preexec function is only safe then).
         for c in children:
@@ -365,7 +372,7 @@ class Runner:
 
     def _banner(self, p: Plan, seconds: float, logs: Path | None) -> None:
         assert self.out is not None
-        self.out.block(banner(p, seconds, logs))
+        self.out.block(banner(p, seconds, logs, self.events_token_file))
 
     # --- running
 
@@ -411,7 +418,7 @@ class Runner:
         self.children = []
 
 
-def banner(p: Plan, seconds: float, logs: Path | None) -> str:
+def banner(p: Plan, seconds: float, logs: Path | None, events_token_file: Path | None = None) -> str:
     """What ``hydractl up`` prints once the pool serves: the endpoint and engines, a first request,
     the exact console command for this pool's ports, and hydractl's commands against it."""
     url = p.http_url
@@ -441,7 +448,7 @@ def banner(p: Plan, seconds: float, logs: Path | None) -> str:
         f"              model=\"{model}\", messages=[{{\"role\": \"user\", \"content\": \"Hello!\"}}])",
         "",
         "The console of this pool, and hydractl:",
-        f"  {console_command(p)}",
+        f"  {console_command(p, events_token_file)}",
         f"  {c('engines')}",
         f"  {c('route', '--explain --model ' + model + ' Hello')}",
         f"  {c('profile', other[0] if other else '')}",

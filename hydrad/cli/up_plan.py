@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from hydrad.common import tokenfile
 from hydrad.cli.common import CliError
 from hydrad.common.netaccess import split_socket_endpoint
 
@@ -260,10 +261,11 @@ def _command(name: str, module: str) -> str:
     return f"{display_path(Path(sys.executable))} -m {module}"
 
 
-def console_command(p: Plan) -> str:
+def console_command(p: Plan, events_token_file: Path | None = None) -> str:
     """The exact ``hydra-console`` command line for this pool: ``--admin`` and ``--coordinator`` when
     either differs from the console's defaults (a --port-offset, another config), its CURVE key when
-    the events are encrypted, and the admin token file when the coordinator wants one."""
+    the events are encrypted, the admin token file when the coordinator wants one, and the events
+    token file the pool's events socket asks of subscribers."""
     words = [_command("hydra-console", "tui.app")]
     if p.http_url != CONSOLE_ADMIN or p.events_url != CONSOLE_EVENTS:
         words += ["--admin", shlex.quote(p.http_url), "--coordinator", shlex.quote(p.events_url)]
@@ -271,6 +273,8 @@ def console_command(p: Plan) -> str:
         words += ["--curve-server-key", shlex.quote(p.curve_server_key)]
     if p.admin_token_file is not None:
         words.insert(0, "HYDRA_ADMIN_TOKEN_FILE=" + shlex.quote(display_path(p.admin_token_file)))
+    if events_token_file is not None:
+        words.insert(0, f"{tokenfile.ENV_EVENTS_TOKEN_FILE}=" + shlex.quote(display_path(events_token_file)))
     return " ".join(words)
 
 

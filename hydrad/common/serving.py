@@ -4,21 +4,27 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from typing import Any, Coroutine, Iterator
 
 from hydrad.common import heap
+from hydrad.common.clientgone import QuietLeave
 
 
-def uvicorn_server(app: Any, host: str, port: int, header_timeout_s: float = 10.0) -> Any:
+def uvicorn_server(app: Any, host: str, port: int, header_timeout_s: float = 10.0,
+                   log: logging.Logger | None = None) -> Any:
     """A uvicorn server without its own signal handling: the daemon owns SIGTERM/SIGINT/SIGHUP.
 
     No proxy headers: ``control_allow_from`` must see the socket's peer, not a claimed X-Forwarded-For.
     ``header_timeout_s`` bounds how long a connection may sit without completing a request
     (uvicorn's keep-alive timer, which also runs for a new connection that has sent nothing):
-    1,100 idle half-open connections once took an engine offline.
+    1,100 idle half-open connections once took an engine offline. A client that leaves in the
+    middle of its request's body is logged at INFO on ``log`` (``clientgone``), never as an error.
     """
     import uvicorn
+
+    app = QuietLeave(app, log or logging.getLogger("hydra.http"))
 
     class Server(uvicorn.Server):
         @contextlib.contextmanager

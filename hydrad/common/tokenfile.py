@@ -1,4 +1,4 @@
-"""Shared secrets kept in files: the bus token and the admin token.
+"""Shared secrets kept in files: the bus token, the admin token and the events token.
 
 A secret lives in a file of its own (mode 0600, owned by the service user), never in a YAML
 file: configs are world-readable, get copied into bug reports and checked into repositories;
@@ -30,6 +30,8 @@ MAX_LENGTH = 256
 ENV_BUS_TOKEN_FILE = "HYDRA_BUS_TOKEN_FILE"  # overrides the YAML's bus token file (hydractl up sets it)
 ENV_ADMIN_TOKEN_FILE = "HYDRA_ADMIN_TOKEN_FILE"  # hydractl and the console read the admin token from it
 ENV_ADMIN_TOKEN = "HYDRA_ADMIN_TOKEN"  # or take the admin token itself
+ENV_EVENTS_TOKEN_FILE = "HYDRA_EVENTS_TOKEN_FILE"  # the events token: the coordinator's (over the YAML), a console's
+ENV_EVENTS_TOKEN = "HYDRA_EVENTS_TOKEN"  # or, for a console, the events token itself
 HOW_TO_CREATE = ("create it with: install -m 600 /dev/null FILE && "
                  "python3 -c 'import secrets; print(secrets.token_urlsafe(32))' > FILE")
 
@@ -105,6 +107,18 @@ def admin_token_from_env(environ: dict[str, str] | None = None) -> str | None:
         return token
     path = (env.get(ENV_ADMIN_TOKEN_FILE) or "").strip()
     return read_token(path) if path else None
+
+
+def events_token_from_env(environ: dict[str, str] | None = None) -> str | None:
+    """The events token a subscriber (the console) presents: ``$HYDRA_EVENTS_TOKEN``, else the file
+    ``$HYDRA_EVENTS_TOKEN_FILE`` names, else the admin token (a coordinator without an events token
+    of its own takes its admin token for the events), else None. ``TokenError`` for a bad file."""
+    env = os.environ if environ is None else environ
+    token = (env.get(ENV_EVENTS_TOKEN) or "").strip()
+    if token:
+        return token
+    path = (env.get(ENV_EVENTS_TOKEN_FILE) or "").strip()
+    return read_token(path) if path else admin_token_from_env(env)
 
 
 def bearer(token: str | None) -> dict[str, str]:

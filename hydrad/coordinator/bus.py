@@ -42,6 +42,7 @@ import zmq.asyncio
 from hydrad.common import tokenfile
 from hydrad.wire import messages as M
 from hydrad.common.logs import LogThrottle, log_event
+from hydrad.coordinator.eventsdoor import EventsDoor
 from hydrad.coordinator.reqstream import RequestStreamDoor
 from hydrad.coordinator.records import (  # noqa: F401 (re-exported: the bus's public types)
     EngineLost, EngineRecord, EngineUnreachable, RequestStream, RequestUnsendable, engine_of,
@@ -87,6 +88,7 @@ class CoordinatorBus:
         self.bus_endpoint = ""
         self.events_endpoint = ""
         self.token: str | None = None  # the pool's bus token; None = an open bus (loopback only)
+        self.events_door = EventsDoor(tokenfile.new_token())  # the daemon sets the pool's; until then nobody subscribes
         self.request_stream: RequestStreamDoor | None = None  # the request path beside the bus, when configured
 
     def load_token(self) -> None:
@@ -118,6 +120,7 @@ class CoordinatorBus:
             # sends more is not one of ours, and dropping its connection harms nobody else.
             router.setsockopt(zmq.MAXMSGSIZE, M.MAX_BODY + 4096)
             router.bind(s.bus.endpoint)
+            self.events_door.secure(pub, self._ctx, curve=bool(s.bus.curve_secret_key))
             pub.bind(s.events)
         except zmq.ZMQError:
             router.close(linger=0)
@@ -207,6 +210,7 @@ class CoordinatorBus:
         if self._pub is None or not self._listened():
             return
         with contextlib.suppress(Exception):
+            data = self.events_door.scrub(data)  # session ids go out as keyed hashes
             self._pub.send_multipart(M.Event(topic=topic, ts=time.time(), data=data).frames(), flags=zmq.NOBLOCK)
 
     def _listened(self) -> bool:

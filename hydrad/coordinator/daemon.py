@@ -7,9 +7,10 @@ no engine yet is up and says so in STATUS=), STATUS= whenever the pool changes, 
 only while the bus tasks run, STOPPING=1 on SIGTERM. Signal handlers only set a flag.
 
 Secrets are read once at start, from files (never from the YAML): the bus token (engines must
-present it to register) and the admin token (``/admin/*`` needs it as a bearer token). A bus
-that listens beyond loopback without a token is refused at start: anyone who can reach it
-could register as an engine and receive users' prompts.
+present it to register), the admin token (``/admin/*`` needs it as a bearer token) and the
+events token (a console must present it to subscribe; ``eventsdoor``). A bus that listens beyond
+loopback without a token is refused at start: anyone who can reach it could register as an
+engine and receive users' prompts.
 """
 
 from __future__ import annotations
@@ -27,10 +28,11 @@ import zmq
 from starlette.applications import Starlette
 
 from hydrad import __version__
-from hydrad.common import tokenfile
+from hydrad.common import fdlimit, tokenfile
 from hydrad.coordinator.admin import ADMIN_BODIES, admin_routes
 from hydrad.coordinator.affinity import Affinity
 from hydrad.coordinator.bus import CoordinatorBus
+from hydrad.coordinator.eventsdoor import EventsDoor, events_token
 from hydrad.coordinator.frontdoor import FrontDoor, exception_handlers
 from hydrad.coordinator.guard import Guard
 from hydrad.coordinator.profiles import ProfileSet, load_profiles
@@ -73,6 +75,7 @@ class CoordinatorDaemon:
     async def run(self) -> int:
         s = self.settings
         loop = asyncio.get_running_loop()
+        fd_limit = fdlimit.raise_soft_limit(log)
         try:
             registry, profiles = _load_parts(s)
         except ValueError as exc:
@@ -82,6 +85,8 @@ class CoordinatorDaemon:
         try:
             bus.load_token()
             admin_token = tokenfile.read_token(s.admin_token_file) if s.admin_token_file is not None else None
+            token, events_source = events_token(s, StateFile.for_settings(s).path.parent)
+            bus.events_door = EventsDoor(token)
         except tokenfile.TokenError as exc:
             log_event(log, logging.ERROR, "cannot read a token file", error=str(exc))
             return 2
@@ -93,6 +98,9 @@ class CoordinatorDaemon:
                 return 2
             log_event(log, logging.WARNING, "the bus has no token: any local process can register as an engine; "
                       "set bus_token_file", bus=s.bus.endpoint)
+        if not bus_is_loopback(s.events) and not s.bus.curve_secret_key:
+            log_event(log, logging.WARNING, "the events socket listens beyond loopback without CURVE keys: its "
+                      "subscribers' token crosses the network in the clear; set bus.curve_secret_key", events=s.events)
         try:
             bus.start()
         except zmq.ZMQError as exc:
@@ -110,7 +118,7 @@ class CoordinatorDaemon:
             try:
                 keeper = SessionKeeper(s.sessions, bus.engines, bus.publish)
             except (StoreError, tokenfile.TokenError, OSError) as exc:
-                log_event(log, logging.ERROR, "cannot open the session store", dir=str(s.sessions.store.dir),
+                log_event(log, logging.ERROR, "cannot open the session store", dir=str(s.sessions.store.location()),
                           error=str(exc), how="set sessions.store.dir to a writable directory, or sessions.keep: false")
                 await bus.close()
                 return 2
@@ -122,7 +130,8 @@ class CoordinatorDaemon:
         guarded = Guard(with_cors(keyed, s.http.cors_origins), admin_allow_from=s.admin_allow_from, admin_token=admin_token,
                         max_body_bytes=s.max_body_bytes, body_timeout_s=s.body_timeout_s)
         server = uvicorn_server(BrowserGuard(guarded, listen_host=s.http.host, allowed_hosts=s.http.allowed_hosts,
-                                             cors_origins=s.http.cors_origins), s.http.host, s.http.port)
+                                             cors_origins=s.http.cors_origins), s.http.host, s.http.port,
+                                s.http.header_timeout_s, log)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop_requested.set)
         serve = asyncio.create_task(server.serve(), name="http")
@@ -135,8 +144,8 @@ class CoordinatorDaemon:
         port = server.servers[0].sockets[0].getsockname()[1] if server.servers else s.http.port
         log_event(log, logging.INFO, "listening", http=f"{s.http.host}:{port}", bus=bus.bus_endpoint,
                   events=bus.events_endpoint, profile=switcher.active or "-", version=__version__,
-                  bus_token=bus.token is not None, admin_token=admin_token is not None,
-                  admin_allow_from=",".join(s.admin_allow_from))
+                  bus_token=bus.token is not None, admin_token=admin_token is not None, events_token=events_source,
+                  admin_allow_from=",".join(s.admin_allow_from), fd_limit=fd_limit)
         self.notifier.ready()
         tasks = [asyncio.create_task(self._watchdog(bus), name="watchdog"),
                  asyncio.create_task(self._status(bus, front, switcher), name="status")]

@@ -51,11 +51,11 @@ from hydrad.wire.rpcclient import RpcClient, RpcError
 log = logging.getLogger("hydra.coordinator.sessions")
 
 
-def default_store_dir() -> Path:
-    """Under systemd the coordinator's RuntimeDirectory= (tmpfs, kept across restarts by
-    RuntimeDirectoryPreserve=restart), else the Store's own default."""
+def default_store_dir() -> Path | None:
+    """Under systemd the coordinator's RuntimeDirectory= (tmpfs, the service's own, kept across
+    restarts by RuntimeDirectoryPreserve=restart), else None: the pool's directory (hydrad/store/settings.py)."""
     run = os.environ.get("RUNTIME_DIRECTORY")
-    return Path(run.split(":")[0]) / "store" if run else StoreSettings().dir
+    return Path(run.split(":")[0]) / "store" if run else None
 
 
 class SessionSettings(BaseModel):
@@ -64,7 +64,8 @@ class SessionSettings(BaseModel):
                                          "engine serves the next turn when its own engine lost it.")
     store: StoreSettings = Field(default_factory=lambda: StoreSettings(dir=default_store_dir()),
                                  description="The Store the sessions are kept in (default dir: the service's "
-                                             "runtime directory under systemd, else the Store's default).")
+                                             "runtime directory under systemd, else the pool's directory, "
+                                             "<root>/hydra-store/<pool>).")
     engine_token_file: Path | None = Field(None, description="File holding the engines' control token (their "
                                                              "rpc.token_file), for STATE_GET/STATE_PUT on engines "
                                                              "that require one.")

@@ -19,12 +19,17 @@ from hydrad.common.apikey import InferenceAccess, resolve_api_key
 from hydrad.common.netaccess import address_allowed, check_networks, split_endpoint
 from hydrad.common.yamlfile import ConfigError, beside, read_settings
 from hydrad.coordinator.sessions import SessionSettings
+from hydrad.store.settings import POOL_PATTERN, pool_of
 
 
 class HttpSettings(InferenceAccess):
     model_config = ConfigDict(extra="forbid")
     host: str = Field("127.0.0.1", description="Address the OpenAI front door and /admin bind.")
     port: int = Field(9000, ge=0, le=65535, description="HTTP port; 0 = pick a free one (tests).")
+    header_timeout_s: float = Field(10.0, gt=0, le=3600,
+                                    description="How long a connection may take to send a request's headers (and may "
+                                                "stay idle between requests, keep-alive) before it is closed; a body "
+                                                "has body_timeout_s.")
 
 
 class BusSettings(BaseModel):
@@ -73,9 +78,19 @@ class CoordinatorSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field("coordinator", pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="Name the coordinator gives in WELCOME.")
+    pool: str | None = Field(None, pattern=POOL_PATTERN, description="The pool's name, which names its Store directory "
+                             "(<root>/hydra-store/<pool>, docs/store.md) unless sessions.store.dir is set. Unset: "
+                             "derived from the bus endpoint, bus-<port> (the name its engines derive from theirs), "
+                             "else this coordinator's name.")
     http: HttpSettings = Field(default_factory=HttpSettings, description="OpenAI front door and admin API.")
     bus: BusSettings = Field(default_factory=BusSettings, description="ZeroMQ ROUTER for the engines (string = endpoint).")
-    events: str = Field("tcp://127.0.0.1:9501", description="ZeroMQ PUB endpoint for events.")
+    events: str = Field("tcp://127.0.0.1:9501", description="ZeroMQ PUB endpoint for events (the console's feed); a "
+                        "subscriber must present the events token (events_token_file).")
+    events_token_file: Path | None = Field(None, description="File holding the token a subscriber of the events socket "
+                                           "must present (ZeroMQ PLAIN's password, or under CURVE the key pair derived "
+                                           "from it); others receive nothing. $HYDRA_EVENTS_TOKEN_FILE overrides it; "
+                                           "unset, the admin token is used, else a token the coordinator writes once to "
+                                           "<state_dir>/<name>.events.token (mode 0600).")
     heartbeat_interval_s: float = Field(1.0, gt=0, le=60, description="Seconds between the coordinator's PINGs; engines declare their own interval.")
     liveness: int = Field(3, ge=1, le=100, description="Heartbeat intervals of silence before an engine counts as dead.")
     registry: Path | None = Field(None, description="Model registry (alias → GGUF, size, KV bytes per token); default models.yaml beside this file.")
@@ -114,6 +129,14 @@ class CoordinatorSettings(BaseModel):
     def _cidrs(cls, v: list[str]) -> list[str]:
         return check_networks(v)
 
+    @model_validator(mode="after")
+    def _pool(self) -> "CoordinatorSettings":
+        """The pool's name, and the sessions' Store in it (two pools on a host never share a Store)."""
+        if self.pool is None:
+            self.pool = pool_of(self.bus.endpoint, self.name)
+        self.sessions = self.sessions.model_copy(update={"store": self.sessions.store.in_pool(self.pool)})
+        return self
+
     def allows_admin(self, host: str | None) -> bool:
         """Whether a client at ``host`` may call /admin/* (IPv4-mapped IPv6 counts as IPv4)."""
         return address_allowed(host, self.admin_allow_from)
@@ -147,7 +170,8 @@ def load_config(path: str | Path | None) -> LoadedConfig:
     base = p.resolve().parent
     defaults = {"registry": "models.yaml", "profiles": "profiles.yaml"}
     updates: dict[str, Any] = {key: beside(base, getattr(settings, key), defaults.get(key))
-                               for key in ("registry", "profiles", "state_dir", "bus_token_file", "admin_token_file")}
+                               for key in ("registry", "profiles", "state_dir", "bus_token_file", "admin_token_file",
+                                           "events_token_file")}
     updates["http"] = resolve_api_key(p, settings.http)
     sessions = settings.sessions
     updates["sessions"] = sessions.model_copy(update={

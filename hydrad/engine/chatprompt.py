@@ -3,8 +3,8 @@ speaks, the prompt in that format, and the grammar its answer is held to.
 
 The format is the template's (:func:`hydrad.wire.toolformats.format_for`): the ``chat_template``
 parameter when it is template text, else the model's own. A Hermes-style template is rendered
-with jinja and given ``tools``; any other keeps llama.cpp's formatter and gets the generic
-format's instruction and JSON history. A request without tools, whose history holds no calls or
+with jinja, under a time and a memory limit (``jinjabox``), and given ``tools``; any other keeps
+llama.cpp's formatter and gets the generic format's instruction and JSON history. A request without tools, whose history holds no calls or
 results, takes the engine's ordinary path unchanged.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any, Callable
 
-from hydrad.engine import jinja, llama
+from hydrad.engine import jinjabox, llama
 from hydrad.wire import toolformats
 from hydrad.wire.requests import GenRequest
 from hydrad.wire.toolformats import Format
@@ -61,7 +61,7 @@ def _prompt(model: llama.Model, template: str | None,
     bos, eos = (_token_text(model, f(model.vocab)) for f in (llama.lib().llama_vocab_bos, llama.lib().llama_vocab_eos))
 
     def render(ms: list[dict[str, str]]) -> str:
-        return jinja.render(text, toolformats.template_messages(ms), tools, bos, eos)
+        return jinjabox.render(text, toolformats.template_messages(ms), tools, bos, eos)
 
     return messages, render
 

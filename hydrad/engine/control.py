@@ -23,6 +23,8 @@ from hydrad.common.registry import Registry, ResolvedModel, UnknownModel
 
 log = logging.getLogger("hydrad.control")
 
+T1_WAIT_S = 30.0  # longest a T1 configure waits for the engine thread to take its parameters
+
 # Where COMBINE sends an MoE model's expert tensors unless told otherwise: the peer's first device
 # (llama.cpp's -ot syntax; the regex is llama.cpp's own for expert FFN tensors).
 EXPERTS_TO_PEER = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps=RPC"
@@ -59,6 +61,7 @@ class EngineControl:
         self.resolved: ResolvedModel | None = None
         self._pending_payload: dict[str, Any] | None = None  # what the running load applies
         self._loading_target: RuntimeParams | None = None  # the parameters the running load will serve with
+        self._t1_latest: RuntimeParams | None = None  # the last T1 parameters a configure waits for
         core.set_defaults(self.layers.effective())
         core.on_peer_lost = self._peer_lost
 
@@ -151,7 +154,29 @@ class EngineControl:
             return ConfigureResult(Tier.T2, plan.changed, seconds=result.pop("seconds"), extra=result)
         self.core.set_defaults(plan.effective)
         self.layers.commit(plan)
+        if not await self._in_force(plan.effective):
+            return ConfigureResult(Tier.T1, plan.changed, extra={"pending": True})
         return ConfigureResult(Tier.T1, plan.changed)
+
+    async def _in_force(self, params: RuntimeParams) -> bool:
+        """Wait until the engine serves with ``params`` (T1): the engine thread takes them at its next
+        turn, which a long prefill step can put seconds away, while a request's preparation off that
+        thread (a chat's template and tokens) reads the parameters in force at once. A configure that
+        answered before then left the next request rendered with the old ``chat_template``. False
+        when they are not in force after ``T1_WAIT_S`` (the engine thread stalled or gone), or a later
+        configure replaced them meanwhile (its own answer waits for them)."""
+        self._t1_latest = params
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + T1_WAIT_S
+        pause = 0.001
+        while self.core.snapshot().params is not params:
+            if self._t1_latest is not params:
+                return True
+            if not self.core.alive or loop.time() > deadline:
+                return False
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 0.02)
+        return True
 
     def _differs_from_installed(self, params: RuntimeParams) -> bool:
         """Whether serving ``params`` needs a model load from what is installed now."""
@@ -306,6 +331,7 @@ class EngineControl:
                 await self.core.rebuild_context(plan.effective)
             else:
                 self.core.set_defaults(plan.effective)
+                await self._in_force(plan.effective)
         except Exception:
             self.layers.yaml = old_yaml
             raise

@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from hydrad import __version__
+from hydrad.common import fdlimit
 from hydrad.common.cpus import CpuLimits, usable_cpus
-from hydrad.engine import ggml, llama
+from hydrad.engine import ggml, jinjabox, llama
 from hydrad.engine.control import EngineControl
 from hydrad.engine.core import EngineCore
 from hydrad.engine.snapshot import EngineSnapshot, status_text
@@ -67,6 +68,8 @@ class Daemon:
         s = self.settings
         loop = asyncio.get_running_loop()
         llama.set_llama_log_level(s.logging.llama_level)
+        fd_limit = fdlimit.raise_soft_limit(log)
+        jinjabox.configure(s.templates)
         try:
             registry = Registry.load(s.registry, s.models_dir)
         except ValueError as exc:
@@ -78,7 +81,8 @@ class Daemon:
         app = with_api_key(build_app(s, self.control), api_keys(s.http))
         guarded = BrowserGuard(with_cors(app, s.http.cors_origins), listen_host=s.http.host,
                                allowed_hosts=s.http.allowed_hosts, cors_origins=s.http.cors_origins)
-        server = uvicorn_server(guarded, s.http.host, s.http.port, s.http.header_timeout_s)
+        server = uvicorn_server(guarded, s.http.host, s.http.port, s.http.header_timeout_s,
+                                logging.getLogger("hydrad.http"))
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop_requested.set)
         loop.add_signal_handler(signal.SIGHUP, self.hup_requested.set)
@@ -104,7 +108,7 @@ class Daemon:
         cpus = CpuLimits()  # what "every core" is here: the thread pools' default, and the limits it came from
         log_event(log, logging.INFO, "listening", engine=s.name, http=f"{s.http.host}:{port}", version=__version__,
                   cpus=cpus.usable, affinity_cpus=cpus.affinity,
-                  cpu_quota="none" if cpus.quota is None else round(cpus.quota, 2))
+                  cpu_quota="none" if cpus.quota is None else round(cpus.quota, 2), fd_limit=fd_limit)
         self.notifier.ready()
         self.notifier.status(status_text(self.core.snapshot(), with_progress=False))
         watch = LoopWatch(loop, s.logging.slow_loop_ms / 1000, log) if s.logging.slow_loop_ms else None

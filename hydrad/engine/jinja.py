@@ -5,7 +5,10 @@ llama.cpp's built-in formatter (role and content only) cannot pass.
 Used only for requests with tools on a template that speaks a tool-call format
 (:mod:`hydrad.wire.toolformats`); every other prompt keeps llama.cpp's formatter. The template is
 the engine's configuration, not a client's, but it still runs in jinja's sandbox: a template may
-read what it is given and call the helpers below, nothing else.
+read what it is given and call the helpers below, nothing else. The sandbox bounds what a template
+may *touch*, not how long it runs or how much it makes, so the engine renders in a process of its
+own under a time and a memory limit (:mod:`hydrad.engine.jinjabox`); :func:`render` is what that
+process runs, and it stops a template whose output passes ``max_chars`` as it is written.
 """
 
 from __future__ import annotations
@@ -47,15 +50,23 @@ def _compiled(text: str) -> Any:
 
 
 def render(template: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-           bos_token: str, eos_token: str) -> str:
+           bos_token: str, eos_token: str, max_chars: int | None = None) -> str:
     """The prompt for ``messages`` with the assistant's turn opened; TemplateFailed if the
-    template does not compile or refuses to render."""
+    template does not compile, refuses to render, or writes more than ``max_chars`` characters."""
     from jinja2 import TemplateError
 
     try:
-        return str(_compiled(template).render(messages=messages, tools=tools, add_generation_prompt=True,
-                                              bos_token=bos_token, eos_token=eos_token))
+        parts: list[str] = []
+        size = 0
+        for piece in _compiled(template).generate(messages=messages, tools=tools, add_generation_prompt=True,
+                                                  bos_token=bos_token, eos_token=eos_token):
+            size += len(piece)
+            if max_chars is not None and size > max_chars:
+                raise TemplateFailed(f"the chat template wrote more than {max_chars} characters (max_output_chars); "
+                                     "it was stopped")
+            parts.append(piece)
+        return "".join(parts)
     except TemplateFailed:
         raise
-    except (TemplateError, TypeError, ValueError, KeyError, AttributeError, RecursionError) as exc:
+    except (TemplateError, TypeError, ValueError, KeyError, AttributeError, RecursionError, OverflowError) as exc:
         raise TemplateFailed(f"the chat template failed: {type(exc).__name__}: {exc}"[:500]) from None

@@ -118,7 +118,7 @@ class PromptPrep:
             raise PromptTooLong(f"the prompt has {ids} tokens; this engine's context holds {limit}", ids, limit)
         from_store = self.core.prefix.wants_lookup(chars) and request.slot is None
         heavy = (chars >= PRETOKENIZE_CHARS or len(request.messages or ()) > PRETOKENIZE_MESSAGES
-                 or request.tools is not None or ids * 8 >= PRETOKENIZE_CHARS or request.infill is not None)
+                 or chatprompt.uses_tools(request) or ids * 8 >= PRETOKENIZE_CHARS or request.infill is not None)
         if not heavy and not from_store:
             return
         try:

@@ -20,7 +20,8 @@ from hydrad.common.apikey import InferenceAccess, resolve_api_key
 from hydrad.common.netaccess import address_allowed, check_networks
 from hydrad.common.params import check_partial
 from hydrad.common.yamlfile import ConfigError, beside, read_settings
-from hydrad.store.settings import StoreSettings
+from hydrad.engine.jinjabox import TemplateLimits
+from hydrad.store.settings import POOL_PATTERN, StoreSettings, pool_of
 
 
 class HttpSettings(InferenceAccess):
@@ -183,6 +184,10 @@ class EngineSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field("engine", pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="Engine name, unique in the pool (the systemd instance name).")
+    pool: str | None = Field(None, pattern=POOL_PATTERN, description="The pool's name, which names the Store directory "
+                             "prefix.store uses unless it sets dir (<root>/hydra-store/<pool>, docs/store.md). Unset: "
+                             "derived from bus.endpoint, bus-<port> (as the coordinator derives its own), else this "
+                             "engine's name.")
     http: HttpSettings = Field(default_factory=HttpSettings, description="HTTP server.")
     rpc: RpcSettings = Field(default_factory=RpcSettings, description="Merged RPC port.")
     models_dir: Path = Field(Path("/var/lib/hydra/models"), description="Directory GGUF paths and registry entries are relative to.")
@@ -232,6 +237,9 @@ class EngineSettings(BaseModel):
                                    "prefix copied from another slot or restored from the pool's Store instead of "
                                    "prefilled again.")
     bus: BusSettings = Field(default_factory=BusSettings, description="Link to the coordinator's bus.")
+    templates: TemplateLimits = Field(default_factory=TemplateLimits, description="Limits on rendering a jinja chat "
+                                      "template (the chat_template parameter, or the model's own, for requests with "
+                                      "tools): time, memory and output of each render.")
     slot_save_dir: Path | None = Field(
         None, description="Directory of slot files, llama-server's --slot-save-path: POST /slots/{id}?action=save, "
                           "restore and erase are served only when it is set (501 otherwise). Relative to the config "
@@ -256,6 +264,15 @@ class EngineSettings(BaseModel):
     @classmethod
     def _defaults(cls, v: dict[str, Any]) -> dict[str, Any]:
         return check_partial(v)
+
+    @model_validator(mode="after")
+    def _pool(self) -> "EngineSettings":
+        """The pool's name, and the prefix Store in it: the directory the pool's coordinator uses too."""
+        if self.pool is None:
+            self.pool = pool_of(self.bus.endpoint, self.name)
+        if self.prefix.store is not None:
+            self.prefix = self.prefix.model_copy(update={"store": self.prefix.store.in_pool(self.pool)})
+        return self
 
     def allows_control(self, host: str | None) -> bool:
         return address_allowed(host, self.control_allow_from)

@@ -28,7 +28,7 @@ from typing import Any, Iterator
 import numpy as np
 import xxhash
 
-from hydrad.store import layout as L
+from hydrad.store import layout as L, privatedir
 from hydrad.store.errors import CorruptChunk, StoreError
 from hydrad.store.files import ChunkDir, atomic_write, fsync_dir
 from hydrad.store.settings import StoreSettings
@@ -88,11 +88,14 @@ class Store:
 
     def __init__(self, settings: StoreSettings | None = None, **overrides: Any) -> None:
         self.settings = settings or StoreSettings(**overrides)
-        self.dir = Path(self.settings.dir)
+        self.dir = self.settings.location()
         self.block = self.settings.block_tokens
+        if self.settings.dir is None:  # the pool's directory on a shared tmpfs: this user's alone, or refused
+            privatedir.pool_dir(self.dir)
         try:
+            self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
             for sub in ("chunks", "manifests", "tmp"):
-                (self.dir / sub).mkdir(parents=True, exist_ok=True)
+                (self.dir / sub).mkdir(mode=0o700, exist_ok=True)
         except OSError as exc:
             raise StoreError(f"cannot use {self.dir} as a store directory: {exc}") from exc
         self.chunks = ChunkDir(self.dir / "chunks", self.dir / "tmp", fsync=self.settings.fsync)

@@ -25,7 +25,7 @@ from collections import OrderedDict
 from types import ModuleType
 from typing import Any
 
-from hydrad.wire import schemabounds
+from hydrad.wire import schemabounds, schemashape
 from hydrad.wire.schemabounds import SchemaTooCostly
 
 MAX_GRAMMAR_CHARS = 65536
@@ -496,6 +496,10 @@ _MADE_LOCK = threading.Lock()
 def _schema_text_gbnf(text: str, name: str, check: bool, max_chars: int) -> str:
     """The grammar of a schema given as compact JSON (the text is what it is remembered by)."""
     schema = json.loads(text)
+    try:
+        schemashape.check(schema)
+    except schemashape.SchemaInvalid as exc:
+        raise GrammarError(f"the schema cannot be used: {exc}") from None
     try:
         schemabounds.check(schema, max_chars, MAX_WAYS)
     except SchemaTooCostly as exc:

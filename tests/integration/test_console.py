@@ -32,7 +32,7 @@ def test_console_shows_a_real_engine(tmp_path: Path, smollm_path: Path,
     c = Coordinator(tmp_path, profiles=PROFILES, heartbeat_interval_s=0.5)
     try:
         c.wait_ready()
-        app = HydraConsole(admin_url=c.url, events=c.events_endpoint, refresh_s=1.0)
+        app = HydraConsole(admin_url=c.url, events=c.events_endpoint, refresh_s=1.0, events_token=c.events_token)
 
         async def main() -> None:
             async with app.run_test(size=(140, 40)) as pilot:
@@ -131,7 +131,7 @@ def test_console_two_engines_detail_and_switch_from_keys(tmp_path: Path, smollm_
     c = Coordinator(tmp_path, profiles=DEV_PROFILES, heartbeat_interval_s=0.5)
     try:
         c.wait_ready()
-        app = HydraConsole(admin_url=c.url, events=c.events_endpoint, refresh_s=1.0)
+        app = HydraConsole(admin_url=c.url, events=c.events_endpoint, refresh_s=1.0, events_token=c.events_token)
 
         async def main() -> None:
             async with app.run_test(size=(132, 36)) as pilot:
@@ -170,7 +170,9 @@ def test_console_two_engines_detail_and_switch_from_keys(tmp_path: Path, smollm_
                             "model": "smollm2-135m", "max_tokens": 160, "ignore_eos": True, "temperature": 0,
                             "session_id": "console-s1", "messages": [{"role": "user", "content": "Tell a story."}]})
                         done.append(r.status_code)
+                        ids.append(r.json().get("id"))
 
+                ids: list[str] = []
                 t = threading.Thread(target=generate)
                 t.start()
                 try:
@@ -179,8 +181,10 @@ def test_console_two_engines_detail_and_switch_from_keys(tmp_path: Path, smollm_
                 finally:
                     await asyncio.get_running_loop().run_in_executor(None, t.join, 300)
                 assert done == [200]
-                await w.until(lambda: "console-s1" in str(screen.query_one("#sessions").render()),
+                tag = c.events.session_of(ids[0])  # the events name a session by a keyed hash, never its id
+                await w.until(lambda: tag in str(screen.query_one("#sessions").render()),
                               "the session routed to dev-a", 10)
+                assert "console-s1" not in str(screen.query_one("#sessions").render())
                 await pilot.press("escape")
                 await w.until(lambda: not isinstance(app.screen, EngineScreen), "back to the pool", 5)
                 # dev-b refuses /control from loopback: said so, and its slots are still shown
@@ -243,7 +247,7 @@ def test_console_survives_the_coordinator_going_away(tmp_path: Path, smollm_path
         r = c.http.post("/admin/profile", json={"name": "swapped"})  # the active profile outlives the restart
         assert r.status_code == 200, r.text
         c.wait_serving(SWAPPED, 60)
-        app = HydraConsole(admin_url=c.url, events=c.events_endpoint, refresh_s=0.5)
+        app = HydraConsole(admin_url=c.url, events=c.events_endpoint, refresh_s=0.5, events_token=c.events_token)
 
         async def main() -> None:
             async with app.run_test(size=(80, 24)) as pilot:

@@ -474,6 +474,8 @@ def test_curve_keys_encrypt_the_bus(tmp_path: Path, start_engine: Callable[..., 
         engines = c.engines()
         assert set(engines) == {"sealed"} and engines["sealed"]["alive"]
         assert "registered with the coordinator" in e.log() and "curve=true" in e.log()
+        # the events are encrypted too, and read with the key pair the events token gives
+        assert c.events.wait("engine.up")["data"]["engine"] == "sealed"
     finally:
         ctx.destroy(0)
         c.stop()

@@ -52,6 +52,22 @@ REFUSED: list[tuple[dict[str, Any], str]] = [
     ({"grammar": YES_NO, "response_format": {"type": "json_object"}}, "response_format"),
 ]
 
+# Schemas that break JSON Schema's own rules: each a 400 naming the field and the schema's keyword
+# (some were accepted and ignored, others refused with the converter's exception and no place)
+INVALID_SCHEMAS: list[tuple[dict[str, Any], str, str]] = [
+    ({"json_schema": {"type": 5}}, "json_schema", "/type: a number is not a type"),
+    ({"json_schema": {"properties": []}}, "json_schema", "/properties: must be an object mapping names to schemas"),
+    ({"json_schema": {"anyOf": {}}}, "json_schema", "/anyOf: must be a non-empty array of schemas"),
+    ({"json_schema": {"type": "array", "minItems": -1}}, "json_schema", "/minItems: must be a non-negative integer"),
+    ({"json_schema": {"type": "object", "properties": {"age": {"type": "integr"}}}}, "json_schema",
+     "/properties/age/type: 'integr' is not a type"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "object",
+                                                                            "additionalProperties": 5}}}},
+     "response_format", "/additionalProperties: must be a schema"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "required": "x"}}}]},
+     "tools[0].function.parameters", "/required: must be an array of property names"),
+]
+
 # GBNF that passes the doors' checker but that only llama.cpp, with the model's vocabulary, can
 # refuse: the engine answers 400 as well.
 REFUSED_BY_LLAMA = ["root ::= <no-such-single-token>"]
@@ -128,6 +144,11 @@ def _assert_refusals(http: httpx.Client) -> None:
         assert r.status_code == 400, (fields.keys(), r.text)
         err = r.json()["error"]
         assert err["code"] == "invalid_field" and err["param"] == name and name in err["message"], err
+    for fields, name, problem in INVALID_SCHEMAS:
+        r = _chat(http, ASK, **fields)
+        assert r.status_code == 400, (fields, r.text)
+        err = r.json()["error"]
+        assert err["code"] == "invalid_field" and err["param"] == name and problem in err["message"], err
     for grammar in REFUSED_BY_LLAMA:
         r = _chat(http, ASK, grammar=grammar)
         assert r.status_code == 400 and "grammar" in r.json()["error"]["message"], r.text

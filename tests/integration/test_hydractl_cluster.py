@@ -325,6 +325,44 @@ def test_the_pool_bus_admits_only_its_own_engines(pool: tuple[Up, str]) -> None:
     assert set(engines(pool[1])) == set(DEV)
 
 
+CONSOLE = re.compile(r"HYDRA_EVENTS_TOKEN_FILE=(\S+) hydra-console --coordinator (tcp://\S+) --admin (\S+)")
+
+
+@pytest.mark.model
+def test_the_pool_events_need_its_token(pool: tuple[Up, str]) -> None:
+    """hydractl up gives each pool an events token and prints the console's command line with it: a
+    subscriber presenting it sees the pool's routing, one without it sees nothing."""
+    import zmq
+
+    from hydrad.common import tokenfile
+    from hydrad.wire import eventsauth
+
+    up, url = pool
+    m = CONSOLE.search("\n".join(up.lines))
+    assert m is not None, up.output()
+    token_file, endpoint, admin = Path(m.group(1)), m.group(2), m.group(3)
+    assert admin == url and token_file.stat().st_mode & 0o777 == 0o600
+    ctx = zmq.Context()
+    try:
+        subs = {}
+        for name, token in (("with", tokenfile.read_token(token_file)), ("without", None)):
+            sub = ctx.socket(zmq.SUB)
+            sub.setsockopt(zmq.LINGER, 0)
+            sub.setsockopt(zmq.SUBSCRIBE, b"route")
+            eventsauth.present(sub, token)
+            sub.connect(endpoint)
+            subs[name] = sub
+        time.sleep(0.5)  # the subscriptions reach the coordinator
+        r = httpx.post(f"{url}/v1/chat/completions", timeout=60, json={
+            "model": "smollm2-135m", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})
+        assert r.status_code == 200, r.text
+        assert subs["with"].poll(10_000), "no route event for the subscriber with the token"
+        assert json.loads(subs["with"].recv_multipart()[1])["data"]["req"] == r.json()["id"]
+        assert not subs["without"].poll(1000)
+    finally:
+        ctx.destroy(0)
+
+
 @pytest.mark.model
 def test_engines_shows_both_alive(pool: tuple[Up, str]) -> None:
     _, url = pool

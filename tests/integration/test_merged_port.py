@@ -148,21 +148,33 @@ def test_malformed_frames_get_error_status_and_engine_keeps_serving(start_engine
     assert e.proc.poll() is None
 
 
-def test_excess_control_connections_get_busy(start_engine: Callable[..., Engine]) -> None:
-    e = start_engine(extra={"rpc": {"port": 0, "max_control_connections": 2}})
-    e.notify.wait_for("READY=1")
-    time.sleep(0.2)
-    port = int(re.search(r"rpc=127\.0\.0\.1:(\d+)", e.log()).group(1))  # type: ignore[union-attr]
-    held = [RpcClient(("127.0.0.1", port)) for _ in range(2)]
-    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+def test_busy_only_when_every_session_is_inside_a_request(smollm_path: Path, start_engine: Callable[..., Engine]) -> None:
+    """Two places: two sessions each inside a STATE_PUT (waiting for its data) hold them, and a third
+    gets BUSY; an idle session instead gives its place to the newcomer."""
+    e = start_engine(defaults={"model": "smollm2-135m", "temperature": 0}, extra={"rpc": {"max_control_connections": 2}})
+    e.wait_ready()
+    assert e.http.post("/v1/completions", json={"prompt": "Hello", "max_tokens": 2, "id_slot": 0}).status_code == 200
+    with RpcClient(rpc_addr(e)) as c:
+        meta, _ = c.state_get_bytes(0)
+    inside = [RpcClient(rpc_addr(e)) for _ in range(2)]
+    for c in inside:  # STATE_PUT announced, CONTINUE answered: the session is inside a request until its data ends
+        c.send(P.encode_json(P.Op.STATE_PUT, {"slot": 1, "meta": meta}))
+        assert c.recv().code == P.Status.CONTINUE
+    s = raw(e)
     s.sendall(P.encode_json(P.Op.INFO, {}))
     frames, closed = read_frames(s)
     assert [f.code for f in frames] == [P.Status.BUSY] and closed
-    held[0].close()
+    inside[0].close()  # its upload abandoned: the place is free again
     time.sleep(0.2)
-    with RpcClient(("127.0.0.1", port)) as c:  # a freed place is usable again
+    idle = RpcClient(rpc_addr(e))  # takes that place, then sits idle
+    assert idle.info()["engine"]
+    with RpcClient(rpc_addr(e)) as c:  # every place held, one of them idle: it makes room
         assert c.info()["engine"]
-    held[1].close()
+    with pytest.raises((RpcError, OSError)):
+        idle.info()
+    idle.close()
+    inside[1].close()
+    still_serving(e)
 
 
 def test_token_auth(start_engine: Callable[..., Engine]) -> None:

@@ -240,9 +240,11 @@ def test_idle_connections_cannot_lock_out_control(start_engine: Callable[..., En
     with RpcClient(("127.0.0.1", port)) as a, RpcClient(("127.0.0.1", port)) as b:
         assert a.info()["engine"] == b.info()["engine"] == "test"
         assert time.monotonic() - t0 < 1.0  # served at once, not after the idle ones time out
-        with pytest.raises(RpcError) as busy:  # identified sessions are what the cap counts
-            RpcClient(("127.0.0.1", port))
-        assert busy.value.status == P.Status.BUSY
+        # identified sessions are what the cap counts, and an idle one makes room for a newcomer
+        with RpcClient(("127.0.0.1", port)) as c:
+            assert c.info()["engine"] == "test"
+        with pytest.raises((RpcError, OSError)):
+            a.info()  # the longest idle of the two gave its place up
     for s in idle:  # every idle one is gone by the handshake deadline: dropped as oldest, or timed out
         data, closed = read_all(s, 5)
         assert closed
@@ -377,13 +379,46 @@ def test_idle_identified_sessions_give_their_places_back(start_engine: Callable[
     e.notify.wait_for("READY=1")
     port = rpc_port(e)
     quiet = [RpcClient(("127.0.0.1", port), token="s3cret") for _ in range(2)]  # HELLO, then nothing
-    with pytest.raises(RpcError) as busy:
-        RpcClient(("127.0.0.1", port), token="s3cret")
-    assert busy.value.status == P.Status.BUSY
-    time.sleep(1.5)
-    with RpcClient(("127.0.0.1", port), token="s3cret") as c:  # the quiet ones were closed: places are free
+    time.sleep(0.1)
+    with RpcClient(("127.0.0.1", port), token="s3cret") as c:  # the longest idle gave its place up at once
         assert c.info()["engine"] == "test"
+    with pytest.raises((RpcError, OSError)):
+        quiet[0].info()
+    time.sleep(1.5)  # and a session quiet past control_idle_timeout_s is closed anyway
+    with pytest.raises((RpcError, OSError)):
+        quiet[1].info()
     for q in quiet:
-        with pytest.raises((RpcError, OSError)):
-            q.info()
         q.close()
+    with RpcClient(("127.0.0.1", port), token="s3cret") as c:
+        assert c.info()["engine"] == "test"
+    assert e.proc.poll() is None
+
+
+def test_idle_sessions_and_strangers_do_not_hold_a_configure_off(start_engine: Callable[..., Engine]) -> None:
+    """100 sessions that said HELLO with the token and went quiet, and 100 connections that never
+    authenticate, do not keep a configure waiting: it is answered at once, on the merged port and on HTTP."""
+    e = start_engine(extra={"rpc": {"port": 0, "token": "s3cret-token-for-tests"}})
+    e.notify.wait_for("READY=1")
+    port = rpc_port(e)
+    held: list[Any] = []
+    try:
+        for _ in range(100):
+            held.append(RpcClient(("127.0.0.1", port), token="s3cret-token-for-tests"))
+        for i in range(100):  # a stranger: nothing, half a HELLO, or a HELLO with a wrong token kept open
+            s = socket.create_connection(("127.0.0.1", port), timeout=10)
+            if i % 3 == 1:
+                s.sendall(P.encode_json(P.Op.HELLO, {"version": 1, "token": "s3cret-token-for-tests"})[:7])
+            held.append(s)
+        t0 = time.monotonic()
+        with RpcClient(("127.0.0.1", port), token="s3cret-token-for-tests", timeout=5) as c:
+            answer = c.configure({"temperature": 0.3})
+        assert time.monotonic() - t0 < 1.0 and answer["tier"] == "T1", answer
+        r = e.http.post("/control/configure", json={"temperature": 0.4},
+                        headers={"Authorization": "Bearer s3cret-token-for-tests"}, timeout=5)
+        assert r.status_code == 200, r.text
+        assert e.http.get("/control/config", headers={"Authorization": "Bearer s3cret-token-for-tests"}
+                          ).json()["params"]["temperature"]["value"] == 0.4
+    finally:
+        for h in held:
+            h.close()
+    assert e.proc.poll() is None

@@ -153,7 +153,7 @@ def test_session_outlives_its_engine_and_the_coordinator(cluster: Callable[..., 
     assert sessions(cl)["restored"] == 2
     assert usage3["prompt_tokens_details"]["cached_tokens"] >= r2.json()["usage"]["prompt_tokens"], usage3
     restored = c.events.wait("session.restored", lambda ev: ev["data"]["engine"] != second)
-    assert restored["data"]["session"] == "s-live" and restored["data"]["tokens"] > 0
+    assert restored["data"]["session"] == c.events.session_of(r3.json()["id"]) and restored["data"]["tokens"] > 0
     assert home in TWIN
 
 
@@ -193,7 +193,8 @@ def test_a_reload_moves_the_session_engine_to_engine(cluster: Callable[..., Clus
     switched = c.http.post("/admin/profile", json={"name": "mixed"})
     assert switched.status_code == 200, switched.text
     c.wait_serving({"dev-a": "gemma3-270m", "dev-b": "smollm2-135m"})
-    moved = c.events.wait("session.moved", lambda ev: ev["data"]["session"] == "s-move")
+    tag = c.events.session_of(r1.json()["id"])  # the session as the events name it
+    moved = c.events.wait("session.moved", lambda ev: ev["data"]["session"] == tag)
     assert moved["data"]["dst"] == "dev-b"
     conv2 = next_turn(conv, r1.json(), "Item 4?")
     r2 = chat(c, "smollm2-135m", "", messages=conv2, max_tokens=8, session="s-move")
@@ -319,7 +320,8 @@ def test_a_session_whose_engine_is_overloaded_moves_to_the_idle_one(cluster: Cal
         assert r2.status_code == 200, r2.text
         assert r2.headers["x-hydra-engine"] == other, (r2.headers, c.log()[-3000:])
         assert r2.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= r1.json()["usage"]["prompt_tokens"]
-        moved = c.events.wait("session.moved", lambda ev: ev["data"]["session"] == "s-busy")
+        tag = c.events.session_of(r2.json()["id"])
+        moved = c.events.wait("session.moved", lambda ev: ev["data"]["session"] == tag)
         assert moved["data"]["dst"] == other
         st = sessions(cl)
         assert st["moved"] == 1 and st["restored"] == 0, st

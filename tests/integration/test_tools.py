@@ -7,6 +7,7 @@ naming the field and the engine serves on."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -208,6 +209,40 @@ def test_a_tool_aware_template_renders_the_tools(smollm_path: Path, start_engine
     e.assert_running()
 
 
+def _rss(e: Engine) -> int:
+    status = Path(f"/proc/{e.proc.pid}/status").read_text()
+    return int(status.split("VmRSS:")[1].split()[0]) * 1024
+
+
+def test_an_operator_template_that_runs_away_fails_its_request_only(smollm_path: Path,
+                                                                     start_engine: Callable[..., Engine]) -> None:
+    """A configured jinja template that loops for ever, builds a gigabyte string or writes without end
+    is stopped by its limits: the request gets a 400 naming the limit, the engine neither hangs nor
+    grows, and it serves the next request."""
+    e = start_engine(defaults={"model": "smollm2-135m", "temperature": 0, "chat_template": HERMES},
+                     extra={"templates": {"render_timeout_s": 1.0, "max_output_chars": 1 << 20}})
+    e.wait_ready()
+    assert _called(_chat(e.http, tools=TOOLS, tool_choice="required"))  # the good template first: a worker is up
+    rss = _rss(e)
+    runaway = {"forever": ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+                           "took longer than 1 s to render (render_timeout_s)"),
+               "gigabyte": ("{{ 'x' * 1000000000 }}", "to render (render_memory_bytes)"),
+               "flood": ("{% for i in range(100000) %}{{ 'y' * 1000 }}{% endfor %}",
+                         "wrote more than 1048576 characters (max_output_chars)")}
+    for name, (body, why) in runaway.items():
+        # <|im_start|>: llama.cpp's formatter takes it for chatml (requests without tools); <tool_call>: Hermes
+        assert e.configure(chat_template="<|im_start|><tool_call>" + body).status_code == 200
+        t0 = time.monotonic()
+        r = _chat(e.http, tools=TOOLS, tool_choice="required")
+        assert r.status_code == 400 and r.json()["error"]["code"] == "template_error", (name, r.text)
+        assert why in r.json()["error"]["message"], (name, r.text)
+        assert time.monotonic() - t0 < 5.0, name
+        assert e.http.get("/health").status_code == 200
+        assert _choice(_chat(e.http, max_tokens=4))["message"]["content"]  # no tools: llama.cpp's formatter
+    assert _rss(e) < rss + (200 << 20)  # the gigabyte was never the engine's
+    assert e.configure(chat_template=HERMES).status_code == 200
+    assert _called(_chat(e.http, tools=TOOLS, tool_choice="required"))
+    e.assert_running()
 
 
 def test_tool_calls_through_the_front_door(solo_pool: tuple[Coordinator, Engine]) -> None:

@@ -3,7 +3,7 @@ plus a subscriber that collects what it publishes on the PUB socket.
 
 Like a real pool, the bus has a token by default (``<tmp>/bus.token``): engines join with
 :meth:`Coordinator.engine_bus` as their ``bus`` section, which names the endpoint and the token
-file."""
+file. The events socket has its token (``<tmp>/events.token``), which the collector presents."""
 
 from __future__ import annotations
 
@@ -14,13 +14,14 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import httpx
 import yaml
 import zmq
 
 from hydrad.common import tokenfile
+from hydrad.wire import eventsauth
 from tests.support.engine import REGISTRY, NotifyListener, free_port, terminate
 from tests.support.wait import eventually
 
@@ -28,9 +29,12 @@ from tests.support.wait import eventually
 class Events:
     """A SUB socket on its own thread (the socket never leaves it) collecting (topic, event) pairs."""
 
-    def __init__(self, endpoint: str) -> None:
+    def __init__(self, endpoint: str, token: str | None = None, curve_server_key: str | None = None) -> None:
         self.endpoint = endpoint
+        self.token = token
+        self.curve_server_key = curve_server_key
         self.items: list[tuple[str, dict[str, Any]]] = []
+        self.frames: list[list[bytes]] = []  # every message as it arrived
         self._stop = threading.Event()
         self._ready = threading.Event()
         self._t = threading.Thread(target=self._run, daemon=True)
@@ -42,12 +46,15 @@ class Events:
         sock = ctx.socket(zmq.SUB)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SUBSCRIBE, b"")
+        eventsauth.present(sock, self.token, self.curve_server_key)
         sock.connect(self.endpoint)
         self._ready.set()
         try:
             while not self._stop.is_set():
                 if sock.poll(100):
-                    topic, body = sock.recv_multipart()
+                    frames = sock.recv_multipart()
+                    self.frames.append(frames)
+                    topic, body = frames
                     self.items.append((topic.decode(), json.loads(body)))
         finally:
             sock.close(0)
@@ -62,6 +69,12 @@ class Events:
                           f"a matching {prefix!r} event",
                           context=lambda: f"topics seen: {sorted({t for t, _ in list(self.items)})}")
 
+    def session_of(self, req: str, timeout: float = 10.0) -> str:
+        """The tag the events give the session of request ``req`` (a response's ``id``): events carry a
+        keyed hash of each session id, never the id (hydrad/coordinator/eventsdoor.py)."""
+        route = self.wait("route", lambda ev: ev["data"].get("req") == req, timeout)
+        return str(route["data"]["session"])
+
     def close(self) -> None:
         self._stop.set()
         self._t.join(2)
@@ -71,7 +84,10 @@ class Coordinator:
     def __init__(self, tmp: Path, profiles: dict[str, Any] | str | Path | None = None, default_profile: str | None = None,
                  heartbeat_interval_s: float = 0.5, extra: dict[str, Any] | None = None,
                  env: dict[str, str] | None = None, curve: tuple[str, str] | None = None,
-                 bus_token: bool = True, admin_token: bool = False, request_stream: bool = True) -> None:
+                 bus_token: bool = True, admin_token: bool = False, request_stream: bool = True,
+                 wrap: Sequence[str] = ()) -> None:
+        """``wrap``: a command prefix the daemon runs under (``prlimit ... --``)."""
+        self.wrap = list(wrap)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.bus = f"tcp://127.0.0.1:{free_port()}"
@@ -98,6 +114,9 @@ class Coordinator:
             self.token_file = tmp / "bus.token"
             tokenfile.write_token(self.token_file)
             cfg["bus_token_file"] = str(self.token_file)
+        self.events_token_file = tmp / "events.token"
+        self.events_token = tokenfile.write_token(self.events_token_file)
+        cfg["events_token_file"] = str(self.events_token_file)
         self.admin_token: str | None = None
         if admin_token:
             admin_file = tmp / "admin.token"
@@ -111,9 +130,8 @@ class Coordinator:
             cfg["profiles"] = str(profiles)
         if default_profile is not None:
             cfg["default_profile"] = default_profile
-        extra = dict(extra or {})
-        cfg["http"] = {**cfg["http"], **extra.pop("http", {})}  # the http section is merged: it holds the port
-        cfg.update(extra)
+        for key, value in (extra or {}).items():  # a section (http, sessions, ...) is merged, not replaced
+            cfg[key] = {**cfg[key], **value} if isinstance(value, dict) and isinstance(cfg.get(key), dict) else value
         self.config = tmp / "coordinator.yaml"
         self.config.write_text(yaml.safe_dump(cfg))
         self.notify = NotifyListener(tmp / "notify-coordinator.sock")
@@ -121,7 +139,7 @@ class Coordinator:
         self._log = open(self.log_path, "wb")
         self._env = dict(os.environ, NOTIFY_SOCKET=str(self.notify.path), PYTHONUNBUFFERED="1", **(env or {}))
         self._cwd = tmp
-        self.events = Events(self.events_endpoint)
+        self.events = Events(self.events_endpoint, self.events_token, curve[0] if curve is not None else None)
         self.proc = self._spawn()
         self.http = httpx.Client(base_url=self.url, timeout=120, headers=tokenfile.bearer(self.admin_token))
 
@@ -133,7 +151,7 @@ class Coordinator:
         return out
 
     def _spawn(self) -> subprocess.Popen[bytes]:
-        return subprocess.Popen([sys.executable, "-m", "hydrad.coordinator.daemon", "--config", str(self.config)],
+        return subprocess.Popen([*self.wrap, sys.executable, "-m", "hydrad.coordinator.daemon", "--config", str(self.config)],
                                 stdout=self._log, stderr=subprocess.STDOUT, env=self._env, cwd=str(self._cwd))
 
     def kill(self, sig: int = signal.SIGTERM, timeout: float = 20.0) -> int:

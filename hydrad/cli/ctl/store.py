@@ -7,22 +7,29 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 from hydrad.cli.common import EXIT_OK, EXIT_REJECTED, CliError
 from hydrad.store import Store, StoreError
-from hydrad.store.settings import default_dir
+from hydrad.store.settings import DEFAULT_POOL, POOL_PATTERN, default_dir
 
 
 def _open(args: argparse.Namespace) -> Store:
-    path = Path(args.dir) if args.dir else default_dir()
+    path = Path(args.dir) if args.dir else default_dir(args.pool)
     if not (path / "manifests").is_dir():
         raise CliError(f"no store at {path} (no manifests/ directory)", EXIT_REJECTED)
     try:
         return Store(dir=path)
     except StoreError as exc:
         raise CliError(str(exc), EXIT_REJECTED) from exc
+
+
+def _pool(name: str) -> str:
+    if not re.match(POOL_PATTERN, name):
+        raise argparse.ArgumentTypeError(f"{name!r}: 1 to 64 of A-Z a-z 0-9 _ . -")
+    return name
 
 
 def _mb(n: int) -> str:
@@ -88,6 +95,10 @@ def add_parsers(sub: Any) -> None:
                               ("verify", cmd_verify, "recompute every chunk's hash (exit 2 on damage)"),
                               ("gc", cmd_gc, "remove unreferenced chunks and stray tmp files, enforce the cap")):
         p = ssub.add_parser(name, help=help_, description=help_)
-        p.add_argument("--dir", metavar="DIR", help=f"the store directory (default {default_dir()})")
+        p.add_argument("--dir", metavar="DIR", help="the store directory (default: the pool's, "
+                                                   f"{default_dir('POOL')})")
+        p.add_argument("--pool", metavar="POOL", default=DEFAULT_POOL, type=_pool,
+                       help=f"the pool whose store to open when --dir is not given: its coordinator's pool setting, by "
+                            f"default bus-<port of its bus> (default {DEFAULT_POOL})")
         p.add_argument("--json", action="store_true", help="print JSON")
         p.set_defaults(func=func)

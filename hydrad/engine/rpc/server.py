@@ -12,14 +12,18 @@ carrying it. Until a connection has identified itself (a complete first request,
 where one is needed) it is *pending*: it has ``handshake_timeout_s`` to do so, and pending
 connections have their own small bound (the oldest is dropped), so idle sockets can never use up
 the places of identified sessions, which alone count against ``max_control_connections``. An
-identified session that sends nothing for ``control_idle_timeout_s`` is closed: sessions that said
-HELLO and then went quiet used to keep their places for good.
+identified session that sends nothing for ``control_idle_timeout_s`` is closed, and when every place
+is taken the session idle the longest gives its place to a newcomer (``places.py``): sessions that
+said HELLO and then went quiet can no longer hold a configure off.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
+import os
+import resource
 import socket
 import threading
 import time
@@ -34,6 +38,7 @@ from hydrad.engine.core import StateError
 from hydrad.common.logs import LogThrottle, log_event
 from hydrad.wire import protocol as P
 from hydrad.engine.rpc.ggml_relay import GgmlRelay
+from hydrad.engine.rpc.places import ControlPlaces
 from hydrad.engine.rpc.workers import ConnectionWorkers
 from hydrad.wire.kvstream import StateReceiver, chunked
 from hydrad.engine.settings import EngineSettings
@@ -55,6 +60,14 @@ class _Closed(Exception):
     pass
 
 
+def _spare_fd() -> int | None:
+    """A descriptor held in reserve for when the limit is reached (see _accept_loop)."""
+    try:
+        return os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+
+
 class MergedPort:
     def __init__(self, settings: EngineSettings, control: EngineControl, loop: asyncio.AbstractEventLoop,
                  ggml_endpoint: tuple[str, int] | None, devices: Callable[[], list[dict[str, Any]]]) -> None:
@@ -65,7 +78,7 @@ class MergedPort:
         self.devices = devices
         self.rpc = settings.rpc
         self.relay = GgmlRelay(settings, ggml_endpoint) if ggml_endpoint is not None else None
-        self._control_slots = threading.BoundedSemaphore(self.rpc.max_control_connections)
+        self._places = ControlPlaces(self.rpc.max_control_connections)
         self._pending: OrderedDict[int, socket.socket] = OrderedDict()  # not yet identified, oldest first
         self._pending_lock = threading.Lock()
         self._ids = iter(range(1, 1 << 62))
@@ -75,7 +88,8 @@ class MergedPort:
         self._closing = False
         self.port = 0
         self.stats = {"ggml_connections": 0, "control_connections": 0, "busy_rejections": 0, "closed_unknown": 0,
-                      "forbidden": 0, "handshake_timeouts": 0, "pending_dropped": 0, "spawn_failures": 0}
+                      "forbidden": 0, "handshake_timeouts": 0, "pending_dropped": 0, "spawn_failures": 0,
+                      "fd_exhausted": 0}
 
     # ----- accept and dispatch ------------------------------------------------------------
 
@@ -112,14 +126,28 @@ class MergedPort:
 
     def _accept_loop(self) -> None:
         """Never dies while the port is open: a failed accept is retried, and a connection for which no
-        worker is idle and none can start (threads or memory exhausted) is answered BUSY and closed."""
+        worker is idle and none can start (threads or memory exhausted) is answered BUSY and closed.
+
+        Out of file descriptors (EMFILE, ENFILE) the loop logs it (once per 10 s) and goes on trying:
+        the port serves again as soon as descriptors are free. The connection at the head of the queue
+        would wait there, and the ones behind it: a spare descriptor kept for the purpose is closed,
+        that connection accepted and closed at once (its peer learns now, as uvloop does for HTTP)
+        and the spare reopened. Best effort: another thread of the process may take the freed
+        descriptor first (llama.cpp's ggml-RPC server retries its accepts without pause)."""
         assert self._sock is not None
+        spare = _spare_fd()
         while not self._closing:
             try:
                 conn, addr = self._sock.accept()
-            except OSError:
+            except OSError as exc:
                 if self._closing:
                     return
+                if exc.errno in (errno.EMFILE, errno.ENFILE):
+                    self.stats["fd_exhausted"] += 1
+                    spare, peer = self._shed(spare)
+                    self._throttle(log, logging.WARNING, "fd", "out of file descriptors: merged-port connections "
+                                   "wait or are closed unserved until some are free", error=exc.strerror or str(exc),
+                                   closed=peer or "-", fd_limit=resource.getrlimit(resource.RLIMIT_NOFILE)[0])
                 time.sleep(0.05)
                 continue
             try:
@@ -135,6 +163,20 @@ class MergedPort:
                     conn.close()
                 if not isinstance(exc, Exception):
                     raise
+
+    def _shed(self, spare: int | None) -> tuple[int | None, str | None]:
+        """Close the connection at the head of the accept queue with the spare descriptor: a new spare,
+        and the peer of the connection closed (None when none could be taken)."""
+        if spare is not None:
+            os.close(spare)
+        peer = None
+        try:
+            conn, addr = self._sock.accept()  # type: ignore[union-attr]
+            conn.close()
+            peer = addr[0] if isinstance(addr, tuple) else str(addr)
+        except OSError:
+            pass
+        return _spare_fd(), peer
 
     def _pend(self, conn: socket.socket) -> int:
         """Count a connection as pending; beyond the bound the oldest pending one is dropped."""
@@ -235,17 +277,22 @@ class MergedPort:
                 trusted = True
             if not self._unpend(key):
                 return  # dropped as the oldest pending connection meanwhile
-            if not self._control_slots.acquire(blocking=False):
+            if not self._places.take(key, conn):
                 self.stats["busy_rejections"] += 1
-                io.send_quietly(P.error_frame(P.Status.BUSY, "busy", f"more than {self.rpc.max_control_connections} "
-                                              "control sessions; retry later"))
+                io.send_quietly(P.error_frame(P.Status.BUSY, "busy", f"{self.rpc.max_control_connections} control "
+                                              "sessions are each inside a request; retry later"))
                 return
             session = True
             self.stats["control_connections"] += 1
             conn.settimeout(self.rpc.control_idle_timeout_s)  # an idle session gives its place back
             while frame is not None:
-                if not self._op(frame, io, peer, trusted):
-                    return
+                if not self._places.busy(key):
+                    return  # closed while idle to make room for another session
+                try:
+                    if not self._op(frame, io, peer, trusted):
+                        return
+                finally:
+                    self._places.idle(key)
                 frame = io.next()
         except P.ProtocolError as exc:
             io.send_quietly(P.error_frame(exc.status, "protocol_error", str(exc)))
@@ -258,7 +305,7 @@ class MergedPort:
             io.send_quietly(P.error_frame(P.Status.ERROR, "internal_error", "internal error (see the engine log)"))
         finally:
             if session:
-                self._control_slots.release()
+                self._places.leave(key)
 
     def _token_ok(self, frame: P.Frame) -> bool:
         try:

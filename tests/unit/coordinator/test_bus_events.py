@@ -13,7 +13,7 @@ import zmq.asyncio
 
 from hydrad.coordinator.bus import CoordinatorBus
 from hydrad.coordinator.settings import CoordinatorSettings
-from hydrad.wire import messages as M
+from hydrad.wire import eventsauth, messages as M
 
 
 def test_events_go_only_while_a_console_listens(tmp_path: Path) -> None:
@@ -27,6 +27,7 @@ def test_events_go_only_while_a_console_listens(tmp_path: Path) -> None:
             sub = ctx.socket(zmq.SUB)
             sub.setsockopt(zmq.LINGER, 0)
             sub.setsockopt(zmq.SUBSCRIBE, b"route")
+            eventsauth.present(sub, bus.events_door.token)
             sub.connect(bus.events_endpoint)
             for _ in range(200):  # the subscription reaches the XPUB asynchronously
                 if bus._listened():

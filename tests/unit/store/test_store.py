@@ -154,9 +154,11 @@ def test_object_being_read_is_never_evicted(tmp_path: Path) -> None:
 
 def test_settings_are_typed_and_default_to_tmpfs(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
-    assert default_dir() == Path("/dev/shm/hydra-store")
+    assert default_dir("p1") == Path("/dev/shm/hydra-store/p1")
     monkeypatch.setenv("XDG_RUNTIME_DIR", "/run/user/1000")
-    assert StoreSettings().dir == Path("/run/user/1000/hydra-store")
+    assert StoreSettings(pool="p1").location() == Path("/run/user/1000/hydra-store/p1")
+    with pytest.raises(ValueError):
+        StoreSettings(pool="../elsewhere")
     with pytest.raises(ValueError):
         StoreSettings(block_tokens=0)
     with pytest.raises(ValueError):

@@ -69,9 +69,9 @@ def test_engine_screen_shows_slots_params_and_events() -> None:
         assert list(screen.param_rows)[:4] == ["model", "n_gpu_layers", "split_mode", "tensor_split"]
         assert "from http://10.0.0.11:8080" in screen.params_message
         text = str(screen.query_one("#sessions").render())
-        assert "sessions routed here: ops-1" in text and "busy 2/4" in text
+        assert "sessions routed here: s-c04e6b9d1a2f8e73" in text and "busy 2/4" in text
         events = str(screen.query_one("#events-text").render())
-        assert "route e4a8b2c6d0f1 [affinity] gemma3-270m: session ops-1 is warm on 5060ti" in events
+        assert "route e4a8b2c6d0f1 [affinity] gemma3-270m: session s-c04e6b9d1a2f8e73 is warm on 5060ti" in events
         assert "3060" not in events  # only this engine's
         # the engine keeps being fetched while the screen is open
         n = screen.fetches
