@@ -46,6 +46,15 @@ class RequestRefused(ValueError):
         self.n_ctx = n_ctx
         self.param = param
 
+    def failed(self) -> Failed:
+        """The request's end event, when the engine thread finds the fault."""
+        return Failed(str(self), status=self.status, code=self.code, n_prompt_tokens=self.n_prompt_tokens,
+                      n_ctx=self.n_ctx, param=self.param)
+
+
+RequestError = RequestRefused
+"""The same fault, raised where the engine thread or a preparation worker finds it."""
+
 
 class PromptTooLong(RequestRefused):
     """A prompt refused by its length before tokenizing (400 ``context_length_exceeded``).
@@ -54,23 +63,6 @@ class PromptTooLong(RequestRefused):
 
     def __init__(self, message: str, n_prompt_tokens: int, n_ctx: int) -> None:
         super().__init__(message, 400, "context_length_exceeded", n_prompt_tokens, n_ctx)
-
-
-class RequestError(Exception):
-    """A request's own failure found on the engine thread, answered as this status and code."""
-
-    def __init__(self, message: str, status: int, code: str, n_prompt_tokens: int | None = None,
-                 n_ctx: int | None = None, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.n_prompt_tokens = n_prompt_tokens
-        self.n_ctx = n_ctx
-        self.param = param
-
-    def failed(self) -> Failed:
-        return Failed(str(self), status=self.status, code=self.code, n_prompt_tokens=self.n_prompt_tokens,
-                      n_ctx=self.n_ctx, param=self.param)
 
 
 def _infill_tokens(gen: Generation, request: GenRequest, n_predict: int) -> list[int]:
@@ -127,8 +119,8 @@ class PromptPrep:
             else:  # both at once: the tokenizer runs without the interpreter lock while the grammar is made
                 tokens, grammar = await asyncio.gather(asyncio.to_thread(self.tokenize, gen, request),
                                                        asyncio.to_thread(self.tool_grammar, gen, request))
-        except RequestError as exc:
-            raise RequestRefused(str(exc), exc.status, exc.code, exc.n_prompt_tokens, exc.n_ctx, exc.param) from None
+        except RequestRefused:
+            raise
         except Exception:  # noqa: BLE001 - not the request's fault (a retired model, ...): the engine
             # thread meets the same failure under its per-request guard and answers it
             return

@@ -201,6 +201,20 @@ def test_session_goes_back_to_its_kv_and_load_spreads(cluster: Callable[..., Clu
 LONG_PROMPT = " ".join(f"item {i} is number {i}." for i in range(250))  # ~2,000 tokens: prefill takes a while
 
 
+def _kill_before_the_first_token(cl: Cluster, ask: Callable[[], None]) -> dict[str, Any]:
+    """Run ``ask`` on a thread, and kill the engine its request is first routed to while it prefills;
+    the route event of that first attempt (``ask`` has ended when this returns)."""
+    seen = {ev["data"]["req"] for ev in cl.c.events.of("route")}
+    t = threading.Thread(target=ask)
+    t.start()
+    chosen = cl.c.events.wait("route", lambda ev: ev["data"]["attempt"] == 1 and ev["data"]["req"] not in seen)["data"]
+    victim = cl.engines[chosen["engine"]]
+    os.kill(victim.proc.pid, signal.SIGSTOP)  # frozen mid-prefill: it cannot have sent a token
+    os.kill(victim.proc.pid, signal.SIGKILL)
+    t.join(120)
+    return chosen
+
+
 def test_engine_killed_before_the_first_token_is_retried_elsewhere(cluster: Callable[..., Cluster]) -> None:
     cl = cluster(profiles=TWIN_PROFILES, default_profile="twin")
     c = cl.c
@@ -217,13 +231,7 @@ def test_engine_killed_before_the_first_token_is_retried_elsewhere(cluster: Call
             out["lines"] = list(sse_lines(r))
         out["seconds"] = time.monotonic() - t0
 
-    t = threading.Thread(target=ask)
-    t.start()
-    chosen = c.events.wait("route", lambda ev: ev["data"]["attempt"] == 1)["data"]
-    victim = cl.engines[chosen["engine"]]
-    os.kill(victim.proc.pid, signal.SIGSTOP)  # frozen mid-prefill: it cannot have sent a token
-    os.kill(victim.proc.pid, signal.SIGKILL)
-    t.join(120)
+    chosen = _kill_before_the_first_token(cl, ask)
     assert out["status"] == 200, out
     assert out["engine"] != chosen["engine"]
     assert out["lines"][-1] == "[DONE]"
@@ -769,14 +777,7 @@ def test_native_completion_keeps_its_session_and_is_retried_before_its_first_tok
             out["engine"] = r.headers.get("x-hydra-engine")
             out["events"] = [json.loads(x) for x in sse_lines(r)]
 
-    seen = {ev["data"]["req"] for ev in c.events.of("route")}
-    t = threading.Thread(target=ask)
-    t.start()
-    chosen = c.events.wait("route", lambda ev: ev["data"]["attempt"] == 1 and ev["data"]["req"] not in seen)["data"]
-    victim = cl.engines[chosen["engine"]]
-    os.kill(victim.proc.pid, signal.SIGSTOP)  # frozen mid-prefill: it cannot have sent a token
-    os.kill(victim.proc.pid, signal.SIGKILL)
-    t.join(120)
+    chosen = _kill_before_the_first_token(cl, ask)
     assert out["status"] == 200, out
     assert out["engine"] != chosen["engine"]
     evs = out["events"]
