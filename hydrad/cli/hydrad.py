@@ -1,4 +1,6 @@
-"""``hydrad``: the engine daemon's command line (run, ``--check-config``, ``--print-config``).
+"""``hydrad``: the engine daemon's command line (run, ``--check-config``, ``--print-config``), its
+own flags and llama-server's (:mod:`hydrad.cli.llamaflags`), so that a llama-server command line
+starts the same engine under hydrad.
 
 It sits above both planes because ``--check-config --coordinator-config`` reads the pool's
 coordinator config too; the daemon itself is ``hydrad.engine.daemon``.
@@ -10,10 +12,12 @@ import argparse
 import json
 import os
 import sys
+from typing import NoReturn
 
 import yaml
 
 from hydrad import __version__
+from hydrad.cli import llamaflags
 from hydrad.common.logs import setup_logging
 from hydrad.common.params import RuntimeParams
 from hydrad.common.registry import Registry
@@ -83,28 +87,95 @@ def _port(endpoint: str) -> int | None:
     return int(tail) if sep and head.startswith("tcp://") and tail.isdigit() else None
 
 
+class _Parser(argparse.ArgumentParser):
+    """One line on a bad command line, naming the flag (exit 2), as every other refusal of hydrad's."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"hydrad: {message} (hydrad --help lists the flags)\n")
+
+    def _match_argument(self, action: argparse.Action, pattern: str) -> int:
+        # a refused flag given without its value is still refused for what it is, not for the value
+        try:
+            return super()._match_argument(action, pattern)  # type: ignore[misc]
+        except argparse.ArgumentError:
+            llamaflags.refuse_alone(self, action)
+            raise
+
+
+USAGE = ("hydrad [--config FILE] [LLAMA-SERVER FLAGS ...] | --check-config FILE [--coordinator-config FILE] | "
+         "--print-config FILE [--json]")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """hydrad's command line (also read by scripts/gen_docs for docs/reference/cli.md)."""
-    ap = argparse.ArgumentParser(prog="hydrad", description="Hydra engine daemon: one per GPU.")
-    ap.add_argument("--config", help="engine YAML (e.g. /etc/hydra/5060ti.yaml)")
-    ap.add_argument("--check-config", metavar="FILE", help="validate FILE and exit (non-zero naming the bad field)")
-    ap.add_argument("--coordinator-config", metavar="FILE",
-                    help="with --check-config: the pool's coordinator config, to check that this engine can join it")
-    ap.add_argument("--print-config", metavar="FILE", help="show effective values and where each came from")
-    ap.add_argument("--json", action="store_true", help="with --print-config: JSON instead of YAML")
-    ap.add_argument("--version", action="version", version=f"hydrad {__version__}")
+    """hydrad's command line (also read by scripts/gen_docs for docs/reference/cli.md): its own
+    flags, then llama-server's (hydrad.cli.llamaflags)."""
+    ap = _Parser(prog="hydrad", usage=USAGE, add_help=False, allow_abbrev=False,
+                 description="Hydra engine daemon: one per GPU. Configured by a YAML file (--config), by "
+                             "llama-server's flags (hydrad -m model.gguf --port 8080 -c 4096), or both: the "
+                             "file's settings win over the flags' where both set one.")
+    own = ap.add_argument_group("hydrad's own flags")
+    own.add_argument("-h", "--help", "--usage", action="help", help="show this help and exit")
+    own.add_argument("--config", metavar="FILE", help="engine YAML (e.g. /etc/hydra/5060ti.yaml); where it and a "
+                     "llama-server flag set the same setting, the file's value wins")
+    own.add_argument("--check-config", metavar="FILE", help="validate FILE and exit (non-zero naming the bad field)")
+    own.add_argument("--coordinator-config", metavar="FILE",
+                     help="with --check-config: the pool's coordinator config, to check that this engine can join it")
+    own.add_argument("--print-config", metavar="FILE", help="show effective values and where each came from")
+    own.add_argument("--json", action="store_true", help="with --print-config: JSON instead of YAML")
+    own.add_argument("--version", action="version", version=f"hydrad {__version__}")
+    llamaflags.add_to(ap)
     return ap
+
+
+# llama-server reads its flags from these too; hydrad does not, and says so rather than start
+# an engine other than the one they describe.
+_LLAMA_ENV = ("LLAMA_ARG_", "LLAMA_API_KEY")
+
+
+def _llama_environment(env: dict[str, str]) -> list[str]:
+    return sorted(k for k, v in env.items() if v and k.startswith(_LLAMA_ENV))
+
+
+def _overridden(cl: llamaflags.CommandLine, raw: dict[str, object]) -> list[str]:
+    """The flags whose setting the config file sets too (the file's value is the one in force)."""
+    out = []
+    for path, flag in cl.origin.items():
+        node: object = raw
+        for part in path:
+            node = node.get(part) if isinstance(node, dict) else None  # type: ignore[assignment]
+        if node is not None:
+            out.append(f"{flag} is overridden by the config file's {'.'.join(path)}")
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     llama.preload_native()  # before numpy & co. link the C++ runtime: see preload_native
     ap = build_parser()
     args = ap.parse_args(argv)
-    path = args.check_config or args.print_config or args.config
     try:
-        loaded = load_config(path)
-        if args.check_config or args.print_config:
-            Registry.load(loaded.settings.registry, loaded.settings.models_dir)
+        flags = llamaflags.read(args.llama_flags)
+    except llamaflags.FlagError as exc:
+        print(f"hydrad: {exc}", file=sys.stderr)
+        return 2
+    if flags and (args.check_config or args.print_config):
+        print("hydrad: --check-config and --print-config read a file alone; llama-server's flags start an engine",
+              file=sys.stderr)
+        return 2
+    path = args.check_config or args.print_config or args.config
+    if not (args.check_config or args.print_config):
+        ignored = _llama_environment(dict(os.environ))
+        if ignored:
+            print(f"hydrad: ${ignored[0]}: llama-server's environment variables are not read here; give its flag "
+                  "on the command line (or the setting in a --config file) and unset the variable", file=sys.stderr)
+            return 2
+    if flags and path is None:
+        # The command line alone describes the engine, as llama-server's does: one HTTP port, no
+        # merged RPC port (a second engine on the host would find 9503 taken). A file opens it.
+        flags.layer.setdefault("rpc", {})["enabled"] = False
+    try:
+        loaded = load_config(path, flags.layer, flags.api_keys)
+        if args.check_config or args.print_config or flags:
+            Registry.load(loaded.settings.registry, loaded.settings.models_dir, loaded.settings.models)
     except (ConfigError, ValueError) as exc:
         print(f"hydrad: {exc}", file=sys.stderr)
         return 2
@@ -125,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             _print_config(loaded)
         return 0
+    for text in flags.warnings + _overridden(flags, loaded.raw):
+        print(f"hydrad: warning: {text}", file=sys.stderr)
     setup_logging(loaded.settings.logging.level)
     bind_devices(loaded.settings.device, os.environ)
     set_cuda_switches({name: getattr(loaded.settings, name) for name in CUDA_SWITCHES}, os.environ)

@@ -68,10 +68,16 @@ def api_key(key_file: Path | None) -> str | None:
     return env or None
 
 
-def api_keys(http: InferenceAccess) -> list[Tenant] | None:
-    """The tenants of the doors: the keys file's, else the one key's (``default``), else None (open)."""
+def api_keys(http: InferenceAccess, given: tuple[str, ...] = ()) -> list[Tenant] | None:
+    """The tenants of the doors: the keys file's, else the key file's (``default``), else the keys
+    ``given`` on the command line (llama-server's ``--api-key``: one is ``default``, several are
+    ``key-1``, ``key-2``, ... each a tenant of its own), else ``$HYDRA_API_KEY``'s, else None (open)."""
     if http.api_keys_file is not None:
         return read_keys(http.api_keys_file)
+    if http.api_key_file is None and given:
+        if len(given) == 1:
+            return [Tenant(DEFAULT_TENANT, given[0])]
+        return [Tenant(f"key-{i}", key) for i, key in enumerate(given, 1)]
     key = api_key(http.api_key_file)
     return None if key is None else [Tenant(DEFAULT_TENANT, key)]
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator, model_validator
 
 from hydrad.common.yamlfile import read_mapping
 from hydrad.common.params import check_partial, validation_message
@@ -25,6 +25,10 @@ class ModelEntry(BaseModel):
     size_bytes: int | None = Field(None, ge=0, description="File size, for placement before the file is opened.")
     kv_bytes_per_token: int | None = Field(None, ge=0, description="KV cache bytes per token at f16, for placement.")
     description: str = Field("", description="Free text shown by /v1/models.")
+    aliases: list[Annotated[str, StringConstraints(min_length=1, max_length=256)]] = Field(
+        default_factory=list, max_length=64,
+        description="More names a request's model field may use for this model, besides its key and its file's "
+                    "name and stem (llama-server's --alias, comma-separated there). /v1/models lists them.")
     defaults: dict[str, Any] = Field(default_factory=dict, description="Runtime parameters this model should run with.")
 
     @field_validator("defaults")
@@ -39,6 +43,22 @@ class ModelEntry(BaseModel):
 class RegistryFile(BaseModel):
     model_config = ConfigDict(extra="forbid")
     models: dict[str, ModelEntry] = Field(default_factory=dict, description="Alias → model entry.")
+
+    @model_validator(mode="after")
+    def _names_unique(self) -> "RegistryFile":
+        check_names(self.models)
+        return self
+
+
+def check_names(entries: dict[str, ModelEntry]) -> None:
+    """Every name (an entry's key or one of its aliases) means one model: ValueError naming the
+    first that means two, since a request naming it could not say which it wants."""
+    owner: dict[str, str] = {}
+    for key, entry in entries.items():
+        for name in (key, *entry.aliases):
+            other = owner.setdefault(name, key)
+            if other != key:
+                raise ValueError(f"'{name}' names both '{other}' and '{key}' (an alias must be unique in the registry)")
 
 
 class UnknownModel(LookupError):
@@ -56,9 +76,14 @@ class ResolvedModel:
         """The name the OpenAI API reports: the alias when there is one, else the file's stem."""
         return self.alias or self.path.stem
 
+    @property
+    def aliases(self) -> tuple[str, ...]:
+        """The entry's further names (llama-server's ``--alias``), in their order."""
+        return tuple(self.entry.aliases) if self.entry is not None else ()
+
     def names(self) -> set[str]:
         """Names a request's ``model`` field may use for this model."""
-        out = {self.id, self.path.name, self.path.stem, str(self.path)}
+        out = {self.id, self.path.name, self.path.stem, str(self.path), *self.aliases}
         if self.alias:
             out.add(self.alias)
         return out
@@ -68,23 +93,45 @@ class Registry:
     def __init__(self, models_dir: Path, entries: dict[str, ModelEntry] | None = None) -> None:
         self.models_dir = models_dir
         self.entries = entries or {}
+        self._by_alias = {a: key for key, e in self.entries.items() for a in e.aliases}
 
     @classmethod
-    def load(cls, path: Path | None, models_dir: Path) -> "Registry":
-        if path is None:
-            return cls(models_dir)
-        raw = read_mapping(path, "a mapping with a 'models' key")
-        try:
-            parsed = RegistryFile(**raw)
-        except ValidationError as exc:
-            raise ValueError(validation_message(exc, str(path))[0]) from None
-        return cls(models_dir, parsed.models)
+    def load(cls, path: Path | None, models_dir: Path, own: dict[str, ModelEntry] | None = None) -> "Registry":
+        """The registry file's entries, with ``own`` (an engine's ``models`` setting: what ``-m`` and
+        ``--alias`` make) over them; ValueError naming the file, or the name two entries claim."""
+        entries: dict[str, ModelEntry] = {}
+        if path is not None:
+            raw = read_mapping(path, "a mapping with a 'models' key")
+            try:
+                entries = RegistryFile(**raw).models
+            except ValidationError as exc:
+                raise ValueError(validation_message(exc, str(path))[0]) from None
+        if own:
+            entries = {**entries, **own}
+            try:
+                check_names(entries)
+            except ValueError as exc:
+                raise ValueError(f"models: {exc}") from None
+        return cls(models_dir, entries)
+
+    def key_of(self, name: str) -> str | None:
+        """The entry a request's ``model`` names (its key, an alias, its file's path, name or stem), or None."""
+        if name in self.entries:
+            return name
+        if name in self._by_alias:
+            return self._by_alias[name]
+        for key, entry in self.entries.items():
+            p = Path(entry.path)
+            if name in (entry.path, p.name, p.stem):
+                return key
+        return None
 
     def defaults_for(self, model: str) -> dict[str, Any]:
         entry = self.entries.get(model)
         return dict(entry.defaults) if entry else {}
 
     def resolve(self, name: str) -> ResolvedModel:
+        name = self._by_alias.get(name, name)
         entry = self.entries.get(name)
         if entry is not None:
             p = Path(entry.path)

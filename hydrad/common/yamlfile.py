@@ -43,14 +43,25 @@ def read_mapping(path: str | Path, shape: str = "a mapping of settings") -> dict
     return raw
 
 
-def read_settings(path: str | Path, model: type[M]) -> tuple[M, dict[str, Any]]:
-    """A daemon's settings file validated as ``model``, and its raw mapping; ValueError naming the
-    file and every bad field (both daemons load their configs through this)."""
+def read_settings(path: str | Path, model: type[M], under: dict[str, Any] | None = None) -> tuple[M, dict[str, Any]]:
+    """A daemon's settings file validated as ``model`` (laid over ``under``, an engine's command-line
+    layer, field by field: :func:`layered`), and the file's raw mapping; ValueError naming the file
+    and every bad field (both daemons load their configs through this)."""
     raw = read_mapping(path)
     try:
-        return model(**raw), raw
+        return model(**layered(under or {}, raw)), raw
     except ValidationError as exc:
         raise ConfigError(validation_message(exc, str(path))[0]) from None
+
+
+def layered(under: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``over`` laid on ``under`` field by field: a mapping is merged key by key, anything else
+    (a value, a list) replaced whole. How a config file lies over an engine's command-line flags."""
+    out = dict(under)
+    for key, value in over.items():
+        below = out.get(key)
+        out[key] = layered(below, value) if isinstance(below, dict) and isinstance(value, dict) else value
+    return out
 
 
 def beside(base: Path, value: Path | None, default_name: str | None = None) -> Path | None:

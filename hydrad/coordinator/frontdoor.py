@@ -125,7 +125,7 @@ class FrontDoor:
         self._changed = asyncio.Event()
         self.metrics = CoordinatorMetrics(bus)
         # llama-server's native endpoints, forwarded over HTTP (native.py says why /completion is too)
-        self.native = NativeDoor(bus.engines, self.served, self._model, settings, self.prep)
+        self.native = NativeDoor(bus.engines, self.served, self._pick, settings, self.prep)
         bus.listeners.append(self._on_engine)
 
     # ----- pool view -------------------------------------------------------------------
@@ -159,18 +159,32 @@ class FrontDoor:
         return self.pool.served()
 
     def _model(self, name: str | None) -> str | None:
-        """A request's ``model`` as a registry alias (aliases, file names and stems are accepted)."""
+        """A request's ``model`` as the pool names it (:meth:`_pick`)."""
+        return self._pick(name)[0]
+
+    def _pick(self, name: str | None) -> tuple[str | None, bool]:
+        """The model a request's ``model`` names (a registry key or alias, a file's name or stem, or a
+        model an engine serves), and whether ``default_model`` stands in for it. No name: the one
+        model served, else ``default_model``, else a 400 naming those served (none served: None, and
+        routing says why). An unknown name: ``default_model``, else a 404 naming the known ones."""
+        default = self.settings.default_model
         if not name:
-            return None
-        if name in self.registry.entries:
-            return name
-        for alias, entry in self.registry.entries.items():
-            p = Path(entry.path)
-            if name in (entry.path, p.name, p.stem):
-                return alias
-        if name in self.served():
-            return name
-        known = ", ".join(sorted(set(self.registry.entries) | set(self.served()))) or "none"
+            served = self.served()
+            if len(served) <= 1:
+                return next(iter(served), None), False
+            if default is not None:
+                return self.registry.key_of(default) or default, True
+            raise ApiError(400, f"this pool serves several models ({', '.join(sorted(served))}); name one in "
+                           "'model'", "invalid_field", "model")
+        key = self.registry.key_of(name)
+        if key is not None:
+            return key, False
+        served = self.served()
+        if name in served:
+            return name, False
+        if default is not None:
+            return self.registry.key_of(default) or default, True
+        known = ", ".join(sorted(set(self.registry.entries) | set(served))) or "none"
         raise ApiError(404, f"model '{name}' is not known to this pool (known: {known})", "model_not_found", "model")
 
     # ----- routing ---------------------------------------------------------------------
@@ -257,7 +271,7 @@ class FrontDoor:
                 outcome.session = self._session(req, request)
                 # one tenant's session id, or conversation, never leads to another's KV
                 session = scoped(greq.cache_ns, outcome.session) if outcome.session else None
-                outcome.model = self._model(req.model)
+                outcome.model, outcome.defaulted = self._pick(req.model)
                 response = await self._watched(request, greq, session, outcome, arrival, answer(req, greq))
         except ApiError as exc:
             self.metrics.request(outcome.model, outcome.engine, exc.status)
@@ -343,6 +357,8 @@ class FrontDoor:
                 headers.update({"X-Hydra-Route": "split", "X-Hydra-Prefill-Engine": split.prefill})
             if outcome.session:
                 headers["X-Session-Id"] = outcome.session
+            if outcome.defaulted:  # the client named no model, or one the pool does not know
+                headers["X-Hydra-Default-Model"] = served or ""
             turn = Turn(engine=engine, session=session, messages=greq.messages, ns=greq.cache_ns)
             r = answer.renderer(served or "", self._fingerprint(engine))
 
@@ -450,7 +466,7 @@ class FrontDoor:
             if entry is not None:
                 meta.update(arch=entry.arch, quant=entry.quant, size=entry.size_bytes, description=entry.description)
                 file = Path(entry.path)
-                aliases |= {file.name, file.stem}  # what _model accepts, but never a directory
+                aliases |= {file.name, file.stem, *entry.aliases}  # what _model accepts, but never a directory
             data.append({"id": model, "object": "model", "created": 0, "owned_by": "hydra",
                          "aliases": sorted(aliases), "meta": meta})
         return JSONResponse({"object": "list", "data": data})
@@ -555,12 +571,13 @@ class _Outcome:
     """What is known of a request besides its body: what the metrics need once it is answered, and
     routing's estimates, made on the preparation worker that parsed it rather than on the loop."""
 
-    __slots__ = ("t0", "model", "engine", "estimates", "session")
+    __slots__ = ("t0", "model", "defaulted", "engine", "estimates", "session")
 
     def __init__(self, t0: float) -> None:
         self.t0 = t0
         self.session: str | None = None  # the session id as the client gave it (echoed in X-Session-Id)
         self.model: str | None = None
+        self.defaulted = False  # default_model serves it (X-Hydra-Default-Model)
         self.engine: str | None = None
         self.estimates: tuple[int, str | None] | None = None
 

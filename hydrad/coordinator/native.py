@@ -6,8 +6,9 @@ renderer).
 
 These are forwarded over HTTP to an engine that serves the model, and its answer (or its 4xx)
 comes back as is, streamed through (a ``with_pieces`` answer is a hundred megabytes for 8 MiB of
-text: never held whole here). A ``model`` field picks the model (as in chat; llama-server has
-none, since it serves one model): without it the pool must serve exactly one model. The engine
+text: never held whole here). A ``model`` field picks the model as in chat (the front door's
+``_pick``: without it the pool's one model or its ``default_model``, whose answer then says so in
+X-Hydra-Default-Model; llama-server has no such field, since it serves one model). The engine
 answers a field it does not know by name, so ``model`` is taken out before forwarding. The body
 is parsed, checked and written again on the preparation workers, never on the event loop.
 
@@ -38,11 +39,12 @@ TIMEOUT_S = 60.0
 
 class NativeDoor:
     """``engines``: the bus's engine records by name; ``served``: model → engines serving it now;
-    ``model_of``: a request's ``model`` as the pool names it (ApiError 404 when unknown);
+    ``model_of``: a request's ``model`` as the pool names it, and whether the pool's default model
+    stands in for it (ApiError 404 when unknown);
     ``settings``: the coordinator's."""
 
     def __init__(self, engines: dict[str, Any], served: Callable[[], dict[str, list[str]]],
-                 model_of: Callable[[str | None], str | None], settings: Any, prep: Preparer) -> None:
+                 model_of: Callable[[str | None], tuple[str | None, bool]], settings: Any, prep: Preparer) -> None:
         self.prep = prep  # bodies are checked and re-encoded off the event loop
         self.engines = engines
         self.served = served
@@ -50,14 +52,12 @@ class NativeDoor:
         self.settings = settings
         self._client: httpx.AsyncClient | None = None
 
-    def _engine_url(self, model_field: object) -> str:
-        return self._engine_urls(model_field)[0]
-
-    def _engine_urls(self, model_field: object) -> list[str]:
-        """The HTTP addresses of the engines serving the request's model, least busy first."""
+    def _engine_urls(self, model_field: object) -> tuple[list[str], dict[str, str]]:
+        """The HTTP addresses of the engines serving the request's model, least busy first, and the
+        headers the answer gets (X-Hydra-Default-Model when the pool's default model stands in)."""
         if model_field is not None and not isinstance(model_field, str):
             raise ApiError(400, "model must be a string", "invalid_field", "model")
-        model = self.model_of(model_field)
+        model, defaulted = self.model_of(model_field)
         served = self.served()
         if model is None:
             if len(served) > 1:
@@ -71,7 +71,7 @@ class NativeDoor:
         urls = [f"http://{r.info.http}" for r in recs if r.info.http]
         if not urls:
             raise ApiError(503, f"engine {recs[0].name} has no HTTP address", "no_engine")
-        return urls
+        return urls, ({"X-Hydra-Default-Model": model or ""} if defaulted else {})
 
     async def _forwarded(self, request: Request,
                          check: Callable[[dict[str, Any]], Any] | None = None) -> tuple[Any, Any, bytes]:
@@ -110,14 +110,15 @@ class NativeDoor:
         """``/tokenize``, ``/detokenize``, ``/apply-template``: the engine's answer passed through as it
         arrives (a ``with_pieces`` answer is a hundred megabytes for 8 MiB of text: never held whole here)."""
         _, model, content = await self._forwarded(request)
-        base = self._engine_url(model)
+        urls, headers = self._engine_urls(model)
+        base = urls[0]
         sent = self.client.build_request("POST", base + request.url.path, content=content,
                                          headers=self._headers(request))
         try:
             r = await self.client.send(sent, stream=True)
         except httpx.HTTPError as exc:
             raise _unreachable(exc) from None
-        return StreamingResponse(self._passed(r), status_code=r.status_code,
+        return StreamingResponse(self._passed(r), status_code=r.status_code, headers=headers,
                                  media_type=r.headers.get("content-type", "application/json"))
 
     @staticmethod
@@ -136,14 +137,14 @@ class NativeDoor:
         path = request.url.path
         _, model, content = await self._forwarded(
             request, embeddings.parse_openai if path == "/v1/embeddings" else embeddings.parse_native)
-        urls = self._engine_urls(model)
+        urls, headers = self._engine_urls(model)
         answer: Response | None = None
         for url in urls:
             try:
                 r = await self.client.post(url + path, content=content, headers=self._headers(request))
             except httpx.HTTPError as exc:
                 raise _unreachable(exc) from None
-            answer = Response(r.content, status_code=r.status_code, media_type="application/json")
+            answer = Response(r.content, status_code=r.status_code, media_type="application/json", headers=headers)
             if not (r.status_code == 501 and embeddings.DISABLED.encode() in r.content):
                 break
         assert answer is not None

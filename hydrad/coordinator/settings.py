@@ -96,6 +96,10 @@ class CoordinatorSettings(BaseModel):
     registry: Path | None = Field(None, description="Model registry (alias → GGUF, size, KV bytes per token); default models.yaml beside this file.")
     profiles: Path | None = Field(None, description="Profiles file; default profiles.yaml beside this file, if present.")
     default_profile: str | None = Field(None, description="Profile applied at start (overrides the profiles file's default).")
+    default_model: str | None = Field(None, min_length=1, max_length=512, description="The model that serves a "
+                                      "request naming no model while the pool serves several, and one naming a "
+                                      "model the pool does not know (its answer then carries X-Hydra-Default-Model). "
+                                      "Unset: the first is a 400 and the second a 404, each naming the models served.")
     first_token_timeout_s: float = Field(120.0, gt=0, description="Longest wait for an engine's first event of a request (queue + load + prefill).")
     token_timeout_s: float = Field(60.0, gt=0, description="Longest silence between two events of a streaming request.")
     load_timeout_s: float = Field(600.0, gt=0, description="Longest wait for a model load (profile switch or on-demand).")

@@ -71,14 +71,14 @@ class Daemon:
         fd_limit = fdlimit.raise_soft_limit(log)
         jinjabox.configure(s.templates)
         try:
-            registry = Registry.load(s.registry, s.models_dir)
+            registry = Registry.load(s.registry, s.models_dir, s.models)
         except ValueError as exc:
             log_event(log, logging.ERROR, "bad model registry", error=str(exc))
             return 2
         self.control = EngineControl(self.core, registry, s.defaults)
         from hydrad.engine.http.app import build_app
 
-        app = with_api_key(build_app(s, self.control), api_keys(s.http))
+        app = with_api_key(build_app(s, self.control), api_keys(s.http, self.loaded.api_keys))
         guarded = BrowserGuard(with_cors(app, s.http.cors_origins), listen_host=s.http.host,
                                allowed_hosts=s.http.allowed_hosts, cors_origins=s.http.cors_origins)
         server = uvicorn_server(guarded, s.http.host, s.http.port, s.http.header_timeout_s,
@@ -193,14 +193,15 @@ class Daemon:
             await asyncio.sleep(interval)
 
     async def _hup_loop(self) -> None:
-        """SIGHUP: re-read the YAML and apply the change of its ``defaults:`` like a configure."""
+        """SIGHUP: re-read the YAML (over the same command line) and apply the change of its
+        ``defaults:`` like a configure."""
         while True:
             await self.hup_requested.wait()
             self.hup_requested.clear()
             self.notifier.reloading()
             self._reloading = True
             try:
-                fresh = load_config(self.loaded.path)
+                fresh = load_config(self.loaded.path, self.loaded.flags, self.loaded.api_keys)
                 changed_t4 = [k for k in ("name", "http", "rpc", "bus", "models_dir", "control_allow_from", "logging",
                                           "device")
                               if getattr(fresh.settings, k) != getattr(self.settings, k)]

@@ -9,16 +9,17 @@ repository read the same config the same way.
 from __future__ import annotations
 
 import hmac
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from hydrad.common import tokenfile
 from hydrad.common.apikey import InferenceAccess, resolve_api_key
 from hydrad.common.netaccess import address_allowed, check_networks
-from hydrad.common.params import check_partial
+from hydrad.common.params import check_partial, validation_message
+from hydrad.common.registry import ModelEntry
 from hydrad.common.yamlfile import ConfigError, beside, read_settings
 from hydrad.engine.jinjabox import TemplateLimits
 from hydrad.store.settings import POOL_PATTERN, StoreSettings, pool_of
@@ -33,6 +34,9 @@ class HttpSettings(InferenceAccess):
     header_timeout_s: float = Field(10.0, gt=0, le=3600,
                                     description="How long a connection may take to send a request's headers and body "
                                                 "(and may stay idle between requests) before it is closed.")
+    strict_model_names: bool = Field(False, description="Answer a request whose model names another model than "
+                                     "the one loaded with 404 (model_not_found). Off (llama-server's way): the "
+                                     "loaded model serves it, and the answer names the loaded model.")
 
 
 class RpcSettings(BaseModel):
@@ -192,6 +196,10 @@ class EngineSettings(BaseModel):
     rpc: RpcSettings = Field(default_factory=RpcSettings, description="Merged RPC port.")
     models_dir: Path = Field(Path("/var/lib/hydra/models"), description="Directory GGUF paths and registry entries are relative to.")
     registry: Path | None = Field(None, description="Model registry file (alias → GGUF); default: models.yaml beside this config, if present.")
+    models: dict[str, ModelEntry] = Field(
+        default_factory=dict, description="Registry entries of this engine's own, over the registry file's (an "
+        "entry of the same name replaces the file's): what llama-server's -m and --alias make, an entry named by "
+        "the first alias (else the file's name) that the other aliases also name.")
     control_allow_from: list[str] = Field(
         default_factory=lambda: ["127.0.0.0/8", "::1/128"],
         description="CIDR networks allowed to call /control/*, /slots/*/state*, every Hydra op "
@@ -295,31 +303,49 @@ class LoadedConfig:
     settings: EngineSettings
     path: Path | None
     raw: dict[str, Any]
+    # The command line's layer (llama-server's flags, hydrad.cli.llamaflags), under the file's, and the
+    # API keys it gave (never part of a layer: nothing prints them). A SIGHUP re-read keeps both.
+    flags: dict[str, Any] = field(default_factory=dict)
+    api_keys: tuple[str, ...] = ()
 
     def sources(self) -> dict[str, Any]:
-        """Effective start-only values with where each came from ('yaml' or 'default')."""
+        """Effective start-only values with where each came from ('yaml', 'flag' or 'default')."""
         out: dict[str, Any] = {}
         dumped = self.settings.model_dump(mode="json")
+
+        def source(key: str, sub: str | None = None) -> str:
+            for layer, name in ((self.raw, "yaml"), (self.flags, "flag")):
+                node = layer.get(key)
+                if (sub is None and key in layer) or (sub is not None and isinstance(node, dict) and sub in node):
+                    return name
+            return "default"
+
         for key, value in dumped.items():
             if key == "defaults":
                 continue
-            if isinstance(value, dict):
-                raw_sub = self.raw.get(key) or {}
+            if isinstance(value, dict) and key != "models":
                 for sub, subval in value.items():
                     if key == "rpc" and sub == "token" and subval is not None:
                         subval = "(set)"  # never print the secret
-                    out[f"{key}.{sub}"] = {"value": subval, "source": "yaml" if sub in raw_sub else "default"}
+                    out[f"{key}.{sub}"] = {"value": subval, "source": source(key, sub)}
             else:
-                out[key] = {"value": value, "source": "yaml" if key in self.raw else "default"}
+                out[key] = {"value": value, "source": source(key)}
         return out
 
 
-def load_config(path: str | Path | None) -> LoadedConfig:
-    """Read and validate a YAML config; raise ConfigError naming file and field."""
+def load_config(path: str | Path | None, flags: dict[str, Any] | None = None,
+                api_keys: tuple[str, ...] = ()) -> LoadedConfig:
+    """Read and validate a YAML config over the command line's layer ``flags`` (the file wins where
+    both set a field); raise ConfigError naming file and field."""
+    flags = flags or {}
     if path is None:
-        return LoadedConfig(EngineSettings(), None, {})
+        try:
+            settings = EngineSettings(**flags)
+        except ValidationError as exc:
+            raise ConfigError(validation_message(exc, "command line")[0]) from None
+        return LoadedConfig(settings, None, {}, flags, api_keys)
     p = Path(path)
-    settings, raw = read_settings(p, EngineSettings)  # ConfigError naming the file and field
+    settings, raw = read_settings(p, EngineSettings, flags)  # ConfigError naming the file and field
     base = p.resolve().parent
     updates: dict[str, Any] = {}
     if settings.rpc.token_file is not None:
@@ -334,4 +360,4 @@ def load_config(path: str | Path | None) -> LoadedConfig:
     if settings.prefix.store is not None:
         store = settings.prefix.store.model_copy(update={"dir": beside(base, settings.prefix.store.dir)})
         updates["prefix"] = settings.prefix.model_copy(update={"store": store})
-    return LoadedConfig(settings.model_copy(update=updates), p, raw)
+    return LoadedConfig(settings.model_copy(update=updates), p, raw, flags, api_keys)

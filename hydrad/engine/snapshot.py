@@ -45,6 +45,7 @@ class ModelSummary:
     n_ctx: int
     n_parallel: int
     placement: dict[str, Any] | None = None  # devices, peers and overrides, when not llama.cpp's defaults
+    aliases: tuple[str, ...] = ()  # the registry entry's further names (llama-server's --alias)
 
     @classmethod
     def of(cls, gen: Generation) -> ModelSummary:
@@ -54,7 +55,8 @@ class ModelSummary:
                    n_ctx_train=info.n_ctx_train, n_vocab=info.n_vocab, fingerprint=gen.fingerprint, family=gen.family,
                    generation=gen.tag.fingerprint, loaded_at=gen.loaded_at, n_ctx=gen.ctx.n_ctx,
                    n_parallel=len(gen.slots),
-                   placement=gen.placement.public() if gen.placement is not None else None)
+                   placement=gen.placement.public() if gen.placement is not None else None,
+                   aliases=gen.resolved.aliases)
 
 
 @dataclass(frozen=True)

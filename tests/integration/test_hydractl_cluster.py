@@ -413,11 +413,14 @@ def test_admin_route_explains_without_generating(pool: tuple[Up, str]) -> None:
     assert set(d["candidates"][0]) == {"engine", "cost_s", "wait_s", "load_s", "prefill_s", "warm"}
     assert d["rejected"]["dev-a"].startswith("filter: ")
     assert d["loading"] == []
-    # the header names the session too; no model: the default model, never a load
-    h = httpx.post(url + "/admin/route", json={"messages": [{"role": "user", "content": "hi"}]},
+    # the header names the session too
+    h = httpx.post(url + "/admin/route", json={"model": "smollm2-135m", "messages": [{"role": "user", "content": "hi"}]},
                    headers={"X-Session-Id": "s-header"}, timeout=30).json()
     assert h["request"]["session_id"] == "s-header" and h["request"]["kind"] == "chat"
-    assert h["engine"] in ("dev-a", "dev-b") and h["model"] == DEV[h["engine"]]
+    assert h["engine"] == "dev-a" and h["model"] == DEV[h["engine"]]
+    # no model in a pool serving two, and no default_model: refused as on /v1/*, naming both
+    none = httpx.post(url + "/admin/route", json={"messages": [{"role": "user", "content": "hi"}]}, timeout=30)
+    assert none.status_code == 400 and "gemma3-270m" in none.text and "smollm2-135m" in none.text
     # refusals as on /v1/*
     assert httpx.post(url + "/admin/route", json={"model": "nope", "prompt": "hi"}, timeout=30).status_code == 404
     bad = httpx.post(url + "/admin/route", json={"model": "smollm2-135m"}, timeout=30)

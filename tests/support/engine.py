@@ -192,10 +192,13 @@ def address_space_limit(nbytes: int) -> list[str]:
 class Engine:
     def __init__(self, tmp: Path, defaults: dict[str, Any] | None = None, name: str = "test",
                  extra: dict[str, Any] | None = None, env: dict[str, str] | None = None,
-                 wrap: Sequence[str] = ()) -> None:
+                 wrap: Sequence[str] = (), flags: Sequence[str] | None = None, port: int | None = None) -> None:
         """``wrap`` is a command prefix the daemon runs under, e.g. ``address_space_limit(8 << 30)``
-        (``prlimit --as=... --``) so that a test feeding it hostile input cannot exhaust the machine."""
-        self.port = free_port()
+        (``prlimit --as=... --``) so that a test feeding it hostile input cannot exhaust the machine.
+        ``flags``: the daemon's command line instead of ``--config`` with a YAML made here (llama-server's
+        flags, and a ``--config`` of the test's own if it wants one); ``port``: the HTTP port they make
+        it listen on (default: a free one, which they must then name)."""
+        self.port = port if port is not None else free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.config = tmp / f"{name}.yaml"
         cfg: dict[str, Any] = {
@@ -205,7 +208,8 @@ class Engine:
         }
         for key, value in (extra or {}).items():  # a section (http, rpc, ...) is merged, not replaced
             cfg[key] = {**cfg[key], **value} if isinstance(value, dict) and isinstance(cfg.get(key), dict) else value
-        self.config.write_text(yaml.safe_dump(cfg))
+        if flags is None:
+            self.config.write_text(yaml.safe_dump(cfg))
         self.notify = NotifyListener(tmp / f"notify-{name}.sock")
         self.log_path = tmp / f"{name}.log"
         self._log = open(self.log_path, "wb")
@@ -215,7 +219,8 @@ class Engine:
             env["JOURNAL_STREAM"] = f"{st.st_dev}:{st.st_ino}"
         e = dict(os.environ, NOTIFY_SOCKET=str(self.notify.path), PYTHONUNBUFFERED="1", **env)
         self.started = time.monotonic()
-        self.proc = subprocess.Popen([*wrap, sys.executable, "-m", "hydrad.cli.hydrad", "--config", str(self.config)],
+        argv = list(flags) if flags is not None else ["--config", str(self.config)]
+        self.proc = subprocess.Popen([*wrap, sys.executable, "-m", "hydrad.cli.hydrad", *argv],
                                      stdout=self._log, stderr=subprocess.STDOUT, env=e, cwd=str(tmp))
         self.http = httpx.Client(base_url=self.url, timeout=60)
 

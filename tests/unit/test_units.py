@@ -21,6 +21,7 @@ COORDINATOR = UNITS / "hydra-coordinator.service"
 COORDINATOR_EXEC = "/usr/local/bin/hydra-coordinator"
 TARGET = UNITS / "hydra.target"
 NOTIFY_RELOAD_DROPIN = UNITS / "hydrad@.service.d-notify-reload.conf.example"
+LLAMA_FLAGS_DROPIN = UNITS / "hydrad@.service.d-llama-server-flags.conf.example"
 SHIPPED_EXEC = "/usr/local/bin/hydrad"
 
 needs_systemd_analyze = pytest.mark.skipif(
@@ -209,6 +210,21 @@ def test_notify_reload_dropin_clears_exec_reload() -> None:
     service = parse_unit(NOTIFY_RELOAD_DROPIN)["Service"]
     assert service["Type"] == ["notify-reload"]
     assert service["ExecReload"] == [""]
+
+
+def test_llama_server_flags_dropin_replaces_exec_start_with_flags_hydrad_takes() -> None:
+    import shlex
+
+    from hydrad.cli.hydrad import build_parser
+
+    exec_start = parse_unit(LLAMA_FLAGS_DROPIN)["Service"]["ExecStart"]
+    assert exec_start[0] == ""  # clears the unit's --config line first
+    binary, *argv = shlex.split(exec_start[1])
+    assert binary == SHIPPED_EXEC
+    args = build_parser().parse_args(argv)  # a flag it refused would exit here
+    assert args.config is None and [name for name, _, _ in args.llama_flags] == [
+        "-m", "--host", "--port", "-c", "-np", "--alias", "--api-key-file"]
+    assert "/var/lib/hydra/" in argv[1] and "/etc/hydra/" in argv[-1]  # inside the unit's sandbox
 
 
 def test_coordinator_unit_is_notify_hardened_and_part_of_the_target() -> None:

@@ -329,7 +329,7 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser, rpc_auth: argparse.Ar
                         formatter_class=argparse.RawDescriptionHelpFormatter)
     ro.add_argument("args", nargs="*", metavar="[URL] PROMPT", help=f"the prompt, after an optional {coord_help}")
     ro.add_argument("--explain", action="store_true", help="show step, reason, candidates, rejections and the split")
-    ro.add_argument("--model", metavar="M", help="model to route for (default: the pool's default model)")
+    ro.add_argument("--model", metavar="M", help="model to route for (default: the one model the pool serves, else its default_model)")
     ro.add_argument("--session", metavar="S", help="session id (session affinity)")
     ro.add_argument("--max-tokens", type=int, metavar="N", help="max_tokens of the request (default 256)")
     ro.add_argument("--completion", action="store_true", help="route a completion (prompt) instead of a chat turn")

@@ -100,7 +100,7 @@ async def models(request: Request) -> Response:
         # llama-server's ``aliases``: every name a request's ``model`` may use (never the file's directory)
         file = Path(m.path)
         data.append({"id": m.id, "object": "model", "created": int(m.loaded_at), "owned_by": "hydra",
-                     "aliases": sorted({m.id, file.name, file.stem}),
+                     "aliases": sorted({m.id, file.name, file.stem, *m.aliases}),
                      "meta": {"path": m.path, "arch": m.arch, "desc": m.desc, "size": m.size_bytes,
                               "n_params": m.n_params, "n_ctx_train": m.n_ctx_train, "n_vocab": m.n_vocab,
                               "n_ctx": m.n_ctx, "n_parallel": m.n_parallel}})

@@ -61,12 +61,18 @@ class HttpContext:
         load = core.current_load
         if gen is None and load is None:
             raise ApiError(503, "no model is loaded; configure one with POST /control/configure", "no_model")
-        if not self.control.serves(req.model):
-            serving = gen.resolved.id if gen is not None else (load.model if load else None)
-            raise ApiError(404, f"model '{req.model}' is not served by this engine (it serves '{serving}')",
-                           "model_not_found", "model")
+        serving = gen.resolved.id if gen is not None else load.model  # type: ignore[union-attr]
+        self.check_model(req.model, serving)
         # with no generation yet, the request waits in the engine's queue for the loading model
-        return gen.resolved.id if gen is not None else load.model  # type: ignore[union-attr]
+        return serving
+
+    def check_model(self, name: str | None, serving: str) -> None:
+        """A request's ``model`` against the one this engine serves. As llama-server, any name is
+        served by the loaded model (a client written for another server sends its own model's
+        name); with ``http.strict_model_names`` only the loaded model's names are, others get 404."""
+        if self.settings.http.strict_model_names and not self.control.serves(name):
+            raise ApiError(404, f"model '{name}' is not served by this engine (it serves '{serving}'; "
+                           "http.strict_model_names is on)", "model_not_found", "model")
 
     async def body_of(self, request: Request) -> bytes:
         try:

@@ -95,9 +95,7 @@ def _serving(ctx: HttpContext) -> tuple[Generation, Embedder]:
 
 
 def _check_model(ctx: HttpContext, gen: Generation, req: wire.EmbedRequest) -> None:
-    if not ctx.control.serves(req.model):
-        raise ApiError(404, f"model '{req.model}' is not served by this engine (it serves '{gen.resolved.id}')",
-                       "model_not_found", "model")
+    ctx.check_model(req.model, gen.resolved.id)
 
 
 async def _compute(ctx: HttpContext, gen: Generation, embedder: Embedder,

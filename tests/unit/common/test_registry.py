@@ -260,3 +260,49 @@ def test_names_without_alias(registry: Registry, tmp_path: Path) -> None:
     f = fake_gguf(tmp_path / "x" / "solo.gguf")
     r = registry.resolve(str(f))
     assert r.names() == {"solo", "solo.gguf", str(f)}
+
+
+# --------------------------------------------------------------------------- aliases (llama-server's --alias)
+
+
+def test_aliases_name_their_entry(tmp_path: Path, models_dir: Path) -> None:
+    p = write_registry(tmp_path, f"""
+        models:
+          smollm2-135m:
+            path: {SMOLLM_FILE}
+            aliases: [gpt-4o-mini, my-model]
+          gemma3-270m:
+            path: {GEMMA_FILE}
+        """)
+    reg = Registry.load(p, models_dir)
+    r = reg.resolve("gpt-4o-mini")
+    assert (r.id, r.alias, r.path) == ("smollm2-135m", "smollm2-135m", models_dir / SMOLLM_FILE)
+    assert r.aliases == ("gpt-4o-mini", "my-model")
+    assert r.names() == {"smollm2-135m", "gpt-4o-mini", "my-model", SMOLLM_FILE, SMOLLM_FILE[:-5],
+                         str(models_dir / SMOLLM_FILE)}
+    for name in ("smollm2-135m", "my-model", SMOLLM_FILE, SMOLLM_FILE[:-5]):
+        assert reg.key_of(name) == "smollm2-135m", name
+    assert reg.key_of(GEMMA_FILE) == "gemma3-270m" and reg.key_of("nope") is None
+    assert reg.resolve("gemma3-270m").aliases == ()
+
+
+@pytest.mark.parametrize("text, named", [
+    ("a: {path: a.gguf, aliases: [x]}\n  b: {path: b.gguf, aliases: [x]}", "'x' names both 'a' and 'b'"),
+    ("a: {path: a.gguf}\n  b: {path: b.gguf, aliases: [a]}", "'a' names both 'a' and 'b'"),
+    ("a: {path: a.gguf, aliases: ['']}", "models.a.aliases.0"),
+])
+def test_an_alias_means_one_model(tmp_path: Path, text: str, named: str) -> None:
+    p = tmp_path / "models.yaml"
+    p.write_text("models:\n  " + text + "\n")
+    msg = load_error(p)
+    assert str(p) in msg and named in msg, msg
+
+
+def test_an_engines_own_entries_lie_over_the_file(models_dir: Path, tmp_path: Path) -> None:
+    own = {"mine": ModelEntry(path=str(models_dir / GEMMA_FILE), aliases=["g"]),
+           "smollm2-135m": ModelEntry(path=str(models_dir / GEMMA_FILE))}
+    reg = Registry.load(MODELS_YAML, models_dir, own)
+    assert set(reg.entries) == {"smollm2-135m", "gemma3-270m", "mine"}
+    assert reg.resolve("g").id == "mine" and reg.resolve("smollm2-135m").path == models_dir / GEMMA_FILE
+    with pytest.raises(ValueError, match=r"^models: 'gemma3-270m' names both 'gemma3-270m' and 'x'"):
+        Registry.load(MODELS_YAML, models_dir, {"x": ModelEntry(path="x.gguf", aliases=["gemma3-270m"])})
