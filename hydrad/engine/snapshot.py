@@ -45,6 +45,7 @@ class ModelSummary:
     n_ctx: int
     n_parallel: int
     placement: dict[str, Any] | None = None  # devices, peers and overrides, when not llama.cpp's defaults
+    weights: dict[str, Any] | None = None  # what the load did with the model parameters (Generation.load_view)
 
     @classmethod
     def of(cls, gen: Generation) -> ModelSummary:
@@ -54,7 +55,8 @@ class ModelSummary:
                    n_ctx_train=info.n_ctx_train, n_vocab=info.n_vocab, fingerprint=gen.fingerprint, family=gen.family,
                    generation=gen.tag.fingerprint, loaded_at=gen.loaded_at, n_ctx=gen.ctx.n_ctx,
                    n_parallel=len(gen.slots),
-                   placement=gen.placement.public() if gen.placement is not None else None)
+                   placement=gen.placement.public() if gen.placement is not None else None,
+                   weights=gen.load_view())
 
 
 @dataclass(frozen=True)
