@@ -17,7 +17,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator
+from pydantic import (BaseModel, ConfigDict, Field, StringConstraints, ValidationError, ValidationInfo, field_validator,
+                      model_validator)
 
 from hydrad.common.netaccess import split_endpoint
 
@@ -59,11 +60,42 @@ class RuntimeParams(BaseModel):
         "port (the coordinator resolves engine names). Device order: own GPUs, then each peer's devices; "
         "tensor_split gives one share per device, and on a host without a GPU the first share is this CPU's.",
         max_length=8)
+    devices: list[Annotated[str, StringConstraints(min_length=1, max_length=128)]] | None = _f(
+        None, Tier.T3, "Devices to offload to, by ggml name, in this order (llama-server's --device): e.g. ['CUDA0']; "
+        "['none'] = none, every weight on the CPU; null = every GPU this engine may see (the start-only setting "
+        "`device` decides which those are). A name this engine has no device of fails the load naming the known ones.",
+        min_length=1, max_length=16)
+    n_cpu_moe: int = _f(
+        0, Tier.T3, "Keep the expert tensors of the first N layers in host memory, computed by the CPU "
+        "(llama-server's --n-cpu-moe): one override per layer, blk\\.<i>\\.ffn_(up|down|gate|gate_up)_(ch|)exps=CPU, "
+        "after override_tensors' own entries. N at or above the model's layer count keeps every expert on the CPU "
+        "(llama-server's --cpu-moe). Their bytes count as host memory, not VRAM, in the load's estimate and in routing.",
+        ge=0, le=4096)
     override_tensors: list[Annotated[str, StringConstraints(max_length=1000)]] | None = _f(
         None, Tier.T3, "Tensor placement overrides in llama.cpp's -ot syntax, REGEX=BUFFER_TYPE (CPU, CUDA0, "
-        "RPC0[host:port], or RPC / RPC<i> for a peer's device), e.g. '\\.ffn_(up|down|gate)_exps=RPC'.",
+        "RPC0[host:port], or RPC / RPC<i> for a peer's device), e.g. '\\.ffn_(up|down|gate)_exps=RPC'. The first "
+        "entry whose regex matches a tensor's name (anywhere in it) places that tensor. Also accepted under "
+        "llama.cpp's own name, tensor_buft_overrides.",
+        max_length=64)
+    kv_overrides: list[Annotated[str, StringConstraints(max_length=300)]] | None = _f(
+        None, Tier.T3, "Model metadata overrides in llama-server's --override-kv syntax, KEY=TYPE:VALUE with TYPE "
+        "int, float, bool (true/false) or str (at most 127 bytes), e.g. 'tokenizer.ggml.add_bos_token=bool:false'. "
+        "A key the GGUF holds with another type, or one llama.cpp does not read while loading this model, fails "
+        "the load naming it (llama.cpp itself would ignore it with a warning).",
         max_length=64)
     use_mmap: bool = _f(True, Tier.T3, "Map the GGUF instead of reading it into memory.")
+    use_mlock: bool = _f(
+        False, Tier.T3, "Lock the weights in RAM so the kernel never swaps or compresses them (llama.cpp's load mode "
+        "mmap+mlock, or mlock with use_mmap false: llama-server's --load-mode, formerly --mlock). Locking beyond RLIMIT_MEMLOCK fails with a "
+        "warning in the log and the load goes on unlocked.")
+    use_direct_io: bool = _f(
+        False, Tier.T3, "Read the GGUF with direct I/O, past the page cache, where the file system allows it (llama.cpp's "
+        "load mode dio; it falls back to a plain read where not). Takes precedence over use_mmap; with use_mlock it "
+        "is refused (llama.cpp has no load mode that locks a direct read).")
+    check_tensors: bool = _f(
+        False, Tier.T3, "Validate every tensor's data while loading (llama-server's --check-tensors): a tensor with "
+        "NaN or infinite values, or invalid quantization blocks, fails the load naming it. Costs a pass over the "
+        "weights at each load.")
     no_host: bool = _f(
         False, Tier.T3, "Keep the weights that stay on the CPU (with every layer on a GPU: the token embeddings) in "
         "ordinary memory, not the GPU's page-locked host buffer (llama.cpp's --no-host). Matters only with use_mmap "
@@ -131,12 +163,51 @@ class RuntimeParams(BaseModel):
             split_endpoint(e)
         return v or None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _spellings(cls, data: Any) -> Any:
+        """llama.cpp's own field names are accepted beside the project's (see :data:`ALIASES`)."""
+        return canonical_names(data) if isinstance(data, dict) else data
+
     @field_validator("override_tensors")
     @classmethod
     def _overrides(cls, v: list[str] | None) -> list[str] | None:
         for item in v or []:
             check_tensor_override(item)
         return v or None
+
+    @field_validator("devices")
+    @classmethod
+    def _devices(cls, v: list[str] | None) -> list[str] | None:
+        if v is None:
+            return v
+        if "none" in (d.lower() for d in v) and len(v) > 1:
+            raise ValueError("'none' stands alone: it means no device at all")
+        for d in v:
+            if "," in d or not d.isprintable() or d != d.strip():
+                raise ValueError(f"{d!r} is not a device name (one name per entry, e.g. CUDA0)")
+        if len({d.upper() for d in v}) != len(v):
+            raise ValueError("a device is named twice")
+        return v
+
+    @field_validator("kv_overrides")
+    @classmethod
+    def _kv(cls, v: list[str] | None) -> list[str] | None:
+        seen: set[str] = set()
+        for item in v or []:
+            key = parse_kv_override(item).key
+            if key in seen:
+                raise ValueError(f"key {key!r} is overridden twice")
+            seen.add(key)
+        return v or None
+
+    @field_validator("use_direct_io")
+    @classmethod
+    def _direct(cls, v: bool, info: ValidationInfo) -> bool:
+        if v and info.data.get("use_mlock"):
+            raise ValueError("use_direct_io and use_mlock together: llama.cpp has no load mode that locks a "
+                             "direct read; drop one")
+        return v
 
     @field_validator("tensor_split")
     @classmethod
@@ -170,11 +241,100 @@ def check_tensor_override(item: str) -> tuple[str, str]:
     return pattern, target
 
 
+# llama.cpp's (common_params') name of a parameter → the name the project already used for it. Both are
+# accepted everywhere a runtime parameter is (a configure, the YAML defaults, a registry entry, a
+# profile's params) and the project's name is the one reported back.
+ALIASES: dict[str, str] = {"tensor_buft_overrides": "override_tensors"}
+
+
+def canonical_names(values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` with every alias renamed to its parameter; ValueError naming both spellings when a
+    mapping holds the two, since which one was meant cannot be told."""
+    both = [(a, n) for a, n in ALIASES.items() if a in values and n in values]
+    if both:
+        raise ValueError("; ".join(f"{a} and {n} are one parameter (llama.cpp's name and Hydra's): give one"
+                                   for a, n in both))
+    if not any(a in values for a in ALIASES):
+        return values
+    return {ALIASES.get(k, k): v for k, v in values.items()}
+
+
+KV_TYPES = ("int", "float", "bool", "str")
+KV_KEY_BYTES = 127  # llama_model_kv_override.key is char[128]
+KV_STR_BYTES = 127  # and val_str char[128], NUL included
+
+
+@dataclass(frozen=True)
+class KvOverride:
+    """One ``kv_overrides`` entry, parsed: what llama.cpp's ``llama_model_kv_override`` will hold."""
+
+    key: str
+    type: str  # one of KV_TYPES
+    value: int | float | bool | str
+
+    @property
+    def text(self) -> str:
+        """The entry in llama-server's --override-kv syntax (what the engine reports back)."""
+        v = ("true" if self.value else "false") if isinstance(self.value, bool) else self.value
+        return f"{self.key}={self.type}:{v}"
+
+
+def parse_kv_override(item: str) -> KvOverride:
+    """One ``kv_overrides`` entry, ``KEY=TYPE:VALUE``, parsed as llama-server parses ``--override-kv``
+    (common.cpp's ``string_parse_kv_override``: the first ``=`` ends the key, the type prefix picks the
+    union member), but stricter where llama-server would load something else than written: an int or
+    float must be one whole number (``atol("12abc")`` is 12 there), and a float finite. ValueError
+    names what is wrong."""
+    key, sep, rest = item.partition("=")
+    if not sep or not key:
+        raise ValueError(f"{item!r} is not KEY=TYPE:VALUE (e.g. 'tokenizer.ggml.add_bos_token=bool:false')")
+    if len(key.encode()) > KV_KEY_BYTES or not key.isprintable() or key != key.strip():
+        raise ValueError(f"{item!r}: the key must be at most {KV_KEY_BYTES} bytes of printable text")
+    kind, colon, text = rest.partition(":")
+    if not colon or kind not in KV_TYPES:
+        raise ValueError(f"{item!r}: the type must be one of {', '.join(KV_TYPES)} (TYPE:VALUE after the '=')")
+    value: int | float | bool | str
+    if kind == "int":
+        try:
+            value = int(text.strip(), 10)
+        except ValueError:
+            raise ValueError(f"{item!r}: {text!r} is not a whole number") from None
+        if not -(1 << 63) <= value < (1 << 63):
+            raise ValueError(f"{item!r}: {value} does not fit llama.cpp's 64-bit integer")
+    elif kind == "float":
+        try:
+            value = float(text)
+        except ValueError:
+            raise ValueError(f"{item!r}: {text!r} is not a number") from None
+        if value != value or value in (float("inf"), float("-inf")):
+            raise ValueError(f"{item!r}: a float override must be finite")
+    elif kind == "bool":
+        if text not in ("true", "false"):
+            raise ValueError(f"{item!r}: a bool is true or false, not {text!r}")
+        value = text == "true"
+    else:
+        if len(text.encode()) > KV_STR_BYTES or "\x00" in text:
+            raise ValueError(f"{item!r}: a str value is at most {KV_STR_BYTES} bytes (llama.cpp's char[128]), "
+                             "without NUL")
+        value = text
+    return KvOverride(key, kind, value)
+
+
 # Start-only settings: a runtime payload that names one is refused with the name.
 T4_FIELDS: frozenset[str] = frozenset(
     {"name", "http", "host", "port", "rpc", "rpc_port", "models_dir", "registry", "control_allow_from",
-     "logging", "log_level", "bus", "device", "devices", "drain_timeout_s"}
+     "logging", "log_level", "bus", "device", "drain_timeout_s"}
 )
+
+
+def param_named(message: str) -> str | None:
+    """The runtime parameter a refusal's message names first (``"kv_overrides: ..."``), as the
+    parameter's own name; None when it starts with none. A load that fails because of a parameter
+    (a device llama.cpp does not have, a metadata key it never read) says so in those words, and the
+    answer's ``param`` then names the field as a validation error's does."""
+    head = message.partition(":")[0].strip()
+    name = ALIASES.get(head, head)
+    return name if name in RuntimeParams.model_fields else None
 
 
 class ParamError(ValueError):
@@ -203,8 +363,11 @@ def validation_message(exc: ValidationError, where: str = "") -> tuple[str, list
 
 def check_partial(values: dict[str, Any]) -> dict[str, Any]:
     """Validate a partial set of runtime parameters (a YAML ``defaults:`` block, a registry entry's
-    defaults) as a pydantic field validator would: ValueError with every bad field named."""
+    defaults) as a pydantic field validator would: ValueError with every bad field named. Returns
+    them under the parameters' own names (an alias such as ``tensor_buft_overrides`` renamed), the
+    names every layer holds."""
     try:
+        values = canonical_names(values)
         RuntimeParams(**values)
     except ValidationError as exc:
         raise ValueError(validation_message(exc)[0]) from None
@@ -236,8 +399,9 @@ class ParamLayers:
         return dict(self.model_defaults(model) or {})
 
     def effective_for(self, runtime: dict[str, Any]) -> RuntimeParams:
-        chosen = {**self.yaml, **runtime}.get("model")
-        merged = {**self._model_layer(chosen), **self.yaml, **runtime}
+        yaml, runtime = canonical_names(self.yaml), canonical_names(runtime)
+        chosen = {**yaml, **runtime}.get("model")
+        merged = {**canonical_names(self._model_layer(chosen)), **yaml, **runtime}
         return RuntimeParams(**merged)
 
     def effective(self) -> RuntimeParams:
@@ -275,6 +439,10 @@ class ParamLayers:
         """Diff a payload against the applied snapshot. A ``null`` value drops a runtime override."""
         if not isinstance(payload, dict):
             raise ParamError("configure payload must be a JSON object", [])
+        try:
+            payload = canonical_names(payload)
+        except ValueError as exc:
+            raise ParamError(str(exc), sorted(k for k in payload if k in ALIASES)) from None
         restart_only = sorted(k for k in payload if k in T4_FIELDS)
         if restart_only:
             raise ParamError(

@@ -34,7 +34,7 @@ class ModelEntry(BaseModel):
     @field_validator("defaults")
     @classmethod
     def _defaults(cls, v: dict[str, Any]) -> dict[str, Any]:
-        check_partial(v)
+        v = check_partial(v)
         if "model" in v:
             raise ValueError("a model's defaults cannot name another model")
         return v

@@ -47,7 +47,8 @@ class PoolView:
                 slots_busy=busy, slots_total=total, queued=queued, max_queue=st.max_queue,
                 vram_total=vram_total, vram_free=vram_free,
                 gpu_arch=gpu.arch, prefill_tps=st.prefill_tps, decode_tps=st.decode_tps, load_seconds=st.load_seconds,
-                sessions=sessions, cached_prefixes=prefixes, role=st.role, kv_family=st.kv_family))
+                sessions=sessions, cached_prefixes=prefixes, role=st.role, kv_family=st.kv_family,
+                host_weights=rec.info.host_weights))
         return out
 
     def _pair_vram(self, rec: EngineRecord, peers: tuple[str, ...]) -> tuple[int, int]:

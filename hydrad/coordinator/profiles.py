@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_core import PydanticCustomError
 
 from hydrad.common.yamlfile import read_mapping
-from hydrad.common.params import RuntimeParams, check_tensor_override, validation_message
+from hydrad.common.params import ALIASES, RuntimeParams, check_tensor_override, validation_message
 
 Mode = Literal["SOLO", "COMBINE", "PEER"]
 
@@ -83,7 +83,7 @@ class EngineEntry(BaseModel):
     @field_validator("params")
     @classmethod
     def _params(cls, v: dict[str, Any]) -> dict[str, Any]:
-        owned = sorted(k for k in v if k in MODE_FIELDS)
+        owned = sorted(k for k in v if ALIASES.get(k, k) in MODE_FIELDS)  # llama.cpp's spelling is the same field
         if owned:
             raise ValueError(f"set by the entry's model/mode, not params: {', '.join(owned)}")
         try:

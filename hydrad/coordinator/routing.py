@@ -21,7 +21,7 @@ apply its margin, so :func:`route` scores the candidates first and asks step 1 l
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Sequence
 
 from hydrad.wire.stages import ROUTABLE_STAGES, SERVING_STAGES
@@ -53,6 +53,7 @@ class EngineView:
     cached_prefixes: frozenset[str] = frozenset()  # prefix hashes it holds (optional)
     role: str = "solo"  # COMBINE role the engine reports: solo | head | peer | head+peer
     kv_family: str | None = None  # the served model's KV family: sibling quants share it (pdsplit)
+    host_weights: Mapping[str, int] = field(default_factory=dict)  # model → bytes of weights a load here keeps off the GPU
 
     @property
     def lends_only(self) -> bool:
@@ -263,7 +264,9 @@ def feasible(
 
     An engine already serving (or loading) the model has proven it fits and runs, so only
     engines that would load it are judged. Unknown sizes, unknown VRAM (0, e.g. a CPU engine)
-    and unknown architectures are given the benefit of the doubt.
+    and unknown architectures are given the benefit of the doubt. The weights the engine says a
+    load there keeps in host memory (``host_weights``: experts on the CPU, the token embeddings)
+    do not count against its VRAM.
     """
     if req.model is None or engine.model == req.model:
         return None
@@ -271,9 +274,12 @@ def feasible(
     if spec is None:
         return None
     need_kv = max(0, spec.kv_bytes_per_token) * max(0, req.n_ctx)
-    need = max(0, spec.size_bytes) + need_kv
+    host = min(max(0, engine.host_weights.get(req.model, 0)), max(0, spec.size_bytes))
+    on_gpu = max(0, spec.size_bytes) - host
+    need = on_gpu + need_kv
     if engine.vram_total > 0 and spec.size_bytes > 0 and need + policy.vram_reserve_bytes > engine.vram_total:
-        return (f"{req.model} needs {_gib(need)} (weights {_gib(spec.size_bytes)} + KV {_gib(need_kv)} "
+        kept = f", {_gib(host)} more kept in host memory" if host else ""
+        return (f"{req.model} needs {_gib(need)} (weights {_gib(on_gpu)}{kept} + KV {_gib(need_kv)} "
                 f"for {req.n_ctx} tokens) + {_gib(policy.vram_reserve_bytes)} reserve, "
                 f"{engine.name} has {_gib(engine.vram_total)}")
     why = quant_unsupported(spec.quant, engine.gpu_arch)

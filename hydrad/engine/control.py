@@ -97,6 +97,7 @@ class EngineControl:
         if eff.model is None:
             return None
         resolved = self.resolve(eff.model)
+        await self._warm_load(eff)
         rec = self.core.load(resolved, eff, on_success=lambda: self._loaded(resolved, None))
         self._loading_target = eff
         return ConfigureResult(Tier.T3, ["model"], load_id=rec.id)
@@ -110,6 +111,7 @@ class EngineControl:
         validated, the running load is aborted (the serving generation is untouched), and the
         merged payload is applied as one change, diffed against what is actually installed, so
         the aborted load's target is still loaded when the merged payload wants it."""
+        await self._warm_ahead(payload)
         if self.core.current_load is None:
             self._pending_payload = None
             self._loading_target = None
@@ -157,6 +159,30 @@ class EngineControl:
         if not await self._in_force(plan.effective):
             return ConfigureResult(Tier.T1, plan.changed, extra={"pending": True})
         return ConfigureResult(Tier.T1, plan.changed)
+
+    async def _warm_ahead(self, payload: Any) -> None:
+        """Before a configure that loads a model: its estimate read ahead off the event loop. A payload
+        that does not plan is left alone here; the configure itself refuses it."""
+        try:
+            merged = {**(self._pending_payload or {}), **payload} if self.core.current_load is not None else payload
+            ahead = self.layers.plan(merged)
+        except (ParamError, TypeError):
+            return
+        if ahead.tier == Tier.T3:
+            await self._warm_load(ahead.effective)
+
+    async def _warm_load(self, params: RuntimeParams) -> None:
+        """The load's memory estimate (the GGUF's tensor table, placed by ``params``) computed on a worker
+        thread, so that the load, started on the event loop, finds it ready: read there, a large
+        vocabulary's header scan held the loop for tens of milliseconds."""
+        if params.model is None:
+            return
+        try:
+            resolved = self.resolve(params.model)
+        except UnknownModel:
+            return
+        entry = resolved.entry
+        await self.core.warm_estimate(resolved, params, entry.kv_bytes_per_token if entry else None)
 
     async def _in_force(self, params: RuntimeParams) -> bool:
         """Wait until the engine serves with ``params`` (T1): the engine thread takes them at its next
@@ -227,6 +253,7 @@ class EngineControl:
             seconds = time.monotonic() - t0
             log_event(log, logging.INFO, "expert mode switched", mode=mode, seconds=round(seconds, 6))
             return {"mode": mode, "switched": True, "resident": True, "seconds": round(seconds, 6)}
+        await self._warm_load(plan.effective)
         if self.core.current_load is not None:
             raise EngineBusy("a model load is under way; switch when it has finished")
         rec = self._start_load(plan, payload, keep_standby=True)
@@ -279,6 +306,7 @@ class EngineControl:
             raise ParamError("swap_quant changes only the model; its registry defaults would change "
                              f"{', '.join(rebuilt)} too", rebuilt, code="not_sibling")
         log_event(log, logging.INFO, "swap quant", frm=gen.resolved.id, to=model)
+        await self._warm_load(plan.effective)
         rec = self._start_load(plan, {"model": model}, carry_kv=True)
         return ConfigureResult(Tier.T3, plan.changed, load_id=rec.id, extra={"policy": rec.policy, "carry_kv": True})
 
@@ -315,6 +343,7 @@ class EngineControl:
         try:
             if tier == Tier.T3 and plan.effective.model is not None:
                 resolved = self.resolve(plan.effective.model)
+                await self._warm_load(plan.effective)
                 self.layers.yaml = old_yaml  # the new YAML layer takes effect with the model
 
                 def done() -> None:

@@ -212,6 +212,10 @@ class EngineCore:
         """T3: load a model (see :meth:`hydrad.engine.loading.Loader.load`)."""
         return self.loader.load(*args, **kwargs)
 
+    async def warm_estimate(self, resolved: Any, params: RuntimeParams, kv_bytes_per_token: int | None) -> None:
+        """Off the event loop: what :meth:`load` estimates, read ahead (see ``Loader.warm_estimate``)."""
+        await asyncio.to_thread(self.loader.warm_estimate, resolved, params, kv_bytes_per_token)
+
     async def abort_load(self) -> None:
         await self.loader.abort_load()
 

@@ -20,7 +20,7 @@ from hydrad.engine.peer_watch import PeerWatch
 from hydrad.engine.placement import Placement, PlacementError, plan
 from hydrad.engine.requests import GenerationTag
 from hydrad.engine.statebuf import StateBuffers
-from hydrad.common.params import RuntimeParams
+from hydrad.common.params import RuntimeParams, parse_kv_override
 from hydrad.common.registry import ResolvedModel
 from hydrad.wire.kvstream import fresh
 
@@ -39,6 +39,15 @@ class Slot:
     # namespace never reuses it, except the request the pool itself pinned here after putting its state
     # (a moved session, a split's prefill: GenRequest.pool_pin). None: an untrusted upload's (foreign).
     owner: str | None = ""
+
+
+def _memory_of(buft: str) -> str:
+    """Which memory a llama.cpp buffer type's name is in: ``CPU``, ``CPU_Mapped``, ``CPU_REPACK`` and a
+    GPU's ``*_Host`` (page-locked) are host memory, ``RPC*`` a peer's device, the rest this engine's GPUs."""
+    name = buft.upper()
+    if name.startswith("CPU") or name.endswith("_HOST"):
+        return "host_bytes"
+    return "peer_bytes" if name.startswith("RPC") else "device_bytes"
 
 
 STATE_FORMAT = "hydra-kv/1"
@@ -126,6 +135,22 @@ class Generation:
         self.watch: PeerWatch | None = None  # the watch of the placement's peers, while installed
         self.abandoned = False  # a peer died: never free (freeing talks to it, and llama.cpp aborts)
         self.embedder: Embedder | None = None  # the embedding context, when params.embeddings
+
+    def load_view(self) -> dict[str, Any]:
+        """What this generation's load did with the model parameters, as llama.cpp reported it: its load
+        mode, the bytes of weights in each buffer type (and so on the devices and in host memory), how
+        many tensors the overrides (override_tensors, n_cpu_moe) placed where, and the metadata values
+        kv_overrides gave it. Shown by /v1/models, INFO and the load's record."""
+        view = self.model.report.public()
+        where = {"device_bytes": 0, "host_bytes": 0, "peer_bytes": 0}
+        for buft, nbytes in view["buffers"].items():
+            where[_memory_of(buft)] += nbytes
+        view.update(where)
+        p = self.params
+        view.update(n_cpu_moe=self.placement.n_cpu_moe if self.placement is not None else 0,
+                    devices=self.placement.device_names if self.placement is not None and p.devices is not None
+                    else None)
+        return view
 
     @property
     def n_expert(self) -> int:
@@ -396,6 +421,39 @@ class Generation:
         return [("context", context), ("model", self.model.free)]
 
 
+def check_kv_overrides(path: Path, params: RuntimeParams) -> None:
+    """Refuse, before the load, a ``kv_overrides`` entry llama.cpp would skip: one typed otherwise than
+    the GGUF's own value of that key (llama.cpp warns and keeps the file's value), or one of an array
+    (llama.cpp cannot override arrays)."""
+    if not params.kv_overrides:
+        return
+    kinds = gguf_meta.key_kinds(path)
+    for item in params.kv_overrides:
+        kv = parse_kv_override(item)
+        kind = kinds.get(kv.key)
+        if kind == "array":
+            raise llama.LoadError(f"kv_overrides: {kv.key!r} is an array in {path.name}; llama.cpp cannot override "
+                                  "an array")
+        if kind is not None and kind != kv.type:
+            raise llama.LoadError(f"kv_overrides: {kv.key!r} is {kind} in {path.name}, the override {item!r} is "
+                                  f"{kv.type}: llama.cpp would ignore it; write {kv.key}={kind}:...")
+
+
+def kv_overrides_used(model: llama.Model, params: RuntimeParams) -> None:
+    """After the load: every ``kv_overrides`` key must have been used by llama.cpp (it logs each one it
+    applies). A key it never read (a typo, or a key this architecture does not use) would change nothing,
+    and llama.cpp says nothing of it: the load fails naming it instead."""
+    report = model.report
+    for item in params.kv_overrides or []:
+        key = parse_kv_override(item).key
+        if key in report.kv_refused:
+            raise llama.LoadError(f"kv_overrides: {key!r}: {report.kv_refused[key]}")
+        if key not in report.kv_applied:
+            raise llama.LoadError(f"kv_overrides: llama.cpp did not read {key!r} while loading {model.path.name} "
+                                  f"({model.info.arch}): no part of its load uses that key, so the override would "
+                                  "change nothing")
+
+
 def build_generation(resolved: ResolvedModel, params: RuntimeParams, progress: Callable[[float], bool],
                      gen_id: int, on_warming: Callable[[], None], warm_threads: int = 0,
                      beside: bool = False) -> Generation:
@@ -406,6 +464,7 @@ def build_generation(resolved: ResolvedModel, params: RuntimeParams, progress: C
     the contexts' creation and warm-up, where an armed engine keeps their host buffers pageable."""
     t0 = time.monotonic()
     try:
+        check_kv_overrides(resolved.path, params)
         placement = plan(resolved.path, params)
     except (PlacementError, gguf_meta.GgufError) as exc:
         raise llama.LoadError(str(exc)) from None
@@ -415,6 +474,11 @@ def build_generation(resolved: ResolvedModel, params: RuntimeParams, progress: C
         placed = params.model_copy(update={"n_gpu_layers": placement.n_gpu_layers,
                                            "tensor_split": placement.tensor_split})
         model = llama.Model.load(resolved.path, placed, progress, placement.devices, placement.overrides)
+    try:
+        kv_overrides_used(model, params)
+    except llama.LoadError:
+        model.free()
+        raise
     model.specials()  # the vocabulary's special tokens read here, on the loader thread, not by a request
     t_model = time.monotonic()
     with PAGEABLE_BESIDE.open(beside):

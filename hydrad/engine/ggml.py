@@ -56,7 +56,10 @@ def _bind(name: str, lib: ctypes.CDLL) -> None:
             "ggml_backend_reg_dev_count": (sz, [vp]),
             "ggml_backend_reg_dev_get": (vp, [vp, sz]),
             "ggml_backend_dev_buffer_type": (vp, [vp]),
+            "ggml_backend_dev_by_name": (vp, [cp]),
         }
+    elif name == "ggml-cpu":
+        sigs = {"ggml_backend_cpu_buffer_type": (vp, [])}
     elif name == "ggml-base":
         sigs = {
             "ggml_blck_size": (ctypes.c_int64, [ctypes.c_int]),
@@ -184,6 +187,30 @@ def buffer_type(dev: int) -> tuple[int, str]:
     if not buft:
         raise ValueError("device has no buffer type")
     return int(buft), (_load("ggml-base").ggml_backend_buft_name(buft) or b"").decode()
+
+
+def device_by_name(name: str) -> Device | None:
+    """The device llama.cpp knows by ``name`` (``CUDA0``, ``CPU``; matched without regard to case, as
+    ``ggml_backend_dev_by_name`` does), or None: what llama-server's ``--device`` looks names up with."""
+    handle = _load("ggml").ggml_backend_dev_by_name(name.encode())
+    return _device(handle) if handle else None
+
+
+def cpu_buffer_type() -> int:
+    """The CPU buffer type itself (``ggml_backend_cpu_buffer_type``), the one llama-server gives an
+    override to ``CPU`` (``--n-cpu-moe`` included): llama.cpp compares an override's buffer type with it
+    to let such a tensor use the CPU's extra buffer types (weight repacking) too."""
+    buft = _load("ggml-cpu").ggml_backend_cpu_buffer_type()
+    if not buft:
+        raise ValueError("the CPU backend has no buffer type")
+    return int(buft)
+
+
+def max_tensor_overrides() -> int:
+    """How many tensor buffer type overrides llama.cpp accepts in one load (``llama_max_tensor_buft_overrides``)."""
+    f = llama.lib().llama_cpp._lib.llama_max_tensor_buft_overrides
+    f.restype, f.argtypes = ctypes.c_size_t, []
+    return int(f())
 
 
 def type_sizes(count: int) -> list[tuple[int, int]]:

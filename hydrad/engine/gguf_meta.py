@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import struct
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Iterator
 
@@ -168,6 +169,77 @@ def tensor_names(path: Path) -> frozenset[str]:
 
 
 _VOCAB_KEYS = {"tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.tokens"}
+
+# A header value's GGUF type as a kv_overrides TYPE (llama_model_kv_override_type): what an override of
+# that key must be for llama.cpp to use it (GGUFMeta's validate_override compares exactly these).
+_KV_KIND = {0: "int", 1: "int", 2: "int", 3: "int", 4: "int", 5: "int", 10: "int", 11: "int", 6: "float", 12: "float",
+            7: "bool", _STRING: "str", _ARRAY: "array"}
+
+
+def key_kinds(path: Path) -> dict[str, str]:
+    """Each header key's kind, as a kv override would have to be typed: int, float, bool, str, or array
+    (which llama.cpp never overrides)."""
+    out: dict[str, str] = {}
+    with open(path, "rb") as f:
+        _, n_kv = _open_header(f, path)
+        for _ in range(n_kv):
+            key = _string(f).decode("utf-8", "replace")
+            (vtype,) = struct.unpack("<I", _read(f, 4))
+            _value(f, vtype)
+            out[key] = _KV_KIND.get(vtype, "unknown")
+    return out
+
+
+@dataclass(frozen=True)
+class TensorTable:
+    """The tensors of a GGUF file, each with the bytes its data takes in the file."""
+
+    sizes: dict[str, int]  # name -> bytes, in file order
+    n_layer: int  # <arch>.block_count, 0 if the header names none
+    split: bool  # one part of a split model: the other parts' tensors are not here
+
+    @property
+    def total(self) -> int:
+        return sum(self.sizes.values())
+
+
+def tensor_table(path: Path) -> TensorTable:
+    """Every tensor's name and size, for an estimate of where a load puts the weights before llama.cpp
+    reads them. A size is the distance to the next tensor's data (the last one's: to the end of the
+    file), so it includes the alignment padding after it (under ``general.alignment`` bytes, 32 by
+    default): exact enough for memory estimates, and no table of ggml's block sizes is needed. Kept per
+    file (path, size, modification time): routing asks for every model on disk at each registration."""
+    st = path.stat()
+    return _tensor_table(path, st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=64)
+def _tensor_table(path: Path, size: int, _mtime_ns: int) -> TensorTable:
+    with open(path, "rb") as f:
+        n_tensors, n_kv = _open_header(f, path)
+        meta = {k: v for k, v in _values(f, n_kv) if v is not None}
+        infos: list[tuple[str, int]] = []
+        for _ in range(n_tensors):
+            name = _string(f).decode("utf-8", "replace")
+            (n_dims,) = struct.unpack("<I", _read(f, 4))
+            if n_dims > 8:
+                raise GgufError(f"a tensor of {n_dims} dimensions")
+            f.seek(8 * n_dims + 4, 1)  # the dimensions and the type
+            (offset,) = struct.unpack("<Q", _read(f, 8))
+            infos.append((name, offset))
+        align = meta.get("general.alignment", 32)
+        if not isinstance(align, int) or align <= 0:
+            raise GgufError(f"general.alignment {align!r}")
+        data_start = -(-f.tell() // align) * align
+    ends = sorted({off for _, off in infos} | {size - data_start})
+    following = {a: b for a, b in zip(ends, ends[1:])}
+    if any(off not in following for _, off in infos):
+        raise GgufError(f"{path}: a tensor's data lies past the end of the file")
+    arch = meta.get("general.architecture")
+    n_layer = meta.get(f"{arch}.block_count")
+    return TensorTable(sizes={name: following[off] - off for name, off in infos},
+                       n_layer=n_layer if isinstance(n_layer, int) and n_layer > 0 else 0,
+                       split=isinstance(meta.get("split.count"), int) and meta["split.count"] > 1)
 
 
 def block_count(path: Path) -> int:

@@ -15,13 +15,13 @@ import logging
 import os
 import re
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from hydrad.engine import tokenchunks
 from hydrad.common.cpus import usable_cpus
-from hydrad.common.params import RuntimeParams
+from hydrad.common.params import KvOverride, RuntimeParams, parse_kv_override
 
 if TYPE_CHECKING:
     import llama_cpp as L
@@ -34,6 +34,7 @@ _LOG_LEVELS = {"debug": 1, "info": 2, "warning": 3, "error": 4}
 _llama_log_min = 3
 _log_cb: Any = None  # keeps the ctypes callback alive for the life of the process
 _log_partial: list[str] = []
+_capture = threading.local()  # .text: llama.cpp's log of this thread, every level, while a load reads it
 
 
 def lib() -> "L":
@@ -45,6 +46,9 @@ def lib() -> "L":
 
             def _on_log(level: int, text: bytes | None, _user: Any) -> None:
                 msg = (text or b"").decode("utf-8", "replace")
+                captured = getattr(_capture, "text", None)
+                if captured is not None:
+                    captured.append(msg)
                 if level == 5:  # GGML_LOG_LEVEL_CONT: continuation of the previous line
                     _log_partial.append(msg)
                     return
@@ -90,6 +94,83 @@ def set_llama_log_level(level: str) -> None:
     _llama_log_min = _LOG_LEVELS.get(level, 3)
 
 
+def load_mode(params: RuntimeParams) -> int:
+    """llama.cpp's ``llama_load_mode`` for ``use_mmap``, ``use_mlock`` and ``use_direct_io``, as
+    llama-server's ``--load-mode`` names them: direct I/O (``dio``) over everything else, then mmap+mlock
+    or mlock (a read, locked), else llama.cpp's own choice when mapping (it maps where every device can
+    use the mapping) or a plain read. The parameters refuse direct I/O with mlock."""
+    if params.use_direct_io:
+        return 4  # LLAMA_LOAD_MODE_DIRECT_IO
+    if params.use_mlock:
+        return 3 if params.use_mmap else 2  # LLAMA_LOAD_MODE_MMAP_MLOCK, LLAMA_LOAD_MODE_MLOCK
+    return _LOAD_MODE[params.use_mmap]
+
+
+_KV_TAGS = {"int": 0, "float": 1, "bool": 2, "str": 3}  # llama_model_kv_override_type
+
+
+def kv_override_array(items: list[KvOverride]) -> Any:
+    """``llama_model_params.kv_overrides``: one ``llama_model_kv_override`` per entry, then one whose key
+    is empty, which ends the list (as llama-server terminates its own)."""
+    C = lib()
+    arr = (C.llama_model_kv_override * (len(items) + 1))()  # zeroed: the last entry's key is ""
+    for slot, kv in zip(arr, items):
+        slot.key = kv.key.encode()
+        slot.tag = _KV_TAGS[kv.type]
+        if kv.type == "int":
+            slot.value.val_i64 = int(kv.value)
+        elif kv.type == "float":
+            slot.value.val_f64 = float(kv.value)
+        elif kv.type == "bool":
+            slot.value.val_bool = bool(kv.value)
+        else:
+            slot.value.val_str = str(kv.value).encode()
+    return arr
+
+
+_LOAD_MODE_LINE = re.compile(r"\(load_mode = ([^)]+)\)")
+_KV_USED = re.compile(r"Using metadata override \(\s*(\w+)\) '([^']*)' = (.*)$")
+_KV_BAD = re.compile(r"Bad metadata override type for key '([^']*)', expected (\S+) but got (\S+)")
+_OVERRIDDEN = re.compile(r"^tensor (\S+) \(.*\) buffer type overridden to (\S+)$")
+_BUFFER = re.compile(r"(\S+) model buffer size = +([\d.]+) MiB")
+
+
+@dataclass
+class LoadReport:
+    """What llama.cpp said about one model load, read from its own log lines (every level, the loader
+    thread's only): the observed effect of the load parameters, not what was asked for."""
+
+    load_mode: str | None = None  # as llama.cpp resolved it: mmap, none, mlock, mmap+mlock, dio
+    kv_applied: dict[str, str] = field(default_factory=dict)  # key -> the value llama.cpp used
+    kv_refused: dict[str, str] = field(default_factory=dict)  # key -> why llama.cpp did not use it
+    overridden: dict[str, str] = field(default_factory=dict)  # tensor -> the buffer type an override gave it
+    buffers: dict[str, int] = field(default_factory=dict)  # buffer type -> bytes of weights in it
+
+    @classmethod
+    def parse(cls, text: str) -> "LoadReport":
+        rep = cls()
+        for line in text.splitlines():
+            line = line.strip()
+            if (m := _LOAD_MODE_LINE.search(line)) is not None:
+                rep.load_mode = m.group(1)
+            elif (m := _KV_USED.search(line)) is not None:
+                rep.kv_applied[m.group(2)] = m.group(3).strip()
+            elif (m := _KV_BAD.search(line)) is not None:
+                rep.kv_refused[m.group(1)] = f"llama.cpp reads it as {m.group(2)}, the override is {m.group(3)}"
+            elif (m := _OVERRIDDEN.search(line)) is not None:
+                rep.overridden[m.group(1)] = m.group(2)
+            elif (m := _BUFFER.search(line)) is not None:
+                rep.buffers[m.group(1)] = rep.buffers.get(m.group(1), 0) + round(float(m.group(2)) * (1 << 20))
+        return rep
+
+    def public(self) -> dict[str, Any]:
+        counts: dict[str, int] = {}
+        for buft in self.overridden.values():
+            counts[buft] = counts.get(buft, 0) + 1
+        return {"load_mode": self.load_mode, "buffers": dict(self.buffers), "overridden_tensors": counts,
+                "kv_overrides": dict(self.kv_applied)}
+
+
 _CACHE_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "iq4_nl": 20, "bf16": 30}
 _SPLIT = {"none": 0, "layer": 1, "row": 2}
 _ROPE = {"model": -1, "none": 0, "linear": 1, "yarn": 2, "longrope": 3}
@@ -106,6 +187,22 @@ class _BuftOverride(ctypes.Structure):
 
 class LoadError(RuntimeError):
     """llama.cpp refused the model or the context; the message says which and why."""
+
+
+_TENSOR_INVALID = re.compile(r"tensor '([^']*)' has invalid data")
+
+
+def _load_failure(path: Path, text: str, params: RuntimeParams) -> str:
+    """Why llama.cpp refused a model, from what it logged while trying: a failure a load parameter
+    causes starts with that parameter's name (what :func:`hydrad.common.params.param_named` reads)."""
+    bad = _TENSOR_INVALID.findall(text)
+    if bad and params.check_tensors:
+        more = f" and {len(bad) - 8} more" if len(bad) > 8 else ""
+        return (f"check_tensors: {path.name} has invalid data (NaN, infinity or bad quantization blocks) in "
+                f"{', '.join(bad[:8])}{more}")
+    errors = [ln.strip() for ln in text.splitlines() if "error" in ln.lower() or "failed" in ln.lower()]
+    why = "; ".join(errors[-3:])[:1000] if errors else "not a GGUF it can read, truncated, or out of memory; see the log"
+    return f"llama.cpp could not load {path} ({why})"
 
 
 class PromptTextTooLong(ValueError):
@@ -155,10 +252,16 @@ _PARSED_ONLY_ATTRS = 1 | 8  # UNKNOWN | CONTROL: what it matches only with speci
 class Model:
     """A loaded GGUF: weights, vocabulary, chat template, token pieces."""
 
-    def __init__(self, ptr: Any, path: Path) -> None:
+    def __init__(self, ptr: Any, path: Path, keep: list[Any] | None = None,
+                 report: LoadReport | None = None) -> None:
         C = lib()
         self.ptr = ptr
         self.path = path
+        # What llama_model_params pointed into (the device list, the tensor overrides and their patterns):
+        # llama.cpp keeps the struct with the model and reads the overrides again after the load (its
+        # has_tensor_overrides(), when a context is made), so they live exactly as long as the model.
+        self._keep = keep or []
+        self.report = report or LoadReport()
         self.vocab = C.llama_model_get_vocab(ptr)
         self.n_vocab = C.llama_vocab_n_tokens(self.vocab)
         self._pieces: dict[int, bytes] = {}
@@ -198,19 +301,25 @@ class Model:
         mp.n_gpu_layers = 999 if params.n_gpu_layers < 0 else params.n_gpu_layers
         mp.split_mode = _SPLIT[params.split_mode]
         mp.main_gpu = params.main_gpu
-        mp.load_mode = _LOAD_MODE[params.use_mmap]
+        mp.load_mode = load_mode(params)
         mp.no_host = params.no_host
+        mp.check_tensors = params.check_tensors
         keep: list[Any] = []
         split = params.tensor_split
-        if devices:
+        if devices is not None:  # [] = no device at all (devices: ['none']); None = llama.cpp's own choice
             devs = (ctypes.c_void_p * (len(devices) + 1))(*devices, None)
             keep.append(devs)
             mp.devices = ctypes.cast(devs, ctypes.c_void_p)
         if overrides:
+            patterns = [pat.encode() for pat, _ in overrides]
             ov = (_BuftOverride * (len(overrides) + 1))(
-                *[_BuftOverride(pat.encode(), buft) for pat, buft in overrides], _BuftOverride(None, None))
-            keep.append(ov)
+                *[_BuftOverride(pat, buft) for pat, (_, buft) in zip(patterns, overrides)], _BuftOverride(None, None))
+            keep += [patterns, ov]
             mp.tensor_buft_overrides = ctypes.cast(ov, ctypes.c_void_p)
+        if params.kv_overrides:
+            kv = kv_override_array([parse_kv_override(item) for item in params.kv_overrides])
+            keep.append(kv)
+            mp.kv_overrides = ctypes.cast(kv, ctypes.POINTER(C.llama_model_kv_override))
         if split:
             arr = (ctypes.c_float * 128)(*split)
             keep.append(arr)
@@ -229,12 +338,16 @@ class Model:
             cb = C.llama_progress_callback(_cb)
             keep.append(cb)
             mp.progress_callback = cb
-        ptr = C.llama_model_load_from_file(str(path).encode(), mp)
+        _capture.text = []  # llama.cpp logs the load on this thread: what it did with the parameters
+        try:
+            ptr = C.llama_model_load_from_file(str(path).encode(), mp)
+        finally:
+            text, _capture.text = "".join(_capture.text), None
         if not ptr:
             if aborted.is_set():
                 raise LoadAborted(f"loading {path} was aborted")
-            raise LoadError(f"llama.cpp could not load {path} (not a GGUF it can read, truncated, or out of memory; see the log)")
-        return cls(ptr, path)
+            raise LoadError(_load_failure(path, text, params))
+        return cls(ptr, path, keep, LoadReport.parse(text))
 
     def _desc(self) -> str:
         buf = ctypes.create_string_buffer(256)

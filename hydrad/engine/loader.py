@@ -2,9 +2,12 @@
 
 ``overlap`` builds the next generation while the current one serves (both must fit);
 ``drain`` frees the current one first (stop admitting, let in-flight finish, free, load);
-``auto`` picks by estimating the new generation's memory against what is free on the device
-that will hold the weights. The estimate is deliberately simple — file size plus KV for the
-context — and reported with the decision so an operator can see why a policy was chosen.
+``auto`` picks by estimating the new generation's memory against what is free where it goes.
+The estimate (:func:`estimate`) places the GGUF's tensors as llama.cpp will
+(:mod:`hydrad.engine.weights`): the weights on the GPUs plus the KV for the context are compared
+with the GPU's free memory, and the weights kept in host memory (the token embeddings, layers
+not offloaded, experts that ``n_cpu_moe`` or ``override_tensors`` keep on the CPU) with the host's.
+It is reported with the decision so an operator can see why a policy was chosen.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from typing import Any
 
 from hydrad.common.params import RuntimeParams
 from hydrad.common.registry import ResolvedModel
+from hydrad.engine import gguf_meta, weights
+from hydrad.engine.weights import WeightSplit
 
 HEADROOM = 1.10  # compute buffers and fragmentation on top of weights + KV
 
@@ -35,6 +40,7 @@ class LoadRecord:
     progress: float = 0.0
     error: str | None = None
     estimate: dict[str, Any] = field(default_factory=dict)
+    weights: dict[str, Any] = field(default_factory=dict)  # what the load did with the weights (Generation.load_view)
     started: float = field(default_factory=time.time)
     timings: dict[str, float] = field(default_factory=dict)
     seconds: float | None = None
@@ -78,7 +84,7 @@ class LoadRecord:
     def public(self) -> dict[str, Any]:
         return {"id": self.id, "model": self.model, "policy": self.policy, "carry_kv": self.carry_kv,
                 "phase": self.phase, "progress": round(self.progress, 4), "error": self.error,
-                "estimate": self.estimate, "started": self.started, "timings": self.timings,
+                "estimate": self.estimate, "weights": self.weights, "started": self.started, "timings": self.timings,
                 "seconds": self.seconds, "carried": self.carried, "threads_lent": self.threads_lent}
 
 
@@ -101,21 +107,54 @@ def mem_available() -> int:
     return 0
 
 
-def estimate_bytes(resolved: ResolvedModel, params: RuntimeParams, kv_bytes_per_token: int | None) -> int:
-    weights = resolved.path.stat().st_size
+@dataclass(frozen=True)
+class Estimate:
+    """What a load will take, with :data:`HEADROOM`: ``device`` on the GPUs (the weights offloaded and the
+    KV), ``host`` in host memory (the weights kept there; the KV too on an engine that offloads nothing).
+    ``split`` is the weights alone, by where they go."""
+
+    device: int
+    host: int
+    split: WeightSplit
+
+    def public(self) -> dict[str, Any]:
+        return {"device_need_bytes": self.device, "host_need_bytes": self.host, "weights": self.split.public()}
+
+
+def estimate(resolved: ResolvedModel, params: RuntimeParams, kv_bytes_per_token: int | None,
+             local_gpus: int) -> Estimate:
+    """The memory a load of ``resolved`` with ``params`` takes on an engine with ``local_gpus`` GPUs. A
+    GGUF whose tensor table cannot be read counts as its file size, all where the layers go."""
+    try:
+        split = weights.placement_split(resolved.path, params, local_gpus)
+    except gguf_meta.GgufError:
+        split = WeightSplit()
+        split.add("device" if weights.gpu_count(params, local_gpus) and params.n_gpu_layers != 0 else "host",
+                  resolved.path.stat().st_size)
     kv = (kv_bytes_per_token or 0) * (params.n_ctx or 0)
-    return int((weights + kv) * HEADROOM)
+    offloads = weights.gpu_count(params, local_gpus) > 0 and params.n_gpu_layers != 0
+    device = split.device + (kv if offloads else 0)
+    host = split.host + (0 if offloads else kv)
+    return Estimate(int(device * HEADROOM), int(host * HEADROOM), split)
 
 
-def choose_policy(requested: str, need: int, free: int, has_current: bool) -> tuple[str, dict[str, Any]]:
-    """Resolve ``auto``: overlap when the new generation fits next to the current one."""
-    est = {"need_bytes": need, "free_bytes": free}
+def choose_policy(requested: str, need: int, free: int, has_current: bool, host_need: int = 0,
+                  host_free: int = 0) -> tuple[str, dict[str, Any]]:
+    """Resolve ``auto``: overlap when the new generation fits next to the current one. ``need``/``free``
+    are the memory the weights and KV go to (the GPU's, or the host's on an engine without one);
+    ``host_need``/``host_free``, when the weights are split, the part kept in host memory (experts on the
+    CPU): both must fit. An unknown ``host_free`` (0) is not held against the load."""
+    est: dict[str, Any] = {"need_bytes": need, "free_bytes": free}
+    if host_need > 0:
+        est.update(host_need_bytes=host_need, host_free_bytes=host_free)
     if not has_current:
         return "overlap", {**est, "why": "no model loaded: nothing to overlap with"}
     if requested in ("overlap", "drain"):
         return requested, {**est, "why": f"reload_policy={requested}"}
     if free <= 0:
         return "drain", {**est, "why": "free memory unknown: drain is the safe choice"}
-    if need <= free:
-        return "overlap", {**est, "why": "the new generation fits beside the current one"}
-    return "drain", {**est, "why": "the new generation does not fit beside the current one"}
+    if need > free:
+        return "drain", {**est, "why": "the new generation does not fit beside the current one"}
+    if host_need > 0 and 0 < host_free < host_need:
+        return "drain", {**est, "why": "the new generation's host-memory weights do not fit beside the current one"}
+    return "overlap", {**est, "why": "the new generation fits beside the current one"}

@@ -18,11 +18,11 @@ from hydrad.common.logs import log_event
 from hydrad.common.osthread import name_os_thread
 from hydrad.common.params import RuntimeParams
 from hydrad.common.registry import ResolvedModel
-from hydrad.engine import llama
+from hydrad.engine import llama, weights
 from hydrad.engine.commands import Abandon, Drain, Install, Rebuild, Resume
 from hydrad.engine.generation import Generation, build_generation
 from hydrad.engine.gpu import GPU_KINDS, local_devices
-from hydrad.engine.loader import LoadRecord, choose_policy, estimate_bytes, mem_available
+from hydrad.engine.loader import LoadRecord, choose_policy, estimate, mem_available
 from hydrad.engine.reaper import Reaper
 from hydrad.engine.kvops import carry_slots, sibling_problem
 from hydrad.engine.peer_watch import PeerWatch
@@ -79,15 +79,21 @@ class Loader:
                                  "wait for it to finish")
             self._load_ids += 1
             rec = LoadRecord(self._load_ids, resolved.id, carry_kv=carry_kv, keep_standby=keep_standby)
+            gpus = self._local_gpus()
+            offloads = bool(gpus) and weights.gpu_count(params, len(gpus)) > 0 and params.n_gpu_layers != 0
+            host_need = 0
             try:
-                need = estimate_bytes(resolved, params, kv_bytes_per_token)
+                est = estimate(resolved, params, kv_bytes_per_token, len(gpus))
+                rec.estimate = est.public()
+                need, host_need = (est.device, est.host) if offloads else (est.device + est.host, 0)
             except OSError as exc:
                 need = 0
                 rec.estimate = {"error": str(exc)}
             # a retired generation the reaper still holds is freed before this load allocates (see _load_thread)
-            free = self._free_memory()
+            free = min(d.memory_free for d in gpus) if offloads else mem_available()
             chosen, why = choose_policy(policy, need, free + self.reaper.held_bytes if free > 0 else free,
-                                        self.gen is not None)
+                                        self.gen is not None, host_need=host_need,
+                                        host_free=mem_available() if host_need else 0)
             if carry_kv:
                 chosen, why = "overlap", {**why, "why": "carry_kv installs once in-flight requests finish"}
             rec.policy, rec.estimate = chosen, {**rec.estimate, **why}
@@ -98,15 +104,23 @@ class Loader:
                          name=f"hydrad-loader-{rec.id}", daemon=True).start()
         return rec
 
-    def _free_memory(self) -> int:
-        """Free memory where the weights go: the GPU's when one serves, else the host's."""
+    def warm_estimate(self, resolved: ResolvedModel, params: RuntimeParams, kv_bytes_per_token: int | None) -> None:
+        """Read the GGUF's tensor table and place its tensors (both remembered) so that :meth:`load`, which
+        runs on the event loop, finds them: for a model with a large vocabulary the first read is tens of
+        milliseconds of Python. Runs on a worker thread; a file that cannot be read is left to the load."""
         try:
-            gpus = [d for d in local_devices() if d.kind in GPU_KINDS]
-            if gpus:
-                return min(d.memory_free for d in gpus)
-        except Exception:  # device enumeration is best effort; fall back to host memory
+            estimate(resolved, params, kv_bytes_per_token, len(self._local_gpus()))
+        except (OSError, ValueError):
             pass
-        return mem_available()
+
+    @staticmethod
+    def _local_gpus() -> list[Any]:
+        """This engine's GPUs (ggml devices), for the estimate and their free memory; none when they cannot
+        be listed (best effort: the estimate then counts host memory)."""
+        try:
+            return [d for d in local_devices() if d.kind in GPU_KINDS]
+        except Exception:
+            return []
 
     async def abort_load(self) -> None:
         """Abort the running load (if any) and wait until its thread has ended."""
@@ -159,6 +173,7 @@ class Loader:
             rec.timings["model_s"] = round(gen.model_seconds, 4)
             rec.timings["context_s"] = round(gen.context_seconds, 4)
             rec.timings["warmup_s"] = round(gen.warmup_seconds, 4)
+            rec.weights = gen.load_view()
             if rec.abort.is_set():
                 gen.free()
                 raise llama.LoadAborted("superseded by a newer configure")

@@ -9,7 +9,9 @@ keeps on the CPU whatever it does not offload, so the share becomes a layer coun
 (``n_gpu_layers``). ``override_tensors`` follows llama.cpp's ``-ot``:
 ``REGEX=BUFFER_TYPE``, where the buffer type is a name llama.cpp knows (``CPU``, ``CUDA0``,
 ``RPC0[host:port]``) or a short name for a peer's device: ``RPC`` (the first) or ``RPC<i>``
-(the i-th, counting every peer's devices in order).
+(the i-th, counting every peer's devices in order). ``n_cpu_moe`` adds llama-server's per-layer
+expert overrides to the CPU after those (:mod:`hydrad.engine.weights` builds them), and
+``devices`` names this engine's own devices to offload to, as llama-server's ``--device`` does.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from hydrad.common.params import RuntimeParams
-from hydrad.engine import ggml, gguf_meta
+from hydrad.engine import ggml, gguf_meta, weights
 from hydrad.engine.rpc.peer_probe import PeerInfo, PeerUnavailable, probe
 
 
@@ -32,12 +34,14 @@ class PlacementError(ValueError):
 class Placement:
     """What Model.load gives llama.cpp, and what the engine reports about its pair."""
 
-    devices: list[int] = field(default_factory=list)  # ggml device handles; empty = llama.cpp's own choice
+    devices: list[int] | None = None  # ggml device handles; None = llama.cpp's own choice, [] = no device
     device_names: list[str] = field(default_factory=list)
     n_gpu_layers: int = 999
     tensor_split: list[float] | None = None
-    overrides: list[tuple[str, int]] = field(default_factory=list)  # (pattern, buffer type)
-    override_names: list[str] = field(default_factory=list)
+    overrides: list[tuple[str, int]] = field(default_factory=list)  # (pattern, buffer type), in llama.cpp's order
+    override_names: list[str] = field(default_factory=list)  # override_tensors' entries as written
+    tensor_overrides: list[str] = field(default_factory=list)  # every override as PATTERN=BUFFER_TYPE, n_cpu_moe's too
+    n_cpu_moe: int = 0  # layers whose experts n_cpu_moe keeps on the CPU (capped at the model's layers)
     peers: list[PeerInfo] = field(default_factory=list)
     cpu_share: float | None = None  # a GPU-less head: the share of layers kept on this CPU
 
@@ -48,8 +52,8 @@ class Placement:
     def public(self) -> dict[str, Any]:
         return {"role": "head" if self.peers else "solo", "devices": self.device_names,
                 "n_gpu_layers": self.n_gpu_layers, "tensor_split": self.tensor_split,
-                "cpu_share": self.cpu_share, "override_tensors": self.override_names,
-                "peers": [p.public() for p in self.peers]}
+                "cpu_share": self.cpu_share, "override_tensors": self.override_names, "n_cpu_moe": self.n_cpu_moe,
+                "tensor_overrides": self.tensor_overrides, "peers": [p.public() for p in self.peers]}
 
 
 def _local_gpus() -> list[ggml.Device]:
@@ -58,6 +62,22 @@ def _local_gpus() -> list[ggml.Device]:
 
 def _cpu_device() -> ggml.Device | None:
     return next((d for d in ggml.devices() if d.kind == "cpu"), None)
+
+
+def _named_devices(names: list[str]) -> list[ggml.Device]:
+    """``devices`` as llama-server's ``--device`` reads it: each name looked up by ggml (any case), the
+    CPU refused (it is where whatever is not offloaded stays), ``['none']`` = no device at all."""
+    if [n.lower() for n in names] == ["none"]:
+        return []
+    out = []
+    for name in names:
+        dev = ggml.device_by_name(name)
+        if dev is None or dev.kind == "cpu":
+            known = ", ".join(d.name for d in _local_gpus()) or "none: this engine sees no GPU"
+            why = "is the CPU, where whatever is not offloaded stays" if dev is not None else "is no device here"
+            raise PlacementError(f"devices: {name!r} {why}; known: {known} (['none'] keeps every weight on the CPU)")
+        out.append(dev)
+    return out
 
 
 def _shares(split: list[float] | None, n: int) -> list[float]:
@@ -72,13 +92,15 @@ def _shares(split: list[float] | None, n: int) -> list[float]:
 
 
 def plan(path: Path, params: RuntimeParams, probe_timeout: float = 3.0) -> Placement | None:
-    """The placement for ``params``, or None when llama.cpp's defaults do (no peer, no override).
+    """The placement for ``params``, or None when llama.cpp's defaults do (no peer, no override, no
+    device list).
 
     Runs on the loader thread: the handshakes block for at most ``probe_timeout`` a peer."""
-    if not params.rpc_servers and not params.override_tensors:
+    if not (params.rpc_servers or params.override_tensors or params.n_cpu_moe or params.devices is not None):
         return None
     pl = Placement(n_gpu_layers=999 if params.n_gpu_layers < 0 else params.n_gpu_layers)
-    own = _local_gpus() if params.n_gpu_layers != 0 else []
+    named = _named_devices(params.devices) if params.devices is not None else None  # checked even with no layers
+    own = (named if named is not None else _local_gpus()) if params.n_gpu_layers != 0 else []
     peer_devs: list[int] = []
     for endpoint in params.rpc_servers or []:
         try:
@@ -105,21 +127,29 @@ def plan(path: Path, params: RuntimeParams, probe_timeout: float = 3.0) -> Place
             pl.devices = peer_devs
             pl.tensor_split = shares[1:] if len(peer_devs) > 1 else None
         pl.device_names = [d.name for d in own] + [ggml.buffer_type(h)[1] for h in peer_devs]
-    elif own:
-        pl.devices = [d.handle for d in own]
+    elif own or named is not None:
+        pl.devices = [d.handle for d in own]  # with devices: ['none'], an empty list: offload nothing
         pl.device_names = [d.name for d in own]
         pl.tensor_split = list(params.tensor_split) if params.tensor_split else None
-    if params.override_tensors:
-        pl.overrides, pl.override_names = _overrides(params.override_tensors, own, peer_devs)
+    if params.override_tensors or params.n_cpu_moe:
+        items = weights.tensor_overrides(params, gguf_meta.block_count(path) if params.n_cpu_moe else None)
+        limit = ggml.max_tensor_overrides()
+        if len(items) > limit:
+            raise PlacementError(f"override_tensors and n_cpu_moe make {len(items)} tensor overrides; llama.cpp takes "
+                                 f"at most {limit}")
+        pl.overrides = _overrides(items, own, peer_devs)
+        pl.override_names = list(params.override_tensors or [])
+        pl.tensor_overrides = [f"{p}={t}" for p, t in items]
+        pl.n_cpu_moe = len(items) - len(pl.override_names)
     return pl
 
 
-def _overrides(items: list[str], own: list[ggml.Device], peer_devs: list[int]) -> tuple[list[tuple[str, int]], list[str]]:
+def _overrides(items: list[tuple[str, str]], own: list[ggml.Device], peer_devs: list[int]) -> list[tuple[str, int]]:
+    """Each (regex, buffer type name) with the buffer type llama.cpp is to use. ``CPU`` is the CPU buffer
+    type itself, as llama-server gives it; a device's name is its default buffer type."""
     bufts: dict[str, int] = {}
-    cpu = _cpu_device()
-    if cpu is not None:
-        handle, name = ggml.buffer_type(cpu.handle)
-        bufts[name.upper()] = handle
+    if _cpu_device() is not None:
+        bufts["CPU"] = ggml.cpu_buffer_type()
     for d in own:
         handle, name = ggml.buffer_type(d.handle)
         bufts[name.upper()] = handle
@@ -130,16 +160,12 @@ def _overrides(items: list[str], own: list[ggml.Device], peer_devs: list[int]) -
         if i == 0:
             bufts["RPC"] = handle
     out: list[tuple[str, int]] = []
-    names: list[str] = []
-    for item in items:
-        pattern, sep, target = item.rpartition("=")
-        if not sep or not pattern:
-            raise PlacementError(f"override_tensors: {item!r} is not REGEX=BUFFER_TYPE")
-        handle = bufts.get(target.strip().upper())
-        if handle is None:
+    for pattern, target in items:
+        found = bufts.get(target.upper())
+        if found is None:
             known = ", ".join(sorted(k for k in bufts if not re.fullmatch(r"RPC\d*", k))) or "none"
             short = " (RPC, RPC<i> name a peer's device)" if peer_devs else " (no peer: rpc_servers is empty)"
-            raise PlacementError(f"override_tensors: unknown buffer type {target!r} in {item!r}; known: {known}{short}")
-        out.append((pattern, handle))
-        names.append(item)
-    return out, names
+            raise PlacementError(f"override_tensors: unknown buffer type {target!r} in {pattern + '=' + target!r}; "
+                                 f"known: {known}{short}")
+        out.append((pattern, found))
+    return out

@@ -46,6 +46,7 @@ class ModelSummary:
     n_parallel: int
     placement: dict[str, Any] | None = None  # devices, peers and overrides, when not llama.cpp's defaults
     aliases: tuple[str, ...] = ()  # the registry entry's further names (llama-server's --alias)
+    weights: dict[str, Any] | None = None  # what the load did with the model parameters (Generation.load_view)
 
     @classmethod
     def of(cls, gen: Generation) -> ModelSummary:
@@ -56,7 +57,7 @@ class ModelSummary:
                    generation=gen.tag.fingerprint, loaded_at=gen.loaded_at, n_ctx=gen.ctx.n_ctx,
                    n_parallel=len(gen.slots),
                    placement=gen.placement.public() if gen.placement is not None else None,
-                   aliases=gen.resolved.aliases)
+                   aliases=gen.resolved.aliases, weights=gen.load_view())
 
 
 @dataclass(frozen=True)

@@ -120,6 +120,13 @@ class Register(_Msg):
     http: str | None = Field(None, max_length=300, description="host:port of the engine's own OpenAI/control API.")
     rpc: str | None = Field(None, max_length=300, description="host:port of the merged RPC port, when open.")
     models_on_disk: list[str] = Field(default_factory=list, max_length=4096)
+    host_weights: dict[Annotated[str, StringConstraints(max_length=512)], Annotated[int, Field(ge=0)]] = Field(
+        default_factory=dict, max_length=4096,
+        description="Per model on disk: bytes of its weights a load on this engine keeps in host memory instead of "
+                    "VRAM, by the engine's parameters for that model (llama.cpp keeps the token embeddings on the "
+                    "CPU; n_cpu_moe and override_tensors to CPU keep experts there). Routing counts only the rest "
+                    "against the GPU. A model left out: nothing known. An engine without a GPU sends none; an older "
+                    "engine's REGISTER without it decodes.")
     heartbeat_interval_s: float = Field(1.0, gt=0, le=3600)
     status: EngineStatus = Field(default_factory=EngineStatus)
     device: str | None = Field(None, max_length=128, description="The GPU(s) the engine is bound to (its start-only "

@@ -49,7 +49,8 @@ import zmq.asyncio
 from hydrad import __version__
 from hydrad.common import tokenfile
 from hydrad.wire import messages as M
-from hydrad.engine.gpu import bound_device, local_gpu
+from hydrad.engine import weights
+from hydrad.engine.gpu import GPU_KINDS, bound_device, local_gpu
 from hydrad.engine.bus.stream import EngineStream
 from hydrad.engine.control import EngineControl
 from hydrad.engine.refusals import refusal
@@ -128,6 +129,7 @@ class EngineLink:
         self._main: asyncio.Task[None] | None = None
         self._speed = _Speed()
         self._gpu = M.GpuInfo()
+        self._host: dict[str, int] = {}  # REGISTER's host_weights, refreshed with the GPU's figures
         self._gpu_at = 0.0
         self._throttle = LogThrottle()
         self._closing = False
@@ -338,7 +340,8 @@ class EngineLink:
     def _register(self) -> M.Register:
         return M.Register(engine=self.settings.name, instance=f"{self.instance}.{self._epoch}", version=__version__,
                           pid=os.getpid(), gpu=self._gpu, http=self.http, rpc=self.rpc,
-                          models_on_disk=self._models_on_disk(), heartbeat_interval_s=self.interval,
+                          models_on_disk=self._models_on_disk(), host_weights=self._host,
+                          heartbeat_interval_s=self.interval,
                           status=self._status(), token=self._token,
                           device=bound_device(self.settings.device))
 
@@ -349,6 +352,21 @@ class EngineLink:
                 self.control.registry.resolve(alias)
                 out.append(alias)
             except Exception:
+                continue
+        return out
+
+    def _host_weights(self, models: list[str]) -> dict[str, int]:
+        """For routing: per model on disk, the bytes of its weights a load here keeps in host memory, by the
+        parameters this engine would load it with (an on-demand load's configure names only the model)."""
+        if self._gpu.kind not in GPU_KINDS:
+            return {}  # an engine without a GPU reports its host memory as its device's: nothing is kept off it
+        layers = self.control.layers
+        out: dict[str, int] = {}
+        for alias in models:
+            try:
+                params = layers.effective_for({**layers.runtime, "model": alias})
+                out[alias] = weights.host_bytes(self.control.registry.resolve(alias).path, params, 1)
+            except Exception:  # an unreadable GGUF or parameters that do not validate: nothing known
                 continue
         return out
 
@@ -382,6 +400,8 @@ class EngineLink:
         self._gpu_at = now
         with contextlib.suppress(Exception):
             self._gpu = await asyncio.to_thread(local_gpu)
+        with contextlib.suppress(Exception):  # the GGUFs' tensor tables are read there too, not on the loop
+            self._host = await asyncio.to_thread(self._host_weights, self._models_on_disk())
 
     # ----- heartbeat and liveness ------------------------------------------------------
 

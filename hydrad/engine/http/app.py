@@ -25,6 +25,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from hydrad import __version__
+from hydrad.common.params import param_named
 from hydrad.common.logs import log_event
 from hydrad.common.openapi import openapi_route
 from hydrad.engine.control import EngineControl
@@ -103,7 +104,7 @@ async def models(request: Request) -> Response:
                      "aliases": sorted({m.id, file.name, file.stem, *m.aliases}),
                      "meta": {"path": m.path, "arch": m.arch, "desc": m.desc, "size": m.size_bytes,
                               "n_params": m.n_params, "n_ctx_train": m.n_ctx_train, "n_vocab": m.n_vocab,
-                              "n_ctx": m.n_ctx, "n_parallel": m.n_parallel}})
+                              "n_ctx": m.n_ctx, "n_parallel": m.n_parallel, "weights": m.weights}})
     return JSONResponse({"object": "list", "data": data})
 
 
@@ -176,7 +177,7 @@ async def finish_load(ctx: HttpContext, request: Request, body: dict[str, Any], 
         rec = await ctx.core.loads[load_id].wait()
         body["load"] = rec.public()
         if rec.phase != "done":
-            raise ApiError(422, f"model load {rec.phase}: {rec.error}", "load_failed")
+            raise ApiError(422, f"model load {rec.phase}: {rec.error}", "load_failed", param_named(rec.error or ""))
         return JSONResponse(body)
     return JSONResponse(body, status_code=202, headers={"Location": f"/control/loads/{load_id}"})
 

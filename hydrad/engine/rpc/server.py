@@ -451,7 +451,7 @@ def info_view(control: EngineControl, settings: EngineSettings, devices: list[di
         model = {"id": m.id, "path": m.path, "arch": m.arch, "desc": m.desc, "n_params": m.n_params,
                  "size_bytes": m.size_bytes, "n_layer": m.n_layer, "n_embd": m.n_embd, "n_head_kv": m.n_head_kv,
                  "n_ctx_train": m.n_ctx_train, "fingerprint": m.fingerprint,
-                 "family": m.family}
+                 "family": m.family, "weights": m.weights}
         slots = [{k: row[k] for k in ("id", "busy", "n_tokens", "foreign")} for row in core.slot_rows()]
     rec = core.loads.get(snap.load_id) if snap.load_id is not None else None
     return {"engine": settings.name, "version": __version__, "stage": snap.stage, "progress": snap.progress,

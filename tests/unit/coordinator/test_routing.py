@@ -138,6 +138,24 @@ def test_unknown_vram_and_unknown_size_fit() -> None:
     assert feasible(req("not-in-registry"), eng("g", vram_total=1 * GIB), MODELS) is None
 
 
+def test_weights_an_engine_keeps_in_host_memory_do_not_count_against_its_vram() -> None:
+    """An MoE whose experts a load keeps on the CPU (n_cpu_moe, override_tensors) needs only the rest of
+    its weights in VRAM: the engine reports that part per model on disk (REGISTER's host_weights)."""
+    moe = {"moe": ModelSpec("moe", size_bytes=20 * GIB, kv_bytes_per_token=0)}
+    plain = eng("a", model=SMOL, vram_total=16 * GIB)
+    why = feasible(req("moe"), plain, moe)
+    assert why is not None and "weights 20.00 GiB" in why and "host memory" not in why
+    offloading = eng("b", model=SMOL, vram_total=16 * GIB, host_weights={"moe": 12 * GIB})
+    assert feasible(req("moe"), offloading, moe) is None  # 8 GiB on the GPU
+    too_little = eng("c", model=SMOL, vram_total=6 * GIB, host_weights={"moe": 12 * GIB})
+    why = feasible(req("moe"), too_little, moe)
+    assert why is not None and "weights 8.00 GiB, 12.00 GiB more kept in host memory" in why
+    other = eng("d", model=SMOL, vram_total=16 * GIB, host_weights={"other": 12 * GIB})
+    assert feasible(req("moe"), other, moe) is not None  # another model's offload says nothing of this one
+    silly = eng("e", model=SMOL, vram_total=16 * GIB, host_weights={"moe": 99 * GIB})
+    assert feasible(req("moe"), silly, moe) is None  # never more than the model: nothing left for the GPU
+
+
 def test_reserve_is_part_of_the_policy() -> None:
     spec = {"m": ModelSpec("m", size_bytes=GIB, kv_bytes_per_token=0)}
     e = eng("a", vram_total=GIB + 100)

@@ -29,6 +29,10 @@ class FakeCore:
         self.current_load: Any = None
         self.loads: list[Any] = []
         self.aborted: list[int] = []
+        self.warmed: list[tuple[str, int]] = []  # (model, loads started by then): estimates read ahead
+
+    async def warm_estimate(self, resolved: Any, params: RuntimeParams, kv_bytes_per_token: int | None) -> None:
+        self.warmed.append((resolved.id, len(self.loads)))
 
     def set_defaults(self, params: RuntimeParams) -> None:
         self.params = params
@@ -146,6 +150,19 @@ def test_naming_a_model_the_aborted_boot_load_never_installed_loads_it(registry:
     run(c.boot())
     run(c.configure({"model": "smollm2-135m"}))  # supersedes the boot load: nothing is installed
     assert core.aborted == [1] and core.loads[-1].params.model == "smollm2-135m"
+
+
+def test_a_load_reads_its_estimate_ahead_off_the_loop(registry: Registry) -> None:
+    """Every path that starts a load has its memory estimate (the GGUF's tensor table) computed on a
+    worker thread first; a change that loads nothing reads nothing."""
+    c, core = control(registry, model="smollm2-135m")
+    run(c.boot())
+    assert core.warmed == [("smollm2-135m", 0)]  # before the boot load started
+    core.finish()
+    run(c.configure({"n_batch": 1024}))  # a context rebuild
+    assert len(core.warmed) == 1
+    run(c.configure({"model": "gemma3-270m", "n_cpu_moe": 2}))
+    assert core.warmed[-1] == ("gemma3-270m", 1) and core.loads[-1].params.n_cpu_moe == 2
 
 
 def test_differs_from_installed(registry: Registry) -> None:

@@ -237,6 +237,18 @@ def test_register_device_is_optional_both_ways() -> None:
     assert isinstance(bound, M.Register) and bound.device == "0,1"
 
 
+def test_register_carries_the_weights_each_model_keeps_in_host_memory() -> None:
+    """``host_weights`` (per model on disk) reaches the coordinator as sent; none is not sent at all, and
+    a negative count is refused."""
+    reg = M.decode(M.encode(M.Register(engine="a", instance="x.1", version="0", host_weights={"moe": 12 << 30})))
+    assert isinstance(reg, M.Register) and reg.host_weights == {"moe": 12 << 30}
+    assert b"host_weights" not in M.encode(M.Register(engine="a", instance="x.1", version="0"))[2]
+    bad = [M.PROTOCOL, b"REGISTER", json.dumps({"engine": "a", "instance": "x.1", "version": "0",
+                                                 "host_weights": {"moe": -1}}).encode()]
+    with pytest.raises(M.BusDecodeError):
+        M.decode(bad)
+
+
 def test_bound_device_reports_what_the_backends_see() -> None:
     from hydrad.engine.gpu import bound_device
     assert bound_device(None, {}) is None
