@@ -2,7 +2,8 @@
 that opens the think block itself, the model's thinking split into ``reasoning_content`` (whole and
 streamed) or Anthropic ``thinking`` blocks, ``deepseek-legacy`` and ``none``, a reasoning budget that
 closes the block for the model after N tokens, a budget of 0 rendering the template with thinking
-off, and ``chat_template_kwargs`` seen in ``/apply-template``'s prompt. Both doors give the same
+off, tool calls under their grammar beside a thinking template, and ``chat_template_kwargs`` seen in
+``/apply-template``'s prompt. Both doors give the same
 answers for the same requests.
 
 SmolLM2 is not a thinking model, so what it thinks is made deterministic two ways: a grammar that
@@ -33,6 +34,8 @@ THINK_TEMPLATE = (
     "{% else %}<think>\n{% endif %}{% endif %}")
 ASK = [{"role": "user", "content": "What is the capital of France?"}]
 FORCED = 'root ::= "<think>abc</think>def"'
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}}, "required": ["city"]}}}
 PROFILES = {"profiles": {"one": {"description": "one SmolLM2 engine with a thinking template",
                                  "engines": {"solo": {"model": "smollm2-135m", "params": {"n_parallel": 2}}}}},
             "default": "one"}
@@ -113,6 +116,13 @@ def answers(http: httpx.Client) -> dict[str, Any]:
     assert "reasoning_content" not in off and off["content"].strip(), off
     assert off == chat(http, chat_template_kwargs={"enable_thinking": False})["message"]
     out["off"] = off
+
+    # tools under their grammar (SmolLM2 speaks the generic JSON format): the grammar decides the answer
+    # from its first token, so the template's opened block is not assumed and the call is read as usual
+    called = chat(http, max_tokens=60, tools=[WEATHER], tool_choice="required")
+    assert called["finish_reason"] == "tool_calls" and "reasoning_content" not in called["message"], called
+    assert called["message"]["tool_calls"][0]["function"]["name"] == "get_weather"
+    out["tools"] = [{**c["function"]} for c in called["message"]["tool_calls"]]
 
     # Anthropic: thinking blocks when enabled, none when disabled
     base = {"max_tokens": 16, "temperature": 0, "messages": ASK}

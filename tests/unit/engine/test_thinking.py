@@ -88,3 +88,26 @@ def test_variables_reach_a_real_render() -> None:
         "user: Hi\n<think></think>p")
     # what the engine gives the template wins over a variable of the same name
     assert render(template, ASK, None, "", "", kwargs={"messages": []}) == "user: Hi\n<think>"
+
+
+def test_reasoning_then_tool_calls_in_one_answer() -> None:
+    """The engine thread's Token making: the thinking is split off first, the tool reader reads the
+    rest, so an answer can think, then call (and a <tool_call> inside the thinking is not a call)."""
+    from hydrad.engine.batching import _Active, _token
+    from hydrad.wire.toolcalls import ToolStream
+
+    a = _Active(handle=None, prompt_len=0, cached=0, pending=[], max_tokens=64, sampler=None,  # type: ignore[arg-type]
+                detok=None, stopper=None, t_start=0.0, tools=ToolStream("hermes"),  # type: ignore[arg-type]
+                think=Thinking(ReasoningStream("deepseek", opened=True), None, []))
+    text = ('I should call <tool_call>{"name": "f"}</tool_call> maybe.</think>\nSure.\n'
+            '<tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call>')
+    events = [ev for piece in [text[i:i + 5] for i in range(0, len(text), 5)] if (ev := _token(a, piece))]
+    if (last := _token(a, "", end=True)) is not None:
+        events.append(last)
+    reasoning = "".join(ev.reasoning for ev in events)
+    content = "".join(ev.text for ev in events)
+    calls = [c for ev in events for c in ev.calls]
+    assert reasoning == 'I should call <tool_call>{"name": "f"}</tool_call> maybe.'
+    assert content.strip() == "Sure." and [(c.name, c.arguments) for c in calls] == [("f", '{"a": 1}')]
+    first_call = next(i for i, ev in enumerate(events) if ev.calls)
+    assert all(not ev.reasoning for ev in events[first_call:])  # thinking first, then the calls
