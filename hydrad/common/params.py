@@ -20,6 +20,7 @@ from typing import Annotated, Any, Literal
 from pydantic import (BaseModel, ConfigDict, Field, StringConstraints, ValidationError, ValidationInfo, field_validator,
                       model_validator)
 
+from hydrad.common import templatekwargs
 from hydrad.common.netaccess import split_endpoint
 
 
@@ -141,6 +142,24 @@ class RuntimeParams(BaseModel):
     n_predict: int = _f(-1, Tier.T1, "Default token limit when a request sets none; -1 = until the context is full.", ge=-1)
     chat_template: str | None = _f(None, Tier.T1, "Chat template name (e.g. chatml) or template text; None = the model's own.")
     cache_prompt: bool = _f(True, Tier.T1, "Reuse the KV of a slot that shares a prefix with a new prompt.")
+    reasoning_format: Literal["none", "deepseek", "deepseek-legacy"] = _f(
+        "deepseek", Tier.T1, "What a chat answer does with the model's thinking, the text between <think> and "
+        "</think> at the start of the answer (or from the start, when the template opened the think block itself), "
+        "as llama-server's --reasoning-format: deepseek = in reasoning_content (OpenAI) or thinking blocks "
+        "(Anthropic, when the request enables thinking), the rest in content; deepseek-legacy = reasoning_content "
+        "too, and the content keeps the think tags; none = everything in content. A request's reasoning_format "
+        "overrides it.")
+    reasoning_budget: int = _f(
+        -1, Tier.T1, "Tokens a chat answer may think for (llama-server's --reasoning-budget): -1 = no limit; 0 = no "
+        "thinking (the template is rendered with enable_thinking false, and a think block the model opens anyway "
+        "is closed at once); N = the think block is closed after N tokens by writing </think> for the model. "
+        "Not enforced under a grammar, which decides the whole answer. A request's reasoning_budget_tokens "
+        "(or thinking_budget_tokens) overrides it.", ge=-1)
+    default_template_kwargs: dict[str, Any] | None = _f(
+        None, Tier.T1, "Extra variables for a jinja chat template (llama-server's --chat-template-kwargs), e.g. "
+        "{\"enable_thinking\": false}; a request's chat_template_kwargs are merged over them. Given, the chat is "
+        "rendered by jinja; with a built-in template named by chat_template (or a model without a jinja template) "
+        "they are not applied.")
     reload_policy: Literal["auto", "overlap", "drain"] = _f(
         "auto", Tier.T1, "How a model reload proceeds: overlap (new generation built while the old serves), drain "
         "(free the old first), auto (overlap when both fit in free memory).")
@@ -208,6 +227,11 @@ class RuntimeParams(BaseModel):
             raise ValueError("use_direct_io and use_mlock together: llama.cpp has no load mode that locks a "
                              "direct read; drop one")
         return v
+
+    @field_validator("default_template_kwargs")
+    @classmethod
+    def _template_kwargs(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        return None if v is None else templatekwargs.check(v)
 
     @field_validator("tensor_split")
     @classmethod

@@ -553,7 +553,8 @@ def _openai_answer(cls: type[ChatAnswer] | type[CompletionAnswer]) -> Callable[[
 
 def _messages_answer(req: Any, greq: GenRequest) -> Answer:
     rid = anthropic_render.new_id()
-    return Answer(rid, req.stream, lambda model, _fp: MessagesAnswer(model, tools=greq.tools is not None, rid=rid))
+    return Answer(rid, req.stream, lambda model, _fp: MessagesAnswer(model, tools=greq.tools is not None,
+                                                                      thinking=anthropic.thinks(req), rid=rid))
 
 
 def _native_answer(req: Any, greq: GenRequest) -> Answer:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hydrad.common.logs import log_event
-from hydrad.engine import chatprompt, faults, sampling
+from hydrad.engine import chatprompt, faults, sampling, thinking
 from hydrad.engine.generation import Generation, Slot
 from hydrad.engine.promptprep import RequestError
 from hydrad.engine.requests import Done, Failed, Progress, RequestHandle, Token, Usage
@@ -55,6 +55,7 @@ class _Active:
     probs_unsent: deque[TokenLogprob] = field(default_factory=deque)  # one per token of ``unsent``
     probs_made: list[TokenLogprob] = field(default_factory=list)  # made into text, not yet sent with a Token
     tools: ToolStream | None = None  # a request offering tools: its text read into content and calls
+    think: thinking.Thinking | None = None  # a chat's think block: its reasoning split off, its budget kept
     settings: dict[str, Any] | None = None  # the values it runs with, when it asked (report_settings)
 
 
@@ -69,20 +70,26 @@ def _take_ids(a: _Active) -> tuple[int, ...]:
 
 def _token(a: _Active, text: str, end: bool = False) -> Token | None:
     """A Token event for ``text``, with the ids and log-probabilities of the tokens made into text
-    since the last one (when the request asked for them). A request offering tools sends the
-    content and calls its text makes (``end``: the rest, at its end); None when there is nothing
-    to send."""
+    since the last one (when the request asked for them). A chat's thinking is split off first,
+    then a request offering tools sends the content and calls the rest makes (``end``: what is left,
+    at its end); None when there is nothing to send."""
+    reasoning = ""
+    if a.think is not None:
+        reasoning, text = a.think.split(text, end)
     calls: tuple[Any, ...] = ()
     if a.tools is not None:
-        text, made = a.tools.finish() if end else a.tools.feed(text)
+        text, made = a.tools.feed(text)
+        if end:
+            more, rest = a.tools.finish()
+            text, made = text + more, made + rest
         calls = tuple(made)
     probs: tuple[TokenLogprob, ...] = ()
     if a.probs is not None:
         probs, a.probs_made = tuple(a.probs_made), []
     ids = _take_ids(a)
-    if not (text or calls or ids or probs):
+    if not (text or calls or ids or probs or reasoning):
         return None
-    return Token(text, ids, probs, calls)
+    return Token(text, ids, probs, calls, reasoning)
 
 
 def _settings(params: Any, used: sampling.Sampling, n_ctx: int) -> dict[str, Any]:
@@ -245,7 +252,8 @@ class Scheduler:
                               stopper=stopper, t_start=time.monotonic(), faulty=faulty,
                               ids=[] if req.return_tokens else None, probs=probs,
                               tools=None if req.tools is None else ToolStream(chatprompt.tool_format(
-                                  model, params.chat_template)))
+                                  model, params.chat_template)),
+                              think=thinking.start(model, params, req, tokens, grammar))
         if req.report_settings:
             slot.active.settings = _settings(params, spec, gen.ctx.n_ctx)
         gen.n_active += 1
@@ -336,7 +344,11 @@ class Scheduler:
                     self._fault("sample", a.faulty)
                 if a.probs is not None:  # the raw row, before the sampler (the argmax masks banned tokens in it)
                     a.probs.measure(ctx, idx)
-                tok = a.sampler.sample(ctx, idx)
+                if a.think is not None and a.think.forced:  # the end of a think block, written for the model
+                    tok = a.think.forced.popleft()
+                    a.sampler.force(tok)
+                else:
+                    tok = a.sampler.sample(ctx, idx)
                 if a.n_gen == 0:
                     a.t_first = now
                     a.handle.t_first_token = now
@@ -415,6 +427,8 @@ class Scheduler:
             if stopped:
                 self._finish(gen, slot, "stop", flush=False)
                 return True
+        if a.think is not None:
+            a.think.check(a.n_gen)
         return False
 
     def _send(self, a: _Active, text: str, end: bool = False) -> None:
@@ -447,10 +461,10 @@ class Scheduler:
                 self._send(a, out)
             if stopped:
                 reason = "stop"
-        if a.tools is not None:
+        if a.tools is not None or a.think is not None:
             self._send(a, "", end=True)
-            if a.tools.n_calls and reason == "stop":
-                reason = "tool_calls"
+        if a.tools is not None and a.tools.n_calls and reason == "stop":
+            reason = "tool_calls"
         now = time.monotonic()
         t_first = a.t_first or now
         usage = Usage(prompt_tokens=a.prompt_len, completion_tokens=a.n_gen, cached_tokens=a.cached,

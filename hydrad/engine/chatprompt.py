@@ -1,11 +1,15 @@
-"""A chat request's prompt when tools are in play: which tool-call format the engine's template
-speaks, the prompt in that format, and the grammar its answer is held to.
+"""A chat request's prompt: which tool-call format the engine's template speaks, the prompt in that
+format, the grammar its answer is held to, and the variables the template is given.
 
 The format is the template's (:func:`hydrad.wire.toolformats.format_for`): the ``chat_template``
-parameter when it is template text, else the model's own. A Hermes-style template is rendered
-with jinja, under a time and a memory limit (``jinjabox``), and given ``tools``; any other keeps
-llama.cpp's formatter and gets the generic format's instruction and JSON history. A request without tools, whose history holds no calls or
-results, takes the engine's ordinary path unchanged.
+parameter when it is template text, else the model's own. A chat is rendered with jinja, under a
+time and a memory limit (``jinjabox``), when it needs what only the template's own logic does:
+tools in the Hermes format (given ``tools``), template variables (the engine's
+``default_template_kwargs``, the request's ``chat_template_kwargs``, ``enable_thinking: false`` for a
+reasoning budget of 0), or a thinking template (one that mentions ``<think>``: its generation prompt
+may open the think block, and it leaves earlier reasoning out, which llama.cpp's formatter does
+not do). Any other chat keeps llama.cpp's formatter; with tools in the generic format it gets their
+instruction and JSON history.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from typing import Any, Callable
 
 from hydrad.engine import jinjabox, llama
 from hydrad.wire import toolformats
+from hydrad.wire.reasoning import OPEN
 from hydrad.wire.requests import GenRequest
 from hydrad.wire.toolformats import Format
 from hydrad.wire.tools import ToolSpec
@@ -43,41 +48,89 @@ def uses_tools(request: GenRequest) -> bool:
 Render = Callable[[list[dict[str, str]]], str]
 
 
-def _prompt(model: llama.Model, template: str | None,
-            request: GenRequest) -> tuple[list[dict[str, str]], Render | None]:
+class KwargsRefused(ValueError):
+    """The request's ``chat_template_kwargs`` cannot be given to the template in use (a 400 naming the field)."""
+
+    param = "chat_template_kwargs"
+
+
+def budget(request: GenRequest, params: Any) -> int | None:
+    """A chat's reasoning budget in tokens (the request's, else the engine's); None: no limit."""
+    b = params.reasoning_budget if request.reasoning_budget is None else request.reasoning_budget
+    return None if b < 0 else b
+
+
+def template_kwargs(request: GenRequest, params: Any) -> dict[str, Any] | None:
+    """What the template is given besides the chat: the engine's ``default_template_kwargs``, the
+    request's ``chat_template_kwargs`` over them, and ``enable_thinking: false`` for a budget of 0
+    (as llama-server renders a budget of 0)."""
+    kwargs = {**(params.default_template_kwargs or {}), **(request.chat_template_kwargs or {})}
+    if budget(request, params) == 0:
+        kwargs["enable_thinking"] = False
+    return kwargs or None
+
+
+def off_thread(model: llama.Model, template: str | None, request: GenRequest,
+               kwargs: dict[str, Any] | None) -> bool:
+    """Whether a chat's prompt is made in a way that may take time (a jinja render in its own process,
+    or the tools' rewriting): then it is prepared off the engine thread."""
+    if request.messages is None:
+        return False
+    if uses_tools(request) or kwargs:
+        return True
+    text = _template_text(model, template)
+    return text is not None and OPEN in text
+
+
+def _prompt(model: llama.Model, template: str | None, request: GenRequest,
+            kwargs: dict[str, Any] | None = None) -> tuple[list[dict[str, str]], Render | None]:
     """The messages the template is given and what renders them (None: llama.cpp's formatter with
     ``template``); ValueError when they cannot be rendered. One path for the tokens a chat
     completion generates from and the text ``/apply-template`` shows."""
     messages = request.messages or []
-    if not uses_tools(request):
-        return messages, None
-    spec = request.tools
     text = _template_text(model, template)
-    if toolformats.format_for(text) == "generic":
-        return toolformats.generic_messages(messages, spec), None
-    assert text is not None
-    tools = spec.offered() if spec is not None else None
-    _refuse_special_text(model, tools, messages)
+    tools = None
+    hermes = False
+    if uses_tools(request):
+        if toolformats.format_for(text) == "generic":
+            messages = toolformats.generic_messages(messages, request.tools)
+        else:
+            hermes = True
+            tools = request.tools.offered() if request.tools is not None else None
+    if not (hermes or kwargs or (text is not None and OPEN in text)):
+        return messages, None
+    if text is None:  # a built-in template: no variables to give, no thinking to switch off
+        if request.chat_template_kwargs:
+            raise KwargsRefused("chat_template_kwargs: the chat template in use is one of llama.cpp's built-in "
+                                "templates, which take no variables; set chat_template to template text")
+        return messages, None
+    if hermes:
+        _refuse_special_text(model, tools, messages)
+    if request.chat_template_kwargs and model.has_special_text(json.dumps(request.chat_template_kwargs,
+                                                                          ensure_ascii=False)):
+        raise KwargsRefused("chat_template_kwargs: a value contains the model's special-token text")
     bos, eos = (_token_text(model, f(model.vocab)) for f in (llama.lib().llama_vocab_bos, llama.lib().llama_vocab_eos))
 
     def render(ms: list[dict[str, str]]) -> str:
-        return jinjabox.render(text, toolformats.template_messages(ms), tools, bos, eos)
+        return jinjabox.render(text, toolformats.template_messages(ms), tools, bos, eos, kwargs)
 
     return messages, render
 
 
 def chat_tokens(model: llama.Model, template: str | None, request: GenRequest,
-                max_chars: int | None = None) -> list[int]:
-    """The prompt tokens of a chat request; ValueError when the template cannot render it
-    (:class:`llama.PromptTextTooLong` when its text passes ``max_chars``, before it is tokenized)."""
-    messages, render = _prompt(model, template, request)
+                max_chars: int | None = None, kwargs: dict[str, Any] | None = None) -> list[int]:
+    """The prompt tokens of a chat request (``kwargs``: :func:`template_kwargs`); ValueError when the
+    template cannot render it (:class:`llama.PromptTextTooLong` when its text passes ``max_chars``,
+    before it is tokenized)."""
+    messages, render = _prompt(model, template, request, kwargs)
     return model.chat_tokens(messages, template, render, max_chars)
 
 
-def chat_text(model: llama.Model, template: str | None, request: GenRequest) -> str:
+def chat_text(model: llama.Model, template: str | None, request: GenRequest,
+              kwargs: dict[str, Any] | None = None) -> str:
     """The prompt of a chat request as text (llama-server's ``/apply-template``): what
-    :func:`chat_tokens` tokenizes, tools included."""
-    messages, render = _prompt(model, template, request)
+    :func:`chat_tokens` tokenizes, tools and template variables included."""
+    messages, render = _prompt(model, template, request, kwargs)
     return render(messages) if render is not None else model.apply_chat_template(messages, template)
 
 

@@ -50,16 +50,20 @@ def _compiled(text: str) -> Any:
 
 
 def render(template: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-           bos_token: str, eos_token: str, max_chars: int | None = None) -> str:
-    """The prompt for ``messages`` with the assistant's turn opened; TemplateFailed if the
-    template does not compile, refuses to render, or writes more than ``max_chars`` characters."""
+           bos_token: str, eos_token: str, max_chars: int | None = None,
+           kwargs: dict[str, Any] | None = None) -> str:
+    """The prompt for ``messages`` with the assistant's turn opened, ``kwargs`` given as further
+    variables (``enable_thinking``; :mod:`hydrad.common.templatekwargs` keeps them from replacing
+    the ones above); TemplateFailed if the template does not compile, refuses to render, or writes
+    more than ``max_chars`` characters."""
     from jinja2 import TemplateError
 
     try:
         parts: list[str] = []
         size = 0
-        for piece in _compiled(template).generate(messages=messages, tools=tools, add_generation_prompt=True,
-                                                  bos_token=bos_token, eos_token=eos_token):
+        for piece in _compiled(template).generate({**(kwargs or {}), "messages": messages, "tools": tools,
+                                                   "add_generation_prompt": True, "bos_token": bos_token,
+                                                   "eos_token": eos_token}):
             size += len(piece)
             if max_chars is not None and size > max_chars:
                 raise TemplateFailed(f"the chat template wrote more than {max_chars} characters (max_output_chars); "

@@ -4,7 +4,7 @@ started and fed by :mod:`hydrad.engine.jinjabox`.
 It limits its own address space to ``MEMORY_BYTES`` before it reads anything, so a template that
 builds a string of a gigabyte meets a ``MemoryError`` here, not the engine's memory. Requests and
 answers are JSON, each preceded by its length (4 bytes, big-endian), on stdin and stdout. A request
-is ``{"template", "messages", "tools", "bos", "eos", "max_chars"}``; the answer ``{"text": ...}`` or
+is ``{"template", "messages", "tools", "bos", "eos", "max_chars", "kwargs"}``; the answer ``{"text": ...}`` or
 ``{"error": ...}``. After a ``MemoryError`` it answers and ends (the parent starts another).
 """
 
@@ -42,7 +42,7 @@ def main(argv: list[str]) -> int:
             return 0
         try:
             _write(out, {"text": render(req["template"], req["messages"], req["tools"], req["bos"], req["eos"],
-                                        req["max_chars"])})
+                                        req["max_chars"], req.get("kwargs"))})
         except TemplateFailed as exc:
             _write(out, {"error": str(exc)})
         except MemoryError:

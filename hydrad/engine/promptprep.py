@@ -109,8 +109,11 @@ class PromptPrep:
         if ids >= limit:
             raise PromptTooLong(f"the prompt has {ids} tokens; this engine's context holds {limit}", ids, limit)
         from_store = self.core.prefix.wants_lookup(chars) and request.slot is None
+        params = self.core.params or gen.params
         heavy = (chars >= PRETOKENIZE_CHARS or len(request.messages or ()) > PRETOKENIZE_MESSAGES
-                 or chatprompt.uses_tools(request) or ids * 8 >= PRETOKENIZE_CHARS or request.infill is not None)
+                 or chatprompt.off_thread(gen.model, params.chat_template, request,
+                                          chatprompt.template_kwargs(request, params))
+                 or ids * 8 >= PRETOKENIZE_CHARS or request.infill is not None)
         if not heavy and not from_store:
             return
         try:
@@ -155,13 +158,14 @@ class PromptPrep:
         if request.messages is not None:
             try:
                 tokens = chatprompt.chat_tokens(gen.model, params.chat_template, request,
-                                                max_chars=limit * MAX_CHARS_PER_TOKEN)
+                                                max_chars=limit * MAX_CHARS_PER_TOKEN,
+                                                kwargs=chatprompt.template_kwargs(request, params))
             except llama.PromptTextTooLong as exc:
                 raise RequestError(f"the chat's prompt has {exc.chars} characters, more than this engine's context "
                                    f"of {limit} tokens can hold", 400, "context_length_exceeded",
                                    -(-exc.chars // MAX_CHARS_PER_TOKEN), limit) from None
             except ValueError as exc:
-                raise RequestError(str(exc), 400, "template_error") from None
+                raise RequestError(str(exc), 400, "template_error", param=getattr(exc, "param", None)) from None
         else:
             tokens = gen.model.tokenize_prompt(request.prompt or "")
         bos = gen.bos

@@ -222,6 +222,15 @@ class Sampler:
         # llama_sampler_sample also accepts the token into the chain (penalty history)
         return int(lib().llama_sampler_sample(self.ptr, ctx.ptr, idx))
 
+    def force(self, token: int) -> None:
+        """``token`` is the answer's next though the engine chose it (the end of a think block, past its
+        budget): the chain's penalties count it as if sampled. Never under a grammar (see
+        :mod:`hydrad.engine.thinking`), whose state a token it rejects would break."""
+        if self.grammar is not None:
+            raise RuntimeError("a token cannot be forced under a grammar")
+        if self.ptr:
+            lib().llama_sampler_accept(self.ptr, token)
+
     def _row(self, ctx: Context, idx: int) -> Any:
         """Batch row ``idx``'s logits as a numpy view, banned tokens set to -inf (the row is read by
         nobody after the sampler). Waits for the device, as the chain would."""

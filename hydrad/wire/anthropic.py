@@ -8,7 +8,11 @@ sequences, the sampling fields, and tools, calls and their results
 is built from the request's events by :mod:`hydrad.wire.render.anthropic` on either door.
 Nothing here does I/O.
 
-What the engine cannot honour (server tools, images and documents, extended thinking, ...) is refused
+Extended thinking (``thinking``) is read as a chat's reasoning format and budget
+(:mod:`hydrad.wire.reasoning`); earlier turns' ``thinking`` blocks are accepted and left out of the
+prompt, as the chat templates of thinking models leave out earlier reasoning.
+
+What the engine cannot honour (server tools, images and documents, ...) is refused
 with a 400 naming the field, and so is any field Anthropic does not define (Anthropic refuses
 those too): a client never gets an answer that silently ignored what it asked for. A final
 assistant turn, which Anthropic continues as a prefill, is refused as well: the chat template
@@ -31,7 +35,6 @@ from hydrad.wire.requests import MAX_STOP_CHARS, GenRequest, SamplingOverrides
 # Defined by Anthropic, not served here: refused by name unless absent or set to a value that asks
 # for nothing. ``service_tier`` only picks capacity, which a self-hosted engine does not sell.
 _UNSUPPORTED: dict[str, tuple[Any, ...]] = {
-    "thinking": (None, {"type": "disabled"}),
     "mcp_servers": (None, []), "container": (None,), "context_management": (None,), "output_format": (None,),
     "output_config": (None,), "service_tier": (None, "auto", "standard_only"),
 }
@@ -69,6 +72,10 @@ class MessagesRequest(BaseModel):
     tools: Any = None  # checked by anthropic_tools.spec, which names the tool at fault
     tool_choice: Any = None
     session_id: Any = None
+    thinking: Any = Field(None, json_schema_extra={"anyOf": [{"type": "null"}, {
+        "type": "object", "required": ["type"], "properties": {
+            "type": {"enum": ["enabled", "disabled"]}, "budget_tokens": {"type": "integer", "minimum": 1}}}]})
+    """Extended thinking: checked by :func:`_thinking`, which names the part at fault."""
     cache_salt: str | None = Field(None, min_length=1, max_length=256)  # see hydrad.common.tenants
 
     @field_validator("stop_sequences")
@@ -89,6 +96,38 @@ def _refuse_extra(req: MessagesRequest) -> None:
     bad = [k for k, neutral in _UNSUPPORTED.items() if k in extra and extra[k] not in neutral]
     if bad:
         raise ApiError(400, f"unsupported field(s) for this engine: {', '.join(bad)}", "unsupported_field", bad[0])
+
+
+def _thinking(req: MessagesRequest) -> tuple[str | None, int | None]:
+    """The chat's reasoning format and budget for the request's ``thinking``: enabled, the model's
+    thinking comes back as ``thinking`` blocks within ``budget_tokens`` (fewer than ``max_tokens``,
+    as Anthropic requires); disabled, the template is rendered with thinking off (a budget of 0);
+    absent, the engine's defaults (and no thinking blocks)."""
+    t = req.thinking
+    if t is None:
+        return None, None
+    if not isinstance(t, dict) or t.get("type") not in ("enabled", "disabled"):
+        raise ApiError(400, 'thinking must be {"type": "enabled", "budget_tokens": N} or {"type": "disabled"}',
+                       "invalid_field", "thinking.type")
+    extra = sorted(set(t) - {"type", "budget_tokens"})
+    if extra:
+        raise ApiError(400, f"thinking: unknown field(s) {', '.join(extra)}", "unsupported_field",
+                       f"thinking.{extra[0]}")
+    if t["type"] == "disabled":
+        if "budget_tokens" in t:
+            raise ApiError(400, "thinking.budget_tokens goes with type enabled", "invalid_field",
+                           "thinking.budget_tokens")
+        return None, 0
+    budget = t.get("budget_tokens")
+    if type(budget) is not int or not 1 <= budget < req.max_tokens:
+        raise ApiError(400, f"thinking.budget_tokens must be an integer from 1 to less than max_tokens "
+                       f"({req.max_tokens})", "invalid_field", "thinking.budget_tokens")
+    return "deepseek", budget
+
+
+def thinks(req: MessagesRequest) -> bool:
+    """Whether the answer has ``thinking`` blocks: the request enabled thinking."""
+    return isinstance(req.thinking, dict) and req.thinking.get("type") == "enabled"
 
 
 def _text(content: Any, where: str) -> str:
@@ -141,6 +180,8 @@ def _turn(role: str, content: Any, where: str, names: dict[str, str]) -> list[di
             call = anthropic_tools.tool_use(block, at)
             names[call["id"]] = call["function"]["name"]
             calls.append(call)
+        elif kind in ("thinking", "redacted_thinking") and role == "assistant":
+            continue  # an earlier turn's thinking, sent back as Anthropic asks: templates leave it out
         elif kind == "tool_result" and role == "user":
             if text:
                 out.append({"role": role, "content": "".join(text)})
@@ -196,6 +237,8 @@ def parse(raw: bytes) -> tuple[MessagesRequest, GenRequest]:
     _refuse_extra(req)
     sampling = SamplingOverrides(temperature=req.temperature, top_k=req.top_k, top_p=req.top_p)
     tools = anthropic_tools.spec(req.tools, req.tool_choice)
+    reasoning_format, budget = _thinking(req)
     gen = GenRequest(messages=_messages(req), tools=tools, max_tokens=req.max_tokens, stop=req.stops(),
-                     sampling=sampling, cache_salt=req.cache_salt)
+                     sampling=sampling, cache_salt=req.cache_salt, reasoning_format=reasoning_format,
+                     reasoning_budget=budget)
     return req, gen

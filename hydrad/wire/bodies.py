@@ -23,7 +23,7 @@ from hydrad.wire import embeddings
 from hydrad.wire.anthropic import MessagesRequest
 from hydrad.wire.infill import InfillRequest
 from hydrad.wire.native_completion import REQUEST_MODELS
-from hydrad.wire.openai import CHAT_MESSAGES_SCHEMA, INT32_MAX, MAX_MODEL_NAME
+from hydrad.wire.openai import BUDGET_FIELDS, CHAT_MESSAGES_SCHEMA, INT32_MAX, MAX_MODEL_NAME
 
 MODEL = {"type": "string", "minLength": 1, "maxLength": MAX_MODEL_NAME, "pattern": "^[^\\x00-\\x1f\\x7f]+$"}
 _ID = {"type": "integer", "minimum": 0, "maximum": INT32_MAX}
@@ -34,6 +34,7 @@ EMBEDDING_INPUT = {"anyOf": [{"type": "string", "minLength": 1}, _IDS,
 """What ``hydrad.wire.embeddings._inputs`` takes: a non-empty string, token ids, or a list of those."""
 _NORMALIZE = {"type": "integer", "minimum": -1, "maximum": embeddings.MAX_NORM}
 _MODEL_OR_NULL = {"anyOf": [MODEL, {"type": "null"}]}
+_BUDGET = {"type": ["integer", "null"], "minimum": -1, "maximum": INT32_MAX}
 
 
 def _closed(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
@@ -50,7 +51,9 @@ def _forwarded(model: bool) -> dict[str, dict[str, Any]]:
                              ["content"]),
         "/detokenize": _closed({"tokens": {"type": "array", "items": _ID}, **more}, ["tokens"]),
         "/apply-template": _closed({"messages": {"type": "array", **CHAT_MESSAGES_SCHEMA}, "tools": {},
-                                    "tool_choice": {}, "parallel_tool_calls": {}, **more}, ["messages"]),
+                                    "tool_choice": {}, "parallel_tool_calls": {},
+                                    "chat_template_kwargs": {"type": ["object", "null"]},
+                                    **{name: _BUDGET for name in BUDGET_FIELDS}, **more}, ["messages"]),
     }
 
 

@@ -35,6 +35,7 @@ class Token:
     ids: tuple[int, ...] = ()  # the tokens this text was made of, when the request asked (return_tokens)
     probs: tuple[TokenLogprob, ...] = ()  # their log-probabilities, when the request asked (logprobs)
     calls: tuple[ToolCall, ...] = ()  # tool calls completed by this text (then ``text`` is content only)
+    reasoning: str = ""  # the model's thinking made with this text (hydrad.wire.reasoning), before it
 
 
 @dataclass(frozen=True)

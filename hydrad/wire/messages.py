@@ -23,6 +23,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
+from hydrad.common import templatekwargs
 from hydrad.common.netaccess import split_endpoint
 from hydrad.wire import events
 from hydrad.wire import logprobs as lp
@@ -209,11 +210,15 @@ class Tokens(_Msg):
         "only); absent otherwise."))
     ids: list[Annotated[int, Field(ge=0, le=2**31 - 1)]] | None = Field(None, max_length=65536, description=(
         "The token ids these texts were made of, when the GENERATE asked (return_tokens); absent otherwise."))
+    reasoning: list[str] | None = Field(None, description=(
+        "The model's thinking made in this step (a chat whose reasoning format splits it off), before the "
+        "texts; absent when there is none."))
 
     def event(self) -> events.Token:
         """This step as the one event stream's Token (its texts joined)."""
         return events.Token("".join(self.texts), tuple(self.ids or ()),
-                            tuple(p.token() for p in self.logprobs or ()), tuple(c.call() for c in self.tool_calls or ()))
+                            tuple(p.token() for p in self.logprobs or ()), tuple(c.call() for c in self.tool_calls or ()),
+                            "".join(self.reasoning or ()))
 
 
 class Progress(_Msg):
@@ -415,6 +420,15 @@ class Generate(_Msg):
     return_tokens: bool = Field(False, description="TOKENS and DONE carry the generated token ids.")
     return_progress: bool = Field(False, description="PROGRESS messages while the prompt is prefilled.")
     report_settings: bool = Field(False, description="DONE carries the engine's values the request ran with.")
+    reasoning_format: Literal["none", "deepseek", "deepseek-legacy"] | None = Field(None, description=(
+        "Where a chat's thinking goes (hydrad.wire.reasoning); absent: the engine's default."))
+    reasoning_budget: int | None = Field(None, ge=0, le=2**31 - 1, description=(
+        "Tokens a chat may think for (0: none); absent: the engine's default."))
+    chat_template_kwargs: dict[str, Any] | None = Field(None, description=(
+        "Extra variables for the jinja chat template (hydrad.common.templatekwargs); absent: none."))
+
+    _kwargs = field_validator("chat_template_kwargs")(
+        classmethod(lambda cls, v: v if v is None else templatekwargs.check(v)))
 
     @classmethod
     def from_request(cls, req: str, gen: GenRequest, model: str | None) -> Generate:
@@ -424,7 +438,9 @@ class Generate(_Msg):
                    sampling=gen.sampling, logprobs=gen.logprobs, cache_prompt=gen.cache_prompt,
                    client=gen.client[:64] or None, prompt_ids=gen.prompt_ids, infill=gen.infill,
                    return_tokens=gen.return_tokens, return_progress=gen.return_progress,
-                   report_settings=gen.report_settings, cache_ns=gen.cache_ns)
+                   report_settings=gen.report_settings, cache_ns=gen.cache_ns,
+                   reasoning_format=gen.reasoning_format, reasoning_budget=gen.reasoning_budget,  # type: ignore[arg-type]
+                   chat_template_kwargs=gen.chat_template_kwargs)
 
     def to_request(self) -> GenRequest:
         return GenRequest(prompt=self.prompt, messages=self.messages, tools=self.tools, max_tokens=self.max_tokens,
@@ -434,7 +450,8 @@ class Generate(_Msg):
                           client="bus:" + self.client if self.client else "", prompt_ids=self.prompt_ids,
                           infill=self.infill, return_tokens=self.return_tokens, return_progress=self.return_progress,
                           report_settings=self.report_settings, cache_ns=self.cache_ns,
-                          pool_pin=self.slot is not None)
+                          pool_pin=self.slot is not None, reasoning_format=self.reasoning_format,
+                          reasoning_budget=self.reasoning_budget, chat_template_kwargs=self.chat_template_kwargs)
 
 
 class Cancel(_Msg):

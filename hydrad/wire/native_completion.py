@@ -50,7 +50,8 @@ PROMPT_SCHEMA = {"anyOf": [{"type": "string"}, _TOKEN_IDS, {"type": "array", "mi
 
 
 class NativeCompletionRequest(_Common):
-    OTHER_DOORS_FIELDS = {"logprobs": (None, False), "top_logprobs": (None, 0), **ChatRequest.TOOL_FIELDS}
+    OTHER_DOORS_FIELDS = {"logprobs": (None, False), "top_logprobs": (None, 0), **ChatRequest.TOOL_FIELDS,
+                          **ChatRequest.REASONING_FIELDS}
     prompt: Any = Field(json_schema_extra=PROMPT_SCHEMA)
     cache_prompt: bool | None = None
     return_tokens: bool = False

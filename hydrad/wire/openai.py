@@ -5,7 +5,9 @@ naming them, so a client never silently gets something other than it asked for. 
 (``tools``, ``tool_choice``, ``parallel_tool_calls``; chat only) are read by
 :mod:`hydrad.wire.tools` and answered as ``message.tool_calls`` / ``delta.tool_calls``. ``logprobs``
 (chat: ``logprobs`` and ``top_logprobs``; legacy completions: an integer ``logprobs``) is
-honoured: the shapes are in :mod:`hydrad.wire.logprobs`.
+honoured: the shapes are in :mod:`hydrad.wire.logprobs`. A chat's thinking is read as llama-server
+reads it (``reasoning_format``, a reasoning budget, ``chat_template_kwargs``: :mod:`hydrad.wire.reasoning`)
+and answered as ``reasoning_content``.
 llama-server's extensions (top_k, min_p, repeat_penalty, n_predict, cache_prompt) are accepted,
 and so is constrained output: ``grammar`` (GBNF), ``json_schema`` and OpenAI's JSON
 ``response_format`` become one checked GBNF grammar (``hydrad.wire.grammar``).
@@ -18,7 +20,7 @@ from typing import Any, Callable, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError, field_validator
 
-from hydrad.common import jsonbody
+from hydrad.common import jsonbody, templatekwargs
 from hydrad.wire import logprobs as lp
 from hydrad.wire import tools as tl
 from hydrad.wire.grammar import GrammarError, check_gbnf, json_object_grammar, schema_grammar
@@ -173,6 +175,7 @@ _UNSUPPORTED: dict[str, Any] = {
     "mirostat": (None, 0), "typical_p": (None, 1, 1.0), "top_n_sigma": (None, -1, -1.0),
     "xtc_probability": (None, 0, 0.0), "dry_multiplier": (None, 0, 0.0), "dynatemp_range": (None, 0, 0.0),
     "repeat_last_n": (None, 64), "penalty_last_n": (None, 64), "samplers": (None,), "lora": (None, []),
+    "reasoning_budget_message": (None, ""), "reasoning_control": (None, False),
 }
 
 
@@ -251,14 +254,57 @@ def checked_sampling(req: _Common) -> SamplingOverrides:
     return dataclasses.replace(req.sampling(), grammar=_constraint(req))
 
 
+BUDGET_FIELDS = ("reasoning_budget_tokens", "thinking_budget_tokens", "reasoning_budget")
+"""The names a chat's reasoning budget is given by: llama-server's two (read in this order) and the
+engine parameter's own."""
+
+
 class ChatRequest(_Common):
     OTHER_DOORS_FIELDS = {"n_probs": (None, 0)}
     TOOL_FIELDS: ClassVar[dict[str, tuple[Any, ...]]] = {
         "tools": (None, []), "tool_choice": (None, "none", "auto"), "parallel_tool_calls": (None, False, True)}
     """Read by :func:`tool_spec`; on the other doors they are refused like any field not served."""
+    REASONING_FIELDS: ClassVar[dict[str, tuple[Any, ...]]] = {
+        "reasoning_format": (None, "none", "auto"), "chat_template_kwargs": (None, {}),
+        **{name: (None, -1) for name in BUDGET_FIELDS}}
+    """Chat only (a template and a think block are a chat's); refused elsewhere unless neutral."""
     messages: list[dict[str, Any]] = Field(json_schema_extra=CHAT_MESSAGES_SCHEMA)
     logprobs: StrictBool | None = None
     top_logprobs: StrictInt | None = Field(None, ge=0, le=lp.MAX_TOP_LOGPROBS)
+    reasoning_format: Literal["none", "deepseek", "deepseek-legacy", "auto"] | None = Field(None, description=(
+        "Where the model's thinking goes (llama-server's): deepseek = reasoning_content, deepseek-legacy = "
+        "reasoning_content and the tags kept in content, none = content; auto or unset: the engine's default."))
+    chat_template_kwargs: dict[str, Any] | None = Field(None, description=(
+        "Extra variables for the jinja chat template, e.g. {\"enable_thinking\": false}, over the engine's "
+        "default_template_kwargs."))
+    reasoning_budget_tokens: StrictInt | None = Field(None, ge=-1, le=INT32_MAX, description=(
+        "Tokens the answer may think for: 0 = no thinking, -1 or unset = the engine's reasoning_budget."))
+    thinking_budget_tokens: StrictInt | None = Field(None, ge=-1, le=INT32_MAX, description=(
+        "The same as reasoning_budget_tokens (llama-server reads both)."))
+    reasoning_budget: StrictInt | None = Field(None, ge=-1, le=INT32_MAX, description=(
+        "The same as reasoning_budget_tokens, by the engine parameter's name."))
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _kwargs(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        return None if v is None else templatekwargs.check(v) or None
+
+    def budget(self, grammar: str | None) -> int | None:
+        """The reasoning budget asked for (None: the engine's); a 400 naming the field for two names
+        given different values, or a positive budget under a grammar, which decides the whole answer
+        (the end of the think block cannot be written into it)."""
+        given = [(name, getattr(self, name)) for name in BUDGET_FIELDS if getattr(self, name) is not None]
+        if any(v != given[0][1] for _, v in given):
+            name = next(n for n, v in given if v != given[0][1])
+            raise ApiError(400, f"{name} differs from {given[0][0]}: give the budget once", "invalid_field", name)
+        if not given or given[0][1] == -1:
+            return None
+        name, budget = given[0]
+        if budget > 0 and grammar is not None:
+            raise ApiError(400, f"{name}: a positive reasoning budget cannot be combined with grammar, json_schema "
+                           "or response_format (the grammar decides the whole answer, so the end of the think block "
+                           "cannot be forced into it)", "invalid_field", name)
+        return budget
 
     def wants_logprobs(self) -> int | None:
         """OpenAI's rule, as llama-server applies it: ``top_logprobs`` needs ``logprobs: true``."""
@@ -270,7 +316,8 @@ class ChatRequest(_Common):
 
 
 class CompletionRequest(_Common):
-    OTHER_DOORS_FIELDS = {"top_logprobs": (None, 0), "n_probs": (None, 0), **ChatRequest.TOOL_FIELDS}
+    OTHER_DOORS_FIELDS = {"top_logprobs": (None, 0), "n_probs": (None, 0), **ChatRequest.TOOL_FIELDS,
+                          **ChatRequest.REASONING_FIELDS}
     prompt: str | list[str] = Field(json_schema_extra={"anyOf": [
         {"type": "string"}, {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 1}]})
     logprobs: StrictInt | None = Field(None, ge=0, le=lp.MAX_LEGACY_LOGPROBS)
@@ -363,7 +410,9 @@ def parse(kind: Literal["chat", "completion"], raw: bytes) -> tuple[_Common, Gen
         tools = tool_spec(req.model_extra or {}, sampling.grammar)
         gen = GenRequest(messages=chat_messages(req.messages), tools=tools, max_tokens=req.limit(), stop=req.stops(),
                          sampling=sampling, ignore_eos=req.ignore_eos, slot=req.slot(), logprobs=req.wants_logprobs(),
-                         cache_prompt=req.cache_prompt, cache_salt=req.cache_salt)
+                         cache_prompt=req.cache_prompt, cache_salt=req.cache_salt,
+                         reasoning_format=None if req.reasoning_format in (None, "auto") else req.reasoning_format,
+                         reasoning_budget=req.budget(sampling.grammar), chat_template_kwargs=req.chat_template_kwargs)
     else:
         assert isinstance(req, CompletionRequest)
         prompt = req.prompt

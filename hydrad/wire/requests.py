@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import AfterValidator, Field
 
@@ -98,6 +98,9 @@ class GenRequest:
     return_progress: bool = False  # Progress events while the prompt is prefilled (a /completion stream)
     report_settings: bool = False  # Done carries the engine's values the request ran with (/completion's answer)
     infill: InfillParts | None = None  # an /infill request: the prompt is built from these for the serving model
+    reasoning_format: str | None = None  # a chat's thinking: none | deepseek | deepseek-legacy; None: the engine's T1
+    reasoning_budget: int | None = None  # tokens a chat may think for (0: none); None: the engine's T1 reasoning_budget
+    chat_template_kwargs: dict[str, Any] | None = None  # extra variables for the jinja chat template (hydrad.common.templatekwargs)
     tokens: list[int] | None = None  # prompt tokens made off the engine thread (PromptPrep.prepare) ...
     tokens_for: int | None = None  # ... for this generation id; another generation tokenizes again
     stored_prefix: object = None  # a prefix read from the Store off the engine thread (engine.prefixshare)

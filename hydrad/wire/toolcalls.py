@@ -15,6 +15,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from hydrad.wire.reasoning import partial_suffix
 from hydrad.wire.toolformats import HERMES_CLOSE, HERMES_OPEN, Format
 
 
@@ -137,7 +138,7 @@ class ToolStream:
                 self.buf = self.buf[start + len(HERMES_OPEN):]
                 self.in_call = True
                 continue
-            keep = _partial_suffix(self.buf, HERMES_OPEN)
+            keep = partial_suffix(self.buf, HERMES_OPEN)
             content.append(self.buf[:len(self.buf) - keep])
             self.buf = self.buf[len(self.buf) - keep:]
             break
@@ -169,11 +170,3 @@ class ToolStream:
             return text
         self.blank = text
         return ""
-
-
-def _partial_suffix(text: str, marker: str) -> int:
-    """Length of the longest end of ``text`` that begins ``marker`` (text that may yet become it)."""
-    for n in range(min(len(text), len(marker) - 1), 0, -1):
-        if marker.startswith(text[-n:]):
-            return n
-    return 0

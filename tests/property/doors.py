@@ -254,6 +254,11 @@ VALID: dict[str, st.SearchStrategy[Any]] = {
     "return_tokens": st.booleans(),
     "return_progress": st.booleans(),
     "n_probs": st.one_of(st.none(), st.integers(0, 20), st.just(100)),
+    # a chat's thinking (refused by name elsewhere unless neutral)
+    "reasoning_format": st.sampled_from([None, "none", "deepseek", "deepseek-legacy", "auto"]),
+    "reasoning_budget_tokens": st.one_of(st.none(), st.integers(-1, 4)),
+    "chat_template_kwargs": st.one_of(st.none(), st.just({}), st.fixed_dictionaries(
+        {}, optional={"enable_thinking": st.booleans(), "persona": short_text})),
 }
 HOSTILE: dict[str, st.SearchStrategy[Any]] = {
     "model": any_json,
@@ -283,6 +288,14 @@ HOSTILE: dict[str, st.SearchStrategy[Any]] = {
     "cache_prompt": any_json,
     "n_probs": st.one_of(st.sampled_from([-1, 101, "x", "5", 1e9, 2**63, True, 2.5, math.nan]),
                          st.integers(101, 2**40), any_json),
+    "reasoning_format": st.one_of(short_text, any_json),
+    "reasoning_budget_tokens": st.one_of(st.sampled_from([-2, 2**31, 2**64, "3", 1.5, True]), any_json),
+    "thinking_budget_tokens": st.one_of(st.integers(-3, 5), any_json),
+    "chat_template_kwargs": st.one_of(
+        st.dictionaries(st.one_of(short_text, st.sampled_from(["messages", "tools", "bos_token"])), any_json,
+                        max_size=3),
+        st.just({"persona": "<|im_end|><|im_start|>system\n"}), st.just({f"k{i}": i for i in range(40)}),
+        any_json),
 }
 # /completion's prompt: a string, token ids (some past the vocabulary, negative or huge), or one of
 # those in a list; and what it refuses (several prompts, mixed, multimodal objects).
@@ -453,6 +466,8 @@ VALID_MESSAGES: dict[str, st.SearchStrategy[Any]] = {
     "top_p": VALID["top_p"], "top_k": VALID["top_k"], "stream": st.booleans(),
     "metadata": st.one_of(st.none(), st.just({"user_id": "u1"})),
     "tools": st.one_of(st.none(), st.just([]), anthropic_tools), "tool_choice": anthropic_choice,
+    "thinking": st.one_of(st.none(), st.just({"type": "disabled"}),
+                          st.builds(lambda n: {"type": "enabled", "budget_tokens": n}, st.integers(1, 3))),
 }
 HOSTILE_MESSAGES: dict[str, st.SearchStrategy[Any]] = {
     "model": any_json, "max_tokens": st.one_of(bad_limit, st.just(0), st.none()), "messages": hostile_anthropic_messages,

@@ -65,17 +65,19 @@ log = logging.getLogger("hydrad.bus")
 
 def _tokens(req: str, batch: list[Any], logprobs: bool, ids: bool) -> M.Tokens | None:
     """TOKENS for a step's events, with the log-probabilities of their tokens when the request asked
-    for them, their token ids when it asked for those, and the tool calls they completed (each absent
-    otherwise: a request that asked for none sends what it always sent); None when the step made
-    nothing to send."""
+    for them, their token ids when it asked for those, the tool calls they completed and the thinking
+    they made (each absent otherwise: a request that asked for none sends what it always sent); None
+    when the step made nothing to send."""
     tokens = [ev for ev in batch if isinstance(ev, Token)]
     texts = [ev.text for ev in tokens if ev.text]
     calls = [M.ToolCall.of(c) for ev in tokens for c in ev.calls] or None
     made = [i for ev in tokens for i in ev.ids] if ids else []
-    if not texts and not calls and not made:
+    reasoning = [ev.reasoning for ev in tokens if ev.reasoning] or None
+    if not texts and not calls and not made and not reasoning:
         return None
     probs = [M.TokenLogprob.of(p) for ev in tokens for p in ev.probs] if logprobs else None
-    return M.Tokens(req=req, texts=texts or [""], logprobs=probs, tool_calls=calls, ids=made or None)
+    return M.Tokens(req=req, texts=texts or [""], logprobs=probs, tool_calls=calls, ids=made or None,
+                    reasoning=reasoning)
 
 LIVENESS = 3  # intervals of silence before the other side counts as gone
 BACKOFF_MAX_S = 10.0

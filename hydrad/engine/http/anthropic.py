@@ -42,6 +42,6 @@ async def _messages(request: Request) -> Response:
     model_id = ctx.check_serving(req)  # type: ignore[arg-type]  # reads only ``model``
 
     def renderer(model: str, _fingerprint: str) -> Renderer:
-        return MessagesAnswer(model, tools=greq.tools is not None)
+        return MessagesAnswer(model, tools=greq.tools is not None, thinking=anthropic.thinks(req))
 
     return await answer(request, ctx, greq, renderer, "messages", req.stream, model_id, t_arrival)

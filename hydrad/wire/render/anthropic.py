@@ -1,6 +1,7 @@
 """Anthropic's Messages answers (``POST /v1/messages``): one ``message`` object, or its stream of
 named events (``message_start``, content blocks, ``message_delta``, ``message_stop``), and its
-error shapes."""
+error shapes. A request that enabled extended thinking gets the model's thinking as ``thinking``
+blocks ahead of the text and calls."""
 
 from __future__ import annotations
 
@@ -37,12 +38,19 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dic
             "cache_read_input_tokens": cached_tokens}
 
 
+def thinking_block(text: str) -> dict[str, Any]:
+    """A ``thinking`` block. Its ``signature`` is empty: Anthropic signs its own models' thinking so
+    that it can be checked when sent back; this engine keeps no such secret, and takes earlier
+    thinking blocks back without one."""
+    return {"type": "thinking", "thinking": text, "signature": ""}
+
+
 def message(rid: str, model: str, text: str, finish_reason: str | None, stop_word: str | None,
-            counts: dict[str, int], calls: list[ToolCall] | None = None) -> dict[str, Any]:
+            counts: dict[str, int], calls: list[ToolCall] | None = None, thinking: str = "") -> dict[str, Any]:
     reason, sequence = stop_reason(finish_reason, stop_word)
+    blocks = ([thinking_block(thinking)] if thinking else []) + anthropic_tools.content(text, calls or [])
     return {"id": rid, "type": "message", "role": "assistant", "model": model,
-            "content": anthropic_tools.content(text, calls or []), "stop_reason": reason, "stop_sequence": sequence,
-            "usage": counts}
+            "content": blocks, "stop_reason": reason, "stop_sequence": sequence, "usage": counts}
 
 
 def event(name: str, data: dict[str, Any]) -> bytes:
@@ -52,12 +60,13 @@ def event(name: str, data: dict[str, Any]) -> bytes:
 class Stream:
     """The events of one streamed answer, block by block. :meth:`start` opens the message (its
     totals come with ``message_delta``: the prompt's token count is known only at the end);
-    :meth:`text` and :meth:`calls` add to it, each opening a block of its kind after closing the
-    one before (text in one ``text`` block, each call a ``tool_use`` block with its input as one
-    ``input_json_delta``); :meth:`end` closes it.
+    :meth:`thinking`, :meth:`text` and :meth:`calls` add to it, each opening a block of its kind
+    after closing the one before (thinking in a ``thinking`` block of ``thinking_delta``s, text in
+    one ``text`` block, each call a ``tool_use`` block with its input as one ``input_json_delta``);
+    :meth:`end` closes it.
 
-    Without tools the one text block opens at once, as it always did; with tools the first block
-    waits for the first text or call, since an answer may be calls only."""
+    Without tools or thinking the one text block opens at once, as it always did; with either the
+    first block waits for the first piece, since an answer may begin with thinking or be calls only."""
 
     def __init__(self, rid: str, model: str, tools: bool = False) -> None:
         self.rid, self.model, self.tools = rid, model, tools
@@ -87,6 +96,12 @@ class Stream:
 
     def _delta(self, delta: dict[str, Any]) -> bytes:
         return event("content_block_delta", {"type": "content_block_delta", "index": self.index, "delta": delta})
+
+    def thinking(self, text: str) -> bytes:
+        if not text:
+            return b""
+        out = b"" if self.open == "thinking" else self._open({"type": "thinking", "thinking": "", "signature": ""})
+        return out + self._delta({"type": "thinking_delta", "thinking": text})
 
     def text(self, text: str) -> bytes:
         if not text:
@@ -138,18 +153,23 @@ def counts(u: Usage) -> dict[str, int]:
 
 
 class MessagesAnswer(Renderer):
+    """``thinking``: the request enabled extended thinking, and the model's thinking is answered in
+    ``thinking`` blocks (a request that did not enable it gets none)."""
+
     dialect = "anthropic.messages"
 
-    def __init__(self, model: str, *, tools: bool = False, rid: str | None = None) -> None:
+    def __init__(self, model: str, *, tools: bool = False, thinking: bool = False, rid: str | None = None) -> None:
         self.rid = rid or new_id()
         self.model = model
-        self.stream = Stream(self.rid, model, tools)
+        self.thinks = thinking
+        self.stream = Stream(self.rid, model, tools or thinking)
 
     def head(self) -> bytes:
         return self.stream.start()
 
     def piece(self, ev: Token) -> bytes:
-        return self.stream.text(ev.text) + self.stream.calls(list(ev.calls))
+        thought = self.stream.thinking(ev.reasoning) if self.thinks else b""
+        return thought + self.stream.text(ev.text) + self.stream.calls(list(ev.calls))
 
     def end(self, done: Done, extra: dict[str, Any]) -> bytes:
         return self.stream.end(done.finish_reason, done.stop_word, counts(done.usage))
@@ -159,7 +179,8 @@ class MessagesAnswer(Renderer):
 
     def whole(self, pieces: list[Token], done: Done, extra: dict[str, Any]) -> dict[str, Any]:
         return message(self.rid, self.model, "".join(t.text for t in pieces), done.finish_reason, done.stop_word,
-                       counts(done.usage), [c for t in pieces for c in t.calls])
+                       counts(done.usage), [c for t in pieces for c in t.calls],
+                       "".join(t.reasoning for t in pieces) if self.thinks else "")
 
     @staticmethod
     def refusal(err: ApiError) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """OpenAI's answers: ``/v1/chat/completions`` (``chat.completion`` and its chunks) and
 ``/v1/completions`` (``text_completion``), whole or as server-sent events ending in
-``data: [DONE]``, with llama-server's ``timings`` on the whole answer and the last chunk."""
+``data: [DONE]``, with llama-server's ``timings`` on the whole answer and the last chunk, and a chat's
+thinking as llama-server's ``reasoning_content`` (``delta.reasoning_content`` in a stream)."""
 
 from __future__ import annotations
 
@@ -30,16 +31,19 @@ def usage(u: Usage) -> dict[str, Any]:
 
 def full_response(kind: str, rid: str, model: str, text: str, finish: str, usage_: dict[str, Any],
                   fingerprint: str, timings_: dict[str, Any], logprobs: dict[str, Any] | None = None,
-                  calls: list[ToolCall] | None = None) -> dict[str, Any]:
+                  calls: list[ToolCall] | None = None, reasoning: str = "") -> dict[str, Any]:
     """A whole answer; ``logprobs`` is its choice's (:func:`hydrad.wire.logprobs.render`), null when
     the request asked for none. An answer that made ``calls`` has them in ``message.tool_calls``
-    and, as OpenAI's, a null content unless the model also wrote text."""
+    and, as OpenAI's, a null content unless the model also wrote text. The model's thinking, when
+    it was split off, is ``message.reasoning_content`` (llama-server's field), absent otherwise."""
     created = int(time.time())
     if kind == "chat":
         message: dict[str, Any] = {"role": "assistant", "content": text}
         if calls:
             message = {"role": "assistant", "content": text.strip() or None,
                        "tool_calls": [c.openai() for c in calls]}
+        if reasoning:
+            message["reasoning_content"] = reasoning
         choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish, "logprobs": logprobs}
         obj = "chat.completion"
     else:
@@ -108,8 +112,15 @@ class _OpenAI(Renderer):
 
     def piece(self, ev: Token) -> bytes:
         probs = None if self.offsets is None else lp.render(self.kind, ev.probs, self.offsets)
-        out = chunk(self.kind, self.rid, self.model, self.created, ev.text, None, self.fingerprint, logprobs=probs,
-                    calls=toolcalls.delta(list(ev.calls), self.n_calls))
+        out = b""
+        if ev.reasoning:  # thinking comes before the text it was made with: a chunk of its own
+            out = _chunk(self.kind, self.rid, self.model, self.created, {"reasoning_content": ev.reasoning}, None,
+                         self.fingerprint, logprobs=probs)
+            probs = None
+            if not ev.text and not ev.calls:
+                return out
+        out += chunk(self.kind, self.rid, self.model, self.created, ev.text, None, self.fingerprint, logprobs=probs,
+                     calls=toolcalls.delta(list(ev.calls), self.n_calls))
         self.n_calls += len(ev.calls)
         return out
 
@@ -128,7 +139,7 @@ class _OpenAI(Renderer):
         probs = lp.render(self.kind, [p for t in pieces for p in t.probs]) if self.logprobs else None
         return full_response(self.kind, self.rid, self.model, "".join(t.text for t in pieces), done.finish_reason,
                              usage(done.usage), done.fingerprint or self.fingerprint, timings(done, extra), probs,
-                             [c for t in pieces for c in t.calls])
+                             [c for t in pieces for c in t.calls], "".join(t.reasoning for t in pieces))
 
 
 class ChatAnswer(_OpenAI):

@@ -28,8 +28,8 @@ T2_KEY = ["n_ctx", "n_batch", "n_ubatch", "n_parallel", "kv_unified", "cache_typ
           "n_threads", "n_threads_batch", "rope_scaling", "rope_freq_base", "rope_freq_scale", "yarn_ext_factor",
           "yarn_attn_factor", "yarn_beta_fast", "yarn_beta_slow", "yarn_orig_ctx"]
 T1_KEY = ["temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n", "seed", "n_predict",
-          "chat_template", "cache_prompt", "reload_policy", "reload_queue_timeout_s", "text_overlap",
-          "prefill_split"]
+          "chat_template", "cache_prompt", "reasoning_format", "reasoning_budget", "default_template_kwargs",
+          "reload_policy", "reload_queue_timeout_s", "text_overlap", "prefill_split"]
 
 MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
     "small": {"n_ctx": 2048, "n_batch": 256, "temperature": 0.3},
@@ -419,6 +419,11 @@ _T1_VALUES: dict[str, st.SearchStrategy[Any]] = {
     "n_predict": st.integers(-1, 10**6),
     "chat_template": st.one_of(st.sampled_from(["chatml", "llama3", "gemma"]), st.text(min_size=1, max_size=20)),
     "cache_prompt": st.booleans(),
+    "reasoning_format": st.sampled_from(["none", "deepseek", "deepseek-legacy"]),
+    "reasoning_budget": st.integers(-1, 10**6),
+    "default_template_kwargs": st.dictionaries(st.from_regex(r"[a-z_][a-z0-9_]{0,10}", fullmatch=True).filter(
+        lambda k: k not in ("messages", "tools", "bos_token", "eos_token")), st.one_of(st.booleans(), st.integers(0, 9),
+                                                                                   st.text(max_size=5)), max_size=3),
     "reload_policy": st.sampled_from(["auto", "overlap", "drain"]),
     "reload_queue_timeout_s": st.floats(0.1, 600, allow_nan=False),
     "text_overlap": st.sampled_from(["auto", "on", "off"]),

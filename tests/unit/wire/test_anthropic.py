@@ -70,7 +70,6 @@ def test_system_as_text_blocks_and_defaults() -> None:
 
 
 @pytest.mark.parametrize("fields, param", [
-    ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, "thinking"),
     ({"mcp_servers": [{"url": "x"}]}, "mcp_servers"),
     ({"service_tier": "priority"}, "service_tier"),
     ({"logprobs": True}, "logprobs"),
