@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -7,6 +9,52 @@ import pytest
 
 from tests.support.coordinator import Coordinator
 from tests.support.engine import GEMMA, SMOLLM, Engine, models_dir, sibling_quant
+
+TESTS = Path(__file__).resolve().parent
+
+# What a test needs, told by its markers (declared in pyproject.toml) so that a tier can leave it
+# out: ``scripts/test --quick`` runs what needs none of model, daemon, systemd, gpu and is not slow.
+# They are set here from where a test lives and which fixtures it uses, not written on each test.
+MODEL_FIXTURES = {"smollm_path", "gemma_path", "smollm_engine", "smollm_q8", "solo_pool", "real_states",
+                  "engine_door", "front_door", "door"}
+DAEMON_FIXTURES = {"start_engine", "smollm_engine", "solo_pool", "engine_door", "front_door", "door"}
+DIRECTORY_MARKS = {"integration": ("daemon",), "system": ("daemon", "model", "systemd")}
+# pytest-xdist (--dist loadgroup): the tests of one group run on one worker, so a fixture shared by a
+# module or the session is made once. Tests that need a model, a daemon or a systemd are grouped by
+# their file; these session fixtures make one group of every test that uses them, whatever its file.
+SESSION_GROUPS = {"real_states": "kv-states"}
+
+
+def _has_gpu() -> bool:
+    return os.path.exists("/dev/nvidia0") or shutil.which("nvidia-smi") is not None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    xdist = config.pluginmanager.hasplugin("xdist")
+    gpu = None
+    for item in items:
+        try:
+            rel = item.path.resolve().relative_to(TESTS)
+        except ValueError:  # a test file outside tests/
+            rel = Path(item.path.name)
+        fixtures = set(getattr(item, "fixturenames", ()))
+        need = set(DIRECTORY_MARKS.get(rel.parts[0], ()))
+        if fixtures & MODEL_FIXTURES:
+            need.add("model")
+        if fixtures & DAEMON_FIXTURES:
+            need.add("daemon")
+        for name in sorted(need - {m.name for m in item.iter_markers()}):
+            item.add_marker(name)
+        if xdist and not item.get_closest_marker("xdist_group"):
+            group = next((g for f, g in SESSION_GROUPS.items() if f in fixtures), None)
+            if group is None and any(item.get_closest_marker(m) for m in ("model", "daemon", "systemd", "slow")):
+                group = rel.as_posix()
+            if group:
+                item.add_marker(pytest.mark.xdist_group(group))
+        if item.get_closest_marker("gpu"):
+            gpu = _has_gpu() if gpu is None else gpu
+            if not gpu:
+                item.add_marker(pytest.mark.skip(reason="needs an NVIDIA GPU (none on this machine)"))
 
 
 def _need(file: str) -> Path:
