@@ -17,14 +17,11 @@ import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 from hydrad.engine import tokenchunks
 from hydrad.common.cpus import usable_cpus
 from hydrad.common.params import RuntimeParams
-
-if TYPE_CHECKING:
-    import llama_cpp as L
 
 _lib: Any = None
 _PLACEHOLDER = re.compile("\x1a(\\d+)\x1a")
@@ -36,7 +33,7 @@ _log_cb: Any = None  # keeps the ctypes callback alive for the life of the proce
 _log_partial: list[str] = []
 
 
-def lib() -> "L":
+def lib() -> Any:  # the llama_cpp module: its ctypes functions are untyped
     """Import llama_cpp once, initialise the backend and route its logs into ours."""
     global _lib, _log_cb
     with _lib_lock:

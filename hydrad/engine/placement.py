@@ -135,11 +135,11 @@ def _overrides(items: list[str], own: list[ggml.Device], peer_devs: list[int]) -
         pattern, sep, target = item.rpartition("=")
         if not sep or not pattern:
             raise PlacementError(f"override_tensors: {item!r} is not REGEX=BUFFER_TYPE")
-        handle = bufts.get(target.strip().upper())
-        if handle is None:
+        buft = bufts.get(target.strip().upper())
+        if buft is None:
             known = ", ".join(sorted(k for k in bufts if not re.fullmatch(r"RPC\d*", k))) or "none"
             short = " (RPC, RPC<i> name a peer's device)" if peer_devs else " (no peer: rpc_servers is empty)"
             raise PlacementError(f"override_tensors: unknown buffer type {target!r} in {item!r}; known: {known}{short}")
-        out.append((pattern, handle))
+        out.append((pattern, buft))
         names.append(item)
     return out, names

@@ -179,7 +179,7 @@ class PrefixShare:
         if parsed.kind != "kv" or not parsed.truncatable:  # the model's layout, not this state: not again
             self._uncuttable.add(gen.id)
 
-    def _write(self, gen: Generation, slot: Slot, tokens: list[int], data: bytes) -> bool:
+    def _write(self, gen: Generation, slot: Slot, tokens: list[int], data: bytes | bytearray) -> bool:
         import numpy as np
 
         gen.ensure_room(len(tokens), exclude=slot)
