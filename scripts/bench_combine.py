@@ -393,7 +393,7 @@ def markdown(rep: dict[str, Any]) -> str:
                 f"{ms['direct_identical_runs']} of {ms['runs']} runs.", ""]
     if rep.get("relay_by_command"):
         by = rep["relay_by_command"]
-        out += [f"ggml-RPC commands the peer's relay received over the whole run: "
+        out += ["ggml-RPC commands the peer's relay received over the whole run: "
                 + ", ".join(f"{k} {v:,}" for k, v in sorted(by.items(), key=lambda kv: -kv[1])) + "; graphs that "
                 f"repeated the one the server held, sent on as GRAPH_RECOMPUTE: {rep.get('relay_graphs_recomputed', 0):,}.",
                 ""]

@@ -1077,7 +1077,7 @@ def lag_table(res: dict[str, Any]) -> str:
     lines = ["| TTFT, server side (ms) | client TTFT, hydrad / llama-server | prompt_ms, hydrad / llama-server | "
              "hydrad: arrival → engine thread | → slot (tokenized) | first token → HTTP handler | server TTFT |",
              "|---|---:|---:|---:|---:|---:|---:|"]
-    for key, s in res["summary"].items():
+    for _key, s in res["summary"].items():
         lag = s.get("server_ms") or {}
         h, r = lag.get("hydrad", {}), lag.get("llama-server", {})
         if h.get("server_ttft_ms") is None:
@@ -1317,7 +1317,7 @@ def check_goals(report: dict[str, Any], slack: float) -> list[str]:
     the medians of the alternating pairs, which ride out most of the noise of a shared machine."""
     failed = []
     for res in report["results"]:
-        for key, s in res.get("summary", {}).items():
+        for _key, s in res.get("summary", {}).items():
             for row in s["rows"]:
                 r = row["pair_ratio_median"]
                 if r is None:

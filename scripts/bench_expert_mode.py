@@ -23,7 +23,6 @@ import datetime as dt
 import os
 import platform
 import shlex
-import statistics
 import subprocess
 import sys
 import tempfile

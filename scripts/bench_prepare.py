@@ -192,7 +192,7 @@ def main() -> int:
         return statistics.median(got) if len(got) == len(xs) else None
 
     rows = []
-    print(f"| request | hydrad (s) | llama-server (s) | hydrad ÷ llama-server | statuses |")
+    print("| request | hydrad (s) | llama-server (s) | hydrad ÷ llama-server | statuses |")
     print("|---|---:|---:|---:|---|")
     for name, per in times.items():
         h, r = median(per["hydrad"]), median(per["llama-server"])

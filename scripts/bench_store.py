@@ -46,7 +46,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]

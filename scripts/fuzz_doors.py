@@ -251,7 +251,7 @@ def replay(door: Any, batch: list[doors.Case], args: argparse.Namespace) -> dict
     found: dict[int, list[doors.Violation]] = {}
     for i, case in enumerate(batch):
         door.heal()
-        out = doors.exchange(door.client, door.url, case, args.timeout)
+        doors.exchange(door.client, door.url, case, args.timeout)
         problems = doors.settle(door.client, door.engine_urls(), door.admin_url, door.exited)
         if not any(isinstance(p, doors.EngineDown) for p in problems):
             problems += doors.follow_up(door.client, door.url)

@@ -36,7 +36,6 @@ if __name__ == "__main__":  # run as scripts/NAME: under the checkout's .venv wh
 import argparse
 import hashlib
 import json
-import os
 import random
 import re
 import resource
@@ -112,7 +111,7 @@ def _decode_stream(data: bytes, codes: frozenset[int], pieces: list[bytes]) -> t
             again()
         except P.ProtocolError as exc2:
             if exc2.status != status:
-                raise Violation(f"a dead decoder changed status {status!r} -> {exc2.status!r}")
+                raise Violation(f"a dead decoder changed status {status!r} -> {exc2.status!r}") from exc2
         else:
             raise Violation("a dead decoder accepted more input")
     return out, end
@@ -129,7 +128,7 @@ def _json_check(code: int, payload: bytes) -> str:
         again = P.encode_json(code, obj)
     except Exception as exc:
         raise Violation(f"Frame.json() accepted a payload encode_json cannot send back: "
-                        f"{type(exc).__name__}: {str(exc)[:120]}")
+                        f"{type(exc).__name__}: {str(exc)[:120]}") from exc
     frames, end = _decode_stream(again, frozenset([code]), [again])
     if end != "ok" or len(frames) != 1 or P.Frame(code, frames[0][1]).json() != obj:
         raise Violation("encode_json round trip changed the object")
@@ -335,18 +334,18 @@ def bus_run(data: bytes) -> str:
         msg = M.decode(frames)
     except M.BusDecodeError as exc:
         if not isinstance(exc.reason, str):
-            raise Violation("BusDecodeError without a reason")
+            raise Violation("BusDecodeError without a reason") from exc
         return "BusDecodeError"
     if type(msg) not in M.KINDS.values():
         raise Violation(f"decode() returned {type(msg).__name__}")
     try:
         again = M.encode(msg)
     except M.BusEncodeError as exc:
-        raise Violation(f"decode() accepted a {msg.KIND.decode()} that encode() refuses: {exc.reason[:160]}")
+        raise Violation(f"decode() accepted a {msg.KIND.decode()} that encode() refuses: {exc.reason[:160]}") from exc
     try:
         back = M.decode(again)
     except M.BusDecodeError as exc:
-        raise Violation(f"a decoded {msg.KIND.decode()} does not survive encode/decode: {exc.reason[:200]}")
+        raise Violation(f"a decoded {msg.KIND.decode()} does not survive encode/decode: {exc.reason[:200]}") from exc
     if back != msg:
         raise Violation(f"a decoded {msg.KIND.decode()} changed through encode/decode")
     return f"accepted:{msg.KIND.decode()}"
@@ -384,7 +383,7 @@ def openai_run(data: bytes) -> str:
             req, gen = O.parse(kind, data)  # type: ignore[arg-type]
         except O.ApiError as exc:
             if not 400 <= exc.status < 600:
-                raise Violation(f"ApiError with status {exc.status}")
+                raise Violation(f"ApiError with status {exc.status}") from exc
             json.dumps(exc.body(), ensure_ascii=False, allow_nan=False).encode()  # the error must be renderable
             labels.append(f"{kind}:ApiError:{exc.code}")
             continue
@@ -393,12 +392,12 @@ def openai_run(data: bytes) -> str:
             frames = M.encode(M.Generate.from_request("r1", gen, req.model))
         except M.BusEncodeError as exc:
             if not exc.too_large:
-                raise Violation(f"an accepted {kind} request cannot be sent on the bus: {exc.reason[:200]}")
+                raise Violation(f"an accepted {kind} request cannot be sent on the bus: {exc.reason[:200]}") from exc
         else:
             try:
                 M.decode(frames)
             except M.BusDecodeError as exc:
-                raise Violation(f"the engine would refuse an accepted {kind} request: {exc.reason[:200]}")
+                raise Violation(f"the engine would refuse an accepted {kind} request: {exc.reason[:200]}") from exc
         labels.append(f"{kind}:accepted")
     return labels[0] if data[:1] == b"{" and b"messages" in data else labels[1]
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import base64
 import hashlib
-import io
 import platform
 import re
 import sys

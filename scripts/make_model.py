@@ -98,7 +98,7 @@ def make_f16(out: Path, vocab_from: Path, *, layers: int, embd: int, ff: int, he
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
     params = 0
-    for i, (name, shape) in enumerate(shapes):
+    for i, (_name, shape) in enumerate(shapes):
         n = int(np.prod(shape))
         params += n
         if len(shape) == 1:

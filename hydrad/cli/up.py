@@ -355,7 +355,7 @@ class Runner:
                 text += f", serving {e.get('model')}" if e.get("model") else ", no model yet"
                 t = targets.get(name) or {}
                 ok = bool(e.get("alive")) and not e.get("configuring") and (
-                    (want is None) or (t.get("matches") and e.get("stage") == "ready"))
+                    (want is None) or bool(t.get("matches") and e.get("stage") == "ready"))
                 if not ok:
                     waiting.append(f"{name} {stage}")
                 last = e.get("last_configure") or {}

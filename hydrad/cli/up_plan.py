@@ -230,7 +230,7 @@ def plan(config_dir: Path, profile: str | None, offset: int, copy_dir: Path, sta
             load_coordinator(coord_run)
         except CoordConfigError as exc:
             raise CliError(f"{exc} (moved by --port-offset {offset})", EXIT_BAD_CONFIG) from None
-    return Plan(config_dir=config_dir, coordinator_config=coord_run, engine_configs=engine_configs, profile=name,
+    return Plan(config_dir=config_dir, coordinator_config=coord_run, engine_configs=engine_configs, profile=name,  # type: ignore[arg-type]  # get() refused None
                 targets=targets, http_url=_url(cs.http.host, cs.http.port + offset), engine_urls=engine_urls,
                 ports=ports, copies=copies, profiles=list(profiles.profiles), admin_token_file=cs.admin_token_file,
                 events_url=_url(ev_host, ev_port + offset, "tcp") if cs.events.startswith("tcp://") else cs.events,

@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 from collections.abc import Mapping
-from typing import TextIO
+from typing import Any, TextIO
 
 __all__ = [
     "JsonFormatter",
@@ -252,7 +252,7 @@ class LogThrottle:
         self._seen: dict[str, tuple[float, int]] = {}
         self._lock = threading.Lock()
 
-    def __call__(self, logger: logging.Logger, level: str | int, key: str, msg: str, /, **fields: object) -> bool:
+    def __call__(self, logger: logging.Logger, level: str | int, key: str, msg: str, /, **fields: Any) -> bool:
         """Log unless ``key`` was logged less than ``interval_s`` ago; True when it was logged."""
         now = time.monotonic()
         with self._lock:

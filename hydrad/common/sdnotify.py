@@ -174,7 +174,7 @@ class Notifier:
             self._drop()
 
     def _connected(self) -> socket.socket | None:
-        if self._sock is not None:
+        if self._sock is not None or self._address is None:
             return self._sock
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
         sock.settimeout(_SEND_TIMEOUT_S)

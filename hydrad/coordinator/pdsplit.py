@@ -24,7 +24,6 @@ from typing import Any, Mapping, Sequence
 from hydrad.coordinator.routing import (
     DEFAULT_POLICY, Decision, EngineView, ModelSpec, RouteRequest, RoutingPolicy, expected_wait,
 )
-from hydrad.wire.stages import SERVING_STAGES
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from hydrad.common.apikey import InferenceAccess, resolve_api_key
 from hydrad.common.netaccess import address_allowed, check_networks, split_endpoint
-from hydrad.common.yamlfile import ConfigError, beside, read_settings
+from hydrad.common.yamlfile import ConfigError, beside, read_settings  # noqa: F401 (ConfigError: re-exported)
 from hydrad.coordinator.sessions import SessionSettings
 from hydrad.store.settings import POOL_PATTERN, pool_of
 

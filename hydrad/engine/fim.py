@@ -63,6 +63,6 @@ def prompt(model: Model, prefix: Iterable[str | int], suffix: Iterable[str | int
     n_extra = min(max(0, n_ctx - n_batch - 2 * n_predict), len(extra_tokens))
     bos = model.added_bos()
     head = [] if bos is None else [bos]
-    return [*extra_tokens[len(extra_tokens) - n_extra:], *head, fim["pre"], *pre[len(pre) - n_pre:], *mid,
-            fim["suf"], *suf[:n_suf], fim["mid"]]
+    return [*extra_tokens[len(extra_tokens) - n_extra:], *head, fim["pre"], *pre[len(pre) - n_pre:], *mid,  # type: ignore[list-item]
+            fim["suf"], *suf[:n_suf], fim["mid"]]  # type: ignore[list-item]  # present: missing() is checked first
 

@@ -17,14 +17,11 @@ import re
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 from hydrad.engine import tokenchunks
 from hydrad.common.cpus import usable_cpus
 from hydrad.common.params import KvOverride, RuntimeParams, parse_kv_override
-
-if TYPE_CHECKING:
-    import llama_cpp as L
 
 _lib: Any = None
 _PLACEHOLDER = re.compile("\x1a(\\d+)\x1a")
@@ -37,7 +34,7 @@ _log_partial: list[str] = []
 _capture = threading.local()  # .text: llama.cpp's log of this thread, every level, while a load reads it
 
 
-def lib() -> "L":
+def lib() -> Any:  # the llama_cpp module: its ctypes functions are untyped
     """Import llama_cpp once, initialise the backend and route its logs into ours."""
     global _lib, _log_cb
     with _lib_lock:

@@ -185,7 +185,7 @@ class PrefixShare:
         if parsed.kind != "kv" or not parsed.truncatable:  # the model's layout, not this state: not again
             self._uncuttable.add(gen.id)
 
-    def _write(self, gen: Generation, slot: Slot, tokens: list[int], data: bytes, owner: str) -> bool:
+    def _write(self, gen: Generation, slot: Slot, tokens: list[int], data: bytes | bytearray, owner: str) -> bool:
         import numpy as np
 
         gen.ensure_room(len(tokens), exclude=slot)

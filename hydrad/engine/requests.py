@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 
@@ -45,7 +46,7 @@ class RequestHandle:
     def id(self) -> int:
         return self.request.id
 
-    async def events(self):
+    async def events(self) -> AsyncIterator[Event]:
         while True:
             ev = await self.queue.get()
             yield ev

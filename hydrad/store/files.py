@@ -30,7 +30,7 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write(path: Path, data: bytes, tmp_dir: Path, *, fsync: bool = True) -> None:
+def atomic_write(path: Path, data: bytes | memoryview, tmp_dir: Path, *, fsync: bool = True) -> None:
     """Write ``data`` to ``path`` through a temporary file in ``tmp_dir`` (same file system):
     write, fsync, rename, fsync the directory."""
     tmp = tmp_dir / f"{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"

@@ -201,7 +201,7 @@ def cut(data: bytes | memoryview, parsed: Parsed, block: int, blob_chunk: int,
     """Per part, its pieces: a list of chunk payloads for data parts, the literal bytes for "raw"/"cells".
     ``split`` applies to the parts of a truncatable state (one cache, one stream) only."""
     view = memoryview(data)
-    out: list[list[bytes] | bytes] = []
+    out: list[list[bytes | memoryview] | bytes] = []
     for part in parsed.parts:
         kind = part[0]
         if kind == "raw":

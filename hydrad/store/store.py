@@ -29,7 +29,7 @@ import numpy as np
 import xxhash
 
 from hydrad.store import layout as L, privatedir
-from hydrad.store.errors import CorruptChunk, StoreError
+from hydrad.store.errors import StoreError
 from hydrad.store.files import ChunkDir, atomic_write, fsync_dir
 from hydrad.store.settings import StoreSettings
 

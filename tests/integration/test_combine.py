@@ -268,6 +268,7 @@ def set_mode(engine: Engine, **body: Any) -> Any:
     return engine.http.post("/control/set_expert_mode?wait=1", json=body)
 
 
+@pytest.mark.serial  # switches timed under 100 ms
 def test_expert_mode_switches_between_resident_placements(head: Engine, peer: Engine, tiny_moe: Path) -> None:
     """The first switch to COMBINE loads the expert split and keeps SOLO resident; every later switch
     only exchanges the two, well under 100 ms, and each mode answers as before the round trip."""

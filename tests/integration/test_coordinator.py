@@ -282,6 +282,7 @@ def test_engine_killed_mid_stream_ends_with_an_error_event_then_done(cluster: Ca
     assert r.status_code == 503 and "not alive" in r.json()["error"]["message"]
 
 
+@pytest.mark.serial  # detection timed to three heartbeat intervals
 def test_dead_engine_is_detected_within_three_intervals_and_readmitted(cluster: Callable[..., Cluster]) -> None:
     cl = cluster(profiles=TWIN_PROFILES)
     c = cl.c

@@ -172,6 +172,7 @@ def test_the_default_body_limit_and_a_slow_body(tmp_path: Path) -> None:
 # ----- 5. abandoned requests ----------------------------------------------------------------
 
 
+@pytest.mark.serial  # the slot freed within 2 s
 def test_a_client_that_goes_away_frees_its_slot(pool: Callable[..., Pool]) -> None:
     p = pool(engines=("dev-a",))
     c = p.c

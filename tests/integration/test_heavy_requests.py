@@ -9,12 +9,16 @@ import time
 from pathlib import Path
 from typing import Callable
 
+import pytest
+
 from tests.conftest import start_solo_pool
 from tests.support.engine import Engine
 from tests.support.heavy import Answer, SteadyStream, encoded, heavy_bodies, send
 
 STEADY = {"messages": [{"role": "user", "content": "Count from one to a hundred."}], "max_tokens": 48,
           "ignore_eos": True}
+# CPU-heavy requests beside a stream whose gaps are timed: alone, neither slowing nor slowed by others
+pytestmark = pytest.mark.serial
 EXPECTED = {  # name -> the statuses (and 4xx codes) each may answer
     "min_items_1e8": {(400, "invalid_field")},
     "tools_128": {(200, None), (400, "context_length_exceeded")},  # 17,901 prompt tokens: more than a slot holds

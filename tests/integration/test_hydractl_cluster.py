@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import re
 import shlex
 import signal
@@ -28,7 +27,7 @@ import openai
 import pytest
 import yaml
 
-from tests.support.engine import GEMMA, REPO, SMOLLM, models_dir
+from tests.support.engine import GEMMA, REPO, SMOLLM, models_dir, port_offset
 from tests.support.wait import eventually
 
 DEV = {"dev-a": "smollm2-135m", "dev-b": "gemma3-270m"}
@@ -46,10 +45,14 @@ def hydractl(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[st
                           timeout=timeout, cwd=str(REPO), env=_env(), stdin=subprocess.DEVNULL)
 
 
+# The ports of etc/hydra/dev's configs, and the request stream's beside the bus (9502).
+DEV_PORTS = (8080, 8081, 8082, 9000, 9500, 9501, 9502, 9503, 9504, 9505)
+
+
 def _offset() -> int:
-    # Ports 8081..9505 of the dev configs land in 9081..31505: below the ephemeral range that
-    # free_port() of other tests draws from.
-    return random.randrange(1000, 22000)
+    # The dev ports moved where free_port() draws from (below the kernel's ephemeral range, and
+    # this worker's own), none of them taken: a pool of an earlier test may still be running.
+    return port_offset(DEV_PORTS)
 
 
 def _ours(logs: Path) -> list[int]:

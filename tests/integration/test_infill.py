@@ -13,7 +13,7 @@ from typing import Any, Callable
 import pytest
 
 from tests.integration.test_native_completion import check_shape
-from tests.support.engine import Engine
+from tests.support.engine import SMOLLM, Engine, models_dir
 
 pytestmark = pytest.mark.model
 
@@ -38,13 +38,25 @@ def fim_copy(src: Path, out: Path) -> Path:
     return out
 
 
-@pytest.fixture
-def fim_engine(smollm_path: Path, tmp_path: Path, start_engine: Callable[..., Engine]) -> Engine:
-    path = fim_copy(smollm_path, tmp_path / "smollm2-fim.gguf")
-    e = start_engine(defaults={"model": str(path), "temperature": 0, "n_batch": N_BATCH, "n_ctx": 2048,
-                               "n_parallel": 1})
+def _fim_engine(smollm: Path, tmp: Path, start: Callable[..., Engine]) -> Engine:
+    path = fim_copy(smollm, tmp / "smollm2-fim.gguf")
+    e = start(defaults={"model": str(path), "temperature": 0, "n_batch": N_BATCH, "n_ctx": 2048, "n_parallel": 1})
     e.wait_ready()
     return e
+
+
+@pytest.fixture
+def fim_engine(smollm_path: Path, tmp_path: Path, start_engine: Callable[..., Engine]) -> Engine:
+    return _fim_engine(smollm_path, tmp_path, start_engine)
+
+
+@pytest.fixture(scope="module")
+def shared_fim_engine(tmp_path_factory: pytest.TempPathFactory, start_module_engine: Callable[..., Engine]) -> Engine:
+    """``fim_engine``, booted once for the module: for the requests it refuses."""
+    smollm = models_dir() / SMOLLM
+    if not smollm.is_file():
+        pytest.skip(f"model file {smollm} is missing (scripts/setup fetches it)")
+    return _fim_engine(smollm, tmp_path_factory.mktemp("fim"), start_module_engine)
 
 
 def tok(e: Engine, text: str) -> list[int]:
@@ -121,8 +133,8 @@ def test_streamed_like_completion(fim_engine: Engine) -> None:
     ({**BODY, "n_indent": 4}, "n_indent"),
     ({**BODY, "top_k": "x"}, "top_k"),
 ])
-def test_bad_fields_are_refused_by_name(fim_engine: Engine, body: dict[str, Any], field: str) -> None:
-    r = fim_engine.http.post("/infill", json=body)
+def test_bad_fields_are_refused_by_name(shared_fim_engine: Engine, body: dict[str, Any], field: str) -> None:
+    r = shared_fim_engine.http.post("/infill", json=body)
     assert r.status_code == 400, r.text
     assert field in r.json()["error"]["message"] or r.json()["error"].get("param") == field, r.text
 

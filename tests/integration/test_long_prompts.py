@@ -41,6 +41,7 @@ def test_pieces_give_the_same_tokens_as_one_call(which: str, smollm_path: Path, 
         m.free()
 
 
+@pytest.mark.serial  # the refusal timed under 2 s
 def test_forty_thousand_messages_are_refused_before_they_are_tokenized(smollm_path: Path) -> None:
     m = llama.Model.load(smollm_path, RuntimeParams(model="x", n_gpu_layers=0))
     try:

@@ -110,9 +110,9 @@ def test_stop_types_and_cache(smollm_engine: Engine) -> None:
     ({"prompt": "x", "json_schema": {"type": "bogus"}}, "json_schema"), ({"prompt": "x", "n_cmpl": 2}, "n_cmpl"),
     ({"prompt": "x", "mirostat": 2}, "mirostat"), ({"prompt": "x", "seed": "s"}, "seed"),
 ])
-def test_bad_fields_are_refused_by_name(smollm_engine: Engine, body: dict[str, Any], field: str | None) -> None:
-    r = smollm_engine.http.post("/completion", json=body)
+def test_bad_fields_are_refused_by_name(shared_smollm_engine: Engine, body: dict[str, Any], field: str | None) -> None:
+    r = shared_smollm_engine.http.post("/completion", json=body)
     assert r.status_code == 400, r.text
     if field is not None:
         assert r.json()["error"]["param"] == field, r.text
-    assert smollm_engine.http.get("/livez").status_code == 200
+    assert shared_smollm_engine.http.get("/livez").status_code == 200

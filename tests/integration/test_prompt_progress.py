@@ -78,6 +78,6 @@ def test_progress_counts_the_cached_prefix(engine: Engine) -> None:
 
 
 @pytest.mark.parametrize("value", ["yes", 1, None, [], {}])
-def test_bad_values_are_refused_by_name(engine: Engine, value: Any) -> None:
-    r = engine.http.post("/completion", json={"prompt": "x", "return_progress": value})
+def test_bad_values_are_refused_by_name(shared_smollm_engine: Engine, value: Any) -> None:
+    r = shared_smollm_engine.http.post("/completion", json={"prompt": "x", "return_progress": value})
     assert r.status_code == 400 and "return_progress" in r.text, r.text

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 import httpx
-import pytest
 import yaml
 
 from tests.support.engine import Engine

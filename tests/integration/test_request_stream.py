@@ -21,7 +21,6 @@ from tests.support.engine import Engine
 from tests.support.wait import eventually
 from hydrad.common.netaccess import split_endpoint
 from hydrad.coordinator import reqstream
-from hydrad.wire import messages as M
 from hydrad.wire import streamframes as SF
 
 pytestmark = pytest.mark.model

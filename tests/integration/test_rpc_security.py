@@ -225,6 +225,7 @@ def test_ggml_server_is_sealed_and_bad_commands_only_cost_the_sender(start_engin
 
 # ---- 3. the control plane cannot be locked out ---------------------------------------------
 
+@pytest.mark.serial  # control served within a second
 def test_idle_connections_cannot_lock_out_control(start_engine: Callable[..., Engine]) -> None:
     e = start_engine(extra={"rpc": {"port": 0, "max_control_connections": 2, "max_pending_connections": 4,
                                     "handshake_timeout_s": 1.5}})

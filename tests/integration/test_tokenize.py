@@ -50,10 +50,11 @@ def test_tokenize_and_detokenize_round_trip(smollm_engine: Engine) -> None:
     ("/detokenize", {"tokens": [10**9]}, "tokens"), ("/detokenize", {"tokens": [1.5]}, "tokens"),
     ("/detokenize", {}, "tokens"),
 ])
-def test_bad_fields_are_refused_by_name(smollm_engine: Engine, path: str, body: dict[str, Any], field: str) -> None:
-    r = smollm_engine.http.post(path, json=body)
+def test_bad_fields_are_refused_by_name(shared_smollm_engine: Engine, path: str, body: dict[str, Any],
+                                        field: str) -> None:
+    r = shared_smollm_engine.http.post(path, json=body)
     assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
-    assert smollm_engine.http.get("/livez").status_code == 200
+    assert shared_smollm_engine.http.get("/livez").status_code == 200
 
 
 def test_without_a_model_it_is_a_503(start_engine: Callable[..., Engine]) -> None:

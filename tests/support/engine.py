@@ -43,16 +43,30 @@ def _ephemeral_range() -> tuple[int, int]:
         return 32768, 60999
 
 
+def port_range() -> tuple[int, int]:
+    """[low, high): the loopback ports this test process hands out, below the kernel's ephemeral
+    range. Under pytest-xdist each worker has a slice of its own: a worker remembers only the
+    ports it handed out, so two of them drawing from one range could hand out the same port in
+    the moment before its daemon binds it."""
+    high, _ = _ephemeral_range()
+    low = 10000 if high > 12000 else 1024
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")  # gw0, gw1, ...
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    if count > 1 and worker[2:].isdigit():
+        width = (high - low) // count
+        low += int(worker[2:]) * width
+        high = low + width
+    return low, high
+
+
 def free_port() -> int:
-    """A free loopback port below the kernel's ephemeral range. A port the kernel picks for
-    ``bind(0)`` comes from the same range as the local ports of outgoing connections, so between
-    this call and the daemon's own bind a client socket of another test could take it (seen as
-    "address already in use"); below that range only listeners compete, and none of ours
-    repeats a port it handed out."""
-    lo, _ = _ephemeral_range()
-    low = 10000 if lo > 12000 else 1024
+    """A free loopback port of :func:`port_range`. A port the kernel picks for ``bind(0)`` comes
+    from the same range as the local ports of outgoing connections, so between this call and the
+    daemon's own bind a client socket of another test could take it (seen as "address already in
+    use"); below that range only listeners compete, and none of ours repeats a port it handed out."""
+    low, high = port_range()
     for _ in range(200):
-        port = random.randrange(low, lo)
+        port = random.randrange(low, high)
         if port in _handed_out:
             continue
         with socket.socket() as s:
@@ -65,6 +79,29 @@ def free_port() -> int:
     with socket.socket() as s:  # the low range is crowded: fall back to the kernel's choice
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def port_offset(ports: Sequence[int]) -> int:
+    """An offset (``hydractl up --port-offset``) that moves every one of ``ports`` into
+    :func:`port_range`, each of them free now and none handed out before; from then on they count
+    as handed out (:func:`free_port` passes them over)."""
+    low, high = port_range()
+    for _ in range(200):
+        offset = random.randrange(low - min(ports), high - max(ports))
+        moved = {p + offset for p in ports}
+        if not moved & _handed_out and all(_bindable(p) for p in moved):
+            _handed_out.update(moved)
+            return offset
+    raise AssertionError(f"no offset in {low}..{high} leaves all of {sorted(ports)} free")
 
 
 class NotifyListener:

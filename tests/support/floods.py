@@ -147,7 +147,7 @@ def halfopen(port: int, count: int, hold: float, deadline: float = 10.0) -> dict
     opened_at: dict[int, float] = {}
     failed: Counter[str] = Counter()
     t0 = time.monotonic()
-    for i in range(count):
+    for _ in range(count):
         try:
             s = socket.create_connection(("127.0.0.1", port), timeout=2)
             s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: app")

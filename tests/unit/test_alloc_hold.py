@@ -20,6 +20,7 @@ from tests.support.scripts import load_script
 
 alloc_hold = load_script("alloc_hold")
 StepHold, AllocationWatch = alloc_hold.StepHold, alloc_hold.AllocationWatch
+pytestmark = pytest.mark.serial  # windows and steps of a few milliseconds, timed: alone
 
 
 class Stepper(threading.Thread):

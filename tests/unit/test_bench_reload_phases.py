@@ -59,6 +59,7 @@ class _Retired:
         return [("context", context), ("model", model)]
 
 
+@pytest.mark.serial  # the parts are placed to 20 ms: alone
 def test_the_frees_parts_are_placed_from_the_engines_log_line() -> None:
     out = io.StringIO()
     handler = logging.StreamHandler(out)

@@ -17,6 +17,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "build_llama_server"
+pytestmark = pytest.mark.slow  # xz archives of a whole build: about 40 s on 2 cores
 
 
 def _run(*args: str | Path, cache: Path | None = None, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:

@@ -8,6 +8,7 @@ network) is run by hand, see docs/gpu-hosts.md.
 
 from __future__ import annotations
 
+import argparse
 import base64
 import hashlib
 import importlib.machinery
@@ -189,7 +190,7 @@ def test_parse_size() -> None:
     assert bd.parse_size("1g") == 1 << 30
     assert bd.parse_size("4096") == 4096
     assert bd.DEFAULT_PART_SIZE == 60 << 20
-    with pytest.raises(Exception):
+    with pytest.raises(argparse.ArgumentTypeError):
         bd.parse_size("lots")
 
 

@@ -54,6 +54,7 @@ def test_the_parser_counts_each_thread_family_and_its_lines() -> None:
     assert gh.summarize(raw, rate=500)["hydrad-engine"]["ms"] == 8.0  # each sample is 1000/rate ms
 
 
+@pytest.mark.serial  # who holds the lock, sampled for 2.5 s: alone
 def test_a_thread_holding_the_lock_in_one_c_call_is_found_in_it() -> None:
     if gh.py_spy() is None:
         pytest.skip("py-spy is not installed (the test extras)")

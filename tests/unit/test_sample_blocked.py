@@ -99,6 +99,7 @@ def _stretches(sampler: subprocess.Popen[str]) -> list[dict[str, object]]:
     return [json.loads(line) for line in out.splitlines() if line.strip()]
 
 
+@pytest.mark.serial  # sleeps of tens of milliseconds, sampled: alone
 def test_a_named_thread_asleep_is_seen_in_its_call_for_as_long_as_it_sleeps() -> None:
     child = subprocess.Popen([sys.executable, "-c", SLEEPER, str(ROOT)], stdout=subprocess.PIPE, text=True)
     try:
@@ -139,6 +140,7 @@ def test_another_threads_map_calls_wait_while_a_file_mapping_is_pre_faulted(gemm
     assert all(s["name"] == "hydrad-mapper" for s in seen)
 
 
+@pytest.mark.serial  # lock holds of tens of milliseconds, sampled: alone
 def test_a_wait_for_the_interpreter_lock_is_told_by_the_mapping_of_its_futex() -> None:
     child = subprocess.Popen([sys.executable, "-c", GIL_HOLDER, str(ROOT)], stdout=subprocess.PIPE, text=True)
     try:

@@ -57,6 +57,7 @@ def test_operations_come_from_the_console(tmp_path: Path) -> None:
     assert run.operations == 25
 
 
+@pytest.mark.slow  # a venv made (ensurepip) before pip is refused: about 10 s
 def test_a_schemathesis_that_cannot_be_installed_is_a_skip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(F, "VENV", tmp_path / "venv")
     monkeypatch.setenv("PIP_NO_INDEX", "1")  # as on a host without the package index

@@ -234,7 +234,8 @@ class EngineScreen(Screen[None]):
             t.append(line + "\n", style="red" if "DOWN" in line or "FAILED" in line else "")
         t.rstrip()
         self._events.update(t if lines else Text("no events for this engine yet", style="dim"))
-        self.query_one("#events", VerticalScroll).scroll_end(animate=False)
+        for events in self.query("#events").results(VerticalScroll):  # none once the screen is dismissed and
+            events.scroll_end(animate=False)  # a fetch it started still answers
 
     def _summary_text(self, row: EngineRow | None) -> Text:
         t = Text()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -40,7 +40,7 @@ async def completions(request: Request) -> Response:
     return await generate(request, "completion")
 
 
-async def generate(request: Request, kind: str) -> Response:
+async def generate(request: Request, kind: Literal["chat", "completion"]) -> Response:
     ctx = ctx_of(request)
     t_arrival = time.monotonic()
     req, greq = await ctx.parsed(request, lambda raw: openai.parse(kind, raw))
@@ -115,7 +115,7 @@ GONE = object()
 
 async def _wake_when_gone(request: Request, handle: RequestHandle) -> None:
     await until_disconnected(request)
-    handle.queue.put_nowait(GONE)
+    handle.queue.put_nowait(GONE)  # type: ignore[arg-type]  # the one non-event the queue carries
 
 
 def _queued_gone(watch: asyncio.Future[None]) -> bool:

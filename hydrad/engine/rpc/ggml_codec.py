@@ -89,7 +89,7 @@ class TensorCheck:
             return tsize + sum((ne[i] - 1) * nb[i] for i in range(4))
         return ne[0] * nb[0] // blck + sum((ne[i] - 1) * nb[i] for i in range(1, 4))
 
-    def tensor(self, raw: bytes | memoryview, off: int, buffers: dict[int, tuple[int, int]],
+    def tensor(self, raw: bytes | bytearray | memoryview, off: int, buffers: dict[int, tuple[int, int]],
                need_buffer: bool) -> tuple[tuple[int, int] | None, int, int]:
         """Check one rpc_tensor at ``off``; returns (its buffer's (base, size) or None, data, nbytes)."""
         f = TENSOR.unpack_from(raw, off)

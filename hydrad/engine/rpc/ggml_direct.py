@@ -255,13 +255,13 @@ class DirectLine:
         try:
             up.sendall(first)
             up.settimeout(5)
-            left = up.recv(1)  # the server's read returned: the old socket is released, and this end sees EOF
+            rest = up.recv(1)  # the server's read returned: the old socket is released, and this end sees EOF
         except OSError as exc:
-            left = str(exc).encode() or b"timeout"
+            rest = str(exc).encode() or b"timeout"
         finally:
             up.close()
-        if left:
-            self._fail(f"the server did not take over the peer's connection ({left.decode(errors='replace')})")
+        if rest:
+            self._fail(f"the server did not take over the peer's connection ({rest.decode(errors='replace')})")
             return True
         self.stats["handed_over"] += 1
         log_event(log, logging.INFO, "ggml-RPC peer handed to llama.cpp's server", peer=addr)

@@ -201,7 +201,7 @@ class GgmlRelay:
 
     # ----- one peer -----------------------------------------------------------------------------
 
-    def serve(self, conn: socket.socket, addr: str, deadline: float, identified: Callable[[], None]) -> None:
+    def serve(self, conn: socket.socket, addr: str, deadline: float, identified: Callable[[], object]) -> None:
         """Serve one peer connection (first byte already seen to be HELLO) until it ends or is refused."""
         if not self.ready.wait(max(0.0, deadline - time.monotonic())) or self.broken is not None:
             log_event(log, logging.WARNING, "ggml-RPC refused", peer=addr, reason=self.broken or "relay not ready")
@@ -340,7 +340,7 @@ class GgmlRelay:
         want = REQUEST_SIZE[cmd]
         if size != want:
             raise Refused(f"{CMD_NAMES[cmd]} of {size} bytes; it has {want}")
-        payload = self._read(peer, size) if size else b""
+        payload = self._read(peer, size) if size else b""  # type: ignore[assignment]  # bytes | bytearray here
         answer_size = ANSWER_SIZE.get(cmd)
         if cmd in (ALLOC_BUFFER, GET_ALIGNMENT, GET_MAX_SIZE, GET_DEVICE_MEMORY, GRAPH_RECOMPUTE, GET_ALLOC_SIZE):
             (device,) = struct.unpack_from("<I", payload, 0)

@@ -74,7 +74,7 @@ class Stream:
         self.open: str | None = None  # the type of the block open now
 
     def start(self) -> bytes:
-        head = {"id": self.rid, "type": "message", "role": "assistant", "model": self.model, "content": [],
+        head: dict[str, Any] = {"id": self.rid, "type": "message", "role": "assistant", "model": self.model, "content": [],
                 "stop_reason": None, "stop_sequence": None, "usage": usage(0, 0, 0)}
         out = event("message_start", {"type": "message_start", "message": head})
         if not self.tools:

@@ -56,7 +56,7 @@ def _cpu_cgroup() -> tuple[Path, bool]:
     or a skip naming what is missing."""
     if os.geteuid() != 0:
         pytest.skip("making a cgroup needs root")
-    for directory, top, v2 in cpus._cpu_cgroup_dirs(Path("/proc/self")):
+    for _directory, top, v2 in cpus._cpu_cgroup_dirs(Path("/proc/self")):
         if v2 and "cpu" not in (top / "cgroup.subtree_control").read_text().split():
             continue
         d = top / f"hydra-test-{uuid.uuid4().hex[:8]}"

@@ -164,7 +164,7 @@ def test_exception_folded_onto_one_line() -> None:
 def test_log_event_exc_info() -> None:
     out = capture()
     try:
-        1 / 0
+        1 / 0  # noqa: B018 (raises the error it logs)
     except ZeroDivisionError:
         log_event(logging.getLogger("hydrad.test"), "error", "math", exc_info=True, step=3)
     [line] = lines(out)

@@ -59,7 +59,7 @@ def test_no_host_reaches_the_model_params_of_a_real_load(smollm_path: Path, no_h
     seen: list[bool] = []
 
     def spy(path: bytes, mp: object) -> object:
-        seen.append(bool(getattr(mp, "no_host")))
+        seen.append(bool(getattr(mp, "no_host")))  # noqa: B009 (mp: the ctypes struct, typed object)
         return real(path, mp)
 
     monkeypatch.setattr(C, "llama_model_load_from_file", spy)

@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from hydrad.store import Store
 from tests.support.engine import REPO
 
@@ -26,6 +28,7 @@ while True:
 """
 
 
+@pytest.mark.slow  # six writers started and killed: about 10 s
 def test_sigkill_during_writes_leaves_no_dangling_manifest(tmp_path: Path) -> None:
     d = tmp_path / "store"
     rng = random.Random(7)

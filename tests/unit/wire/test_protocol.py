@@ -212,7 +212,7 @@ def test_truncated_frame_fails_at_eof(specs: list[tuple[int, bytes]], data: st.D
     stream = stream_of(specs)
     cut = data.draw(st.integers(0, len(stream) - 1))
     boundaries = {0}
-    for code, payload in specs:
+    for _code, payload in specs:
         boundaries.add(max(boundaries) + HEADER.size + len(payload))
     decoder = FrameDecoder(REQUEST_CODES)
     decoder.feed(stream[:cut])

@@ -17,6 +17,8 @@ from hydrad.wire import grammar, schemabounds
 from hydrad.wire.grammar import GrammarError, MAX_GRAMMAR_CHARS, MAX_WAYS, schema_grammar
 from hydrad.wire.schemabounds import SchemaTooCostly
 
+pytestmark = pytest.mark.serial  # refusals are timed (under 0.5 s): alone, not beside other tests
+
 
 def _refused_fast(schema: dict[str, Any], *words: str) -> str:
     tracemalloc.start()
