@@ -23,6 +23,7 @@ import hmac
 import os
 import secrets
 import stat
+from collections.abc import Mapping
 from pathlib import Path
 
 MIN_LENGTH = 16
@@ -98,7 +99,7 @@ def same(given: str | None, expected: str) -> bool:
     return hmac.compare_digest(given.encode("utf-8", "surrogatepass"), expected.encode("ascii"))
 
 
-def admin_token_from_env(environ: dict[str, str] | None = None) -> str | None:
+def admin_token_from_env(environ: Mapping[str, str] | None = None) -> str | None:
     """The admin token a client (hydractl, the console) should send: ``$HYDRA_ADMIN_TOKEN``, else
     the file named by ``$HYDRA_ADMIN_TOKEN_FILE``, else None. ``TokenError`` for a bad file."""
     env = os.environ if environ is None else environ
@@ -109,7 +110,7 @@ def admin_token_from_env(environ: dict[str, str] | None = None) -> str | None:
     return read_token(path) if path else None
 
 
-def events_token_from_env(environ: dict[str, str] | None = None) -> str | None:
+def events_token_from_env(environ: Mapping[str, str] | None = None) -> str | None:
     """The events token a subscriber (the console) presents: ``$HYDRA_EVENTS_TOKEN``, else the file
     ``$HYDRA_EVENTS_TOKEN_FILE`` names, else the admin token (a coordinator without an events token
     of its own takes its admin token for the events), else None. ``TokenError`` for a bad file."""

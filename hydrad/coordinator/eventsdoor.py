@@ -66,7 +66,7 @@ class EventsDoor:
         pub.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 1)
         if self._thread is not None:
             return
-        sync = zmq.Context.shadow(ctx.underlying)  # a blocking socket on the bus's context, for the thread
+        sync: zmq.Context[zmq.Socket[bytes]] = zmq.Context.shadow(ctx.underlying)  # a blocking socket on the bus's context, for the thread
         zap = sync.socket(zmq.REP)
         zap.setsockopt(zmq.LINGER, 0)
         zap.bind(ZAP_ENDPOINT)  # bound before the events socket is, so no handshake finds no handler

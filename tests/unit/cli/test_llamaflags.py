@@ -10,7 +10,6 @@ scripts written for earlier llama-servers still use."""
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 from typing import Any
 
