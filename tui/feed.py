@@ -29,6 +29,7 @@ import zmq
 
 from hydrad.common import tokenfile
 from hydrad.wire import eventsauth, messages as M
+from hydrad.wire.busevents import Event
 from hydrad.wire.httpapi import AdminHttp, EngineHttp, NoAnswer, json_of
 
 
@@ -279,7 +280,7 @@ class EventReader:
 
     def _decode(self, frames: list[bytes]) -> FeedEvent | None:
         try:
-            ev = M.Event.from_frames(frames)
+            ev = Event.from_frames(frames)
         except M.BusDecodeError:
             self.dropped += 1
             return None

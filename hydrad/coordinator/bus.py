@@ -41,6 +41,7 @@ import zmq.asyncio
 
 from hydrad.common import tokenfile
 from hydrad.wire import messages as M
+from hydrad.wire.busevents import Event
 from hydrad.common.logs import LogThrottle, log_event
 from hydrad.coordinator.eventsdoor import EventsDoor
 from hydrad.coordinator.reqstream import RequestStreamDoor
@@ -211,7 +212,7 @@ class CoordinatorBus:
             return
         with contextlib.suppress(Exception):
             data = self.events_door.scrub(data)  # session ids go out as keyed hashes
-            self._pub.send_multipart(M.Event(topic=topic, ts=time.time(), data=data).frames(), flags=zmq.NOBLOCK)
+            self._pub.send_multipart(Event(topic=topic, ts=time.time(), data=data).frames(), flags=zmq.NOBLOCK)
 
     def _listened(self) -> bool:
         """Whether a console subscribes now. The XPUB hands up each topic's first subscription and its

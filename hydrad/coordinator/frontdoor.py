@@ -29,20 +29,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import re
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from hydrad.wire import messages as M
-from hydrad.coordinator.affinity import Affinity, prefix_of
+from hydrad.coordinator.affinity import Affinity
 from hydrad.coordinator.burst import Arrival, BurstGate
 from hydrad.coordinator.bus import CoordinatorBus
 from hydrad.coordinator.records import EngineLost, EngineRecord, EngineUnreachable, RequestUnsendable
@@ -61,14 +59,15 @@ from hydrad.coordinator.routing import (
     Decision, EngineView, ModelSpec, RouteRequest, RoutingPolicy, route,
 )
 from hydrad.coordinator.switcher import LoadFailed, ProfileSwitcher
+from hydrad.coordinator.requestkinds import (
+    Answer, Outcome, estimates as estimated, messages_answer, native_answer, openai_answer,
+)
 from hydrad.coordinator.splitrun import SplitRunner, generate_message
 from hydrad.coordinator.poolview import PoolView
 from hydrad.wire.requests import GenRequest
 from hydrad.wire.stages import INCOMING_STAGES
 from hydrad.wire import anthropic, events, infill, native_completion, openai
-from hydrad.wire.render import ChatAnswer, CompletionAnswer, MessagesAnswer, NativeAnswer, Renderer
-from hydrad.wire.render import anthropic as anthropic_render
-from hydrad.wire.render.openai import new_id
+from hydrad.wire.render import ChatAnswer, CompletionAnswer, MessagesAnswer
 from hydrad.wire.openai import ApiError
 from hydrad.common.logs import log_event
 from hydrad.common.registry import Registry
@@ -76,7 +75,6 @@ from hydrad.common.tenants import cache_namespace, scoped, tenant_of
 from hydrad.common.tokenfile import read_token
 
 log = logging.getLogger("hydra.coordinator")
-_P = TypeVar("_P", bound=tuple)  # type: ignore[type-arg]
 
 # 503 codes by which an engine says "not now" (no model yet, reloading, full, stopping): the same
 # request may well succeed elsewhere. Any other error is the request's and is passed on as is.
@@ -86,16 +84,6 @@ MAX_SESSION_ID = 256
 # A session id travels back in the X-Session-Id header and into logs and events: printable ASCII
 # only (no control characters, nothing a header cannot carry), no leading or trailing space.
 _SESSION_RE = re.compile(r"[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?")  # fullmatch: "$" would let a trailing newline through
-
-
-def _estimate_tokens(gen: GenRequest) -> int:
-    """The coordinator has no tokenizer: about 4 characters per token, plus a few per chat message
-    (and the tools, which the prompt lists)."""
-    if gen.messages is not None:
-        tools = len(json.dumps(gen.tools.tools)) if gen.tools is not None else 0
-        return (sum(len(m.get("content") or "") + len(m.get("tool_calls") or "") for m in gen.messages) + tools) // 4 \
-            + 4 * len(gen.messages)
-    return len(gen.prompt or "") // 4 + 1
 
 
 class FrontDoor:
@@ -260,7 +248,7 @@ class FrontDoor:
         request's outcome counted in the metrics."""
         if not self.admitting:
             raise ApiError(503, "the coordinator is shutting down", "shutting_down", headers={"Retry-After": "5"})
-        outcome = _Outcome(time.monotonic())
+        outcome = Outcome(time.monotonic())
         try:
             with self.burst.arrival() as arrival:
                 req, greq = await self.prep.parse(request, await request.body(),
@@ -282,7 +270,7 @@ class FrontDoor:
         self.metrics.request(outcome.model, outcome.engine, response.status_code)
         return response
 
-    async def _watched(self, request: Request, greq: GenRequest, session: str | None, outcome: "_Outcome",
+    async def _watched(self, request: Request, greq: GenRequest, session: str | None, outcome: Outcome,
                        arrival: Arrival, answer: "Answer") -> Response:
         # From here on the request waits on engines: watch the client meanwhile, and cancel the
         # request on its engine the moment the client goes (a non-streaming request has no
@@ -292,7 +280,7 @@ class FrontDoor:
         log_event(log, logging.INFO, "client went away; request cancelled", req=answer.rid)
         return Response(status_code=499)  # nobody reads it; uvicorn drops it
 
-    async def _generate(self, greq: GenRequest, session: str | None, outcome: "_Outcome", arrival: Arrival,
+    async def _generate(self, greq: GenRequest, session: str | None, outcome: Outcome, arrival: Arrival,
                         answer: "Answer") -> Response:
         rid = answer.rid
         rr = self.route_request(greq, outcome.model, session, outcome.estimates)
@@ -398,7 +386,7 @@ class FrontDoor:
         ``estimates``: its prompt tokens and conversation prefix, when measured where it was parsed."""
         entry = self.registry.entries.get(model) if model else None
         stored = self.sessions.kept_tokens(session, model) if self.sessions is not None and session else 0
-        tokens, prefix = estimates if estimates is not None else _estimates(greq)
+        tokens, prefix = estimates if estimates is not None else estimated(greq)
         if prefix and greq.cache_ns:
             prefix = f"{greq.cache_ns}/{prefix}"
         return RouteRequest(model=model, prompt_tokens=tokens, max_tokens=greq.max_tokens or 256,
@@ -487,18 +475,18 @@ class FrontDoor:
         return Response(self.metrics.render(), media_type=CONTENT_TYPE)
 
     async def chat(self, request: Request) -> Response:
-        return await self.serve(request, lambda raw: openai.parse("chat", raw), _openai_answer(ChatAnswer))
+        return await self.serve(request, lambda raw: openai.parse("chat", raw), openai_answer(ChatAnswer))
 
     async def completions(self, request: Request) -> Response:
         return await self.serve(request, lambda raw: openai.parse("completion", raw),
-                                _openai_answer(CompletionAnswer))
+                                openai_answer(CompletionAnswer))
 
     async def messages(self, request: Request) -> Response:
         """Anthropic's Messages API: parsed into the request its chat completion makes, then routed,
         kept as a session and retried exactly as that chat completion, and answered by the Anthropic
         renderer, errors included."""
         try:
-            return await self.serve(request, anthropic.parse, _messages_answer)
+            return await self.serve(request, anthropic.parse, messages_answer)
         except ApiError as exc:
             return JSONResponse(MessagesAnswer.refusal(exc), status_code=exc.status, headers=exc.headers)
         except Exception as exc:
@@ -511,7 +499,7 @@ class FrontDoor:
         prefix-aware routing, retry before the first token); an /infill prompt is built by the engine
         that takes it, with its model's FIM tokens."""
         parse = infill.parse if request.url.path == "/infill" else native_completion.parse
-        return await self.serve(request, parse, _native_answer)
+        return await self.serve(request, parse, native_answer)
 
     async def embeddings(self, request: Request) -> Response:
         if not self.admitting:
@@ -531,61 +519,6 @@ class FrontDoor:
             *(Route(path, self.native.forward, methods=["POST"]) for path in NATIVE_PATHS),
             *(Route(path, self.embeddings, methods=["POST"]) for path in EMBEDDING_PATHS),
         ]
-
-
-@dataclass(frozen=True)
-class Answer:
-    """How a parsed request is answered: its renderer (made once the engine is chosen: the model and
-    generation it serves go into the answer), whether it streams, and its id for the logs."""
-
-    rid: str
-    streamed: bool
-    renderer: Callable[[str, str], Renderer]
-
-
-def _openai_answer(cls: type[ChatAnswer] | type[CompletionAnswer]) -> Callable[[Any, GenRequest], Answer]:
-    def answer(req: Any, greq: GenRequest) -> Answer:
-        rid = new_id(cls.kind)
-        return Answer(rid, req.stream, lambda model, fp: cls(model, fp, include_usage=req.include_usage(),
-                                                             logprobs=greq.logprobs is not None, rid=rid))
-    return answer
-
-
-def _messages_answer(req: Any, greq: GenRequest) -> Answer:
-    rid = anthropic_render.new_id()
-    return Answer(rid, req.stream, lambda model, _fp: MessagesAnswer(model, tools=greq.tools is not None,
-                                                                      thinking=anthropic.thinks(req), rid=rid))
-
-
-def _native_answer(req: Any, greq: GenRequest) -> Answer:
-    greq.report_settings = True  # llama-server's answer says what the request ran with
-    return Answer(new_id("completion"), req.stream, lambda model, _fp: NativeAnswer(req, model))
-
-
-def _estimates(greq: GenRequest) -> tuple[int, str | None]:
-    """A request's estimated prompt tokens and conversation prefix hash (routing's inputs that grow
-    with the request: 40,000 messages took 49 ms)."""
-    return _estimate_tokens(greq), prefix_of(greq.messages)
-
-
-class _Outcome:
-    """What is known of a request besides its body: what the metrics need once it is answered, and
-    routing's estimates, made on the preparation worker that parsed it rather than on the loop."""
-
-    __slots__ = ("t0", "model", "defaulted", "engine", "estimates", "session")
-
-    def __init__(self, t0: float) -> None:
-        self.t0 = t0
-        self.session: str | None = None  # the session id as the client gave it (echoed in X-Session-Id)
-        self.model: str | None = None
-        self.defaulted = False  # default_model serves it (X-Hydra-Default-Model)
-        self.engine: str | None = None
-        self.estimates: tuple[int, str | None] | None = None
-
-    def measured(self, parsed: _P) -> _P:
-        """``parsed`` (a request and its GenRequest), its estimates kept (where it was parsed)."""
-        self.estimates = _estimates(parsed[1])
-        return parsed
 
 
 def exception_handlers() -> dict[Any, Any]:

@@ -17,6 +17,7 @@ from typing import Any
 
 from hydrad.common.params import RuntimeParams
 from hydrad.engine import llama
+from hydrad.engine.batch import Batch
 
 POOLING = {"model": -1, "none": 0, "mean": 1, "cls": 2, "last": 3}
 POOLING_NAMES = {v: k for k, v in POOLING.items() if v >= 0}
@@ -32,7 +33,7 @@ class Embedder:
         self.n_tokens = min(params.n_ubatch, params.n_batch)
         self.ctx = llama.Context(model, params, pooling=POOLING[params.pooling], n_tokens=self.n_tokens, n_seq=MAX_SEQS)
         try:
-            self.batch = llama.Batch(self.ctx.n_batch)
+            self.batch = Batch(self.ctx.n_batch)
         except Exception:
             self.ctx.free()
             raise

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from hydrad.engine import ggml, gguf_meta, llama
+from hydrad.engine.batch import Batch
 from hydrad.engine.embedder import Embedder
 from hydrad.engine.gpu import PAGEABLE_BESIDE
 from hydrad.engine.peer_watch import PeerWatch
@@ -117,7 +118,7 @@ class Generation:
         self.params = params
         self.model = model
         self.ctx = ctx
-        self.batch = llama.Batch(ctx.n_batch)
+        self.batch = Batch(ctx.n_batch)
         self.slots = [Slot(i) for i in range(params.n_parallel)]
         self.n_active = 0
         self.load_seconds = load_seconds
@@ -362,7 +363,7 @@ class Generation:
         self.batch.free()
         self.ctx.free()
         self.ctx = new_ctx
-        self.batch = llama.Batch(new_ctx.n_batch)
+        self.batch = Batch(new_ctx.n_batch)
         self.slots = [Slot(i) for i in range(params.n_parallel)]
         self.params = params
         self.tag = GenerationTag(self.id, self.resolved.id, params.snapshot_hash())

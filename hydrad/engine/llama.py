@@ -15,10 +15,11 @@ import logging
 import os
 import re
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from hydrad.engine.loadreport import LoadReport
 from hydrad.engine import tokenchunks
 from hydrad.common.cpus import usable_cpus
 from hydrad.common.params import KvOverride, RuntimeParams, parse_kv_override
@@ -123,49 +124,6 @@ def kv_override_array(items: list[KvOverride]) -> Any:
         else:
             slot.value.val_str = str(kv.value).encode()
     return arr
-
-
-_LOAD_MODE_LINE = re.compile(r"\(load_mode = ([^)]+)\)")
-_KV_USED = re.compile(r"Using metadata override \(\s*(\w+)\) '([^']*)' = (.*)$")
-_KV_BAD = re.compile(r"Bad metadata override type for key '([^']*)', expected (\S+) but got (\S+)")
-_OVERRIDDEN = re.compile(r"^tensor (\S+) \(.*\) buffer type overridden to (\S+)$")
-_BUFFER = re.compile(r"(\S+) model buffer size = +([\d.]+) MiB")
-
-
-@dataclass
-class LoadReport:
-    """What llama.cpp said about one model load, read from its own log lines (every level, the loader
-    thread's only): the observed effect of the load parameters, not what was asked for."""
-
-    load_mode: str | None = None  # as llama.cpp resolved it: mmap, none, mlock, mmap+mlock, dio
-    kv_applied: dict[str, str] = field(default_factory=dict)  # key -> the value llama.cpp used
-    kv_refused: dict[str, str] = field(default_factory=dict)  # key -> why llama.cpp did not use it
-    overridden: dict[str, str] = field(default_factory=dict)  # tensor -> the buffer type an override gave it
-    buffers: dict[str, int] = field(default_factory=dict)  # buffer type -> bytes of weights in it
-
-    @classmethod
-    def parse(cls, text: str) -> "LoadReport":
-        rep = cls()
-        for line in text.splitlines():
-            line = line.strip()
-            if (m := _LOAD_MODE_LINE.search(line)) is not None:
-                rep.load_mode = m.group(1)
-            elif (m := _KV_USED.search(line)) is not None:
-                rep.kv_applied[m.group(2)] = m.group(3).strip()
-            elif (m := _KV_BAD.search(line)) is not None:
-                rep.kv_refused[m.group(1)] = f"llama.cpp reads it as {m.group(2)}, the override is {m.group(3)}"
-            elif (m := _OVERRIDDEN.search(line)) is not None:
-                rep.overridden[m.group(1)] = m.group(2)
-            elif (m := _BUFFER.search(line)) is not None:
-                rep.buffers[m.group(1)] = rep.buffers.get(m.group(1), 0) + round(float(m.group(2)) * (1 << 20))
-        return rep
-
-    def public(self) -> dict[str, Any]:
-        counts: dict[str, int] = {}
-        for buft in self.overridden.values():
-            counts[buft] = counts.get(buft, 0) + 1
-        return {"load_mode": self.load_mode, "buffers": dict(self.buffers), "overridden_tensors": counts,
-                "kv_overrides": dict(self.kv_applied)}
 
 
 _CACHE_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "iq4_nl": 20, "bf16": 30}
@@ -634,74 +592,3 @@ class Context:
         if self.ptr:
             lib().llama_free(self.ptr)
             self.ptr = None
-
-
-class Batch:
-    """A preallocated llama_batch filled in place each step (no per-step allocation)."""
-
-    def __init__(self, capacity: int) -> None:
-        C = lib()
-        self.capacity = capacity
-        self.raw = C.llama_batch_init(capacity, 0, 1)
-        self.n = 0
-        self._token = self.raw.token
-        self._pos = self.raw.pos
-        self._nseq = self.raw.n_seq_id
-        self._seq = self.raw.seq_id
-        self._logits = self.raw.logits
-        import numpy as np
-
-        # numpy views of the same C arrays: a prompt chunk is written with a few slice assignments
-        # instead of five ctypes stores per token
-        self._np_token = np.ctypeslib.as_array(self._token, shape=(capacity,))
-        self._np_pos = np.ctypeslib.as_array(self._pos, shape=(capacity,))
-        self._np_nseq = np.ctypeslib.as_array(self._nseq, shape=(capacity,))
-        self._np_logits = np.ctypeslib.as_array(self._logits, shape=(capacity,))
-        self._np_arange = np.arange(capacity, dtype=np.int32)
-        # seq_id is an array of per-token pointers to separately allocated rows; point them into one
-        # contiguous array we own so seq ids are written by slice too (the originals go back before free).
-        # The pointers are rewritten as one numpy array: a Python loop over n_batch of them on the loader
-        # thread slows the serving generation's steps (docs/engine.md, "the interpreter lock").
-        self._seq_own = np.zeros(capacity, dtype=np.int32)
-        self._np_seq_ptrs = np.ctypeslib.as_array(ctypes.cast(self._seq, ctypes.POINTER(ctypes.c_uint64)),
-                                                  shape=(capacity,))
-        self._seq_orig = self._np_seq_ptrs.copy()
-        self._np_seq_ptrs[:] = self._seq_own.ctypes.data + 4 * np.arange(capacity, dtype=np.uint64)
-
-    def clear(self) -> None:
-        self.n = 0
-
-    def add(self, token: int, pos: int, seq: int, logits: bool) -> int:
-        i = self.n
-        self._token[i] = token
-        self._pos[i] = pos
-        self._nseq[i] = 1
-        self._seq_own[i] = seq
-        self._logits[i] = logits
-        self.n = i + 1
-        return i
-
-    def add_run(self, tokens: list[int], pos0: int, seq: int, logits_last: bool, output_all: bool = False) -> int:
-        """Add consecutive positions of one sequence; returns the index of the last token. ``output_all``:
-        every token is an output (an embedding context pools over them)."""
-        i, k = self.n, len(tokens)
-        self._np_token[i:i + k] = tokens
-        self._np_pos[i:i + k] = self._np_arange[:k] + pos0
-        self._np_nseq[i:i + k] = 1
-        self._np_logits[i:i + k] = 1 if output_all else 0
-        self._seq_own[i:i + k] = seq
-        if logits_last:
-            self._np_logits[i + k - 1] = 1
-        self.n = i + k
-        return i + k - 1
-
-    def decode(self, ctx: Context) -> int:
-        self.raw.n_tokens = self.n
-        return int(lib().llama_decode(ctx.ptr, self.raw))
-
-    def free(self) -> None:
-        if self.raw is not None:
-            self._np_seq_ptrs[:] = self._seq_orig
-            self.raw.n_tokens = self.capacity
-            lib().llama_batch_free(self.raw)
-            self.raw = None

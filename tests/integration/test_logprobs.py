@@ -176,12 +176,13 @@ def reference(path: Path, prompt: list[int], generated: list[int], top: int) -> 
     import numpy as np
 
     from hydrad.engine import llama
+    from hydrad.engine.batch import Batch
 
     llama.preload_native()
     params = RuntimeParams(n_gpu_layers=0, n_ctx=N_CTX, n_parallel=1, n_threads=2)
     model = llama.Model.load(path, params)
     ctx = llama.Context(model, params)
-    batch = llama.Batch(N_CTX)
+    batch = Batch(N_CTX)
     out: list[tuple[float, list[float]]] = []
     try:
         batch.clear()

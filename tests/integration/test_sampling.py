@@ -10,6 +10,7 @@ from typing import Callable
 import pytest
 
 from hydrad.engine import llama, sampling
+from hydrad.engine.batch import Batch
 from hydrad.common.params import RuntimeParams
 
 
@@ -33,7 +34,7 @@ def _shortcut_agrees(path: Path, make: Callable[..., sampling.Sampling], shortcu
     params = RuntimeParams(n_gpu_layers=0, n_ctx=512, n_parallel=1, n_threads=2)
     model = llama.Model.load(path, params)
     ctx = llama.Context(model, params)
-    batch = llama.Batch(512)
+    batch = Batch(512)
     samplers: list[sampling.Sampler] = []
     try:
         eog = tuple(model.eog_tokens())

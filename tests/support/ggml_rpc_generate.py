@@ -9,6 +9,7 @@ import sys
 import time
 
 from hydrad.engine import ggml, llama, sampling
+from hydrad.engine.batch import Batch
 from hydrad.common.params import RuntimeParams
 
 
@@ -28,7 +29,7 @@ def main() -> None:
     model = llama.Model(ptr, Path(model_path))
     # flash attention off: a CUDA build without FA kernels (GGML_CUDA_FA=OFF) aborts the remote server otherwise
     ctx = llama.Context(model, RuntimeParams(n_ctx=512, n_batch=512, n_parallel=1, n_threads=1, flash_attn="off"))
-    batch = llama.Batch(512)
+    batch = Batch(512)
     sampler = sampling.Sampler(sampling.Sampling(0, 0, 1, 0, 1, 0, 0, 0, 0))
     tokens = model.tokenize(prompt)
     for i, t in enumerate(tokens):

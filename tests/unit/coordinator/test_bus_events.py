@@ -13,7 +13,8 @@ import zmq.asyncio
 
 from hydrad.coordinator.bus import CoordinatorBus
 from hydrad.coordinator.settings import CoordinatorSettings
-from hydrad.wire import eventsauth, messages as M
+from hydrad.wire import eventsauth
+from hydrad.wire.busevents import Event
 
 
 def test_events_go_only_while_a_console_listens(tmp_path: Path) -> None:
@@ -39,7 +40,7 @@ def test_events_go_only_while_a_console_listens(tmp_path: Path) -> None:
             bus.publish("route", req="r2")
             got = []
             while await sub.poll(500):
-                got.append(M.Event.from_frames(await sub.recv_multipart()))
+                got.append(Event.from_frames(await sub.recv_multipart()))
             out["got"] = [(e.topic, e.data["req"]) for e in got]
             sub.close(linger=0)
             for _ in range(200):  # a console that goes away unsubscribes

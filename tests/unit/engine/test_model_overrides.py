@@ -25,6 +25,7 @@ from hydrad.common.params import (
 from hydrad.common.registry import ModelEntry
 from hydrad.coordinator.profiles import EngineEntry
 from hydrad.engine import gguf_meta, llama, weights
+from hydrad.engine.loadreport import LoadReport
 from hydrad.engine.gguf_meta import TensorTable
 from hydrad.engine.loader import choose_policy
 
@@ -305,7 +306,7 @@ def test_the_load_report_reads_llama_cpps_lines() -> None:
         "load_tensors:   CPU_Mapped model buffer size =     6.85 MiB\n"
         "load_tensors:        CUDA0 model buffer size =   100.00 MiB\n"
     )
-    rep = llama.LoadReport.parse(text)
+    rep = LoadReport.parse(text)
     assert rep.load_mode == "mmap+mlock"
     assert rep.kv_applied == {"llama.context_length": "1024", "tokenizer.ggml.add_bos_token": "true"}
     assert rep.kv_refused == {"x.y": "llama.cpp reads it as int, the override is str"}

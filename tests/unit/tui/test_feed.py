@@ -12,7 +12,8 @@ import httpx
 import pytest
 import zmq
 
-from hydrad.wire import messages as M
+
+from hydrad.wire.busevents import Event
 from tests.support.engine import free_port
 from tui.feed import CONNECTED, DISCONNECTED, AdminClient, AdminError, EventReader, FeedEvent
 
@@ -106,13 +107,13 @@ def test_reader_connects_late_reads_batches_and_drops_garbage() -> None:
         # a PUB drops what it sends before the subscription arrives: publish until one lands
         deadline = time.monotonic() + 5
         while not r.events and time.monotonic() < deadline:
-            pub.send_multipart(M.Event(topic="engine.up", ts=1.0, data={"engine": "warmup"}).frames())
+            pub.send_multipart(Event(topic="engine.up", ts=1.0, data={"engine": "warmup"}).frames())
             time.sleep(0.05)
         batches = r.batches
         pub.send_multipart([b"garbage"])
         pub.send_multipart([b"route", b"{not json"])
         for i in range(50):
-            pub.send_multipart(M.Event(topic="route", ts=2.0, data={"req": f"r{i}", "engine": "a"}).frames())
+            pub.send_multipart(Event(topic="route", ts=2.0, data={"req": f"r{i}", "engine": "a"}).frames())
 
         def routes() -> list[str]:  # (warm-up events may still trickle in)
             return [e.data["req"] for e in list(r.events) if e.topic == "route"]

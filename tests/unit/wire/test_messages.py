@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hydrad.wire import messages as M
+from hydrad.wire.busevents import Event
 from hydrad.wire.requests import GenRequest, SamplingOverrides
 
 SAMPLES: list[M._Msg] = [
@@ -167,11 +168,11 @@ def test_oversized_body_is_refused_before_parsing() -> None:
 
 
 def test_events_round_trip_and_reject_garbage() -> None:
-    ev = M.Event(topic="engine.up", ts=1.5, data={"engine": "dev-a", "gpu": {"arch": "sm_90"}})
-    assert M.Event.from_frames(ev.frames()) == ev
+    ev = Event(topic="engine.up", ts=1.5, data={"engine": "dev-a", "gpu": {"arch": "sm_90"}})
+    assert Event.from_frames(ev.frames()) == ev
     for bad in ([b"x"], [b"x", b"nope"], [b"x", b'{"topic": 1}']):
         with pytest.raises(M.BusDecodeError):
-            M.Event.from_frames(bad)
+            Event.from_frames(bad)
 
 
 frames_strategy = st.lists(st.binary(max_size=64), max_size=5)
