@@ -305,6 +305,7 @@ def test_bad_yaml_exits_non_zero_naming_file_and_field(tmp_path: Path) -> None:
 
 # ---- systemd lifecycle ----------------------------------------------------------------------
 
+@pytest.mark.serial  # the stream must finish within the drain's wall-clock bound
 def test_sigterm_during_stream_drains_and_exits_zero(smollm_engine: Engine) -> None:
     e = smollm_engine
     events: list[str] = []

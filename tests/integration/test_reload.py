@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import httpx
+import pytest
 import yaml
 
 from tests.support.engine import Engine
@@ -107,6 +108,7 @@ def test_a_load_frees_what_the_reaper_still_holds_first(smollm_path: Path, gemma
     assert e.http.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 3}).status_code == 200
 
 
+@pytest.mark.serial  # the drain and the queued requests' waits are bounded in wall-clock time
 def test_drain_serves_queued_requests_after_the_load(smollm_path: Path, gemma_path: Path,
                                                       start_engine: Callable[..., Engine]) -> None:
     # the drain bound well above the 120-token answer's time, even on a loaded 2-core machine: this test is
