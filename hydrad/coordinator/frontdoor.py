@@ -436,7 +436,7 @@ class FrontDoor:
         rec = self.bus.engines.get(engine)
         return (rec.status.generation or "") if rec else ""
 
-    def _record(self, turn: Turn, reply: str, done: M.Done) -> None:
+    def _record(self, turn: Turn, reply: str, done: events.Done) -> None:
         self.affinity.record(turn.engine, turn.session, turn.messages, reply, turn.ns)
         if self.sessions is not None:
             self.sessions.after_turn(turn.session, turn.engine, done)

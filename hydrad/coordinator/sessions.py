@@ -44,6 +44,7 @@ from hydrad.coordinator.kvmove import Moved, Placements, stream_slot
 from hydrad.coordinator.records import EngineRecord
 from hydrad.store import Store, StoreError, StoreSettings
 from hydrad.store.files import atomic_write
+from hydrad.wire import events
 from hydrad.wire import messages as M
 from hydrad.wire.kvdigest import tokens_digest
 from hydrad.wire.rpcclient import RpcClient, RpcError
@@ -120,7 +121,7 @@ class SessionKeeper:
         self.store = Store(settings.store)
         self.token = read_token(settings.engine_token_file) if settings.engine_token_file else None
         self._index: OrderedDict[str, Kept] = OrderedDict()
-        self._pending: dict[str, tuple[str, M.Done]] = {}  # session -> newest turn waiting to be kept
+        self._pending: dict[str, tuple[str, events.Done | M.Done]] = {}  # session -> newest turn waiting to be kept
         self._pins: dict[str, tuple[str, int]] = {}  # session -> (engine, slot) it was moved into
         self._latest: OrderedDict[str, Latest] = OrderedDict()  # session -> where its newest turn's KV is
         self._running: set[str] = set()
@@ -180,7 +181,7 @@ class SessionKeeper:
 
     # ----- after a turn: keep it --------------------------------------------------------------
 
-    def after_turn(self, session: str | None, engine: str, done: M.Done | None) -> None:
+    def after_turn(self, session: str | None, engine: str, done: events.Done | M.Done | None) -> None:
         """A session's turn finished on ``engine``: queue a snapshot of its slot (newest turn wins)."""
         if not session or done is None or done.slot is None or not done.kv_hash:
             return
@@ -205,7 +206,7 @@ class SessionKeeper:
         fut = self._pool.submit(self._keep, session, engine, rec.info.rpc, done)
         fut.add_done_callback(lambda f: self._loop.call_soon_threadsafe(self._kept, session, engine, f))  # type: ignore[union-attr]
 
-    def _keep(self, session: str, engine: str, address: str, done: M.Done) -> tuple[str, Kept | None, Kept | None]:
+    def _keep(self, session: str, engine: str, address: str, done: events.Done | M.Done) -> tuple[str, Kept | None, Kept | None]:
         """Worker thread: STATE_GET the slot, check it still holds the turn, put it in the store."""
         t0 = time.monotonic()
         with RpcClient(address, self.token, timeout=self.settings.io_timeout_s) as c:

@@ -167,7 +167,7 @@ class Alternative(BaseModel):
 class TokenLogprob(Alternative):
     """A generated token's log-probability and the most likely tokens at its position."""
 
-    top: list[Alternative] = Field(default_factory=list, max_length=lp.MAX_TOP_LOGPROBS)
+    top: list[Alternative] = Field(default_factory=list, max_length=lp.MAX_N_PROBS)  # llama-server's n_probs reaches further than OpenAI's 20
 
     @classmethod
     def of(cls, tok: lp.TokenLogprob) -> TokenLogprob:
@@ -400,7 +400,7 @@ class Generate(_Msg):
     sampling: Sampling = Field(default_factory=Sampling)
     ignore_eos: bool = False
     slot: int | None = Field(None, ge=0)
-    logprobs: int | None = Field(None, ge=0, le=lp.MAX_TOP_LOGPROBS, description=(
+    logprobs: int | None = Field(None, ge=0, le=lp.MAX_N_PROBS, description=(
         "Report each token's log-probability and this many most likely tokens in TOKENS; absent: none."))
     cache_prompt: bool | None = Field(None, description=(
         "Reuse a slot's matching prompt prefix (llama-server's cache_prompt); absent: the engine's default. "
