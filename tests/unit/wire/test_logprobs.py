@@ -184,7 +184,7 @@ def test_tokens_carry_logprobs_exactly_and_only_when_asked() -> None:
     b'{"req":"r","texts":["a"],"logprobs":[{"id":1,"piece":"61","logprob":-1e999}]}',
     b'{"req":"r","texts":["a"],"logprobs":[{"id":-1,"piece":"61","logprob":-1}]}',
     b'{"req":"r","texts":["a"],"logprobs":[{"id":1,"piece":"61","logprob":-1,"top":' +
-    json.dumps([{"id": 1, "piece": "", "logprob": -1}] * 21).encode() + b"}]}",
+    json.dumps([{"id": 1, "piece": "", "logprob": -1}] * (lp.MAX_N_PROBS + 1)).encode() + b"}]}",
 ])
 def test_bad_logprobs_on_the_bus_are_refused(body: bytes) -> None:
     with pytest.raises(M.BusDecodeError):
@@ -197,7 +197,7 @@ def test_generate_carries_the_top_count() -> None:
     assert msg.logprobs == 7 and msg.to_request().logprobs == 7
     assert _roundtrip(M.Generate.from_request("r1", _parse("chat", messages=USER), None)).to_request().logprobs is None
     with pytest.raises(ValueError):
-        M.Generate(req="r1", logprobs=21)
+        M.Generate(req="r1", logprobs=lp.MAX_N_PROBS + 1)  # llama-server's n_probs reaches 100
 
 
 # ----- context overflow -------------------------------------------------------------------------
