@@ -13,7 +13,7 @@ Real engines (hydrad, SmolLM2-135M by default) on loopback, real KV states, a re
    hashed and verified) in GB/s, against a plain file copy of the same bytes into the same
    directory (write, fsync, rename; read back); goal ≥ 0.5× of the plain copy.
 3. **TTFT from the Store.** Engine A computes a prompt of about ``--prefix-tokens`` tokens and its
-   prefix is checkpointed (a second session sharing it); engine B, which shares the Store and has
+   prefix is checkpointed (another conversation with the same prompt); engine B, which shares the Store and has
    never seen the prompt, answers a session with the same prefix: its TTFT (restore + the suffix's
    prefill) ÷ B's TTFT for a cold prompt of the same length (a fresh prefix, nothing stored);
    ``--runs`` pairs, medians; goal ≤ 0.2 at 2K tokens.
@@ -215,7 +215,7 @@ def part_ttft(tmp: Path, store_dir: Path, args: argparse.Namespace) -> dict[str,
         ttft(b, chat_body("Warm-up.", "Hello?"))  # first-request costs out of the way
         for run in range(args.runs):
             system = system_prompt(f"ttft-{run}", args.prefix_tokens)
-            # A: the prompt computed once, then a second session sharing it checkpoints the prefix
+            # A: the prompt computed once, then another conversation with the same prompt checkpoints the prefix
             ttft(a, chat_body(system, "Question one?", slot=0))
             ttft(a, chat_body(system, "Question two?", slot=1))
             store = Store(dir=store_dir, block_tokens=args.block, fsync=True, cap_bytes=64 << 30)

@@ -4,7 +4,7 @@ llama.cpp reuses a prefix only inside the slot that computed it, so sixteen sess
 system prompt prefill it sixteen times when they land in different slots, and once more on every
 other engine. Two sources give a new request a longer prefix than its own slot holds:
 
-* **another slot of this engine** (a second session sharing the prefix): its state is read, cut to
+* **another slot of this engine** (another conversation with the same prefix): its state is read, cut to
   the shared cells (``hydrad.store.layout.truncate``) and written into the request's slot, then the
   prefix is **checkpointed** into the Store in the background;
 * **the Store** (``prefix.store``, a directory the pool's engines share, on tmpfs): a prompt long
