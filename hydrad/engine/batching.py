@@ -18,7 +18,7 @@ from typing import Any
 from hydrad.common.logs import log_event
 from hydrad.engine import chatprompt, faults, sampling, thinking
 from hydrad.engine.generation import Generation, Slot
-from hydrad.engine.promptprep import RequestError
+from hydrad.engine.promptprep import RequestRefused
 from hydrad.engine.requests import Done, Failed, Progress, RequestHandle, Token, Usage
 from hydrad.engine.textstream import StopMatcher, Utf8Detokenizer
 from hydrad.wire.kvdigest import tokens_digest
@@ -175,7 +175,7 @@ class Scheduler:
                 continue
             try:
                 self._start(gen, handle)
-            except RequestError as exc:
+            except RequestRefused as exc:
                 self.core.emit(handle, exc.failed())
             except Exception as exc:  # the request's own failure: it alone ends, the engine goes on
                 self.request_failed(gen, handle, "admitting", exc)
@@ -194,10 +194,10 @@ class Scheduler:
             tokens = self.core.prep.tokenize(gen, req)
         req.tokens = None  # not needed any more; a queued copy of a long prompt is memory
         if not tokens:
-            raise RequestError("the prompt is empty", 400, "empty_prompt")
+            raise RequestRefused("the prompt is empty", 400, "empty_prompt")
         limit = gen.ctx.n_ctx_seq
         if len(tokens) >= limit:
-            raise RequestError(f"the prompt has {len(tokens)} tokens; this engine's context holds {limit}",
+            raise RequestRefused(f"the prompt has {len(tokens)} tokens; this engine's context holds {limit}",
                                 400, "context_length_exceeded", n_prompt_tokens=len(tokens), n_ctx=limit)
         cache = params.cache_prompt if req.cache_prompt is None else req.cache_prompt
         ns = req.cache_ns
@@ -231,7 +231,7 @@ class Scheduler:
                 grammar=grammar)
             sampler = sampling.Sampler(spec, model.n_vocab, limit, model.vocab)
         except sampling.GrammarRefused as exc:
-            raise RequestError(str(exc), 400, "invalid_field") from None
+            raise RequestRefused(str(exc), 400, "invalid_field") from None
         room = limit - len(tokens)
         if req.max_tokens is not None:
             max_tokens = min(req.max_tokens, room)
@@ -245,7 +245,7 @@ class Scheduler:
             stopper = StopMatcher(req.stop)
         except ValueError as exc:
             sampler.free()
-            raise RequestError(str(exc), 400, "invalid_stop") from None
+            raise RequestRefused(str(exc), 400, "invalid_stop") from None
         probs = None if req.logprobs is None else sampling.Logprobs(model.n_vocab, req.logprobs, model.piece)
         slot.active = _Active(handle=handle, prompt_len=len(tokens), cached=keep, pending=tokens[keep:],
                               max_tokens=max_tokens, sampler=sampler, detok=Utf8Detokenizer(),

@@ -52,10 +52,6 @@ class RequestRefused(ValueError):
                       n_ctx=self.n_ctx, param=self.param)
 
 
-RequestError = RequestRefused
-"""The same fault, raised where the engine thread or a preparation worker finds it."""
-
-
 class PromptTooLong(RequestRefused):
     """A prompt refused by its length before tokenizing (400 ``context_length_exceeded``).
     ``n_prompt_tokens`` is a lower bound (its characters / MAX_CHARS_PER_TOKEN, rounded up, so above
@@ -72,13 +68,13 @@ def _infill_tokens(gen: Generation, request: GenRequest, n_predict: int) -> list
     assert parts is not None
     lacks = fim.missing(gen.model)
     if lacks:
-        raise RequestError("Infill is not supported by this model: it has no FIM " + ", ".join(lacks)
+        raise RequestRefused("Infill is not supported by this model: it has no FIM " + ", ".join(lacks)
                            + " token (its vocabulary must define fill-in-the-middle tokens)", 501, "not_supported")
     n_vocab = gen.model.n_vocab
     for name, mixed in (("input_prefix", parts.prefix), ("input_suffix", parts.suffix)):
         bad = next((t for t in mixed if isinstance(t, int) and t >= n_vocab), None)
         if bad is not None:
-            raise RequestError(f"{name}: token {bad} is not in this model's vocabulary (0..{n_vocab - 1})",
+            raise RequestRefused(f"{name}: token {bad} is not in this model's vocabulary (0..{n_vocab - 1})",
                                400, "invalid_field", param=name)
     return fim.prompt(gen.model, parts.prefix, parts.suffix, parts.extra, parts.middle, n_batch=gen.ctx.n_batch,
                       n_predict=n_predict, n_ctx=gen.ctx.n_ctx_seq)
@@ -140,7 +136,7 @@ class PromptPrep:
         try:
             return chatprompt.grammar(gen.model, (self.core.params or gen.params).chat_template, request.tools)
         except GrammarError as exc:
-            raise RequestError(f"tools: {exc}", 400, "invalid_field", param="tools") from None
+            raise RequestRefused(f"tools: {exc}", 400, "invalid_field", param="tools") from None
 
     def tokenize(self, gen: Generation, request: GenRequest) -> list[int]:
         """A request's prompt tokens for ``gen`` (any thread: tokenizing only reads the vocabulary)."""
@@ -149,7 +145,7 @@ class PromptPrep:
             n_vocab = gen.model.n_vocab
             bad = next((t for t in request.prompt_ids if not 0 <= t < n_vocab), None)
             if bad is not None:
-                raise RequestError(f"prompt: token {bad} is not in this model's vocabulary (0..{n_vocab - 1})",
+                raise RequestRefused(f"prompt: token {bad} is not in this model's vocabulary (0..{n_vocab - 1})",
                                400, "invalid_field", param="prompt")
             return list(request.prompt_ids)
         limit = gen.ctx.n_ctx_seq
@@ -161,11 +157,11 @@ class PromptPrep:
                                                 max_chars=limit * MAX_CHARS_PER_TOKEN,
                                                 kwargs=chatprompt.template_kwargs(request, params))
             except llama.PromptTextTooLong as exc:
-                raise RequestError(f"the chat's prompt has {exc.chars} characters, more than this engine's context "
+                raise RequestRefused(f"the chat's prompt has {exc.chars} characters, more than this engine's context "
                                    f"of {limit} tokens can hold", 400, "context_length_exceeded",
                                    -(-exc.chars // MAX_CHARS_PER_TOKEN), limit) from None
             except ValueError as exc:
-                raise RequestError(str(exc), 400, "template_error", param=getattr(exc, "param", None)) from None
+                raise RequestRefused(str(exc), 400, "template_error", param=getattr(exc, "param", None)) from None
         else:
             tokens = gen.model.tokenize_prompt(request.prompt or "")
         bos = gen.bos
