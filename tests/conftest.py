@@ -26,6 +26,23 @@ DIRECTORY_MARKS = {"integration": ("daemon",), "system": ("daemon", "model", "sy
 SESSION_GROUPS = {"real_states": "kv-states"}
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist, each worker (and every daemon it starts) keeps to its own share of the CPUs.
+
+    A daemon's ``n_threads: 0`` means every CPU it may use; with two workers each booting engines
+    that take every core, llama.cpp's threads spin against each other on the same cores and a
+    test that takes 5 s alone took minutes. Pinned, an engine sizes its threads to its worker's
+    share, as it would under a systemd unit's ``CPUAffinity=``."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    if not worker.startswith("gw") or count < 2 or not hasattr(os, "sched_setaffinity"):
+        return
+    cpus = sorted(os.sched_getaffinity(0))
+    share = cpus[int(worker[2:]) % count::count]
+    if share and len(cpus) >= count:
+        os.sched_setaffinity(0, share)
+
+
 def _has_gpu() -> bool:
     return os.path.exists("/dev/nvidia0") or shutil.which("nvidia-smi") is not None
 

@@ -195,9 +195,11 @@ class FrontDoor:
         self.bus.publish("route", req=rid, attempt=attempt, session=rr.session_id, **decision.public())
 
     def _loading(self, model: str | None, exclude: set[str]) -> list[str]:
-        """Engines (not excluded) on their way to serving ``model``."""
+        """Engines (not excluded) on their way to serving ``model``: loading it, or being configured for
+        it (a registering engine is configured before its first heartbeat says it loads)."""
         return [r.name for r in self.bus.engines.values()
-                if model is not None and r.alive and r.name not in exclude and r.status.loading_model == model]
+                if model is not None and r.alive and r.name not in exclude
+                and model in (r.status.loading_model, self.switcher.heading(r.name))]
 
     async def _await_model(self, rr: RouteRequest, exclude: set[str], rid: str, attempt: int,
                            decision: Decision) -> Decision:

@@ -65,6 +65,7 @@ class ProfileSwitcher:
         self.previous: str | None = None
         self.applied: dict[str, tuple[str, dict[str, Any]]] = {}  # engine → (instance, payload it took)
         self.configuring: dict[str, str] = {}  # engine → why (profile name, "register", "on-demand")
+        self._heading: dict[str, str] = {}  # engine → the model its running configure loads
         self.switch_task: asyncio.Task[dict[str, Any]] | None = None
         self.last_switch: dict[str, Any] | None = None
         self.progress: dict[str, dict[str, Any]] = {}  # engine → latest load progress of the running switch
@@ -146,6 +147,8 @@ class ProfileSwitcher:
         """CONFIGURE one engine and wait for its load; never raises, returns a result record."""
         t0 = time.monotonic()
         self.configuring[engine] = why
+        if isinstance(payload.get("model"), str):
+            self._heading[engine] = payload["model"]
         result: dict[str, Any] = {"engine": engine, "model": payload.get("model"), "why": why}
         self.bus.publish("profile.engine", engine=engine, phase="configuring", why=why, model=payload.get("model"))
         try:
@@ -181,6 +184,7 @@ class ProfileSwitcher:
                           code="timeout")
         finally:
             self.configuring.pop(engine, None)
+            self._heading.pop(engine, None)
             self.progress.pop(engine, None)
         result["seconds"] = round(time.monotonic() - t0, 3)
         self.results[engine] = result  # a refused configure sets no last_error on the engine: keep it here
@@ -321,6 +325,11 @@ class ProfileSwitcher:
     def locked(self, engine: str) -> bool:
         """Being configured: routing must not pick it to load something else."""
         return engine in self.configuring
+
+    def heading(self, engine: str) -> str | None:
+        """The model a configure under way is loading on ``engine`` (None if none is): a request for
+        it waits for that load, even before the engine reports the load's stage."""
+        return self._heading.get(engine)
 
     def placed(self, engine: str) -> tuple[bool, str | None]:
         """Whether the active profile names ``engine``, and the model it gives it (None for a PEER).

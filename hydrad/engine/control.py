@@ -92,12 +92,19 @@ class EngineControl:
         return self.registry.resolve(name)
 
     async def boot(self) -> ConfigureResult | None:
-        """Load the YAML layer's model, if it names one (the engine is already READY by then)."""
+        """Load the YAML layer's model, if it names one (the engine is already READY by then), unless a
+        configure that arrived on the bus meanwhile has started a load of its own."""
         eff = self.layers.effective()
         if eff.model is None:
             return None
         resolved = self.resolve(eff.model)
         await self._warm_load(eff)
+        if self.core.current_load is not None:
+            # a configure (the coordinator registering this engine) started a load while the estimate
+            # was read: the newer instruction owns the engine, and the YAML's model is not loaded over it
+            log_event(log, logging.INFO, "boot load skipped: a configure's load is under way",
+                      load=self.core.current_load.id)
+            return None
         rec = self.core.load(resolved, eff, on_success=lambda: self._loaded(resolved, None))
         self._loading_target = eff
         return ConfigureResult(Tier.T3, ["model"], load_id=rec.id)

@@ -148,7 +148,7 @@ def test_malformed_frames_get_error_status_and_engine_keeps_serving(start_engine
     assert e.proc.poll() is None
 
 
-@pytest.mark.serial  # its requests must still be inside the engine when the third session asks: timing under load
+@pytest.mark.serial  # its requests must still be inside the engine when one more connection asks: timing under load
 def test_busy_only_when_every_session_is_inside_a_request(smollm_path: Path, start_engine: Callable[..., Engine]) -> None:
     """Two places: two sessions each inside a STATE_PUT (waiting for its data) hold them, and a third
     gets BUSY; an idle session instead gives its place to the newcomer."""
