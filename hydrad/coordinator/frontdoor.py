@@ -94,7 +94,10 @@ class FrontDoor:
         self.switcher = switcher
         self.registry = registry
         self.policy = RoutingPolicy(affinity_margin_s=settings.affinity_margin_s)
-        self.affinity = affinity or Affinity()
+        # one record of where sessions' KV lives, shared with the keeper (affinity.py says what it holds)
+        self.affinity = affinity or (sessions.places if sessions is not None else Affinity())
+        if sessions is not None and sessions.places is not self.affinity:
+            raise ValueError("the session keeper and the front door must share one Affinity (places=)")
         self.sessions = sessions  # keeps sessions' KV in the Store (None: sessions.keep is off)
         self.meter = TransferMeter()  # engine-to-engine KV transfers, for the split's plans
         self.placements = sessions.placements if sessions is not None else Placements()
