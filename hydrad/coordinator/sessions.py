@@ -109,7 +109,8 @@ class SessionKeeper:
         self.store = Store(settings.store)
         self.token = read_token(settings.engine_token_file) if settings.engine_token_file else None
         self._index: OrderedDict[str, Kept] = OrderedDict()
-        self._pending: dict[str, tuple[str, events.Done | M.Done]] = {}  # session -> newest turn waiting to be kept
+        # session -> newest turn waiting to be kept: (engine, DONE, its tenant's Store owner and quota)
+        self._pending: dict[str, tuple[str, events.Done | M.Done, str, int]] = {}
         self._running: set[str] = set()
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="hydra-sessions")
         self.placements = Placements()  # shared with the front door's split: one placement per engine at a time
@@ -168,28 +169,31 @@ class SessionKeeper:
 
     # ----- after a turn: keep it --------------------------------------------------------------
 
-    def after_turn(self, session: str | None, engine: str, done: events.Done | M.Done | None) -> None:
+    def after_turn(self, session: str | None, engine: str, done: events.Done | M.Done | None,
+                   owner: str = "", quota: int = 0) -> None:
         """A session's turn finished on ``engine``: queue a snapshot of its slot (newest turn wins)."""
         if not session or done is None or done.slot is None or not done.kv_hash:
             return
         self.places.turn_ended(session, engine, done.slot, done.kv_hash, done.model)
         self._loop = asyncio.get_running_loop()
-        self._pending[session] = (engine, done)
+        self._pending[session] = (engine, done, owner, quota)
         if session not in self._running:
             self._start(session)
 
     def _start(self, session: str) -> None:
-        engine, done = self._pending.pop(session)
+        engine, done, owner, quota = self._pending.pop(session)
         rec = self.engines.get(engine)
         if rec is None or not rec.alive or not rec.info.rpc:
             self.stats["keep_skipped"] += 1
             return
         self._running.add(session)
-        fut = self._pool.submit(self._keep, session, engine, rec.info.rpc, done)
+        fut = self._pool.submit(self._keep, session, engine, rec.info.rpc, done, owner, quota)
         fut.add_done_callback(lambda f: self._loop.call_soon_threadsafe(self._kept, session, engine, f))  # type: ignore[union-attr]
 
-    def _keep(self, session: str, engine: str, address: str, done: events.Done | M.Done) -> tuple[str, Kept | None, Kept | None]:
-        """Worker thread: STATE_GET the slot, check it still holds the turn, put it in the store."""
+    def _keep(self, session: str, engine: str, address: str, done: events.Done | M.Done, owner: str = "",
+              quota: int = 0) -> tuple[str, Kept | None, Kept | None]:
+        """Worker thread: STATE_GET the slot, check it still holds the turn, put it in the store as the
+        tenant's object (``owner``, held to its ``quota``)."""
         t0 = time.monotonic()
         with RpcClient(address, self.token, timeout=self.settings.io_timeout_s) as c:
             for attempt in range(3):  # a slot busy right after DONE may be the next turn of this very session
@@ -205,7 +209,7 @@ class SessionKeeper:
         tokens = meta.get("tokens") or []
         if len(tokens) != done.kv_tokens or tokens_digest(tokens) != done.kv_hash:
             return "moved", None, None
-        key = self.store.put(meta, data)
+        key = self.store.put(meta, data, owner=owner, quota=quota)
         kept = Kept(key, len(tokens), done.model, time.time(), engine, done.slot, done.kv_hash)  # model: the alias served
         self._write_entry(session, kept)
         log_event(log, logging.DEBUG, "session kept", session=session, tokens=len(tokens), bytes=len(data),

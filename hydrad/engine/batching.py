@@ -211,7 +211,8 @@ class Scheduler:
         own = slot.owner == ns or (pinned and (slot.owner is None or (req.pool_pin and slot.owner == "")))
         keep = gen.reuse_prefix(slot, tokens) if cache and own else gen.reset_slot(slot)
         if cache:
-            keep = self.core.prefix.extend(gen, slot, tokens, keep, req.stored_prefix, ns)  # type: ignore[arg-type]
+            keep = self.core.prefix.extend(gen, slot, tokens, keep, req.stored_prefix, ns,
+                                              req.store_quota)  # type: ignore[arg-type]
         slot.owner = ns
         req.stored_prefix = None
         gen.ensure_room(len(tokens) - keep, exclude=slot)

@@ -416,6 +416,9 @@ class Generate(_Msg):
     cache_ns: str = Field("", max_length=64, pattern=r"^[0-9a-f]*$", description=(
         "The namespace of the request's prompt cache (its tenant and cache_salt, hashed): KV computed "
         "in another namespace is never reused for it. Empty: the shared one."))
+    store_quota: int = Field(0, ge=0, le=1 << 44, description=(
+        "Bytes of the KV Store the request's tenant may hold (its keys-file store_quota_mib): what the "
+        "request puts in the Store evicts the tenant's own oldest objects beyond it. 0: no quota."))
     return_tokens: bool = Field(False, description="TOKENS and DONE carry the generated token ids.")
     return_progress: bool = Field(False, description="PROGRESS messages while the prompt is prefilled.")
     report_settings: bool = Field(False, description="DONE carries the engine's values the request ran with.")
@@ -437,7 +440,7 @@ class Generate(_Msg):
                    sampling=gen.sampling, logprobs=gen.logprobs, cache_prompt=gen.cache_prompt,
                    client=gen.client[:64] or None, prompt_ids=gen.prompt_ids, infill=gen.infill,
                    return_tokens=gen.return_tokens, return_progress=gen.return_progress,
-                   report_settings=gen.report_settings, cache_ns=gen.cache_ns,
+                   report_settings=gen.report_settings, cache_ns=gen.cache_ns, store_quota=gen.store_quota,
                    reasoning_format=gen.reasoning_format, reasoning_budget=gen.reasoning_budget,  # type: ignore[arg-type]
                    chat_template_kwargs=gen.chat_template_kwargs)
 
@@ -449,7 +452,7 @@ class Generate(_Msg):
                           client="bus:" + self.client if self.client else "", prompt_ids=self.prompt_ids,
                           infill=self.infill, return_tokens=self.return_tokens, return_progress=self.return_progress,
                           report_settings=self.report_settings, cache_ns=self.cache_ns,
-                          pool_pin=self.slot is not None, reasoning_format=self.reasoning_format,
+                          store_quota=self.store_quota, pool_pin=self.slot is not None, reasoning_format=self.reasoning_format,
                           reasoning_budget=self.reasoning_budget, chat_template_kwargs=self.chat_template_kwargs)
 
 
