@@ -491,11 +491,13 @@ class Scheduler:
         self.core.prefix.prefill_seen(a.prompt_len - a.cached, t_first - a.t_start)
         self.core.stats.predicted_seconds_total += now - t_first
         self.core.stats.requests_finished_total += 1
+        # llama-server's truncated: the context was shifted, or the generation ended for filling it
+        truncated = a.shifts > 0 or (reason == "length" and len(slot.cache) + 1 >= gen.ctx.n_ctx_seq)
         if a.shifts:  # the slot keeps what a prefill gives; the next request is answered as by a fresh engine
             kvshift.drop_inexact(gen, slot)
         self.core.emit(a.handle, Done(reason, usage, gen.tag.fingerprint, gen.tag.model, slot.id, len(slot.cache),
                                       tokens_digest(slot.cache), a.stopper.matched, _take_ids(a), a.settings,
-                                      a.shifts > 0))
+                                      truncated))
         self.release(gen, slot)
 
     def _fault(self, stage: str, faulty: frozenset[str]) -> None:

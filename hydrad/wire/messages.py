@@ -252,8 +252,8 @@ class Done(_Msg):
         "Generated token ids no TOKENS carried yet (return_tokens); absent otherwise."))
     settings: dict[str, Any] | None = Field(None, description=(
         "The engine's values the request ran with, when the GENERATE asked (report_settings)."))
-    truncated: bool = Field(False, description="The context was shifted to go on (ctx_shift): tokens after n_keep "
-                                                "were dropped, as llama-server's truncated.")
+    truncated: bool = Field(False, description="The context filled, as llama-server's truncated: it was shifted to "
+                                                "go on (ctx_shift), or the generation ended there.")
 
     _finite = field_validator("settings")(classmethod(lambda cls, v: v if v is None else only_finite(v)))
 

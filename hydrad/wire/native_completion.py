@@ -15,7 +15,8 @@ is prefilled (:func:`progress_chunk`); llama-server sends them only on a stream,
 
 ``n_keep`` (tokens of the prompt a context shift keeps; -1: all of it) and ``n_cache_reuse`` (the
 smallest cached chunk reused by shifting its KV) override the engine's ``n_keep`` and
-``n_cache_reuse``; ``truncated`` is true when the context was shifted (the engine's ``ctx_shift``).
+``n_cache_reuse``; ``truncated`` is true, as in llama-server, when the context filled: it was shifted
+(the engine's ``ctx_shift``) or the generation ended there.
 
 Deliberate differences from llama-server: one prompt per request (llama-server also takes a list
 of prompts, mixed tokens and strings, and multimodal objects); the tokens

@@ -9,11 +9,14 @@ by a fresh engine; a prompt repeating chunks of the cached one after they part r
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import subprocess
+import time
+from typing import Any, Callable, Iterator
 
+import httpx
 import pytest
 
-from tests.support.engine import Engine
+from tests.support.engine import REPO, Engine, free_port, metric, models_dir, SMOLLM, terminate
 
 pytestmark = pytest.mark.model
 
@@ -75,3 +78,103 @@ def test_a_shifting_generation_runs_past_the_context_and_keeps_the_prompts_head(
     assert again["tokens_cached"] == kept, again["tokens_cached"]
     fresh = complete(plain, follow, n_predict=24, cache_prompt=False)
     assert again["content"] == fresh["content"] and again["tokens"] == fresh["tokens"]
+
+
+def test_without_a_shift_the_generation_ends_at_the_context(plain: Engine) -> None:
+    prompt = tokens_of(plain, PROMPT)
+    out = complete(plain, prompt, n_predict=LONG, ignore_eos=True, n_keep=-1)
+    assert out["tokens_predicted"] == N_CTX - len(prompt), out["tokens_predicted"]
+    assert out["stop_type"] == "limit" and out["truncated"] is True  # llama-server's: it ran out of context
+    short = complete(plain, prompt, n_predict=8, ignore_eos=True)
+    assert short["tokens_predicted"] == 8 and short["truncated"] is False
+
+
+def test_until_the_context_is_full_is_not_extended_by_a_shift(shifting: Engine) -> None:
+    """n_predict -1 means "until the context is full": a shift would make it endless, so it ends there."""
+    prompt = tokens_of(shifting, PROMPT)
+    out = complete(shifting, prompt, n_predict=-1, ignore_eos=True)
+    assert out["tokens_predicted"] == N_CTX - len(prompt), out["tokens_predicted"]
+
+
+def test_context_fields_out_of_range_are_refused_by_name(shifting: Engine) -> None:
+    for field, bad in (("n_keep", -2), ("n_cache_reuse", -1)):
+        r = shifting.http.post("/completion", json={"prompt": "Hi", field: bad})
+        assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
+
+
+# n_cache_reuse: a list the second prompt repeats without one of its lines
+FRUITS = [("Banana", "yellow"), ("Cherry", "red"), ("Lime", "green"), ("Plum", "purple"), ("Orange", "orange"),
+          ("Blueberry", "blue")]
+
+
+def _lists(e: Engine, drop: int, lines_dropped: int = 1) -> tuple[list[int], list[int], int]:
+    """(the cached prompt, the new one without ``lines_dropped`` lines from line ``drop``, the tokens they
+    share at the head)."""
+    head = tokens_of(e, "List of fruits and their colours.\n")
+    lines = [tokens_of(e, f"- {f} is {c}.\n") for f, c in FRUITS]
+    question = tokens_of(e, "Question: what colour is a lime?\nAnswer: A lime is")
+    first = head + sum(lines, []) + question
+    second = head + sum(lines[:drop] + lines[drop + lines_dropped:], []) + question
+    shared = next(i for i, (a, b) in enumerate(zip(first, second)) if a != b)
+    return first, second, shared
+
+
+def test_cache_reuse_moves_the_chunks_a_new_prompt_repeats(plain: Engine) -> None:
+    first, second, shared = _lists(plain, 0)
+    complete(plain, first, n_predict=1)
+    reused = complete(plain, second, n_predict=8, n_cache_reuse=4)
+    # everything after the dropped line came from the cache (but the last token, decoded for its logits)
+    assert reused["tokens_cached"] == len(second) - 1 > shared, (reused["tokens_cached"], shared)
+    assert reused["generation_settings"]["n_cache_reuse"] == 4
+    fresh = complete(plain, second, n_predict=8, cache_prompt=False)
+    assert reused["content"] == fresh["content"]
+    # without it, only the shared head is reused
+    complete(plain, first, n_predict=1)
+    assert complete(plain, second, n_predict=8)["tokens_cached"] == shared
+    assert metric(plain, "hydra_cache_reuse_tokens_total") >= len(second) - 1 - shared
+
+
+@pytest.fixture(scope="module")
+def llama_server() -> Iterator[httpx.Client]:
+    """llama.cpp's own llama-server of the vendored tree (scripts/build_llama_server), with --cache-reuse 4."""
+    found = subprocess.run([str(REPO / "scripts" / "build_llama_server"), "-q", "--no-build"], capture_output=True,
+                           text=True, timeout=120, stdin=subprocess.DEVNULL)
+    if found.returncode == 3:
+        pytest.skip("no llama-server build in this machine's cache (scripts/build_llama_server makes one)")
+    assert found.returncode == 0, found.stderr
+    port = free_port()
+    proc = subprocess.Popen([found.stdout.strip().splitlines()[-1], "-m", str(models_dir() / SMOLLM), "-c", str(N_CTX),
+                             "-np", "1", "-t", "1", "--temp", "0", "--cache-reuse", "4", "--cache-ram", "0",
+                             "--host", "127.0.0.1", "--port", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+    client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if client.get("/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, "llama-server did not start"
+            time.sleep(0.2)
+        yield client
+    finally:
+        client.close()
+        terminate(proc, 10)
+
+
+def test_reused_chunks_answer_as_llama_servers_cache_reuse(plain: Engine, llama_server: httpx.Client) -> None:
+    """Reused KV was computed after other tokens: where that changes the answer (two lines dropped), the
+    answer is still llama-server's own with --cache-reuse, token for token."""
+    first, second, shared = _lists(plain, 0, lines_dropped=2)
+    answers = []
+    for post in (plain.http.post, llama_server.post):
+        assert post("/completion", json={"prompt": first, "n_predict": 1, "id_slot": 0}).status_code == 200
+        r = post("/completion", json={"prompt": second, "n_predict": 8, "id_slot": 0, "n_cache_reuse": 4,
+                                      "temperature": 0, "return_tokens": True})
+        assert r.status_code == 200, r.text
+        answers.append(r.json())
+    ours, theirs = answers
+    assert ours["tokens_cached"] == theirs["timings"]["cache_n"] > shared
+    assert ours["tokens"] == theirs["tokens"] and ours["content"] == theirs["content"]
