@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import subprocess
 import time
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import httpx
 import pytest
 
+from tests.support.coordinator import Coordinator
 from tests.support.engine import REPO, Engine, free_port, metric, models_dir, SMOLLM, terminate
 
 pytestmark = pytest.mark.model
@@ -178,3 +180,38 @@ def test_reused_chunks_answer_as_llama_servers_cache_reuse(plain: Engine, llama_
     ours, theirs = answers
     assert ours["tokens_cached"] == theirs["timings"]["cache_n"] > shared
     assert ours["tokens"] == theirs["tokens"] and ours["content"] == theirs["content"]
+
+
+@pytest.fixture
+def pool(tmp_path: Path, smollm_path: Path, start_engine: Callable[..., Engine]) -> Iterator[tuple[Coordinator, Engine]]:
+    params = {**BASE, "ctx_shift": True}
+    profiles = {"profiles": {"one": {"description": "one shifting SmolLM2 engine",
+                                     "engines": {"solo": {"model": "smollm2-135m", "params": {
+                                         k: v for k, v in params.items() if k != "model"}}}}},
+                "default": "one"}
+    c = Coordinator(tmp_path, profiles=profiles, heartbeat_interval_s=0.5)
+    c.wait_ready()
+    e = start_engine(name="solo", defaults=params, extra={"bus": c.engine_bus(heartbeat_interval_s=0.5)})
+    c.wait_engines(lambda es: es.get("solo", {}).get("model") == "smollm2-135m"
+                   and es["solo"].get("stage") == "ready", timeout=120)
+    yield c, e
+    c.stop()
+
+
+def test_front_door_carries_n_keep_and_the_shift(pool: tuple[Coordinator, Engine]) -> None:
+    """Through the coordinator: n_keep travels over the bus, the answer runs past the context, and
+    llama-server's truncated comes back."""
+    c, e = pool
+    prompt = tokens_of(e, PROMPT)
+    r = c.http.post("/completion", json={"prompt": prompt, "n_predict": LONG, "ignore_eos": True, "n_keep": 6,
+                                         "temperature": 0, "return_tokens": True})
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["tokens_predicted"] == LONG and out["truncated"] is True
+    assert out["generation_settings"]["n_keep"] == 6
+    assert slot_tokens(e) == prompt[:6]  # the engine kept the head n_keep named
+    # the same prompt again: the kept head is reused, and the greedy answer is the first one's
+    again = c.http.post("/completion", json={"prompt": prompt, "n_predict": 16, "temperature": 0,
+                                             "return_tokens": True})
+    assert again.status_code == 200, again.text
+    assert again.json()["tokens_cached"] == 6 and again.json()["tokens"] == out["tokens"][:16]
