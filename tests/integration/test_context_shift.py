@@ -19,6 +19,7 @@ import pytest
 
 from tests.support.coordinator import Coordinator
 from tests.support.engine import REPO, Engine, free_port, metric, models_dir, SMOLLM, terminate
+from tests.support.scripts import load_script
 
 pytestmark = pytest.mark.model
 
@@ -215,3 +216,53 @@ def test_front_door_carries_n_keep_and_the_shift(pool: tuple[Coordinator, Engine
                                              "return_tokens": True})
     assert again.status_code == 200, again.text
     assert again.json()["tokens_cached"] == 6 and again.json()["tokens"] == out["tokens"][:16]
+
+
+def _tiny_mrope_model(out: Path) -> Path:
+    """A tiny random ``qwen2vl`` GGUF (SmolLM2's vocabulary): multi-position RoPE, whose KV cache
+    llama.cpp cannot shift (llama_memory_can_shift false)."""
+    import numpy as np
+
+    moe = load_script("make_tiny_moe")
+    embd, ff, heads, heads_kv, layers = 64, 128, 4, 2, 2
+    tokenizer = moe.read_tokenizer(models_dir() / SMOLLM)
+    n_vocab = len(next(v for k, v, *_ in tokenizer if k == "tokenizer.ggml.tokens"))
+    writer = moe.llama_writer(out, "tiny-mrope", tokenizer, ctx=4096, embd=embd, ff=ff, layers=layers, heads=heads,
+                              heads_kv=heads_kv, rope_base=10000.0, arch="qwen2vl")
+    writer.add_rope_dimension_sections([2, 3, 3, 0])  # of head_dim / 2 = 8 rotated pairs
+    rng = np.random.default_rng(0)
+
+    def w(*shape: int) -> Any:
+        return (rng.standard_normal(shape, dtype=np.float32) / np.sqrt(shape[-1])).astype(np.float16)
+
+    kv = embd // heads * heads_kv
+    writer.add_tensor("token_embd.weight", w(n_vocab, embd))
+    writer.add_tensor("output_norm.weight", np.ones(embd, dtype=np.float32))
+    for i in range(layers):
+        for name, t in (("attn_norm", np.ones(embd, dtype=np.float32)), ("attn_q", w(embd, embd)),
+                        ("attn_k", w(kv, embd)), ("attn_v", w(kv, embd)), ("attn_output", w(embd, embd)),
+                        ("ffn_norm", np.ones(embd, dtype=np.float32)), ("ffn_gate", w(ff, embd)),
+                        ("ffn_up", w(ff, embd)), ("ffn_down", w(embd, ff))):
+            writer.add_tensor(f"blk.{i}.{name}.weight", t)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out
+
+
+def test_a_model_that_cannot_shift_ends_at_the_context(tmp_path: Path, start_engine: Callable[..., Engine]) -> None:
+    """ctx_shift on, but a KV cache with several positions per token cannot move: the generation ends at
+    the context's end (finish_reason length, truncated, as without the shift), the load says why, and
+    n_cache_reuse reuses only the shared prefix; the engine goes on serving."""
+    path = _tiny_mrope_model(tmp_path / "tiny-mrope.gguf")
+    e = start_engine(name="mrope", defaults={**BASE, "model": str(path), "ctx_shift": True, "n_cache_reuse": 4})
+    e.wait_ready()
+    assert "cannot shift" in e.log()
+    prompt = tokens_of(e, PROMPT)
+    out = complete(e, prompt, n_predict=LONG, ignore_eos=True)
+    assert out["tokens_predicted"] == N_CTX - len(prompt) and out["stop_type"] == "limit" and out["truncated"]
+    first, second, shared = _lists(e, 0)
+    complete(e, first, n_predict=1)
+    assert complete(e, second, n_predict=4)["tokens_cached"] == shared
+    assert e.http.get("/health").json()["status"] == "ok"
