@@ -358,7 +358,7 @@ class Generation:
         """T2: a new context with new parameters; the model stays. Each idle slot's KV is carried into the
         new context when the new context can hold it (same cache types, enough room, slot still exists);
         otherwise that slot starts empty and its next request prefills again."""
-        saved: list[tuple[int, list[int], Any, float, bool, str | None]] = []
+        saved: list[tuple[int, list[int], Any, float, bool, str | None, int | None]] = []
         same_layout = (params.cache_type_k, params.cache_type_v) == (self.params.cache_type_k, self.params.cache_type_v)
         dropped = 0
         for slot in self.slots:
@@ -366,7 +366,7 @@ class Generation:
                 continue
             if same_layout and slot.id < params.n_parallel:
                 saved.append((slot.id, list(slot.cache), self.read_state(slot), slot.last_used, slot.foreign,
-                              slot.owner))
+                              slot.owner, slot.exact))
             else:
                 dropped += 1
         new_ctx = llama.Context(self.model, params)
@@ -386,13 +386,13 @@ class Generation:
         self.params = params
         self.tag = GenerationTag(self.id, self.resolved.id, params.snapshot_hash())
         carried = 0
-        for sid, tokens, data, last_used, foreign, owner in saved:
+        for sid, tokens, data, last_used, foreign, owner, exact in saved:
             if len(tokens) >= new_ctx.n_ctx_seq:
                 dropped += 1
                 continue
             try:
                 self.write_state(self.slots[sid], tokens, data, foreign=foreign, owner=owner)
-                self.slots[sid].last_used = last_used
+                self.slots[sid].last_used, self.slots[sid].exact = last_used, exact  # (moved chunks stay marked)
                 carried += 1
             except RuntimeError:
                 dropped += 1
