@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 from hydrad.common.logs import log_event
 from hydrad.common.tenants import store_owner
 from hydrad.engine.generation import Generation, Slot, common_prefix
+from hydrad.engine.kvshift import exact_len
 from hydrad.engine.settings import PrefixSettings
 from hydrad.store.errors import StoreError
 
@@ -144,7 +145,7 @@ class PrefixShare:
             for s in gen.slots:
                 if s is slot or s.foreign or not s.cache or s.owner != owner:
                     continue
-                cp = min(common_prefix(s.cache, tokens), limit)
+                cp = min(common_prefix(s.cache, tokens), limit, exact_len(s))  # no shifted KV for others
                 if cp > shared:
                     donor, shared = s, cp
         from_store = stored is not None and stored.generation == gen.id and stored.owner == owner \
@@ -226,6 +227,9 @@ class PrefixShare:
         """On demand (engine thread): the slot's whole state into the Store."""
         if self.store is None:
             raise StoreError("this engine has no prefix store (prefix.store)")
+        if slot.exact is not None:
+            raise StoreError(f"slot {slot.id} holds KV moved to new positions (n_cache_reuse) after token "
+                             f"{slot.exact}: it is not what another conversation's prefill would compute")
         data = gen.read_state(slot)
         self._checkpoint(gen, list(slot.cache), bytes(data), slot.owner or "")
         return {"slot": slot.id, "n_tokens": len(slot.cache), "bytes": len(data)}
