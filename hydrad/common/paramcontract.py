@@ -179,7 +179,7 @@ ENTRIES: tuple[Entry, ...] = (
     _r("timeout_read", T1, START_ONLY + " (http.header_timeout_s, llama-server's --timeout)"),
     _r("timeout_write", T1, START_ONLY + " (http.header_timeout_s, llama-server's --timeout)"),
     _r("sse_ping_interval", T1, "hydrad sends no keep-alive pings in its streams"),
-    _p("sleep_idle_seconds", T1, "sleep_idle_seconds"),
+    _p("sleep_idle_seconds", T1, "sleep_idle_seconds", "tests/integration/test_sleep_idle.py::test_engine_sleeps_frees_the_model_and_wakes_for_a_request"),
     _r("logits_file", T1, TOOL_OUTPUT),
     _r("logits_output_dir", T1, TOOL_OUTPUT),
     _r("save_logits", T1, TOOL_OUTPUT),

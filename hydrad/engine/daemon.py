@@ -21,6 +21,7 @@ from hydrad.common import fdlimit
 from hydrad.common.cpus import CpuLimits, usable_cpus
 from hydrad.engine import ggml, jinjabox, llama
 from hydrad.engine.control import EngineControl
+from hydrad.engine.sleep import IdleSleep
 from hydrad.engine.core import EngineCore
 from hydrad.engine.snapshot import EngineSnapshot, status_text
 from hydrad.common.logs import log_event
@@ -115,7 +116,8 @@ class Daemon:
         if watch is not None:
             watch.start()
         tasks = [asyncio.create_task(self._watchdog(), name="watchdog"),
-                 asyncio.create_task(self._hup_loop(), name="sighup")]
+                 asyncio.create_task(self._hup_loop(), name="sighup"),
+                 asyncio.create_task(IdleSleep(self.control).run(), name="idle-sleep")]
         link = None
         if s.bus.endpoint:  # the coordinator's bus; without an endpoint the engine stands alone
             from hydrad.engine.bus.link import EngineLink

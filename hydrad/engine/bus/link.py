@@ -385,7 +385,7 @@ class EngineLink:
             last_error = last_error or "the engine thread died"
         pair = self.core.pairing.view(snap)
         return M.EngineStatus(
-            stage=stage, model=snap.model_id, generation=snap.generation,
+            stage=stage, model=snap.model_id or snap.asleep, generation=snap.generation,
             kv_family=snap.model.family if snap.model is not None else None, mode=pair["mode"], role=pair["role"],
             peers=pair["peers"][:8], serving=[b["peer"] for b in pair["serving"]][:8],
             progress=min(1.0, max(0.0, progress)) if progress is not None else None,
@@ -528,6 +528,8 @@ class EngineLink:
                                             f"{serving or 'no model'}, not '{msg.model}'"))
                 return
             request = msg.to_request()
+            if self.core.asleep is not None:  # the idle sleep freed the model: load it while this is prepared
+                self.control.wake()
             try:
                 await self.core.prepare(request)  # a long prompt is tokenized off the engine thread
             except RequestRefused as exc:
