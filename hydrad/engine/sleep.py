@@ -87,10 +87,14 @@ class IdleSleep:
         t0 = time.monotonic()
         log_event(log, logging.INFO, "idle: freeing the model until the next request", model=model,
                   idle_s=round(idle_s, 1))
-        await core.unload()
+        # named before the model goes, so that a request arriving while it is freed finds it asleep (and
+        # waits for the wake-up below) rather than an engine with no model at all
         core.asleep = model
+        await core.unload()
+        self.idle_since = time.monotonic()
+        if core.asleep is None or core.current_load is not None:  # a configure or a request came meanwhile
+            return
         core.stats.sleeps_total += 1
         core.set_stage("sleeping")
-        self.idle_since = time.monotonic()
         if core.queued or core.t_last_request >= t0:  # a request came while the model was being freed
             self.control.wake()
