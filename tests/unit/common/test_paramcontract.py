@@ -195,3 +195,13 @@ def test_a_request_naming_a_refused_field_is_refused_with_the_reason(door: str) 
     assert "mirostat (hydrad's sampler chain has no such sampler)" in err.value.message
     if door != "anthropic":  # llama-server's clients send fields llama-server ignores: those pass as before
         parse(json.dumps({**bodies[door], "some_client_field": 1}).encode())
+
+
+def test_a_profile_naming_a_refused_field_is_refused_with_the_reason() -> None:
+    from pydantic import ValidationError
+
+    from hydrad.coordinator.profiles import EngineEntry
+
+    with pytest.raises(ValidationError, match="lora_adapters: not built yet: LoRA adapters"):
+        EngineEntry(model="m", params={"lora_adapters": ["a.gguf"]})
+    assert EngineEntry(model="m", params={"temp": 0.3, "cont_batching": True}).params["temp"] == 0.3
