@@ -349,6 +349,8 @@ MAPPED: tuple[Flag, ...] = (
        "defaults.chat_template", _param("chat_template")),
     _m("--chat-template-file", "JINJA_TEMPLATE_FILE", "template text from a file: defaults.chat_template",
        _chat_template_file),
+    _m("--sleep-idle-seconds", "SECONDS", "free the model after this many seconds without a request; the next "
+       "request loads it again (-1: never): defaults.sleep_idle_seconds", _param("sleep_idle_seconds", _int)),
     _m("--cache-prompt", None, "reuse a slot's cached prefix: defaults.cache_prompt",
        _const(("defaults", "cache_prompt"), True)),
     _m("--no-cache-prompt", None, "never reuse a cached prefix: defaults.cache_prompt false",
@@ -521,8 +523,6 @@ REFUSED: tuple[Flag, ...] = (
     _r("--skip-chat-parsing", None, "tool calls are always parsed from the answer"),
     _r("--prefill-assistant", None, "a chat's last assistant message is a whole message and the answer a new turn "
        "(as --no-prefill-assistant)"),
-    _r("--sleep-idle-seconds", "SECONDS", "hydrad keeps its model loaded; unload it with POST /control/configure "
-       "{\"model\": null}"),
     _r("--log-prompts-dir", "PATH", "hydrad writes no prompts to disk"),
     _r("--spec-draft-type-k -ctkd --cache-type-k-draft", "TYPE", NO_SPECULATIVE),
     _r("--spec-draft-type-v -ctvd --cache-type-v-draft", "TYPE", NO_SPECULATIVE),

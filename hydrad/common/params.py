@@ -20,7 +20,7 @@ from typing import Annotated, Any, Literal
 from pydantic import (BaseModel, ConfigDict, Field, StringConstraints, ValidationError, ValidationInfo, field_validator,
                       model_validator)
 
-from hydrad.common import templatekwargs
+from hydrad.common import paramcontract, templatekwargs
 from hydrad.common.netaccess import split_endpoint
 
 
@@ -189,6 +189,11 @@ class RuntimeParams(BaseModel):
         "(decoding streams included), first-come prompts first, so the prompts in the first ubatch get their first "
         "token one ubatch later instead of after the whole batch (the device computes a batch one ubatch at a time "
         "anyway); batch: fill n_batch, as llama-server does. A lone prompt always takes up to n_batch.")
+    sleep_idle_seconds: float = _f(
+        -1, Tier.T1, "Free the model after this many seconds without a request (llama-server's --sleep-idle-seconds): "
+        "the engine's stage becomes 'sleeping', its weights and context leave memory, and the first request "
+        "afterwards loads the model again and is served once it is loaded (it waits as for any load, up to "
+        "reload_queue_timeout_s). -1 or 0 = never sleep.", ge=-1, le=30 * 86400)
 
     @field_validator("rpc_servers")
     @classmethod
@@ -200,8 +205,9 @@ class RuntimeParams(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _spellings(cls, data: Any) -> Any:
-        """llama.cpp's own field names are accepted beside the project's (see :data:`ALIASES`)."""
-        return canonical_names(data) if isinstance(data, dict) else data
+        """llama.cpp's own field names are accepted beside the project's (see :data:`ALIASES`), and a
+        contract field the engine always behaves as (``cont_batching: true``) changes nothing."""
+        return paramcontract.without_fixed(canonical_names(data)) if isinstance(data, dict) else data
 
     @field_validator("override_tensors")
     @classmethod
@@ -282,8 +288,12 @@ def check_tensor_override(item: str) -> tuple[str, str]:
 
 # llama.cpp's (common_params') name of a parameter → the name the project already used for it. Both are
 # accepted everywhere a runtime parameter is (a configure, the YAML defaults, a registry entry, a
-# profile's params) and the project's name is the one reported back.
-ALIASES: dict[str, str] = {"tensor_buft_overrides": "override_tensors"}
+# profile's params) and the project's name is the one reported back. Read off the contract
+# (hydrad.common.paramcontract): every carried field whose llama.cpp name is not the project's.
+ALIASES: dict[str, str] = {
+    key: e.param for e in paramcontract.ENTRIES if e.param is not None
+    for key in (e.short, *e.also) if key != e.param and key not in RuntimeParams.model_fields
+}
 
 
 def canonical_names(values: dict[str, Any]) -> dict[str, Any]:
@@ -394,7 +404,8 @@ def validation_message(exc: ValidationError, where: str = "") -> tuple[str, list
         names.append(loc)
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
-            msg = "unknown field"
+            why = paramcontract.refusal(str(err["loc"][-1]), err.get("input"))
+            msg = why.partition(": ")[2] if why else "unknown field"
         parts.append(f"{loc}: {msg}")
     prefix = f"{where}: " if where else ""
     return prefix + "; ".join(parts), names
@@ -406,7 +417,7 @@ def check_partial(values: dict[str, Any]) -> dict[str, Any]:
     them under the parameters' own names (an alias such as ``tensor_buft_overrides`` renamed), the
     names every layer holds."""
     try:
-        values = canonical_names(values)
+        values = paramcontract.drop_fixed(canonical_names(values))
         RuntimeParams(**values)
     except ValidationError as exc:
         raise ValueError(validation_message(exc)[0]) from None
@@ -487,6 +498,10 @@ class ParamLayers:
             raise ParamError(
                 f"start-only settings cannot change at runtime (restart the engine): {', '.join(restart_only)}",
                 restart_only, code="restart_required")
+        try:
+            payload = paramcontract.drop_fixed(payload)
+        except paramcontract.RefusedParam as exc:
+            raise ParamError(str(exc), [exc.field], code="unsupported_param") from None
         unknown = sorted(k for k in payload if k not in RuntimeParams.model_fields)
         if unknown:
             raise ParamError(f"unknown parameter(s): {', '.join(unknown)}", unknown, code="unknown_param")

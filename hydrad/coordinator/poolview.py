@@ -11,7 +11,7 @@ from hydrad.coordinator.bus import CoordinatorBus
 from hydrad.coordinator.records import EngineRecord, pairs
 from hydrad.coordinator.routing import EngineView
 from hydrad.coordinator.switcher import ProfileSwitcher
-from hydrad.wire.stages import INCOMING_STAGES, SERVING_STAGES
+from hydrad.wire.stages import INCOMING_STAGES, SERVING_STAGES, SLEEPING
 
 
 class PoolView:
@@ -81,8 +81,8 @@ class PoolView:
           healthy engine's own model served nowhere;
         - a PEER of the profile: nothing (its device is lent to a COMBINE head);
         - an engine the profile leaves free: anything on its disk while it serves nothing, or
-          while no live engine serves or loads the requested model at all (``covered``), so a
-          burst for one model does not replace another that is served;
+          while no live engine serves, loads or sleeps with the requested model at all
+          (``covered``), so a burst for one model does not replace another that is served;
         - nothing while the engine is being configured, or when loading on demand is off.
         """
         st = rec.status
@@ -92,7 +92,7 @@ class PoolView:
         on_disk = frozenset(rec.info.models_on_disk)
         if placed:
             return on_disk & {model} if model is not None and st.stage == "idle" else frozenset()
-        if st.stage == "idle" or (st.stage == "ready" and not covered):
+        if st.stage == "idle" or (st.stage in ("ready", SLEEPING) and not covered):
             return on_disk
         return frozenset()
 

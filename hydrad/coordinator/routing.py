@@ -24,7 +24,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Sequence
 
-from hydrad.wire.stages import ROUTABLE_STAGES, SERVING_STAGES
+from hydrad.wire.stages import ROUTABLE_STAGES, SERVING_STAGES, SLEEPING
 
 GIB = 1 << 30
 
@@ -36,7 +36,7 @@ class EngineView:
 
     name: str
     alive: bool
-    stage: str  # idle | loading_model | warming | ready | reloading | stopping
+    stage: str  # idle | loading_model | warming | ready | reloading | sleeping (model named, freed) | stopping
     model: str | None  # alias currently served
     models_on_disk: frozenset[str]  # aliases this engine can load
     slots_busy: int
@@ -216,7 +216,7 @@ def _filter_reason(req: RouteRequest, e: EngineView, exclude: frozenset[str], al
     if req.model is None:
         return "the request names no model and none is served"
     if not allow_load:
-        if not (e.model == req.model and e.stage in SERVING_STAGES):
+        if not (e.model == req.model and e.stage in SERVING_STAGES | {SLEEPING}):
             served = e.model if e.model and e.stage in SERVING_STAGES else "nothing"
             return f"serves {served}, not {req.model}, and this request may not load a model"
     elif e.model != req.model and req.model not in e.models_on_disk:
@@ -442,9 +442,10 @@ def default_model(
     models: Mapping[str, ModelSpec],
     exclude: frozenset[str] = frozenset(),
 ) -> str | None:
-    """The model a request without ``model`` gets: the first registry alias some engine serves."""
-    served = {e.model for e in engines
-              if e.alive and e.name not in exclude and e.model is not None and e.stage in SERVING_STAGES}
+    """The model a request without ``model`` gets: the first registry alias some engine serves (or,
+    when none serves one, sleeps with: the request wakes it)."""
+    live = [(e.model, e.stage) for e in engines if e.alive and e.name not in exclude and e.model is not None]
+    served = {m for m, stage in live if stage in SERVING_STAGES} or {m for m, stage in live if stage == SLEEPING}
     for alias in models:
         if alias in served:
             return alias

@@ -137,7 +137,7 @@ class Scheduler:
         core = self.core
         if not core.admitting:
             core.emit(handle, Failed("engine is shutting down", status=503, code="shutting_down"))
-        elif core.gen is None and core.loader.current_load is None:
+        elif core.gen is None and core.loader.current_load is None and core.asleep is None:
             core.emit(handle, Failed("no model is loaded", status=503, code="no_model"))
         elif len(self.waiting) >= core.max_queue and not (core.gen and core.gen.free_slot_exists()):
             core.emit(handle, Failed("all slots busy and the queue is full", status=503, code="queue_full"))

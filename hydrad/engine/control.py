@@ -64,6 +64,7 @@ class EngineControl:
         self._t1_latest: RuntimeParams | None = None  # the last T1 parameters a configure waits for
         core.set_defaults(self.layers.effective())
         core.on_peer_lost = self._peer_lost
+        core.on_wake = self.wake
 
     # The payload that turns a COMBINE head back into SOLO: what a lost peer leaves as the fallback.
     SOLO = {"rpc_servers": None, "override_tensors": None, "tensor_split": None}
@@ -149,6 +150,7 @@ class EngineControl:
             return ConfigureResult(Tier.NONE, [])
         log_event(log, logging.INFO, "configure", tier=f"T{int(plan.tier)}", changed=",".join(plan.changed))
         if plan.tier == Tier.T3:
+            self._awake()
             if plan.effective.model is None:
                 await self.core.unload()
                 self.resolved = None
@@ -348,6 +350,8 @@ class EngineControl:
         if tier == Tier.NONE:
             return ConfigureResult(Tier.NONE, [])
         try:
+            if tier == Tier.T3:
+                self._awake()
             if tier == Tier.T3 and plan.effective.model is not None:
                 resolved = self.resolve(plan.effective.model)
                 await self._warm_load(plan.effective)
@@ -374,14 +378,46 @@ class EngineControl:
         return ConfigureResult(tier, changed)
 
     def serves(self, name: str | None) -> bool:
-        """Does a request's ``model`` field name what this engine has loaded?"""
+        """Does a request's ``model`` field name what this engine has loaded (or freed while asleep)?"""
         if name is None or name == "":
             return True
         gen = self.core.gen
         if gen is not None:
             return name in gen.resolved.names()
         rec = self.core.current_load
-        return rec is not None and name == rec.model
+        if rec is not None:
+            return name == rec.model
+        return self.core.asleep is not None and self.resolved is not None and name in self.resolved.names()
+
+    def wake(self) -> None:
+        """The first request after the idle sleep (:mod:`hydrad.engine.sleep`): load the configured model
+        again, on the event loop; the request waits in the engine's queue for it as for any load. A
+        load that cannot start leaves the engine model-less, with the reason as its last error."""
+        core = self.core
+        if core.asleep is None or core.current_load is not None or core.gen is not None:
+            return
+        params = self.layers.effective()
+        core.asleep = None
+        if params.model is None:
+            core.set_stage("idle")
+            return
+        log_event(log, logging.INFO, "waking: loading the model the idle sleep freed", model=params.model)
+        try:
+            resolved = self.resolve(params.model)
+            self.core.load(resolved, params, on_success=lambda: self._loaded(resolved, None),
+                           kv_bytes_per_token=resolved.entry.kv_bytes_per_token if resolved.entry else None)
+        except Exception as exc:
+            core.record_error(f"waking from the idle sleep: {exc}")
+            core.set_stage("idle")
+            return
+        self._loading_target = params
+
+    def _awake(self) -> None:
+        """A configure that loads or unloads a model ends the idle sleep: the engine does what it says."""
+        if self.core.asleep is not None:
+            self.core.asleep = None
+            if self.core.current_load is None:
+                self.core.set_stage("idle")
 
 
 __all__ = ["EngineControl", "ConfigureResult", "ParamError", "UnknownModel", "EngineBusy"]

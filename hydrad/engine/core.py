@@ -94,6 +94,9 @@ class EngineCore:
         self.heartbeat = time.monotonic()
         self.faults_armed = faults.armed()  # False outside fault-injection tests
         self.on_peer_lost: Callable[[str], None] | None = None  # the control layer's fallback (a SOLO reload)
+        self.asleep: str | None = None  # the model freed by the idle sleep, loaded again by the next request
+        self.on_wake: Callable[[], None] | None = None  # the control layer's wake-up (starts that load)
+        self.t_last_request = 0.0  # monotonic time of the last request submitted (the idle sleep's clock)
         self._on_status = on_status
         self._loop: asyncio.AbstractEventLoop | None = None
         self._cmds: queue.SimpleQueue[Command] = queue.SimpleQueue()
@@ -163,6 +166,9 @@ class EngineCore:
         a step with it alone while the others wait that whole step (on the GPU host a 3B model's 8-prompt
         burst waited 23 ms median from arrival to slot). A lone request waits two passes of the loop."""
         handle = RequestHandle(request)
+        self.t_last_request = time.monotonic()
+        if self.asleep is not None and self.on_wake is not None:
+            self.on_wake()  # the model the engine slept with is loaded again; the request waits for it
         loop = self._loop
         if loop is None or not _on(loop):
             self._cmds.put(Submit(handle))
@@ -257,6 +263,7 @@ class EngineCore:
         return self.kv.check_put(slot_id, meta, max_bytes)
 
     async def embed(self, gen_id: int, inputs: list[list[int]]) -> list[Any]:
+        self.t_last_request = time.monotonic()
         return await self.embeds.embed(gen_id, inputs)
 
     def stop_admitting(self) -> None:
@@ -310,7 +317,7 @@ class EngineCore:
                 last_error=self.last_error, slots_busy=busy, slots_total=total, queued=queued,
                 max_queue=self.max_queue, params=self.params or (gen.params if gen is not None else None),
                 device=self.device, stats=self.stats,
-                standby=self._standby_view())
+                standby=self._standby_view(), asleep=self.asleep)
         return snap
 
     def _standby_view(self) -> dict[str, Any] | None:

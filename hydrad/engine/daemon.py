@@ -21,6 +21,7 @@ from hydrad.common import fdlimit
 from hydrad.common.cpus import CpuLimits, usable_cpus
 from hydrad.engine import ggml, jinjabox, llama
 from hydrad.engine.control import EngineControl
+from hydrad.engine.sleep import IdleSleep
 from hydrad.engine.core import EngineCore
 from hydrad.engine.pulse import LoopTicker, Pulse
 from hydrad.engine.snapshot import EngineSnapshot, status_text
@@ -121,7 +122,8 @@ class Daemon:
         pulse = Pulse()
         pulse.start()
         pulse.spawn(self._watchdog(ticker))
-        tasks = [asyncio.create_task(self._hup_loop(), name="sighup")]
+        tasks = [asyncio.create_task(self._hup_loop(), name="sighup"),
+                 asyncio.create_task(IdleSleep(self.control).run(), name="idle-sleep")]
         link = None
         if s.bus.endpoint:  # the coordinator's bus; without an endpoint the engine stands alone
             from hydrad.engine.bus.link import EngineLink

@@ -77,6 +77,7 @@ class EngineSnapshot:
     params: RuntimeParams | None = None  # the defaults in force (T1 layer included)
     device: str | None = None  # the GPU binding from the settings
     standby: dict[str, Any] | None = None  # the other expert placement, resident for a fast mode switch
+    asleep: str | None = None  # the model the idle sleep freed (stage "sleeping"); the next request loads it
     stats: EngineStats = field(default_factory=EngineStats, compare=False)  # live counters
 
     @property
@@ -105,6 +106,8 @@ def status_text(snap: EngineSnapshot, with_progress: bool = True) -> str:
         text += f" {progress * 100:.0f}%"
     if snap.model is not None:
         text += f" model={snap.model.id} slots={snap.slots_busy}/{snap.slots_total}"
+    elif snap.asleep is not None:
+        text += f" model={snap.asleep} (freed until the next request)"
     return text
 
 

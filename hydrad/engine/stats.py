@@ -26,6 +26,7 @@ class EngineStats:
     model_loads_total: int = 0
     model_load_seconds: float = 0.0
     context_rebuilds_total: int = 0
+    sleeps_total: int = 0  # models freed after sleep_idle_seconds without a request (hydrad.engine.sleep)
     peer_losses_total: int = 0  # generations set aside because a COMBINE peer died
     # where a step's wall time goes, on the engine thread (one step = one batch decoded and its rows
     # sampled): building the batch and the llama_decode call (on a GPU it only queues the work);

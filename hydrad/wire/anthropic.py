@@ -28,7 +28,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from hydrad.common.params import validation_message
 from hydrad.wire import anthropic_tools
-from hydrad.wire.openai import INT32_MAX, MAX_MODEL_NAME, ApiError, check_stops, json_object
+from hydrad.common.paramcontract import request_reason
+from hydrad.wire.openai import INT32_MAX, MAX_MODEL_NAME, ApiError, check_stops, json_object, unsupported
 from hydrad.wire.tools import MAX_CALLS
 from hydrad.wire.requests import MAX_STOP_CHARS, GenRequest, SamplingOverrides
 
@@ -91,6 +92,9 @@ class MessagesRequest(BaseModel):
 def _refuse_extra(req: MessagesRequest) -> None:
     extra = req.model_extra or {}
     unknown = sorted(k for k in extra if k not in _UNSUPPORTED)
+    refused = [k for k in unknown if request_reason(k)]  # a parameter the contract refuses: say why
+    if refused:
+        raise unsupported(refused)
     if unknown:
         raise ApiError(400, f"unknown field(s): {', '.join(unknown)}", "unsupported_field", unknown[0])
     bad = [k for k, neutral in _UNSUPPORTED.items() if k in extra and extra[k] not in neutral]

@@ -33,7 +33,7 @@ from pydantic import Field, StrictBool, StrictInt, ValidationError
 from hydrad.common.params import validation_message
 from hydrad.wire import logprobs as lp
 from hydrad.wire.openai import (
-    INT32_MAX, ApiError, ChatRequest, CompletionRequest, _Common, checked_sampling, json_object,
+    INT32_MAX, ApiError, ChatRequest, CompletionRequest, _Common, checked_sampling, json_object, unsupported,
 )
 from hydrad.wire.requests import GenRequest, SamplingOverrides
 
@@ -136,7 +136,7 @@ def validated(model: type[NativeCompletionRequest], data: dict[str, Any]) -> Any
     extra = req.model_extra or {}
     bad = [k for k, neutral in _UNSUPPORTED.items() if k in extra and extra[k] not in neutral]
     if bad:
-        raise ApiError(400, f"unsupported field(s) for this engine: {', '.join(bad)}", "unsupported_field", bad[0])
+        raise unsupported(bad)
     return req
 
 

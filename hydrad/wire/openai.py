@@ -21,6 +21,7 @@ from typing import Any, Callable, ClassVar, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError, field_validator
 
 from hydrad.common import jsonbody, templatekwargs
+from hydrad.common.paramcontract import request_reason
 from hydrad.wire import logprobs as lp
 from hydrad.wire import tools as tl
 from hydrad.wire.grammar import GrammarError, check_gbnf, json_object_grammar, schema_grammar
@@ -186,7 +187,14 @@ def _refuse_unsupported(req: _Common) -> None:
     if req.n != 1:
         bad.insert(0, "n")
     if bad:
-        raise ApiError(400, f"unsupported field(s) for this engine: {', '.join(bad)}", "unsupported_field", bad[0])
+        raise unsupported(bad)
+
+
+def unsupported(bad: list[str]) -> ApiError:
+    """The 400 for request fields this engine does not honour: each named, with the parameter
+    contract's reason where it has one (hydrad.common.paramcontract); ``param`` is the first."""
+    parts = [f"{k} ({why})" if (why := request_reason(k)) else k for k in bad]
+    return ApiError(400, f"unsupported field(s) for this engine: {', '.join(parts)}", "unsupported_field", bad[0])
 
 
 # The fields that ask for constrained output, with the values that ask for nothing.

@@ -6,7 +6,7 @@ coordinator routes on it and the console shows it. Every set below is defined he
 
 from __future__ import annotations
 
-STAGES = ("starting", "idle", "loading_model", "warming", "ready", "reloading", "stopping")
+STAGES = ("starting", "idle", "loading_model", "warming", "ready", "reloading", "sleeping", "stopping")
 
 SERVING_STAGES = frozenset({"ready", "reloading"})
 """The current generation answers requests (during a reload the old one still serves)."""
@@ -17,7 +17,11 @@ INCOMING_STAGES = frozenset({"loading_model", "warming"})
 LOADING_STAGES = INCOMING_STAGES | {"reloading"}
 """A load is running (its progress is worth showing)."""
 
-ROUTABLE_STAGES = SERVING_STAGES | INCOMING_STAGES | {"idle"}
+SLEEPING = "sleeping"
+"""The idle sleep freed the model (``sleep_idle_seconds``); the engine still names it, and the next
+request loads it again and is served: routing treats it as an engine that can load its model."""
+
+ROUTABLE_STAGES = SERVING_STAGES | INCOMING_STAGES | {"idle", SLEEPING}
 """An engine the coordinator may route to (or configure for a request)."""
 
 HEALTH_STATUS = {"loading_model": "loading", "warming": "loading", "stopping": "stopping"}

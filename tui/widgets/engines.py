@@ -26,7 +26,7 @@ COMPACT_COLUMNS = frozenset({"engine", "stage", "model", "slots", "decode", "hb"
 STALE_S = 5.0  # a heartbeat older than this is marked "!"
 
 STAGE_STYLES = {"ready": "bold green", "reloading": "yellow", "loading_model": "yellow", "warming": "yellow",
-                "idle": "cyan", "starting": "cyan", "stopping": "magenta"}
+                "idle": "cyan", "starting": "cyan", "sleeping": "blue", "stopping": "magenta"}
 
 
 class EnginesTable(DataTable[Text]):

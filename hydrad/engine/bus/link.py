@@ -517,6 +517,8 @@ class EngineLink:
                                             f"{serving or 'no model'}, not '{msg.model}'"))
                 return
             request = msg.to_request()
+            if self.core.asleep is not None:  # the idle sleep freed the model: load it while this is prepared
+                self.control.wake()
             try:
                 await self.core.prepare(request)  # a long prompt is tokenized off the engine thread
             except RequestRefused as exc:

@@ -108,7 +108,7 @@ def engine_status(core: EngineCore, speed: Speed, gpu: M.GpuInfo, ticker: LoopTi
         last_error = f"the engine's event loop has not run for {ticker.stalled_for():.0f} s"
     pair = core.pairing.view(snap)
     return M.EngineStatus(
-        stage=stage, model=snap.model_id, generation=snap.generation,
+        stage=stage, model=snap.model_id or snap.asleep, generation=snap.generation,
         kv_family=snap.model.family if snap.model is not None else None, mode=pair["mode"], role=pair["role"],
         peers=pair["peers"][:8], serving=[b["peer"] for b in pair["serving"]][:8],
         progress=min(1.0, max(0.0, progress)) if progress is not None else None,

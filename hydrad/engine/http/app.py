@@ -60,6 +60,8 @@ async def health(request: Request) -> Response:
     if snap.model is not None:
         body["model"] = snap.model.id
         body["generation"] = snap.model.generation
+    elif snap.asleep is not None:
+        body["model"] = snap.asleep
     if snap.loading_progress is not None:
         body["progress"] = round(snap.loading_progress, 4)
     if snap.load_id is not None:
@@ -77,6 +79,9 @@ async def health(request: Request) -> Response:
         return JSONResponse(body, status_code=503)
     if snap.model is not None and snap.admitting:
         body["status"] = "ok"
+        return JSONResponse(body)
+    if snap.asleep is not None and snap.admitting:  # healthy: the next request loads the model and is served
+        body["status"] = "sleeping"
         return JSONResponse(body)
     body["status"] = HEALTH_STATUS.get(stage, stage)
     return JSONResponse(body, status_code=503, headers={"Retry-After": "1"} if stage != "idle" else {})

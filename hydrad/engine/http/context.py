@@ -59,10 +59,14 @@ class HttpContext:
             raise ApiError(503, "engine is shutting down", "shutting_down", headers={"Retry-After": "5"})
         gen = core.gen
         load = core.current_load
-        if gen is None and load is None:
+        asleep = core.asleep
+        if gen is None and load is None and asleep is None:
             raise ApiError(503, "no model is loaded; configure one with POST /control/configure", "no_model")
-        serving = gen.resolved.id if gen is not None else load.model  # type: ignore[union-attr]
+        serving = gen.resolved.id if gen is not None else load.model if load is not None else asleep
+        assert serving is not None
         self.check_model(req.model, serving)
+        if asleep is not None:  # the idle sleep freed the model: load it now, while the request is prepared
+            self.control.wake()
         # with no generation yet, the request waits in the engine's queue for the loading model
         return serving
 

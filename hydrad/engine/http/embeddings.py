@@ -11,6 +11,7 @@ without ``--embeddings``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any, Callable, Iterator
 
 from starlette.requests import Request
@@ -30,6 +31,7 @@ from hydrad.wire.openai import ApiError
 async def embeddings(request: Request) -> Response:
     """OpenAI's shape: pooled, normalised vectors (as floats or base64) and the usage."""
     ctx = ctx_of(request)
+    await _woken(ctx)
     gen, embedder = _serving(ctx)
     req = await ctx.parsed(request, lambda raw: wire.parse_openai(raw, gen.model.n_vocab))
     _check_model(ctx, gen, req)
@@ -51,6 +53,7 @@ async def embedding(request: Request) -> Response:
     """llama-server's native shape: per input a list of vectors, one when pooled (normalised), one per
     token when the pooling is none (raw, as llama-server returns them)."""
     ctx = ctx_of(request)
+    await _woken(ctx)
     gen, embedder = _serving(ctx)
     req = await ctx.parsed(request, lambda raw: wire.parse_native(raw, gen.model.n_vocab))
     _check_model(ctx, gen, req)
@@ -77,6 +80,20 @@ def _per_token(matrices: list[Any]) -> Iterator[bytes]:
             yield (b"[" if j == 0 else b",") + rows[1:-1]
         yield b"]}"
     yield b"]"
+
+
+async def _woken(ctx: HttpContext) -> None:
+    """After the idle sleep (hydrad.engine.sleep) an embedding request loads the model again and waits
+    for it, bounded by reload_queue_timeout_s, as a generation request waits in the engine's queue."""
+    core = ctx.core
+    if core.asleep is None or not core.admitting:
+        return
+    ctx.control.wake()
+    rec = core.current_load
+    if rec is not None:
+        limit = core.params.reload_queue_timeout_s if core.params is not None else 30.0
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(rec.wait(), limit)
 
 
 def _serving(ctx: HttpContext) -> tuple[Generation, Embedder]:

@@ -64,6 +64,7 @@ class EngineCollector(Collector):
         yield counter("hydra_model_loads_total", "Completed model loads.", s.model_loads_total)
         yield gauge("hydra_model_load_seconds", "Duration of the last model load.", round(s.model_load_seconds, 4))
         yield counter("hydra_context_rebuilds_total", "T2 context rebuilds.", s.context_rebuilds_total)
+        yield counter("hydra_sleeps_total", "Models freed after sleep_idle_seconds without a request.", s.sleeps_total)
         yield counter("hydra_peer_losses_total", "Generations set aside because a COMBINE peer died.", s.peer_losses_total)
         yield counter("hydra_steps_total", "Batched steps (a batch decoded and its rows sampled).", s.steps_total)
         yield counter("hydra_steps_unwaited_total", "Steps of prompt rows only (nothing to sample) that the engine "

@@ -131,6 +131,7 @@ def test_every_documented_flag_is_classified() -> None:
 MAPPED: list[tuple[list[str], dict[tuple[str, ...], Any]]] = [
     (["--host", "0.0.0.0"], {("http", "host"): "0.0.0.0"}),
     (["--port", "8081"], {("http", "port"): 8081}),
+    (["--sleep-idle-seconds", "300"], {("defaults", "sleep_idle_seconds"): 300}),
     (["-to", "600"], {("http", "header_timeout_s"): 600.0}),
     (["--timeout", "30"], {("http", "header_timeout_s"): 30.0}),
     (["--cors-origins", "https://a.example,http://b.example:8000"],

@@ -29,7 +29,8 @@ T2_KEY = ["n_ctx", "n_batch", "n_ubatch", "n_parallel", "kv_unified", "cache_typ
           "yarn_attn_factor", "yarn_beta_fast", "yarn_beta_slow", "yarn_orig_ctx"]
 T1_KEY = ["temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n", "seed", "n_predict",
           "chat_template", "cache_prompt", "reasoning_format", "reasoning_budget", "default_template_kwargs",
-          "reload_policy", "reload_queue_timeout_s", "text_overlap", "prefill_split"]
+          "reload_policy", "reload_queue_timeout_s", "text_overlap", "prefill_split", "sleep_idle_seconds", "ctx_shift",
+          "n_keep", "n_cache_reuse"]
 
 MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
     "small": {"n_ctx": 2048, "n_batch": 256, "temperature": 0.3},
@@ -428,6 +429,10 @@ _T1_VALUES: dict[str, st.SearchStrategy[Any]] = {
     "reload_queue_timeout_s": st.floats(0.1, 600, allow_nan=False),
     "text_overlap": st.sampled_from(["auto", "on", "off"]),
     "prefill_split": st.sampled_from(["ubatch", "batch"]),
+    "sleep_idle_seconds": st.one_of(st.just(-1), st.floats(0, 86400, allow_nan=False)),
+    "ctx_shift": st.booleans(),
+    "n_keep": st.integers(-1, 4096),
+    "n_cache_reuse": st.integers(0, 256),
 }
 assert set(_T1_VALUES) == set(T1_KEY)
 

@@ -541,3 +541,23 @@ def test_route_never_raises_and_is_consistent(
         if d.step == "cost":
             assert d.engine == d.candidates[0].engine
     json.dumps(d.public())
+
+
+# --------------------------------------------------------------------------- a sleeping engine
+
+
+def test_a_sleeping_engine_is_routed_to_as_one_that_loads_its_model() -> None:
+    """The idle sleep freed the model (stage sleeping, the model still named): the request goes there,
+    costed with the engine's measured load time, whether or not the request may load a model."""
+    asleep = eng("a", stage="sleeping", slots_total=0, load_seconds=2.5)
+    for policy in (DEFAULT_POLICY, replace(DEFAULT_POLICY, load_on_demand=False)):
+        d = route(req(), [asleep], MODELS, policy=policy)
+        assert d.engine == "a", d.reason
+        assert d.candidates[0].load_s == 2.5
+    # a serving engine is cheaper than one that must load first
+    assert route(req(), [asleep, eng("b")], MODELS).engine == "b"
+    # a request without a model gets the sleeping engine's
+    assert route(req(None), [asleep], MODELS).engine == "a"
+    # asleep with another model: not routed to without loading on demand
+    other = eng("c", stage="sleeping", model=GEMMA, slots_total=0)
+    assert route(req(), [other], MODELS, policy=replace(DEFAULT_POLICY, load_on_demand=False)).engine is None

@@ -30,6 +30,7 @@ class FakeCore:
         self.loads: list[Any] = []
         self.aborted: list[int] = []
         self.warmed: list[tuple[str, int]] = []  # (model, loads started by then): estimates read ahead
+        self.asleep: str | None = None  # the idle sleep's freed model (hydrad.engine.sleep)
 
     async def warm_estimate(self, resolved: Any, params: RuntimeParams, kv_bytes_per_token: int | None) -> None:
         self.warmed.append((resolved.id, len(self.loads)))

@@ -291,3 +291,10 @@ def test_a_switch_the_admin_api_saw_end_before_its_events_arrived() -> None:
     s.apply_event("profile.engine", {"engine": "p100", "phase": "failed", "why": "profile gemma", "error": "no memory"})
     s.apply_event("profile.done", {"profile": "gemma", "ok": False, "seconds": 0.6, "failed": ["p100"]})
     assert switch_reasons(s.profile.last_switch) == {"p100": "no memory"}
+
+
+def test_every_engine_stage_has_its_colour_in_the_stage_column() -> None:
+    from hydrad.wire.stages import STAGES
+    from tui.widgets.engines import STAGE_STYLES
+
+    assert set(STAGES) <= set(STAGE_STYLES), sorted(set(STAGES) - set(STAGE_STYLES))
