@@ -125,7 +125,7 @@ ENTRIES: tuple[Entry, ...] = (
     _r("sampling.grammar_lazy", T1, "lazy grammars are not served: a grammar constrains the whole answer (a request's grammar_lazy is refused too)"),
     _r("sampling.grammar_triggers", T1, "lazy grammars are not served, so there is nothing to trigger (a request's grammar_triggers is refused too)"),
     _r("sampling.preserved_tokens", T1, "lazy grammars are not served (a request's preserved_tokens is refused too)"),
-    _r("sampling.logit_bias", T1, "hydrad has no logit bias (a request's logit_bias is refused too)"),
+    _q("sampling.logit_bias", T1, "logit_bias"),
     _r("sampling.logit_bias_eog", T1, SAMPLER_STATE),
     _r("sampling.samplers", T1, "hydrad's sampler order is fixed (a request's samplers is refused too)"),
     _r("sampling.generation_prompt", T1, SAMPLER_STATE),

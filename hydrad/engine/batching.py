@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hydrad.common.logs import log_event
-from hydrad.engine import chatprompt, faults, kvshift, sampling, thinking
+from hydrad.engine import chatprompt, faults, kvshift, logitbias, sampling, thinking
 from hydrad.engine.generation import Generation, Slot
 from hydrad.engine.promptprep import RequestRefused
 from hydrad.engine.requests import Done, Failed, Progress, RequestHandle, Token, Usage
@@ -236,6 +236,7 @@ class Scheduler:
                 frequency_penalty=s.frequency_penalty, presence_penalty=s.presence_penalty,
                 seed=params.seed if s.seed is None else s.seed,
                 ban=tuple(model.eog_tokens()) if req.ignore_eos else (),
+                bias=logitbias.resolve(model, s.logit_bias),
                 grammar=grammar)
             sampler = sampling.Sampler(spec, model.n_vocab, limit, model.vocab)
         except sampling.GrammarRefused as exc:

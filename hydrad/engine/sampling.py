@@ -29,6 +29,7 @@ class Sampling:
     presence_penalty: float
     seed: int
     ban: tuple[int, ...] = ()  # tokens never to sample (ignore_eos bans the end-of-generation tokens)
+    bias: tuple[tuple[int, float], ...] = ()  # a request's logit_bias, token by token (-inf: banned)
     grammar: str | None = None  # GBNF the output must match, checked by hydrad.wire.grammar
 
 
@@ -158,7 +159,8 @@ class Sampler:
         # n_vocab-entry candidate array the chain sorts through: 186 µs → 15 µs a token for
         # Gemma-3's 262,144-token vocabulary on the 2-core machine, per slot and step.
         self.argmax = (s.temperature <= 0 and n_vocab > 0 and s.repeat_penalty == 1.0
-                       and not s.frequency_penalty and not s.presence_penalty and self.grammar is None)
+                       and not s.frequency_penalty and not s.presence_penalty and self.grammar is None
+                       and not s.bias)
         self.n_vocab = n_vocab
         # Sampled without penalties: the chain's first filter is top-k, so the k largest logits, found
         # over the row with numpy (a compare and a count, not a sort), are all the chain needs to see,
@@ -168,7 +170,7 @@ class Sampler:
         # 214 µs → 119 µs).
         self.preselect = (s.temperature > 0 and 0 < s.top_k < n_vocab and n_vocab >= PRESELECT_MIN_VOCAB
                           and s.repeat_penalty == 1.0 and not s.frequency_penalty and not s.presence_penalty
-                          and self.grammar is None)
+                          and self.grammar is None and not s.bias)
         if self.argmax or self.preselect:  # both read the logits row with numpy
             import numpy as np  # after libllama (preload_native); once per request, not per token
 
@@ -189,12 +191,13 @@ class Sampler:
         sp.no_perf = True
         self.ptr = C.llama_sampler_chain_init(sp)
         add = lambda smpl: C.llama_sampler_chain_add(self.ptr, smpl)  # noqa: E731
-        if s.ban:
-            biases = (C.llama_logit_bias * len(s.ban))()
-            for i, tok in enumerate(s.ban):
+        if s.ban or s.bias:  # the chain's first step, as llama-server's logit bias is
+            pairs = [*((tok, float("-inf")) for tok in s.ban), *s.bias]
+            biases = (C.llama_logit_bias * len(pairs))()
+            for i, (tok, bias) in enumerate(pairs):
                 biases[i].token = tok
-                biases[i].bias = float("-inf")
-            add(C.llama_sampler_init_logit_bias(n_vocab, len(s.ban), biases))
+                biases[i].bias = bias
+            add(C.llama_sampler_init_logit_bias(n_vocab, len(pairs), biases))
         if s.repeat_penalty != 1.0 or s.frequency_penalty or s.presence_penalty:
             # The bundled llama.cpp's signature leads with n_vocab (older releases had four arguments).
             add(C.llama_sampler_init_penalties(n_vocab, s.repeat_last_n, s.repeat_penalty, s.frequency_penalty,

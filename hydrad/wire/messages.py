@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import re
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
@@ -528,6 +529,19 @@ def encode_batch(encoded: list[list[bytes]]) -> list[bytes]:
     for frames in encoded:
         out += frames[1:]
     return out
+
+
+_GENERATE_HEAD = re.compile(rb'^\{"req":"([A-Za-z0-9_.:-]{1,80})"')
+
+
+def generate_request_of(frames: list[bytes]) -> str | None:
+    """The request id of a GENERATE that did not decode, when its body starts as the encoder writes one
+    (``{"req":"...``), so the engine can fail that request at once instead of leaving the coordinator
+    to wait for its first token; None for anything else."""
+    if not isinstance(frames, (list, tuple)) or len(frames) != 3 or bytes(frames[1]) != Generate.KIND:
+        return None
+    m = _GENERATE_HEAD.match(bytes(frames[2][:128]))
+    return m.group(1).decode() if m else None
 
 
 def decode(frames: list[bytes]) -> Message:

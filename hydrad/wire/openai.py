@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Valida
 
 from hydrad.common import jsonbody, templatekwargs
 from hydrad.common.paramcontract import request_reason
+from hydrad.wire import logitbias
 from hydrad.wire import logprobs as lp
 from hydrad.wire import tools as tl
 from hydrad.wire.grammar import GrammarError, check_gbnf, json_object_grammar, schema_grammar
@@ -121,6 +122,19 @@ class _Common(BaseModel):
     cache_salt: str | None = Field(None, min_length=1, max_length=256, description=(
         "Requests share cached prompt prefixes only with requests of the same API key and the same salt "
         "(vLLM's cache_salt)."))
+    logit_bias: Any = Field(None, description=(
+        "Biases added to tokens' logits: OpenAI's object of token ids, llama-server's object whose "
+        "non-integer keys are texts, or its list of [token id or text, bias] pairs; false bans a token. "
+        "A text biases every token it is split into."))
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _logit_bias(cls, v: Any) -> list[tuple[int | str, float | None]] | None:
+        try:
+            entries = logitbias.parse(v)
+        except logitbias.LogitBiasError as exc:
+            raise ValueError(str(exc)) from None
+        return None if entries is None else [tuple(e) for e in entries]  # type: ignore[misc]
 
     @field_validator("stop")
     @classmethod
@@ -136,7 +150,8 @@ class _Common(BaseModel):
     def sampling(self) -> SamplingOverrides:
         return SamplingOverrides(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p,
                                  repeat_penalty=self.repeat_penalty, frequency_penalty=self.frequency_penalty,
-                                 presence_penalty=self.presence_penalty, seed=self.seed)
+                                 presence_penalty=self.presence_penalty, seed=self.seed,
+                                 logit_bias=self.logit_bias)
 
     def limit(self) -> int | None:
         if self.max_tokens is not None:
@@ -165,7 +180,7 @@ class _Common(BaseModel):
 
 # Defined by OpenAI, not served here: refused when set to anything but their neutral value.
 _UNSUPPORTED: dict[str, Any] = {
-    "functions": (None, []), "function_call": (None, "none"), "logit_bias": (None, {}), "best_of": (None, 1),
+    "functions": (None, []), "function_call": (None, "none"), "best_of": (None, 1),
     "echo": (None, False), "suffix": (None, ""), "audio": (None,),
     "modalities": (None, ["text"]), "prediction": (None,),
     # llama-server's own, not honoured here (yet): lazy grammars and samplers beyond the engine's

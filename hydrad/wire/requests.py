@@ -13,6 +13,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, Field
 
+from hydrad.wire import logitbias
 from hydrad.wire.grammar import check_gbnf
 from hydrad.wire.tools import ToolSpec
 
@@ -38,6 +39,13 @@ def _usable_grammar(text: str | None) -> str | None:
     return text
 
 
+def _bounded_bias(entries: list[tuple[int | str, float | None]] | None) -> list[tuple[int | str, float | None]] | None:
+    """A bus message's logit_bias, held to the doors' bounds (hydrad.wire.logitbias)."""
+    if entries is not None:  # a ban travels as None (JSON has no -inf); the doors' form says false
+        logitbias.parse([[t, False if b is None else b] for t, b in entries])
+    return entries
+
+
 @dataclass(frozen=True)
 class SamplingOverrides:
     """Per-request sampling fields; None means 'use the engine's T1 default'."""
@@ -52,6 +60,8 @@ class SamplingOverrides:
     seed: int | None = None
     grammar: Annotated[str | None, AfterValidator(_usable_grammar)] = None
     """GBNF the output must match (from a request's grammar, json_schema or JSON response_format)."""
+    logit_bias: Annotated[list[tuple[int | str, float | None]] | None, AfterValidator(_bounded_bias)] = None
+    """Token ids or texts and their biases (None: banned), as :mod:`hydrad.wire.logitbias` read them."""
 
 
 @dataclass(frozen=True)

@@ -403,6 +403,7 @@ class EngineLink:
                     self._warn("too-large", "oversized bus message dropped", error=exc.reason)
                 else:
                     self._warn("decode", "malformed bus message dropped", error=exc.reason)
+                self._refuse_undecodable(frames, exc.reason, on_stream=False)
                 continue
             try:
                 self._dispatch(msg)
@@ -423,7 +424,8 @@ class EngineLink:
             if self._welcomed and self._stream is None and not self._closing:
                 self._stream = EngineStream(msg.endpoint, self._identity, self._token, self.interval,
                                             self._dispatch_streamed, self._cancel_all, self._warn,
-                                            bus_endpoint=self.endpoint)
+                                            bus_endpoint=self.endpoint,
+                                            refuse=lambda f, why: self._refuse_undecodable(f, why, on_stream=True))
                 self._stream.start()
         elif isinstance(msg, M.Refused):
             # Drop this connection and retry at the backoff: hammering a coordinator that will say
@@ -464,6 +466,22 @@ class EngineLink:
             if isinstance(msg, M.Generate) and msg.req not in self._inflight:
                 self._on_stream.add(msg.req)
         self._dispatch(msg)
+
+    def _refuse_undecodable(self, frames: list[bytes], reason: str, on_stream: bool) -> None:
+        """A GENERATE this engine cannot read (another release's field, a value out of bounds): answer
+        its request with a 400 at once, the way it came, rather than leave it waiting for a token."""
+        req = M.generate_request_of(frames)
+        if req is None:
+            return
+        with self._lock:
+            if req in self._inflight:
+                return
+            if on_stream:
+                self._on_stream.add(req)
+        self._queue(M.Error(req=req, status=400, code="bad_request",
+                            message=f"the engine could not read this request: {reason}"[:8192]))
+        with self._lock:
+            self._on_stream.discard(req)
 
     def _start_request(self, req: str, coro: Coroutine[Any, Any, None]) -> None:
         """Run a request's coroutine on the main loop (on this loop when the link has no pulse of its own),

@@ -32,12 +32,14 @@ WRITE_LIMIT = 64 << 20  # bytes queued for a coordinator that does not read: bey
 class EngineStream:
     def __init__(self, endpoint: str, identity: bytes, token: str | None, interval: float,
                  dispatch: Callable[[M.Message], None], lost: Callable[[], None],
-                 warn: Callable[..., None], bus_endpoint: str = "") -> None:
+                 warn: Callable[..., None], bus_endpoint: str = "",
+                 refuse: Callable[[list[bytes], str], None] | None = None) -> None:
         self.endpoint = endpoint
         self.bus_endpoint = bus_endpoint
         self.identity = identity
         self.token = token
         self.interval = interval
+        self._refuse = refuse  # a GENERATE that does not decode: its request answered at once (the link)
         self._dispatch = dispatch
         self._lost = lost
         self._warn = warn
@@ -125,6 +127,8 @@ class EngineStream:
                 msg = await M.decode_aside(frames)
             except M.BusDecodeError as exc:
                 self._warn("stream-decode", "malformed request stream message dropped", error=exc.reason)
+                if self._refuse is not None:
+                    self._refuse(frames, exc.reason)
                 continue
             if not isinstance(msg, (M.Generate, M.Cancel)):
                 self._warn(f"stream-kind-{msg.KIND!r}", "unexpected message on the request stream dropped",

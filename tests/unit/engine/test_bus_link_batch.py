@@ -136,3 +136,31 @@ def test_a_request_answers_the_way_its_generate_came() -> None:
     assert on_stream == [STREAM[0], STREAM[2]]  # g-1's tokens and DONE, in order
     assert on_bus == [STREAM[1]]  # g-2's
     assert cancelled_not_rerouted
+
+
+def test_a_generate_the_engine_cannot_read_fails_its_request_at_once() -> None:
+    """A GENERATE whose body does not decode (a field of another release, a value out of bounds) is
+    answered with a 400 ERROR for its request, not dropped for the coordinator to wait on."""
+    async def scenario() -> M.Message:
+        ctx = zmq.asyncio.Context()
+        router = ctx.socket(zmq.ROUTER)
+        port = router.bind_to_random_port("tcp://127.0.0.1")
+        link = _link(f"tcp://127.0.0.1:{port}")
+        link.start()
+        try:
+            ident, *_ = await asyncio.wait_for(router.recv_multipart(), 10)  # REGISTER
+            await router.send_multipart([ident, *M.encode(M.Welcome(coordinator="c", version="t"))])
+            await router.send_multipart([ident, M.PROTOCOL, M.Generate.KIND,
+                                         b'{"req":"g-bad","prompt":"x","sampling":{"logit_bias":[[1,1e300]]}}'])
+            while True:
+                frames = await asyncio.wait_for(router.recv_multipart(), 10)
+                for msg in M.decode_all(frames[1:]):
+                    if isinstance(msg, M.Error):
+                        return msg
+        finally:
+            await link.close()
+            router.close(linger=0)
+            ctx.term()
+
+    err = asyncio.run(scenario())
+    assert isinstance(err, M.Error) and err.req == "g-bad" and err.status == 400 and "logit_bias" in err.message, err

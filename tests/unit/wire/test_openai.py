@@ -217,7 +217,7 @@ def test_n_2_refused() -> None:
 
 @pytest.mark.parametrize(("field", "value"), [
     ("functions", [{"name": "f"}]), ("function_call", "auto"),
-    ("logit_bias", {"50256": -100}), ("best_of", 2), ("echo", True), ("suffix", "end"),
+    ("best_of", 2), ("echo", True), ("suffix", "end"),
     ("audio", {"voice": "x"}), ("modalities", ["text", "audio"]),
     ("prediction", {"type": "content", "content": "x"}),
 ])
