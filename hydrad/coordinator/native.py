@@ -1,5 +1,6 @@
 """llama-server's native endpoints that generate nothing, at the front door: ``/tokenize``,
-``/detokenize``, ``/apply-template``, and the embeddings (OpenAI's ``/v1/embeddings``,
+``/detokenize``, ``/apply-template``, the token counts (Anthropic's ``/v1/messages/count_tokens``,
+llama-server's ``/v1/chat/completions/input_tokens``), and the embeddings (OpenAI's ``/v1/embeddings``,
 llama-server's ``/embedding``). ``/completion`` and ``/infill`` generate: they take the one
 request path with chat (``frontdoor``: routed, kept as sessions, retried, answered by their
 renderer).
@@ -31,7 +32,7 @@ from hydrad.common.prepare import Preparer
 from hydrad.wire import embeddings
 from hydrad.wire.openai import ApiError
 
-PATHS = ("/tokenize", "/detokenize", "/apply-template")
+PATHS = ("/tokenize", "/detokenize", "/apply-template", "/v1/messages/count_tokens", "/v1/chat/completions/input_tokens")
 EMBEDDING_PATHS = ("/v1/embeddings", "/embeddings", "/embedding")
 TIMEOUT_S = 60.0
 """Longest a forwarded request may wait for its engine's answer to begin."""
@@ -107,7 +108,7 @@ class NativeDoor:
         return self._client
 
     async def forward(self, request: Request) -> Response:
-        """``/tokenize``, ``/detokenize``, ``/apply-template``: the engine's answer passed through as it
+        """``/tokenize``, ``/detokenize``, ``/apply-template`` and the token counts: the engine's answer passed through as it
         arrives (a ``with_pieces`` answer is a hundred megabytes for 8 MiB of text: never held whole here)."""
         _, model, content = await self._forwarded(request)
         urls, headers = self._engine_urls(model)

@@ -30,7 +30,7 @@ from hydrad.common.logs import log_event
 from hydrad.common.openapi import openapi_route
 from hydrad.engine.control import EngineControl
 from hydrad.engine.refusals import refusal
-from hydrad.engine.http import metrics, native
+from hydrad.engine.http import counttokens, metrics, native
 from hydrad.engine.http.anthropic import messages
 from hydrad.engine.http.completion import completion, infill
 from hydrad.engine.http.context import HttpContext, ctx_of
@@ -230,6 +230,8 @@ ROUTES = [
     Route("/v1/chat/completions", chat, methods=["POST"]), Route("/chat/completions", chat, methods=["POST"]),
     Route("/v1/completions", completions, methods=["POST"]), Route("/completions", completions, methods=["POST"]),
     Route("/v1/messages", messages, methods=["POST"]),
+    Route("/v1/messages/count_tokens", counttokens.messages_count, methods=["POST"]),
+    Route("/v1/chat/completions/input_tokens", counttokens.chat_count, methods=["POST"]),
     Route("/completion", completion, methods=["POST"]), Route("/infill", infill, methods=["POST"]),
     Route("/tokenize", native.tokenize, methods=["POST"]), Route("/detokenize", native.detokenize, methods=["POST"]),
     Route("/apply-template", native.apply_template, methods=["POST"]), Route("/props", native.props),
