@@ -60,13 +60,13 @@ from hydrad.coordinator.routing import (
 )
 from hydrad.coordinator.switcher import LoadFailed, ProfileSwitcher
 from hydrad.coordinator.requestkinds import (
-    Answer, Outcome, estimates as estimated, messages_answer, native_answer, openai_answer,
+    Answer, Outcome, estimates as estimated, messages_answer, native_answer, openai_answer, responses_answer,
 )
 from hydrad.coordinator.splitrun import SplitRunner, generate_message
 from hydrad.coordinator.poolview import PoolView
 from hydrad.wire.requests import GenRequest
 from hydrad.wire.stages import INCOMING_STAGES
-from hydrad.wire import anthropic, events, infill, native_completion, openai
+from hydrad.wire import anthropic, events, infill, native_completion, openai, responses
 from hydrad.wire.render import ChatAnswer, CompletionAnswer, MessagesAnswer
 from hydrad.wire.openai import ApiError
 from hydrad.common.logs import log_event
@@ -488,6 +488,11 @@ class FrontDoor:
         return await self.serve(request, lambda raw: openai.parse("completion", raw),
                                 openai_answer(CompletionAnswer))
 
+    async def responses(self, request: Request) -> Response:
+        """OpenAI's Responses API: the chat completion it stands for, routed, kept and retried as one,
+        answered in the Responses shapes."""
+        return await self.serve(request, responses.parse, responses_answer)
+
     async def messages(self, request: Request) -> Response:
         """Anthropic's Messages API: parsed into the request its chat completion makes, then routed,
         kept as a session and retried exactly as that chat completion, and answered by the Anthropic
@@ -523,6 +528,7 @@ class FrontDoor:
             Route("/completion", self.native_completion, methods=["POST"]),
             Route("/infill", self.native_completion, methods=["POST"]),
             Route("/v1/messages", self.messages, methods=["POST"]),
+            Route("/v1/responses", self.responses, methods=["POST"]),
             *(Route(path, self.native.forward, methods=["POST"]) for path in NATIVE_PATHS),
             *(Route(path, self.embeddings, methods=["POST"]) for path in EMBEDDING_PATHS),
         ]

@@ -10,8 +10,9 @@ from typing import Any, Callable, TypeVar
 
 from hydrad.coordinator.affinity import prefix_of
 from hydrad.wire import anthropic
-from hydrad.wire.render import ChatAnswer, CompletionAnswer, MessagesAnswer, NativeAnswer, Renderer
+from hydrad.wire.render import ChatAnswer, CompletionAnswer, MessagesAnswer, NativeAnswer, Renderer, ResponsesAnswer
 from hydrad.wire.render import anthropic as anthropic_render
+from hydrad.wire.render import responses as responses_render
 from hydrad.wire.render.openai import new_id
 from hydrad.wire.requests import GenRequest
 
@@ -50,6 +51,11 @@ def messages_answer(req: Any, greq: GenRequest) -> Answer:
     rid = anthropic_render.new_id()
     return Answer(rid, req.stream, lambda model, _fp: MessagesAnswer(model, tools=greq.tools is not None,
                                                                       thinking=anthropic.thinks(req), rid=rid))
+
+
+def responses_answer(req: Any, greq: GenRequest) -> Answer:
+    rid = responses_render.new_id()
+    return Answer(rid, req.stream, lambda model, _fp: ResponsesAnswer(model, req.echo(), rid=rid))
 
 
 def native_answer(req: Any, greq: GenRequest) -> Answer:

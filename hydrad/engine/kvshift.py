@@ -20,12 +20,13 @@ generation ends at the context's end (finish_reason ``length``), a prompt is pre
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hydrad.common.logs import log_event
 
-if TYPE_CHECKING:
-    from hydrad.engine.generation import Generation, Slot
+# The generation and its slots (hydrad.engine.generation, which calls in here: named, not imported)
+Generation = Any
+Slot = Any
 
 log = logging.getLogger("hydrad.engine")
 

@@ -23,7 +23,7 @@ SHAPES = ("chat.completion", "text_completion", "message_start", "content_block_
           "prompt_progress", "[DONE]", "system_fingerprint")
 """What only an answer contains: seen in a string literal elsewhere, someone builds one by hand."""
 
-DIALECTS = {"openai.chat", "openai.completion", "anthropic.messages", "llama.completion"}
+DIALECTS = {"openai.chat", "openai.completion", "openai.responses", "anthropic.messages", "llama.completion"}
 
 
 def _literals(path: Path) -> list[tuple[int, str]]:

@@ -35,7 +35,7 @@ from hydrad.engine.http.anthropic import messages
 from hydrad.engine.http.completion import completion, infill
 from hydrad.engine.http.context import HttpContext, ctx_of
 from hydrad.engine.http.embeddings import embedding, embeddings
-from hydrad.engine.http.generation import chat, completions
+from hydrad.engine.http.generation import chat, completions, responses_
 from hydrad.engine.http.slotfiles import slot_action
 from hydrad.engine.http.slotstate import state_get, state_meta, state_put
 from hydrad.engine.settings import EngineSettings
@@ -230,6 +230,8 @@ ROUTES = [
     Route("/v1/chat/completions", chat, methods=["POST"]), Route("/chat/completions", chat, methods=["POST"]),
     Route("/v1/completions", completions, methods=["POST"]), Route("/completions", completions, methods=["POST"]),
     Route("/v1/messages", messages, methods=["POST"]),
+    Route("/v1/responses", responses_, methods=["POST"]),
+    Route("/v1/responses/input_tokens", counttokens.responses_count, methods=["POST"]),
     Route("/v1/messages/count_tokens", counttokens.messages_count, methods=["POST"]),
     Route("/v1/chat/completions/input_tokens", counttokens.chat_count, methods=["POST"]),
     Route("/completion", completion, methods=["POST"]), Route("/infill", infill, methods=["POST"]),

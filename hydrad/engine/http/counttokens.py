@@ -1,6 +1,6 @@
 """How many tokens a request's input makes, without generating: Anthropic's
-``POST /v1/messages/count_tokens`` and llama-server's ``POST /v1/chat/completions/input_tokens``,
-both answered ``{"input_tokens": N}``.
+``POST /v1/messages/count_tokens`` and llama-server's ``POST /v1/chat/completions/input_tokens`` and
+``POST /v1/responses/input_tokens``, all answered ``{"input_tokens": N}``.
 
 The body is what the generating endpoint takes (an Anthropic count needs no ``max_tokens``) and is
 prepared by the same code: the chat template with its tools and the prompt's tokens, on a worker
@@ -18,7 +18,7 @@ from starlette.responses import JSONResponse, Response
 
 from hydrad.engine.http.context import ctx_of
 from hydrad.engine.promptprep import RequestRefused
-from hydrad.wire import anthropic, openai
+from hydrad.wire import anthropic, openai, responses
 from hydrad.wire.openai import ApiError
 from hydrad.wire.render import MessagesAnswer
 from hydrad.wire.requests import GenRequest
@@ -53,6 +53,10 @@ async def messages_count(request: Request) -> Response:
         return await _count(request, await ctx_of(request).parsed(request, _anthropic))
     except ApiError as exc:
         return JSONResponse(MessagesAnswer.refusal(exc), status_code=exc.status, headers=exc.headers)
+
+
+async def responses_count(request: Request) -> Response:
+    return await _count(request, await ctx_of(request).parsed(request, lambda raw: responses.parse(raw)[1]))
 
 
 async def chat_count(request: Request) -> Response:

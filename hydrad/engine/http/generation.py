@@ -23,10 +23,10 @@ from hydrad.common.tenants import cache_namespace, store_quota_of, tenant_of
 from hydrad.engine.core import EngineCore, RequestRefused
 from hydrad.engine.http.context import HttpContext, ctx_of
 from hydrad.engine.requests import Done, Failed, Progress, RequestHandle, Token
-from hydrad.wire import openai
+from hydrad.wire import openai, responses
 from hydrad.wire.events import END
 from hydrad.wire.openai import ApiError, overflow_details
-from hydrad.wire.render import ChatAnswer, CompletionAnswer, Renderer
+from hydrad.wire.render import ChatAnswer, CompletionAnswer, Renderer, ResponsesAnswer
 from hydrad.wire.requests import GenRequest
 
 log = logging.getLogger("hydrad.http")
@@ -52,6 +52,17 @@ async def generate(request: Request, kind: Literal["chat", "completion"]) -> Res
 
     return await answer(request, ctx, greq, renderer, "messages" if kind == "chat" else "prompt", req.stream,
                         model_id, t_arrival)
+
+
+async def responses_(request: Request) -> Response:
+    """OpenAI's Responses API: the chat completion it stands for (:mod:`hydrad.wire.responses`),
+    answered in the Responses shapes."""
+    ctx = ctx_of(request)
+    t_arrival = time.monotonic()
+    req, greq = await ctx.parsed(request, responses.parse)
+    model_id = ctx.check_serving(req.chat)
+    return await answer(request, ctx, greq, lambda model, _fp: ResponsesAnswer(model, req.echo()), "input",
+                        req.stream, model_id, t_arrival)
 
 
 async def answer(request: Request, ctx: HttpContext, greq: GenRequest, renderer: Callable[[str, str], Renderer],

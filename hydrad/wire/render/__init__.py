@@ -13,8 +13,10 @@ from hydrad.wire.render.anthropic import MessagesAnswer
 from hydrad.wire.render.base import Renderer
 from hydrad.wire.render.native import NativeAnswer
 from hydrad.wire.render.openai import ChatAnswer, CompletionAnswer
+from hydrad.wire.render.responses import ResponsesAnswer
 
 RENDERERS: dict[str, type[Renderer]] = {cls.dialect: cls for cls in (
-    ChatAnswer, CompletionAnswer, MessagesAnswer, NativeAnswer)}
+    ChatAnswer, CompletionAnswer, MessagesAnswer, NativeAnswer, ResponsesAnswer)}
 
-__all__ = ["RENDERERS", "ChatAnswer", "CompletionAnswer", "MessagesAnswer", "NativeAnswer", "Renderer"]
+__all__ = ["RENDERERS", "ChatAnswer", "CompletionAnswer", "MessagesAnswer", "NativeAnswer", "Renderer",
+           "ResponsesAnswer"]
