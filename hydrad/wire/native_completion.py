@@ -143,4 +143,5 @@ def gen_request(req: NativeCompletionRequest, sampling: SamplingOverrides, text:
                       sampling=sampling, ignore_eos=req.ignore_eos, slot=req.slot(),
                       cache_prompt=req.cache_prompt, cache_salt=req.cache_salt,
                       return_tokens=req.return_tokens or req.stream,
-                      logprobs=req.wants_logprobs(), return_progress=req.stream and req.return_progress)
+                      logprobs=req.wants_logprobs(), return_progress=req.stream and req.return_progress,
+                      lora=req.lora)
