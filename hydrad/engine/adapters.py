@@ -27,8 +27,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-import numpy as np
-
 from hydrad.common.params import MAX_ADAPTER_SCALE, AdapterFile, RuntimeParams
 from hydrad.engine import gguf_meta, llama
 
@@ -76,6 +74,8 @@ def control_vector(specs: Sequence[AdapterFile], models_dir: Path, n_embd: int, 
     """The control vectors summed times their scales, as llama-server sums them: ``n_embd`` floats per
     layer from layer 1 (llama.cpp's layout). Each file's ``direction.<layer>`` tensors must be F32
     vectors of the model's width; LoadError naming ``control_vectors`` otherwise."""
+    import numpy as np  # here, not at import: libllama is loaded before numpy (llama.preload_native)
+
     out = np.zeros((max(n_layer - 1, 1), n_embd), dtype=np.float32)
     for i, spec in enumerate(specs):
         where = f"control_vectors[{i}]"
@@ -120,8 +120,7 @@ class Adapters:
         self.cvec_range = cvec_range
         self.n_embd = n_embd
         self.applied: tuple[float, ...] | None = None  # None: not set on this context yet
-        self._handles = (llama.lib().llama_adapter_lora_p_ctypes * max(1, len(loras)))(
-            *[lo.handle for lo in loras]) if loras else None
+        self._handles: Any = None  # the handles as llama_set_adapters_lora takes them, made at the first use
         self._set_lock = threading.Lock()  # POST /lora-adapters from several connections at once
 
     @classmethod
@@ -195,7 +194,8 @@ class Adapters:
         """Compute the next steps under ``scales``; True when that changed the context's adapters."""
         if scales == self.applied or not self.loras:
             return False
-        assert self._handles is not None
+        if self._handles is None:
+            self._handles = (llama.lib().llama_adapter_lora_p_ctypes * len(self.loras))(*[lo.handle for lo in self.loras])
         arr = (ctypes.c_float * len(scales))(*scales)
         llama.lib().llama_set_adapters_lora(ctx.ptr, self._handles, len(scales), arr)
         self.applied = scales
