@@ -10,9 +10,9 @@ also makes llama.cpp reserve its compute graph again, so a set keeps the context
 the only one with work.
 
 KV computed under one adapter set is not the KV of another (the adapted projections change keys and
-values), so the scales are part of a slot's cache namespace (:meth:`Adapters.owner`): a prompt never
-reuses, shares or restores a prefix computed under other scales. A set of all zeros is the base model,
-with the plain namespace.
+values), so the adapters' files and scales, and the control vector, are part of a slot's cache
+namespace (:meth:`Adapters.owner`): a prompt never reuses, shares or restores a prefix computed under
+other ones. Without a control vector, a set of all zeros is the base model, with the plain namespace.
 
 The control vector (the sum of ``control_vectors`` times their scales) is the same for every request:
 it is set on the context when the context is made and never changes until the next load.
@@ -47,6 +47,24 @@ class Lora:
     id: int
     path: Path
     handle: Any
+    ident: str = ""  # which file it is (file_ident): KV computed under it is keyed by it
+
+
+_IDENT_EDGE = 1 << 20
+
+
+def file_ident(path: Path) -> str:
+    """sha256 over an adapter file's size and its first and last MiB: another file (retrained, say) at
+    the same path and id is another adapter, whose KV a prefix checkpoint of the old one must not serve."""
+    h = hashlib.sha256()
+    size = path.stat().st_size
+    h.update(size.to_bytes(8, "little"))
+    with path.open("rb") as f:
+        h.update(f.read(_IDENT_EDGE))
+        if size > _IDENT_EDGE:
+            f.seek(max(_IDENT_EDGE, size - _IDENT_EDGE))
+            h.update(f.read(_IDENT_EDGE))
+    return h.hexdigest()[:16]
 
 
 def resolve_file(param: str, given: str, models_dir: Path) -> Path:
@@ -119,6 +137,9 @@ class Adapters:
         self.cvec = cvec
         self.cvec_range = cvec_range
         self.n_embd = n_embd
+        # the control vector's values and layers: it changes every prompt's KV, so it keys the cache too
+        self.cvec_ident = "" if cvec is None else hashlib.sha256(
+            cvec.tobytes() + repr(cvec_range).encode()).hexdigest()[:16]
         self.applied: tuple[float, ...] | None = None  # None: not set on this context yet
         self._handles: Any = None  # the handles as llama_set_adapters_lora takes them, made at the first use
         self._set_lock = threading.Lock()  # POST /lora-adapters from several connections at once
@@ -130,7 +151,8 @@ class Adapters:
         if not params.lora_adapters and not params.control_vectors:
             return None
         info = model.info
-        loras = [Lora(i, path, load_lora(model, path, i)) for i, spec in enumerate(params.lora_adapters or [])
+        loras = [Lora(i, path, load_lora(model, path, i), file_ident(path))
+                 for i, spec in enumerate(params.lora_adapters or [])
                  for path in [resolve_file(f"lora_adapters[{i}]", spec.path, models_dir)]]
         defaults = tuple(0.0 if params.lora_init_without_apply else float(s.scale)
                          for s in params.lora_adapters or [])
@@ -168,11 +190,14 @@ class Adapters:
 
     def owner(self, ns: str, scales: tuple[float, ...]) -> str:
         """The cache namespace of a request of namespace ``ns`` running under ``scales``: its own for
-        every distinct set of nonzero scales, ``ns`` itself for the base model."""
-        if not any(scales):
+        every distinct set of adapters (their files) and nonzero scales, and for the control vector in
+        force; ``ns`` itself for the base model. Prefix checkpoints outlive a generation, so the files
+        count, not only the ids."""
+        lora = ",".join(f"{self.loras[i].ident}:{float(s)!r}" for i, s in enumerate(scales) if s)
+        if not lora and not self.cvec_ident:
             return ns
-        text = ",".join(f"{i}:{float(s)!r}" for i, s in enumerate(scales) if s)
-        return f"{ns}|lora:{hashlib.sha256(text.encode()).hexdigest()[:16]}"
+        text = f"{self.cvec_ident};{lora}"
+        return f"{ns}|adapters:{hashlib.sha256(text.encode()).hexdigest()[:16]}"
 
     def public(self) -> list[dict[str, Any]]:
         """GET /lora-adapters, as llama-server answers it."""
@@ -213,10 +238,12 @@ class Adapters:
 
 def for_request(adapters: Adapters | None, lora: Sequence[Any] | None, ns: str) -> tuple[tuple[float, ...], str]:
     """The adapter scales a request runs with and its cache namespace under them (``ns`` widened by the
-    scales, :meth:`Adapters.owner`); AdapterRefused when its ``lora`` names no loaded adapter."""
-    if adapters is None or not adapters.loras:
+    adapters, :meth:`Adapters.owner`); AdapterRefused when its ``lora`` names no loaded adapter."""
+    if adapters is None:
         if lora:
             raise AdapterRefused("lora: this model has no LoRA adapters (the engine's lora_adapters)")
         return (), ns
+    if not adapters.loras and lora:
+        raise AdapterRefused("lora: this model has no LoRA adapters (the engine's lora_adapters)")
     scales = adapters.scales(lora)
     return scales, adapters.owner(ns, scales)

@@ -17,8 +17,9 @@ from hydrad.wire.requests import LoraScale
 from tests.support.adapters import make_control_vector
 
 
-def two(defaults: tuple[float, ...] = (1.0, 0.0)) -> ad.Adapters:
-    return ad.Adapters([ad.Lora(0, Path("/a.gguf"), None), ad.Lora(1, Path("/b.gguf"), None)], defaults)
+def two(defaults: tuple[float, ...] = (1.0, 0.0), first: str = "id-a", **kw: object) -> ad.Adapters:
+    return ad.Adapters([ad.Lora(0, Path("/a.gguf"), None, first), ad.Lora(1, Path("/b.gguf"), None, "id-b")], defaults,
+                       **kw)  # type: ignore[arg-type]
 
 
 def test_a_request_names_adapters_by_id_and_the_others_run_at_zero() -> None:
@@ -37,8 +38,13 @@ def test_the_scales_widen_the_cache_namespace() -> None:
     a = two()
     assert a.owner("", (0.0, 0.0)) == "" and a.owner("t1", (0.0, 0.0)) == "t1"  # the base model's
     one, other = a.owner("t1", (1.0, 0.0)), a.owner("t1", (0.5, 0.0))
-    assert one.startswith("t1|lora:") and one != other and one == a.owner("t1", (1.0, 0.0))
+    assert one.startswith("t1|adapters:") and one != other and one == a.owner("t1", (1.0, 0.0))
     assert a.owner("t2", (1.0, 0.0)) != one  # a tenant's namespace stays its own
+    assert two(first="id-retrained").owner("t1", (1.0, 0.0)) != one  # another file at the same id
+    steered = two(cvec=np.ones(4, dtype=np.float32), cvec_range=(1, 2), n_embd=2)
+    assert steered.owner("t1", (0.0, 0.0)).startswith("t1|adapters:")  # a control vector changes every prompt's KV
+    assert steered.owner("t1", (0.0, 0.0)) != two(cvec=np.ones(4, dtype=np.float32), cvec_range=(1, 1),
+                                                  n_embd=2).owner("t1", (0.0, 0.0))
     assert ad.for_request(a, [LoraScale(0, 0.0)], "t1") == ((0.0, 0.0), "t1")
     assert ad.for_request(None, None, "t1") == ((), "t1") == ad.for_request(None, [], "t1")
     with pytest.raises(ad.AdapterRefused, match="this model has no LoRA adapters"):
