@@ -77,12 +77,13 @@ def read_tokenizer(path: Path) -> list[tuple[str, Any, Any, Any]]:
 
 
 def llama_writer(path: Path, name: str, tokenizer: list[tuple[str, Any, Any, Any]], *, ctx: int, embd: int, ff: int,
-                 layers: int, heads: int, heads_kv: int, rope_base: float) -> Any:
+                 layers: int, heads: int, heads_kv: int, rope_base: float, arch: str = ARCH) -> Any:
     """A GGUFWriter for an F16 ``llama`` model of these shapes with ``tokenizer``'s keys (from
-    :func:`read_tokenizer`), its metadata added; the caller adds its own keys and the tensors."""
+    :func:`read_tokenizer`), its metadata added; the caller adds its own keys and the tensors. ``arch``:
+    another architecture of llama's tensors and keys (``qwen2vl``: its keys under that name)."""
     gguf = _gguf()
     n_vocab = len(next(v for k, v, *_ in tokenizer if k == "tokenizer.ggml.tokens"))
-    writer = gguf.GGUFWriter(str(path), ARCH)
+    writer = gguf.GGUFWriter(str(path), arch)
     writer.add_name(name)
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
     writer.add_context_length(ctx)

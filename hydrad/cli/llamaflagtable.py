@@ -390,6 +390,13 @@ MAPPED: tuple[Flag, ...] = (
        _const(("defaults", "cache_prompt"), True)),
     _m("--no-cache-prompt", None, "never reuse a cached prefix: defaults.cache_prompt false",
        _const(("defaults", "cache_prompt"), False)),
+    _m("--context-shift", None, "a generation that fills the context drops half of what follows the kept "
+       "tokens and goes on: defaults.ctx_shift", _const(("defaults", "ctx_shift"), True)),
+    _m("--no-context-shift", None, "a generation that fills the context ends (the default): defaults.ctx_shift "
+       "false", _const(("defaults", "ctx_shift"), False)),
+    _m("--keep", "N", "prompt tokens a context shift keeps, -1 = all: defaults.n_keep", _param("n_keep", _int)),
+    _m("--cache-reuse", "N", "smallest chunk of a cached prompt reused by shifting its KV, 0 = off: "
+       "defaults.n_cache_reuse", _param("n_cache_reuse", _int)),
 )
 
 ACCEPTED: tuple[Flag, ...] = (
@@ -408,8 +415,6 @@ ACCEPTED: tuple[Flag, ...] = (
     _a("--warmup", None, "a model is always warmed up before it serves"),
     _a("--swa-full", None, "a sliding-window model's KV cache is always full-size (llama.cpp's own default; "
        "prefixes stay reusable)"),
-    _a("--no-context-shift", None, "hydrad never shifts the context: a request that fills it ends"),
-    _a("--keep", "N", "tokens kept by a context shift, and hydrad never shifts the context"),
     _a("--perf --no-perf", None, "hydrad reports its own timings (in answers and /metrics) either way"),
     _a("-e --escape --no-escape", None, "escapes in prompts given on the command line, which a server takes none of"),
     _a("-dt --defrag-thold", "N", "deprecated: llama.cpp ignores it too"),
@@ -418,8 +423,6 @@ ACCEPTED: tuple[Flag, ...] = (
     _a("--log-prefix", None, "every log line names its level"),
     _a("--log-timestamps", None, "every log line is timed (by journald under systemd)"),
     _a("--no-cors-credentials", None, "CORS never allows credentials here"),
-    _a("--cache-reuse", "N", "a speed knob of llama-server's KV shifting; hydrad reuses cached prefixes its own "
-       "way and answers the same"),
     _a("-sps --slot-prompt-similarity", "SIMILARITY", "a speed knob of llama-server's slot choice; hydrad picks "
        "the slot with the longest cached prefix and answers the same"),
     _a("-cram --cache-ram", "N", "hydrad keeps no prompt cache in host memory (a pool's Store is a YAML setting)"),
@@ -470,7 +473,6 @@ REFUSED: tuple[Flag, ...] = (
     _r("-nr --no-repack", None, "hydrad always lets llama.cpp repack weights"),
     _r("--no-op-offload", None, "hydrad always offloads host tensor operations"),
     _r("--no-warmup", None, "hydrad always warms a model up before it serves"),
-    _r("--context-shift", None, "hydrad never shifts the context: a request that fills it ends"),
     _r("--rpc", "SERVERS", "hydrad's peers are other engines' merged RPC ports, set as defaults.rpc_servers "
        "in a YAML file or by the coordinator's COMBINE profiles"),
     _r("--mlock", None, "hydrad never locks the model in memory"),

@@ -48,7 +48,7 @@ class InferenceAccess(HostAccess):
                                       "'Authorization: Bearer <key>' (401 otherwise); $HYDRA_API_KEY when no file is set.")
 
     api_keys_file: Path | None = Field(None, description="YAML file of several API keys, one tenant each (name, key "
-                                       "or key_file, optional rate_per_minute): a tenant's prompt cache is its own. "
+                                       "or key_file, optional rate_per_minute and store_quota_mib): a tenant's prompt cache is its own. "
                                        "Replaces api_key_file when set.")
 
     @field_validator("cors_origins")
@@ -149,7 +149,10 @@ def with_api_key(app: Any, keys: str | list[Tenant] | None) -> Any:
                 await send({"type": "http.response.start", "status": 429, "headers": head})
                 await send({"type": "http.response.body", "body": body})
                 return
-            scope.setdefault("state", {})["tenant"] = who.name
+            state = scope.setdefault("state", {})
+            state["tenant"] = who.name
+            if who.store_quota_bytes:
+                state["store_quota"] = who.store_quota_bytes
         await app(scope, receive, send)
 
     return asgi

@@ -174,6 +174,21 @@ class RuntimeParams(BaseModel):
     n_predict: int = _f(-1, Tier.T1, "Default token limit when a request sets none; -1 = until the context is full.", ge=-1)
     chat_template: str | None = _f(None, Tier.T1, "Chat template name (e.g. chatml) or template text; None = the model's own.")
     cache_prompt: bool = _f(True, Tier.T1, "Reuse the KV of a slot that shares a prefix with a new prompt.")
+    ctx_shift: bool = _f(
+        False, Tier.T1, "Context shift (llama-server's --context-shift, off by default as there): a generation that "
+        "fills its slot's context drops half of the tokens after the first n_keep and goes on, instead of ending "
+        "with finish_reason length. Only a request whose own limit (max_tokens, or n_predict) reaches past the "
+        "context shifts. Ignored (the request ends at the context's end) where the model's KV cache cannot shift "
+        "(multi-position RoPE, recurrent memory): the load view says why.")
+    n_keep: int = _f(
+        0, Tier.T1, "Prompt tokens a context shift keeps at the head of the context (llama-server's --keep), not "
+        "counting the BOS token; -1 = the whole prompt. A request's n_keep overrides it.", ge=-1)
+    n_cache_reuse: int = _f(
+        0, Tier.T1, "Reuse chunks of a slot's cached prompt that a new prompt repeats after where they part, by "
+        "shifting their KV to the new positions (llama-server's --cache-reuse): the smallest chunk worth it, in "
+        "tokens; 0 = off. The reused KV is approximate (it was computed after other tokens), as in llama-server; "
+        "it is never handed to another conversation (prefix sharing, the Store). Needs cache_prompt. A request's "
+        "n_cache_reuse overrides it.", ge=0)
     reasoning_format: Literal["none", "deepseek", "deepseek-legacy"] = _f(
         "deepseek", Tier.T1, "What a chat answer does with the model's thinking, the text between <think> and "
         "</think> at the start of the answer (or from the start, when the template opened the think block itself), "

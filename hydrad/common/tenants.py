@@ -6,6 +6,7 @@ A keys file is YAML::
       - name: alice            # who the key is: logs, metrics and cache isolation use the name
         key_file: alice.key    # or  key: <16..256 printable ASCII characters>
         rate_per_minute: 600   # optional: requests a minute, beyond it 429 with Retry-After
+        store_quota_mib: 512   # optional: most of the pool's KV Store this key's objects may hold
 
 A request's **cache namespace** (:func:`cache_namespace`) is made of its tenant and of its own
 ``cache_salt`` (vLLM's per-request field): the prompt cache, a slot's reuse, prefix sharing
@@ -14,6 +15,10 @@ namespaces, so no key can learn a byte of another key's prompt through ``cached_
 through which engine a request is routed to). A pool with no key, or one key, has one tenant: its
 requests share the cache as before unless they send a ``cache_salt``. The time to the first token
 still differs with what is cached on the engine; that timing channel is documented, not closed.
+
+A namespace starts with its tenant's own digest (:func:`store_owner`), so the KV Store can tell
+whose an object is whatever salt it was made under, and hold each key to its ``store_quota_mib``:
+a key past its quota evicts its own least recently used objects, never another key's.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ class Tenant:
     name: str
     key: str
     rate_per_minute: float = 0.0  # 0: no limit
+    store_quota_bytes: int = 0  # 0: only the Store's own cap
     _tokens: float = field(default=0.0, repr=False)
     _at: float = field(default=0.0, repr=False)
     _mu: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -70,8 +76,9 @@ def read_keys(path: Path) -> list[Tenant]:
     names: set[str] = set()
     for i, e in enumerate(entries):
         where = f"{path}: keys[{i}]"
-        if not isinstance(e, dict) or set(e) - {"name", "key", "key_file", "rate_per_minute"}:
-            raise ConfigError(f"{where}: an entry has name, key or key_file, and optionally rate_per_minute")
+        if not isinstance(e, dict) or set(e) - {"name", "key", "key_file", "rate_per_minute", "store_quota_mib"}:
+            raise ConfigError(f"{where}: an entry has name, key or key_file, and optionally rate_per_minute and "
+                              "store_quota_mib")
         name = e.get("name")
         if not isinstance(name, str) or not 1 <= len(name) <= 64 or not name.isascii() or not name.isprintable():
             raise ConfigError(f"{where}.name: 1 to 64 printable ASCII characters")
@@ -94,23 +101,39 @@ def read_keys(path: Path) -> list[Tenant]:
         rate = e.get("rate_per_minute", 0)
         if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not (0 <= rate < math.inf):
             raise ConfigError(f"{where}.rate_per_minute: a number of requests a minute, 0 for no limit")
+        quota = e.get("store_quota_mib", 0)
+        if isinstance(quota, bool) or not isinstance(quota, int) or not 0 <= quota <= 1 << 24:
+            raise ConfigError(f"{where}.store_quota_mib: whole MiB of the KV Store, 0 for no quota of its own")
         if any(t.key == key for t in out):
             raise ConfigError(f"{where}: the same key as another entry")
         names.add(name)
-        out.append(Tenant(name, key, float(rate)))
+        out.append(Tenant(name, key, float(rate), quota << 20))
     return out
+
+
+OWNER_HEX = 16
 
 
 def cache_namespace(tenant: str | None, salt: str | None) -> str:
     """The namespace a request's prompt cache lives in: "" (the shared one) for the only tenant of a
-    pool without a salt, else a digest of the tenant and the salt (the salt never travels on)."""
+    pool without a salt, else the tenant's digest followed by one of the tenant and the salt (the
+    salt never travels on)."""
     if not salt and tenant in (None, DEFAULT_TENANT):
         return ""
-    h = hashlib.sha256()
-    h.update((tenant or DEFAULT_TENANT).encode())
-    h.update(b"\0")
+    name = (tenant or DEFAULT_TENANT).encode()
+    h = hashlib.sha256(name + b"\0")
     h.update((salt or "").encode())
-    return h.hexdigest()[:32]
+    return hashlib.sha256(name).hexdigest()[:OWNER_HEX] + h.hexdigest()[:OWNER_HEX]
+
+
+def store_owner(ns: str) -> str:
+    """Whose KV Store objects a namespace's are: its tenant's digest ("" for the shared namespace)."""
+    return ns[:OWNER_HEX]
+
+
+def store_quota_of(scope_state: Any) -> int:
+    """The Store quota (bytes) of the tenant the API-key check found, 0 for none."""
+    return int(getattr(scope_state, "store_quota", 0) or 0)
 
 
 def tenant_of(scope_state: Any) -> str | None:

@@ -35,6 +35,7 @@ class Turn:
     session: str | None  # inside the request's cache namespace (hydrad.common.tenants.scoped)
     messages: list[dict[str, str]] | None
     ns: str = ""  # the request's cache namespace
+    quota: int = 0  # its tenant's Store quota in bytes (0: none)
 
 
 class BusEvents:

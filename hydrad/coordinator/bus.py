@@ -471,15 +471,25 @@ class CoordinatorBus:
     # ----- liveness --------------------------------------------------------------------
 
     async def _liveness(self) -> None:
+        """Every tick: declare engines silent for ``liveness`` intervals down, and ping the others.
+
+        Silence is counted only while this loop listened: after a pass that held the loop (this tick
+        came late), what the engines sent meanwhile still waits unread in the socket, so no engine
+        is declared down until the reader has had two ticks to catch up."""
         liveness = self.settings.liveness
         tick = max(0.02, min(0.25, self.settings.heartbeat_interval_s / 4))
+        last = time.monotonic()
+        listening_since = last
         while True:
             await asyncio.sleep(tick)
             now = time.monotonic()
+            if now - last > 2 * tick:
+                listening_since = now  # the loop was held: its engines' messages have not been read yet
+            last = now
             for rec in list(self.engines.values()):
                 if not rec.alive:
                     continue
-                silent = now - rec.last_seen
+                silent = now - max(rec.last_seen, listening_since - 2 * tick)
                 if silent > liveness * rec.interval:
                     self._down(rec, f"no heartbeat for {silent:.1f} s ({liveness} intervals of {rec.interval:g} s)")
                     continue

@@ -116,7 +116,7 @@ class CoordinatorDaemon:
         keeper = None
         if s.sessions.keep:
             try:
-                keeper = SessionKeeper(s.sessions, bus.engines, bus.publish)
+                keeper = SessionKeeper(s.sessions, bus.engines, bus.publish, places=affinity)
             except (StoreError, tokenfile.TokenError, OSError) as exc:
                 log_event(log, logging.ERROR, "cannot open the session store", dir=str(s.sessions.store.location()),
                           error=str(exc), how="set sessions.store.dir to a writable directory, or sessions.keep: false")

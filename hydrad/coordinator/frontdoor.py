@@ -71,7 +71,7 @@ from hydrad.wire.render import ChatAnswer, CompletionAnswer, MessagesAnswer
 from hydrad.wire.openai import ApiError
 from hydrad.common.logs import log_event
 from hydrad.common.registry import Registry
-from hydrad.common.tenants import cache_namespace, scoped, tenant_of
+from hydrad.common.tenants import cache_namespace, scoped, store_owner, store_quota_of, tenant_of
 from hydrad.common.tokenfile import read_token
 
 log = logging.getLogger("hydra.coordinator")
@@ -94,7 +94,10 @@ class FrontDoor:
         self.switcher = switcher
         self.registry = registry
         self.policy = RoutingPolicy(affinity_margin_s=settings.affinity_margin_s)
-        self.affinity = affinity or Affinity()
+        # one record of where sessions' KV lives, shared with the keeper (affinity.py says what it holds)
+        self.affinity = affinity or (sessions.places if sessions is not None else Affinity())
+        if sessions is not None and sessions.places is not self.affinity:
+            raise ValueError("the session keeper and the front door must share one Affinity (places=)")
         self.sessions = sessions  # keeps sessions' KV in the Store (None: sessions.keep is off)
         self.meter = TransferMeter()  # engine-to-engine KV transfers, for the split's plans
         self.placements = sessions.placements if sessions is not None else Placements()
@@ -258,6 +261,7 @@ class FrontDoor:
                 greq.slot = None  # a slot number means nothing across engines
                 greq.client = client_key(request)  # the engines' queues take clients in turn
                 greq.cache_ns = cache_namespace(tenant_of(request.state), greq.cache_salt)
+                greq.store_quota = store_quota_of(request.state)
                 outcome.session = self._session(req, request)
                 # one tenant's session id, or conversation, never leads to another's KV
                 session = scoped(greq.cache_ns, outcome.session) if outcome.session else None
@@ -349,7 +353,8 @@ class FrontDoor:
                 headers["X-Session-Id"] = outcome.session
             if outcome.defaulted:  # the client named no model, or one the pool does not know
                 headers["X-Hydra-Default-Model"] = served or ""
-            turn = Turn(engine=engine, session=session, messages=greq.messages, ns=greq.cache_ns)
+            turn = Turn(engine=engine, session=session, messages=greq.messages, ns=greq.cache_ns,
+                        quota=greq.store_quota)
             r = answer.renderer(served or "", self._fingerprint(engine))
 
             def record(reply: str, done: events.Done, turn: Turn = turn) -> None:
@@ -441,7 +446,7 @@ class FrontDoor:
     def _record(self, turn: Turn, reply: str, done: events.Done) -> None:
         self.affinity.record(turn.engine, turn.session, turn.messages, reply, turn.ns)
         if self.sessions is not None:
-            self.sessions.after_turn(turn.session, turn.engine, done)
+            self.sessions.after_turn(turn.session, turn.engine, done, store_owner(turn.ns), turn.quota)
             self.mobility.after_turn(turn.session, turn.engine)
 
     async def move_session(self, session: str, engine: str) -> dict[str, Any]:

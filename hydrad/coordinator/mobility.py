@@ -61,7 +61,7 @@ class SessionMobility:
             if restored is None:
                 raise ApiError(409, f"session {session!r} could not be moved to {engine} (no idle slot, or its "
                                "KV is gone from its engine and the Store)", "not_moved")
-            self.sessions.pin(session, engine, restored.slot)
+            self.affinity.pin(session, engine, restored.slot)
             moved, how = restored, "store"
         self.affinity.record(engine, session, None, None)
         return {"session": session, "engine": engine, "moved": True, "from": how, "slot": moved.slot,
@@ -75,7 +75,7 @@ class SessionMobility:
         if self.sessions is None:
             return
         moved = 0
-        for session in self.sessions.sessions_on(engine):
+        for session in self.affinity.left_on(engine):
             if await self._move_off(session, engine):
                 moved += 1
         if moved:
@@ -125,12 +125,12 @@ class SessionMobility:
         if moving is not None and not moving.done():  # being moved off a leaving engine: take what it places
             with contextlib.suppress(Exception):
                 await asyncio.shield(moving)
-        pinned = self.sessions.pinned(session, engine)
+        pinned = self.affinity.pinned(session, engine)
         if pinned is not None:
             return pinned
         home = self.affinity.engine_of(session)
         if home == engine:  # its KV is there; pinned when the engine holds it as foreign (see Latest.placed)
-            return self.sessions.slot_of(session, engine)
+            return self.affinity.slot_of(session, engine)
         target = self.bus.engines.get(engine)
         if target is not None and target.status.stage in LEAVING_STAGES:  # it would drop the KV with its old generation
             return None
@@ -151,7 +151,7 @@ class SessionMobility:
             if moved is not None:
                 dst = self.bus.engines.get(engine)
                 self.meter.record(moved, dst.status.kv_family if dst is not None else None)
-                self.sessions.pinned(session, engine)  # this turn takes the slot now
+                self.affinity.pinned(session, engine)  # this turn takes the slot now
                 why = "busy" if src.status.stage == "ready" else src.status.stage
                 log_event(log, logging.INFO, f"session moved off a {why} engine", session=session, src=home,
                           dst=engine)

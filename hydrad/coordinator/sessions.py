@@ -40,6 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from hydrad.common.logs import log_event
 from hydrad.common.tokenfile import read_token
+from hydrad.coordinator.affinity import Affinity, Latest
 from hydrad.coordinator.kvmove import Moved, Placements, stream_slot
 from hydrad.coordinator.records import EngineRecord
 from hydrad.store import Store, StoreError, StoreSettings
@@ -90,22 +91,6 @@ class Kept:
 
 
 @dataclass
-class Latest:
-    """Where a session's newest turn left its KV (DONE's slot and digest), kept or not: a session taking
-    turns back to back is often not kept (its slot is busy with the next turn when the keeper reads
-    it), but its KV can still move engine to engine from there."""
-
-    engine: str
-    slot: int
-    kv_hash: str
-    model: str
-    # The coordinator put this KV there (a move or a restore) without the engines' token: the engine
-    # holds it as foreign, and only a turn pinned to the slot reuses it (docs/engine.md, trust of KV
-    # state). So every later turn of the session on that engine is pinned there too.
-    placed: bool = False
-
-
-@dataclass
 class Restored:
     slot: int
     n_tokens: int
@@ -114,16 +99,18 @@ class Restored:
 
 class SessionKeeper:
     def __init__(self, settings: SessionSettings, engines: Mapping[str, EngineRecord],
-                 publish: Callable[..., None] | None = None) -> None:
+                 publish: Callable[..., None] | None = None, places: Affinity | None = None) -> None:
+        """``places``: the coordinator's one record of where sessions' KV lives (the front door's
+        :class:`~hydrad.coordinator.affinity.Affinity`); the keeper owns only what the Store keeps."""
         self.settings = settings
+        self.places = places if places is not None else Affinity()
         self.engines = engines
         self.publish = publish or (lambda *a, **k: None)
         self.store = Store(settings.store)
         self.token = read_token(settings.engine_token_file) if settings.engine_token_file else None
         self._index: OrderedDict[str, Kept] = OrderedDict()
-        self._pending: dict[str, tuple[str, events.Done | M.Done]] = {}  # session -> newest turn waiting to be kept
-        self._pins: dict[str, tuple[str, int]] = {}  # session -> (engine, slot) it was moved into
-        self._latest: OrderedDict[str, Latest] = OrderedDict()  # session -> where its newest turn's KV is
+        # session -> newest turn waiting to be kept: (engine, DONE, its tenant's Store owner and quota)
+        self._pending: dict[str, tuple[str, events.Done | M.Done, str, int]] = {}
         self._running: set[str] = set()
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="hydra-sessions")
         self.placements = Placements()  # shared with the front door's split: one placement per engine at a time
@@ -174,40 +161,39 @@ class SessionKeeper:
 
     def knows(self, session: str | None) -> bool:
         """The session has a turn kept, or a newest turn whose KV may still be in its slot."""
-        return bool(session) and (session in self._index or session in self._latest)
+        return session is not None and session != "" and (session in self._index
+                                                            or self.places.latest(session) is not None)
 
     def public(self) -> dict[str, Any]:
         return {"sessions": len(self._index), "queued": len(self._pending), **self.stats}
 
     # ----- after a turn: keep it --------------------------------------------------------------
 
-    def after_turn(self, session: str | None, engine: str, done: events.Done | M.Done | None) -> None:
+    def after_turn(self, session: str | None, engine: str, done: events.Done | M.Done | None,
+                   owner: str = "", quota: int = 0) -> None:
         """A session's turn finished on ``engine``: queue a snapshot of its slot (newest turn wins)."""
         if not session or done is None or done.slot is None or not done.kv_hash:
             return
-        prev = self._latest.get(session)
-        placed = prev is not None and prev.placed and prev.engine == engine and prev.slot == done.slot
-        self._latest[session] = Latest(engine, done.slot, done.kv_hash, done.model, placed)
-        self._latest.move_to_end(session)
-        while len(self._latest) > self.settings.max_sessions:
-            self._latest.popitem(last=False)
+        self.places.turn_ended(session, engine, done.slot, done.kv_hash, done.model)
         self._loop = asyncio.get_running_loop()
-        self._pending[session] = (engine, done)
+        self._pending[session] = (engine, done, owner, quota)
         if session not in self._running:
             self._start(session)
 
     def _start(self, session: str) -> None:
-        engine, done = self._pending.pop(session)
+        engine, done, owner, quota = self._pending.pop(session)
         rec = self.engines.get(engine)
         if rec is None or not rec.alive or not rec.info.rpc:
             self.stats["keep_skipped"] += 1
             return
         self._running.add(session)
-        fut = self._pool.submit(self._keep, session, engine, rec.info.rpc, done)
+        fut = self._pool.submit(self._keep, session, engine, rec.info.rpc, done, owner, quota)
         fut.add_done_callback(lambda f: self._loop.call_soon_threadsafe(self._kept, session, engine, f))  # type: ignore[union-attr]
 
-    def _keep(self, session: str, engine: str, address: str, done: events.Done | M.Done) -> tuple[str, Kept | None, Kept | None]:
-        """Worker thread: STATE_GET the slot, check it still holds the turn, put it in the store."""
+    def _keep(self, session: str, engine: str, address: str, done: events.Done | M.Done, owner: str = "",
+              quota: int = 0) -> tuple[str, Kept | None, Kept | None]:
+        """Worker thread: STATE_GET the slot, check it still holds the turn, put it in the store as the
+        tenant's object (``owner``, held to its ``quota``)."""
         t0 = time.monotonic()
         with RpcClient(address, self.token, timeout=self.settings.io_timeout_s) as c:
             for attempt in range(3):  # a slot busy right after DONE may be the next turn of this very session
@@ -223,7 +209,7 @@ class SessionKeeper:
         tokens = meta.get("tokens") or []
         if len(tokens) != done.kv_tokens or tokens_digest(tokens) != done.kv_hash:
             return "moved", None, None
-        key = self.store.put(meta, data)
+        key = self.store.put(meta, data, owner=owner, quota=quota)
         kept = Kept(key, len(tokens), done.model, time.time(), engine, done.slot, done.kv_hash)  # model: the alias served
         self._write_entry(session, kept)
         log_event(log, logging.DEBUG, "session kept", session=session, tokens=len(tokens), bytes=len(data),
@@ -308,7 +294,8 @@ class SessionKeeper:
             log_event(log, logging.INFO, "session not restored: no idle slot", session=session, engine=engine)
             return None
         self.stats["restored"] += 1
-        self._latest[session] = Latest(engine, restored.slot, kept.kv_hash, kept.model, placed=self.token is None)
+        self.places.placed(session, engine, restored.slot, kept.kv_hash, kept.model, foreign=self.token is None,
+                           pin=False)
         log_event(log, logging.INFO, "session restored", session=session, engine=engine, slot=restored.slot,
                   tokens=restored.n_tokens, seconds=round(restored.seconds, 4))
         self.publish("session.restored", session=session, engine=engine, slot=restored.slot,
@@ -335,18 +322,15 @@ class SessionKeeper:
 
     # ----- engine to engine: before an engine reloads or stops --------------------------------
 
-    def sessions_on(self, engine: str) -> list[str]:
-        return [s for s, at in self._latest.items() if at.engine == engine]
-
     def model_of(self, session: str) -> str | None:
-        at, kept = self._latest.get(session), self._index.get(session)
+        at, kept = self.places.latest(session), self._index.get(session)
         return at.model if at is not None else kept.model if kept is not None else None
 
     async def move(self, session: str, dst: str) -> Moved | None:
         """Stream the session's KV from the slot it was left in straight into an idle slot of ``dst``
         (merged ports, no Store in between), checked against the turn's digest; the next turn on
         ``dst`` is pinned to that slot (:meth:`pinned`). None when the KV is no longer there."""
-        at = self._latest.get(session)
+        at = self.places.latest(session)
         src = self.engines.get(at.engine) if at is not None else None
         target = self.engines.get(dst)
         if at is None or src is None or not src.info.rpc or target is None or not target.info.rpc:
@@ -372,8 +356,7 @@ class SessionKeeper:
             return None
         if moved is None:
             return None
-        self.pin(session, dst, moved.slot)
-        self._latest[session] = Latest(dst, moved.slot, at.kv_hash, at.model, placed=self.token is None)
+        self.places.placed(session, dst, moved.slot, at.kv_hash, at.model, foreign=self.token is None, pin=True)
         kept = self._index.get(session)
         if kept is not None and kept.kv_hash == at.kv_hash:
             kept.engine, kept.slot = dst, moved.slot
@@ -387,26 +370,8 @@ class SessionKeeper:
     def _move(self, src: str, at: Latest, dst: str) -> Moved | None:
         return stream_slot(src, at.slot, dst, self.token, self.settings.io_timeout_s, digest=at.kv_hash)
 
-    def slot_of(self, session: str, engine: str) -> int | None:
-        """The slot every turn of the session on ``engine`` is pinned to, while the KV there is one the
-        coordinator placed without the engines' token (see :class:`Latest`); else None."""
-        at = self._latest.get(session)
-        return at.slot if at is not None and at.placed and at.engine == engine else None
-
-    def pin(self, session: str, engine: str, slot: int) -> None:
-        """The session's next turn on ``engine`` goes to ``slot`` (where its KV was just put)."""
-        self._pins[session] = (engine, slot)
-
-    def pinned(self, session: str, engine: str) -> int | None:
-        """The slot a moved session waits in on ``engine`` (once: the turn then owns it)."""
-        pin = self._pins.get(session)
-        if pin is None or pin[0] != engine:
-            return None
-        del self._pins[session]
-        return pin[1]
-
     def forget(self, session: str) -> None:
-        self._latest.pop(session, None)
+        self.places.forget_latest(session)
         kept = self._index.pop(session, None)
         self._pool.submit(self._write_entry, session, None)
         self._drop_unused(kept, None)
@@ -415,4 +380,4 @@ class SessionKeeper:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
-__all__ = ["Kept", "Latest", "Restored", "SessionKeeper", "SessionSettings", "default_store_dir"]
+__all__ = ["Kept", "Restored", "SessionKeeper", "SessionSettings", "default_store_dir"]

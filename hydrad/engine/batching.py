@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hydrad.common.logs import log_event
-from hydrad.engine import adapters, chatprompt, faults, sampling, thinking
+from hydrad.engine import adapters, chatprompt, faults, kvshift, sampling, thinking
 from hydrad.engine.generation import Generation, Slot
 from hydrad.engine.promptprep import RequestRefused
 from hydrad.engine.requests import Done, Failed, Progress, RequestHandle, Token, Usage
@@ -57,6 +57,8 @@ class _Active:
     tools: ToolStream | None = None  # a request offering tools: its text read into content and calls
     think: thinking.Thinking | None = None  # a chat's think block: its reasoning split off, its budget kept
     settings: dict[str, Any] | None = None  # the values it runs with, when it asked (report_settings)
+    n_keep: int = -1  # ctx_shift: tokens a context shift keeps at the head (kvshift.kept); -1: it never shifts
+    shifts: int = 0  # context shifts so far
     lora: tuple[float, ...] = ()  # the LoRA scales it runs with: only slots of one set share a step (adapters)
 
 
@@ -97,7 +99,11 @@ def _settings(params: Any, used: sampling.Sampling, n_ctx: int) -> dict[str, Any
     """The engine's values a request runs with, as llama-server's ``generation_settings`` names them."""
     return {"temperature": used.temperature, "top_k": used.top_k, "top_p": used.top_p, "min_p": used.min_p,
             "repeat_penalty": used.repeat_penalty, "seed": used.seed, "repeat_last_n": params.repeat_last_n,
-            "n_predict": params.n_predict, "cache_prompt": params.cache_prompt, "n_ctx": n_ctx}
+            "n_predict": params.n_predict, "cache_prompt": params.cache_prompt, "n_ctx": n_ctx,
+            "n_keep": params.n_keep, "n_cache_reuse": params.n_cache_reuse}
+
+
+UNLIMITED = 2**31 - 1  # a request's "until the context is full" (n_predict -1): a context shift never extends it
 
 
 def in_turns(waiting: deque[RequestHandle]) -> deque[RequestHandle]:
@@ -214,9 +220,11 @@ class Scheduler:
         # there itself: no other key learns a byte of it through cached_tokens.
         pinned = req.slot is not None
         own = slot.owner == ns or (pinned and (slot.owner is None or (req.pool_pin and slot.owner == "")))
-        keep = gen.reuse_prefix(slot, tokens) if cache and own else gen.reset_slot(slot)
+        min_chunk = params.n_cache_reuse if req.n_cache_reuse is None else req.n_cache_reuse
+        keep, moved = gen.reuse_prefix(slot, tokens, min_chunk) if cache and own else (gen.reset_slot(slot), 0)
         if cache:
-            keep = self.core.prefix.extend(gen, slot, tokens, keep, req.stored_prefix, ns)  # type: ignore[arg-type]
+            keep = self.core.prefix.extend(gen, slot, tokens, keep, req.stored_prefix, ns,
+                                              req.store_quota)  # type: ignore[arg-type]
         slot.owner = ns
         req.stored_prefix = None
         gen.ensure_room(len(tokens) - keep, exclude=slot)
@@ -238,12 +246,10 @@ class Scheduler:
         except sampling.GrammarRefused as exc:
             raise RequestRefused(str(exc), 400, "invalid_field") from None
         room = limit - len(tokens)
-        if req.max_tokens is not None:
-            max_tokens = min(req.max_tokens, room)
-        elif params.n_predict >= 0:
-            max_tokens = min(params.n_predict, room)
-        else:
-            max_tokens = room
+        want = req.max_tokens if req.max_tokens is not None else params.n_predict if params.n_predict >= 0 else room
+        # ctx_shift: a limit of its own (not "until the context is full") may run past the context
+        shifting = params.ctx_shift and want > room and want != UNLIMITED and gen.ctx.can_shift
+        max_tokens = want if shifting else min(want, room)
         handle.generation = gen.tag
         handle.t_admitted = time.monotonic()
         try:
@@ -258,7 +264,10 @@ class Scheduler:
                               ids=[] if req.return_tokens else None, probs=probs,
                               tools=None if req.tools is None else ToolStream(chatprompt.tool_format(
                                   model, params.chat_template)),
-                              think=thinking.start(model, params, req, tokens, grammar), lora=lora)
+                              think=thinking.start(model, params, req, tokens, grammar),
+                              n_keep=kvshift.kept(params.n_keep if req.n_keep is None else req.n_keep, len(tokens),
+                                                  model.added_bos() is not None, limit) if shifting else -1,
+                              lora=lora)
         if req.report_settings:
             slot.active.settings = _settings(params, spec, gen.ctx.n_ctx)
         gen.n_active += 1
@@ -266,6 +275,7 @@ class Scheduler:
             self._progress(slot.id, slot.active)
         self.core.stats.prompt_tokens_total += len(tokens) - keep
         self.core.stats.cached_tokens_total += keep
+        self.core.stats.cache_reuse_tokens_total += moved
         if max_tokens <= 0:
             self._finish(gen, slot, "length")
 
@@ -420,7 +430,7 @@ class Scheduler:
         a.unsent.append(tok)
         if a.probs is not None:
             a.probs_unsent.append(a.probs.entry(tok))
-        if a.n_gen >= a.max_tokens or len(slot.cache) + 1 >= gen.ctx.n_ctx_seq:
+        if a.n_gen >= a.max_tokens or (len(slot.cache) + 1 >= gen.ctx.n_ctx_seq and not self._shift(gen, slot, a)):
             self._finish(gen, slot, "length")
             return
         if defer:
@@ -428,6 +438,15 @@ class Scheduler:
             self.deferred.append((gen, slot, a))
         elif not self._text(gen, slot, a):
             a.next_token = tok
+
+    def _shift(self, gen: Generation, slot: Slot, a: _Active) -> bool:
+        """The slot's context is full: shift it (ctx_shift) so that the request goes on; False when it
+        does not shift (off, or nothing could be dropped) and the request ends."""
+        if a.n_keep < 0 or not kvshift.context_shift(gen, slot, a.n_keep):
+            return False
+        a.shifts += 1
+        self.core.stats.context_shifts_total += 1
+        return True
 
     def _text(self, gen: Generation, slot: Slot, a: _Active) -> bool:
         """Detokenize ``a``'s unsent tokens, stream the text out, watch for stop strings; True when
@@ -499,8 +518,13 @@ class Scheduler:
         self.core.prefix.prefill_seen(a.prompt_len - a.cached, t_first - a.t_start)
         self.core.stats.predicted_seconds_total += now - t_first
         self.core.stats.requests_finished_total += 1
+        # llama-server's truncated: the context was shifted, or the generation ended for filling it
+        truncated = a.shifts > 0 or (reason == "length" and len(slot.cache) + 1 >= gen.ctx.n_ctx_seq)
+        if a.shifts:  # the slot keeps what a prefill gives; the next request is answered as by a fresh engine
+            kvshift.drop_inexact(gen, slot)
         self.core.emit(a.handle, Done(reason, usage, gen.tag.fingerprint, gen.tag.model, slot.id, len(slot.cache),
-                                      tokens_digest(slot.cache), a.stopper.matched, _take_ids(a), a.settings))
+                                      tokens_digest(slot.cache), a.stopper.matched, _take_ids(a), a.settings,
+                                      truncated))
         self.release(gen, slot)
 
     def _fault(self, stage: str, faulty: frozenset[str]) -> None:
@@ -536,6 +560,8 @@ class Scheduler:
         if a is None:
             return
         a.sampler.free()
+        if a.shifts:  # cancelled or failed after a shift (see _finish)
+            kvshift.drop_inexact(gen, slot)
         slot.active = None
         slot.last_used = time.monotonic()
         gen.n_active -= 1
@@ -543,8 +569,7 @@ class Scheduler:
     def _decode_failed(self, gen: Generation, rc: int, before: list[tuple[Slot, int]]) -> None:
         """Undo this step's tokens; fail the affected requests with a clear reason."""
         for slot, n in before:
-            gen.ctx.seq_rm(slot.id, n, -1)
-            del slot.cache[n:]
+            gen.truncate(slot, n)
         msg = ("the context is full (all slots together exceed n_ctx)" if rc == 1
                else f"llama_decode failed with code {rc}")
         log_event(log, logging.ERROR, "decode failed", rc=rc, slots=len(before))

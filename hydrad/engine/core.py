@@ -206,6 +206,8 @@ class EngineCore:
 
     async def prepare(self, request: GenRequest) -> None:
         """See :meth:`hydrad.engine.promptprep.PromptPrep.prepare`."""
+        if self.faults_armed and faults.STALL in faults.stages_of(request):
+            faults.hold_loop()  # a test's stall of the main loop (hydrad.engine.faults)
         await self.prep.prepare(request)
 
     def load(self, *args: Any, **kwargs: Any) -> LoadRecord:

@@ -22,6 +22,7 @@ from hydrad.common.cpus import CpuLimits, usable_cpus
 from hydrad.engine import ggml, jinjabox, llama
 from hydrad.engine.control import EngineControl
 from hydrad.engine.core import EngineCore
+from hydrad.engine.pulse import LoopTicker, Pulse
 from hydrad.engine.snapshot import EngineSnapshot, status_text
 from hydrad.common.logs import log_event
 from hydrad.common.loopwatch import LoopWatch
@@ -114,14 +115,19 @@ class Daemon:
         watch = LoopWatch(loop, s.logging.slow_loop_ms / 1000, log) if s.logging.slow_loop_ms else None
         if watch is not None:
             watch.start()
-        tasks = [asyncio.create_task(self._watchdog(), name="watchdog"),
-                 asyncio.create_task(self._hup_loop(), name="sighup")]
+        # the watchdog ping and the bus link live on the pulse's own loop (hydrad.engine.pulse says why)
+        ticker = LoopTicker()
+        ticker.start()
+        pulse = Pulse()
+        pulse.start()
+        pulse.spawn(self._watchdog(ticker))
+        tasks = [asyncio.create_task(self._hup_loop(), name="sighup")]
         link = None
         if s.bus.endpoint:  # the coordinator's bus; without an endpoint the engine stands alone
             from hydrad.engine.bus.link import EngineLink
 
             link = EngineLink(s, self.control, http=f"{s.http.host}:{port}",
-                              rpc=f"{s.rpc.host}:{rpc_port}" if s.rpc.enabled else None)
+                              rpc=f"{s.rpc.host}:{rpc_port}" if s.rpc.enabled else None, pulse=pulse, ticker=ticker)
             link.start()
         try:
             await self.control.boot()
@@ -140,6 +146,8 @@ class Daemon:
             await asyncio.wait_for(serve, timeout=10)
         for t in tasks:
             t.cancel()
+        ticker.stop()
+        await asyncio.to_thread(pulse.stop)
         await asyncio.to_thread(self.core.join, 10)
         if watch is not None:
             watch.stop()
@@ -180,16 +188,21 @@ class Daemon:
         self.core.stop()
         await asyncio.sleep(0.05)  # let the final events reach their streams
 
-    async def _watchdog(self) -> None:
+    async def _watchdog(self, ticker: LoopTicker) -> None:
+        """On the pulse loop: ping while the engine thread steps and the main loop is not hung for good
+        (a main loop busy for seconds is no reason for systemd to kill every stream)."""
         interval = self.notifier.watchdog_interval()
         if interval is None:
             return
         limit = interval * 2
         while True:
-            if self.core.alive and time.monotonic() - self.core.heartbeat < limit:
-                self.notifier.watchdog()
-            else:
+            if not (self.core.alive and time.monotonic() - self.core.heartbeat < limit):
                 log_event(log, logging.ERROR, "engine thread stalled or dead; withholding WATCHDOG=1")
+            elif ticker.hung():
+                log_event(log, logging.ERROR, "event loop hung; withholding WATCHDOG=1",
+                          stalled_s=round(ticker.stalled_for(), 1))
+            else:
+                self.notifier.watchdog()
             await asyncio.sleep(interval)
 
     async def _hup_loop(self) -> None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from hydrad.engine import ggml, gguf_meta, llama
+from hydrad.engine import ggml, gguf_meta, kvshift, llama
 from hydrad.engine.adapters import Adapters
 from hydrad.engine.batch import Batch
 from hydrad.engine.embedder import Embedder
@@ -41,6 +41,10 @@ class Slot:
     # namespace never reuses it, except the request the pool itself pinned here after putting its state
     # (a moved session, a split's prefill: GenRequest.pool_pin). None: an untrusted upload's (foreign).
     owner: str | None = ""
+    # How many leading tokens of ``cache`` hold the KV a prefill of them gives; None: all of them. A context
+    # shift or a reused chunk (hydrad.engine.kvshift) leaves KV computed after other tokens past this point:
+    # never given to another conversation, and a shifted tail is dropped when its request ends.
+    exact: int | None = None
 
 
 def _memory_of(buft: str) -> str:
@@ -246,7 +250,7 @@ class Generation:
             why = "llama.cpp refused the state data (corrupt, from another build, or no room in the KV cache)"
         else:
             slot.cache.extend(tokens)
-            slot.foreign, slot.owner = foreign, owner
+            slot.foreign, slot.owner, slot.exact = foreign, owner, None
             return
         self.ctx.seq_rm(slot.id, -1, -1)
         slot.foreign, slot.owner = False, ""
@@ -258,7 +262,7 @@ class Generation:
             self.ctx.seq_rm(slot.id, -1, -1)
             raise RuntimeError(f"{why}, and the slot's previous KV could not be put back; the slot is empty")
         slot.cache.extend(old_tokens)
-        slot.foreign, slot.owner = old_foreign, old_owner
+        slot.foreign, slot.owner = old_foreign, old_owner  # (and exact as it was: the same KV is back)
         raise RuntimeError(f"{why}; the slot is unchanged")
 
     def free_slot_exists(self) -> bool:
@@ -297,23 +301,37 @@ class Generation:
             self.reset_slot(slot)
         return slot
 
-    def reuse_prefix(self, slot: Slot, tokens: list[int]) -> int:
-        """Keep the shared prefix of the slot's KV, drop the rest; returns tokens kept."""
-        keep = common_prefix(slot.cache, tokens)
+    def reuse_prefix(self, slot: Slot, tokens: list[int], min_chunk: int = 0) -> tuple[int, int]:
+        """Keep the shared prefix of the slot's KV, drop the rest; returns (tokens kept, of which moved).
+        ``min_chunk`` (the request's n_cache_reuse, 0: off): first move the cached chunks of at least that
+        many tokens that the prompt repeats after the shared prefix to their new positions
+        (kvshift.reuse_chunks)."""
+        keep = prefix = common_prefix(slot.cache, tokens)
         if keep >= len(tokens):
-            keep = len(tokens) - 1  # the last prompt token must be decoded again to get logits
+            keep = prefix = len(tokens) - 1  # the last prompt token must be decoded again to get logits
+        if min_chunk > 0 and keep < len(slot.cache):
+            keep = kvshift.reuse_chunks(self, slot, tokens, keep, min_chunk)
+        kept = self.truncate(slot, keep)
+        return kept, max(0, kept - prefix)
+
+    def truncate(self, slot: Slot, keep: int) -> int:
+        """Drop the slot's KV and tokens from ``keep`` on; returns what it holds after (0 when the cache
+        cannot drop a tail and the slot was started afresh)."""
         if keep < len(slot.cache):
             if not self.ctx.seq_rm(slot.id, keep, -1):
                 # some caches (sliding-window, recurrent) cannot drop a tail: start the slot afresh
                 return self.reset_slot(slot)
             del slot.cache[keep:]
-        return keep
+        if slot.exact is not None and slot.exact >= keep:
+            slot.exact = None
+        return len(slot.cache)
 
     def reset_slot(self, slot: Slot) -> int:
         self.ctx.seq_rm(slot.id, -1, -1)
         slot.cache.clear()
         slot.foreign = False
         slot.owner = ""
+        slot.exact = None
         return 0
 
     def ensure_room(self, needed: int, exclude: Slot) -> None:
@@ -342,7 +360,7 @@ class Generation:
         """T2: a new context with new parameters; the model stays. Each idle slot's KV is carried into the
         new context when the new context can hold it (same cache types, enough room, slot still exists);
         otherwise that slot starts empty and its next request prefills again."""
-        saved: list[tuple[int, list[int], Any, float, bool, str | None]] = []
+        saved: list[tuple[int, list[int], Any, float, bool, str | None, int | None]] = []
         same_layout = (params.cache_type_k, params.cache_type_v) == (self.params.cache_type_k, self.params.cache_type_v)
         dropped = 0
         for slot in self.slots:
@@ -350,7 +368,7 @@ class Generation:
                 continue
             if same_layout and slot.id < params.n_parallel:
                 saved.append((slot.id, list(slot.cache), self.read_state(slot), slot.last_used, slot.foreign,
-                              slot.owner))
+                              slot.owner, slot.exact))
             else:
                 dropped += 1
         new_ctx = llama.Context(self.model, params)
@@ -376,13 +394,13 @@ class Generation:
         self.params = params
         self.tag = GenerationTag(self.id, self.resolved.id, params.snapshot_hash())
         carried = 0
-        for sid, tokens, data, last_used, foreign, owner in saved:
+        for sid, tokens, data, last_used, foreign, owner, exact in saved:
             if len(tokens) >= new_ctx.n_ctx_seq:
                 dropped += 1
                 continue
             try:
                 self.write_state(self.slots[sid], tokens, data, foreign=foreign, owner=owner)
-                self.slots[sid].last_used = last_used
+                self.slots[sid].last_used, self.slots[sid].exact = last_used, exact  # (moved chunks stay marked)
                 carried += 1
             except RuntimeError:
                 dropped += 1
@@ -498,6 +516,7 @@ def build_generation(resolved: ResolvedModel, params: RuntimeParams, progress: C
             model.free()
             raise
         gen = Generation(gen_id, resolved, params, model, ctx, 0.0)
+        kvshift.say_if_fixed(ctx, resolved.id)
         if adapters is not None:
             gen.adapters = adapters
             try:

@@ -144,7 +144,7 @@ def carry_slots(old: Generation, new: Generation) -> dict[str, int]:
         try:
             data = old.read_state(slot)
             new.write_state(new.slots[slot.id], list(slot.cache), data, foreign=slot.foreign, owner=slot.owner)
-            new.slots[slot.id].last_used = slot.last_used
+            new.slots[slot.id].last_used, new.slots[slot.id].exact = slot.last_used, slot.exact
             carried += 1
         except RuntimeError as exc:
             log_event(log, logging.WARNING, "slot KV not carried", slot=slot.id, error=str(exc))

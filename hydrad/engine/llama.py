@@ -595,6 +595,14 @@ class Context:
     def seq_rm(self, seq: int, p0: int, p1: int = -1) -> bool:
         return bool(lib().llama_memory_seq_rm(self.mem, seq, p0, p1))
 
+    def seq_add(self, seq: int, p0: int, p1: int, delta: int) -> None:
+        """Move the positions [p0, p1) of a sequence by ``delta`` (hydrad.engine.kvshift)."""
+        lib().llama_memory_seq_add(self.mem, seq, p0, p1, delta)
+
+    @property
+    def can_shift(self) -> bool:
+        return bool(lib().llama_memory_can_shift(self.mem))
+
     def clear(self) -> None:
         lib().llama_memory_clear(self.mem, True)
 

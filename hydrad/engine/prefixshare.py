@@ -30,7 +30,9 @@ from typing import Any
 from typing import TYPE_CHECKING
 
 from hydrad.common.logs import log_event
+from hydrad.common.tenants import store_owner
 from hydrad.engine.generation import Generation, Slot, common_prefix
+from hydrad.engine.kvshift import exact_len
 from hydrad.engine.settings import PrefixSettings
 from hydrad.store.errors import StoreError
 
@@ -130,10 +132,11 @@ class PrefixShare:
     # ----- on the engine thread ----------------------------------------------------------------
 
     def extend(self, gen: Generation, slot: Slot, tokens: list[int], keep: int, stored: StoredPrefix | None,
-               owner: str = "") -> int:
+               owner: str = "", quota: int = 0) -> int:
         """After the slot's own reuse (``keep`` tokens): give the slot a longer prefix of ``tokens`` from
         another slot or from the Store, of the request's cache namespace ``owner``, when that gains
-        ``min_tokens``; returns the tokens now held."""
+        ``min_tokens``; returns the tokens now held. A prefix it checkpoints counts against the
+        tenant's Store ``quota`` (bytes, 0: none)."""
         from hydrad.store import layout as L  # numpy, after libllama (preload_native)
 
         limit = len(tokens) - 1  # the last prompt token is always decoded again, for its logits
@@ -142,7 +145,7 @@ class PrefixShare:
             for s in gen.slots:
                 if s is slot or s.foreign or not s.cache or s.owner != owner:
                     continue
-                cp = min(common_prefix(s.cache, tokens), limit)
+                cp = min(common_prefix(s.cache, tokens), limit, exact_len(s))  # no shifted KV for others
                 if cp > shared:
                     donor, shared = s, cp
         from_store = stored is not None and stored.generation == gen.id and stored.owner == owner \
@@ -159,7 +162,7 @@ class PrefixShare:
                 if self._write(gen, slot, tokens[:shared], prefix, owner):
                     self.stats["shared_from_slot"] += 1
                     self.stats["tokens_shared"] += shared - keep
-                    self._checkpoint(gen, tokens[:shared], prefix, owner)
+                    self._checkpoint(gen, tokens[:shared], prefix, owner, quota)
                     return shared
         if from_store and len(stored.tokens) - keep >= self.settings.min_tokens:  # type: ignore[union-attr]
             assert stored is not None
@@ -197,20 +200,21 @@ class PrefixShare:
             return False
         return True
 
-    def _checkpoint(self, gen: Generation, tokens: list[int], data: bytes, owner: str = "") -> None:
-        """Put a shared prefix into the Store, on the worker thread (the engine thread only copied it)."""
+    def _checkpoint(self, gen: Generation, tokens: list[int], data: bytes, owner: str = "", quota: int = 0) -> None:
+        """Put a shared prefix into the Store, on the worker thread (the engine thread only copied it),
+        as its tenant's object (``owner``: the cache namespace; ``quota``: the tenant's, in bytes)."""
         store = self.store
         if store is None:
             return
         meta = {**self._meta(gen, owner), "tokens": tokens, "n_tokens": len(tokens), "bytes": len(data)}
-        self._pool.submit(self._put, store, meta, data)
+        self._pool.submit(self._put, store, meta, data, store_owner(owner), quota)
 
-    def _put(self, store: Store, meta: dict[str, Any], data: bytes) -> None:
+    def _put(self, store: Store, meta: dict[str, Any], data: bytes, owner: str = "", quota: int = 0) -> None:
         try:
             hit = store.lookup(meta, meta["tokens"])
             if hit is not None and hit.exact:
                 return
-            key = store.put(meta, data)
+            key = store.put(meta, data, owner=owner, quota=quota)
             with self._mu:
                 self._checkpointed.add(key)
             self.stats["checkpoints"] += 1
@@ -223,6 +227,9 @@ class PrefixShare:
         """On demand (engine thread): the slot's whole state into the Store."""
         if self.store is None:
             raise StoreError("this engine has no prefix store (prefix.store)")
+        if slot.exact is not None:
+            raise StoreError(f"slot {slot.id} holds KV moved to new positions (n_cache_reuse) after token "
+                             f"{slot.exact}: it is not what another conversation's prefill would compute")
         data = gen.read_state(slot)
         self._checkpoint(gen, list(slot.cache), bytes(data), slot.owner or "")
         return {"slot": slot.id, "n_tokens": len(slot.cache), "bytes": len(data)}

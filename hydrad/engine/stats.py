@@ -17,6 +17,8 @@ class EngineStats:
     requests_failed_total: int = 0  # ended by an error of their own (the engine went on)
     prompt_tokens_total: int = 0
     cached_tokens_total: int = 0
+    cache_reuse_tokens_total: int = 0  # of those, in chunks moved to new positions (n_cache_reuse)
+    context_shifts_total: int = 0  # context shifts of generations that filled their slot (ctx_shift)
     tokens_predicted_total: int = 0
     n_decode_total: int = 0
     prompt_seconds_total: float = 0.0

@@ -10,6 +10,11 @@ Directory layout (docs/store.md)::
 
 Reference counts are derived from the manifests, never stored: reopening (or any mutating call, which
 rescans under the exclusive lock) recomputes them, so a crash cannot leave a count wrong.
+
+Each object names its **owner** (the tenant whose namespace made it, hydrad.common.tenants.store_owner;
+"" for the shared one). A put with a ``quota`` evicts that owner's own least recently used objects
+until the owner holds at most the quota; the store's cap still evicts by age across owners. So a key
+that fills the store with its prompts ages out its own objects, not its neighbours'.
 """
 
 from __future__ import annotations
@@ -81,6 +86,7 @@ class _Obj:
     chunks: list[tuple[str, int]]
     size: int  # manifest file size
     mtime: int
+    owner: str = ""
 
 
 class Store:
@@ -162,13 +168,14 @@ class Store:
             raise ValueError(f"manifest version {m.get('version')!r}")
         chunks = [(c[0], int(c[1])) for p in m["parts"] for c in p.get("chunks", [])]
         return _Obj(m["key"], m["model_key"], int(m["n_tokens"]), list(m["chain"]), bool(m["truncatable"]),
-                    chunks, size, 0)
+                    chunks, size, 0, str(m.get("owner") or ""))
 
     # ---- put ---------------------------------------------------------------------------------------
 
-    def put(self, meta: dict[str, Any], data: bytes) -> str:
+    def put(self, meta: dict[str, Any], data: bytes, owner: str = "", quota: int = 0) -> str:
         """Store a state (meta as an engine's STATE_GET gives it, with ``tokens``); returns its key.
-        The same tokens under the same model replace the earlier object."""
+        The same tokens under the same model replace the earlier object. ``owner`` holds at most
+        ``quota`` bytes afterwards (0: no quota of its own), its oldest other objects evicted first."""
         tokens = meta.get("tokens")
         if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
             raise StoreError("meta.tokens must be a list of token ids")
@@ -186,6 +193,9 @@ class Store:
             new_bytes = sum(len(p) for ps in pieces if isinstance(ps, list) for p in ps)
             if new_bytes > self.settings.cap_bytes:
                 raise StoreError(f"a state of {new_bytes} bytes does not fit the store's cap of {self.settings.cap_bytes}")
+            if quota and new_bytes > quota:
+                raise StoreError(f"a state of {new_bytes} bytes does not fit its owner's quota of {quota} bytes "
+                                 "(store_quota_mib)")
             for part, got in zip(parsed.parts, pieces):
                 kind = part[0]
                 if kind == "raw":
@@ -207,11 +217,13 @@ class Store:
                 "n_tokens": len(tokens), "bytes": len(data), "block_tokens": self.block,
                 "layout": parsed.kind, "why_blob": parsed.why or None, "cells": parsed.cells,
                 "truncatable": parsed.truncatable, "split": split, "chain": chain, "parts": parts,
-                "stored_at": time.time(),
+                "stored_at": time.time(), "owner": owner,
             }
             atomic_write(self._manifest_path(key), json.dumps(manifest, separators=(",", ":")).encode(),
                          self.dir / "tmp", fsync=self.settings.fsync)
             self._rescan()
+            if quota:
+                self._evict_owner(owner, quota, keep={key})
             self._evict_to_cap(keep={key})
         return key
 
@@ -383,6 +395,28 @@ class Store:
             sizes.update(obj.chunks)
         return sum(sizes.values()) + sum(o.size for o in self.objects.values())
 
+    def owned_bytes(self, owner: str) -> int:
+        """What ``owner``'s quota counts: the distinct chunks its objects use, plus their manifests (a
+        chunk shared with another owner counts for each)."""
+        sizes: dict[str, int] = {}
+        mine = [o for o in self.objects.values() if o.owner == owner]
+        for obj in mine:
+            sizes.update(obj.chunks)
+        return sum(sizes.values()) + sum(o.size for o in mine)
+
+    def _evict_owner(self, owner: str, quota: int, keep: set[str]) -> list[str]:
+        evicted: list[str] = []
+        used = self.owned_bytes(owner)
+        for obj in sorted((o for o in self.objects.values() if o.owner == owner), key=lambda o: o.mtime):
+            if used <= quota:
+                break
+            if obj.key in keep or obj.key in self._reading:
+                continue
+            self._drop(obj.key)
+            evicted.append(obj.key)
+            used = self.owned_bytes(owner)
+        return evicted
+
     def _evict_to_cap(self, keep: set[str]) -> list[str]:
         evicted: list[str] = []
         used = self.used_bytes()
@@ -455,7 +489,7 @@ class Store:
                 out.append({"key": obj.key, "model": model.get("arch"), "model_id": m["meta"].get("model_id"),
                             "n_tokens": obj.n_tokens, "bytes": m["bytes"], "chunks": len(obj.chunks),
                             "layout": m["layout"], "truncatable": obj.truncatable,
-                            "last_used": obj.mtime / 1e9})
+                            "last_used": obj.mtime / 1e9, "owner": obj.owner or None})
         return out
 
     def stats(self) -> dict[str, Any]:

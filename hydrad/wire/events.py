@@ -50,6 +50,7 @@ class Done:
     stop_word: str | None = None  # the stop string that ended it, if one did
     ids: tuple[int, ...] = ()  # generated tokens no Token carried yet (return_tokens)
     settings: Mapping[str, Any] | None = None  # the engine's values the request ran with (report_settings)
+    truncated: bool = False  # the context filled: it was shifted (ctx_shift), or the generation ended there
 
 
 @dataclass(frozen=True)

@@ -252,6 +252,8 @@ class Done(_Msg):
         "Generated token ids no TOKENS carried yet (return_tokens); absent otherwise."))
     settings: dict[str, Any] | None = Field(None, description=(
         "The engine's values the request ran with, when the GENERATE asked (report_settings)."))
+    truncated: bool = Field(False, description="The context filled, as llama-server's truncated: it was shifted to "
+                                                "go on (ctx_shift), or the generation ended there.")
 
     _finite = field_validator("settings")(classmethod(lambda cls, v: v if v is None else only_finite(v)))
 
@@ -261,6 +263,7 @@ class Done(_Msg):
         return cls(req=req, finish_reason=done.finish_reason, model=done.model, fingerprint=done.fingerprint,
                    slot=done.slot, kv_tokens=done.kv_tokens, kv_hash=done.kv_hash, stop_word=done.stop_word,
                    ids=list(done.ids) or None, settings=dict(done.settings) if done.settings is not None else None,
+                   truncated=done.truncated,
                    usage=UsageInfo(prompt_tokens=u.prompt_tokens, completion_tokens=u.completion_tokens,
                                    cached_tokens=u.cached_tokens, prompt_ms=u.prompt_ms, predicted_ms=u.predicted_ms))
 
@@ -269,7 +272,7 @@ class Done(_Msg):
         return events.Done(self.finish_reason, events.Usage(u.prompt_tokens, u.completion_tokens, u.cached_tokens,
                                                             u.prompt_ms, u.predicted_ms),
                            self.fingerprint, self.model, self.slot, self.kv_tokens, self.kv_hash, self.stop_word,
-                           tuple(self.ids or ()), self.settings)
+                           tuple(self.ids or ()), self.settings, self.truncated)
 
 
 class Error(_Msg):
@@ -405,6 +408,10 @@ class Generate(_Msg):
     cache_prompt: bool | None = Field(None, description=(
         "Reuse a slot's matching prompt prefix (llama-server's cache_prompt); absent: the engine's default. "
         "Sent only when set, so an engine of an earlier release still takes the message."))
+    n_keep: int | None = Field(None, ge=-1, le=2**31 - 1, description=(
+        "Prompt tokens a context shift keeps (-1: all); absent: the engine's default."))
+    n_cache_reuse: int | None = Field(None, ge=0, le=2**31 - 1, description=(
+        "Smallest chunk of a slot's cached prompt reused by shifting its KV; absent: the engine's default."))
     client: str | None = Field(None, max_length=64, description=(
         "Who sent the request to the front door (its address): the engine lets "
         "clients take turns for free slots. Absent: one client. An engine of an earlier release refuses a "
@@ -416,6 +423,9 @@ class Generate(_Msg):
     cache_ns: str = Field("", max_length=64, pattern=r"^[0-9a-f]*$", description=(
         "The namespace of the request's prompt cache (its tenant and cache_salt, hashed): KV computed "
         "in another namespace is never reused for it. Empty: the shared one."))
+    store_quota: int = Field(0, ge=0, le=1 << 44, description=(
+        "Bytes of the KV Store the request's tenant may hold (its keys-file store_quota_mib): what the "
+        "request puts in the Store evicts the tenant's own oldest objects beyond it. 0: no quota."))
     return_tokens: bool = Field(False, description="TOKENS and DONE carry the generated token ids.")
     return_progress: bool = Field(False, description="PROGRESS messages while the prompt is prefilled.")
     report_settings: bool = Field(False, description="DONE carries the engine's values the request ran with.")
@@ -438,9 +448,10 @@ class Generate(_Msg):
                    max_tokens=gen.max_tokens,
                    stop=list(gen.stop), ignore_eos=gen.ignore_eos, slot=gen.slot,
                    sampling=gen.sampling, logprobs=gen.logprobs, cache_prompt=gen.cache_prompt,
+                   n_keep=gen.n_keep, n_cache_reuse=gen.n_cache_reuse,
                    client=gen.client[:64] or None, prompt_ids=gen.prompt_ids, infill=gen.infill,
                    return_tokens=gen.return_tokens, return_progress=gen.return_progress,
-                   report_settings=gen.report_settings, cache_ns=gen.cache_ns,
+                   report_settings=gen.report_settings, cache_ns=gen.cache_ns, store_quota=gen.store_quota,
                    reasoning_format=gen.reasoning_format, reasoning_budget=gen.reasoning_budget,  # type: ignore[arg-type]
                    chat_template_kwargs=gen.chat_template_kwargs, lora=gen.lora or None)
 
@@ -449,10 +460,11 @@ class Generate(_Msg):
                           stop=list(self.stop),
                           sampling=self.sampling, ignore_eos=self.ignore_eos,
                           slot=self.slot, logprobs=self.logprobs, cache_prompt=self.cache_prompt,
+                          n_keep=self.n_keep, n_cache_reuse=self.n_cache_reuse,
                           client="bus:" + self.client if self.client else "", prompt_ids=self.prompt_ids,
                           infill=self.infill, return_tokens=self.return_tokens, return_progress=self.return_progress,
                           report_settings=self.report_settings, cache_ns=self.cache_ns,
-                          pool_pin=self.slot is not None, reasoning_format=self.reasoning_format,
+                          store_quota=self.store_quota, pool_pin=self.slot is not None, reasoning_format=self.reasoning_format,
                           reasoning_budget=self.reasoning_budget, chat_template_kwargs=self.chat_template_kwargs,
                           lora=self.lora)
 

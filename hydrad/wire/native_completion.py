@@ -13,9 +13,13 @@ front door lets through is one the engine accepts.
 ``return_progress: true`` on a stream adds llama-server's ``prompt_progress`` events while the prompt
 is prefilled (:func:`progress_chunk`); llama-server sends them only on a stream, and so does the engine.
 
+``n_keep`` (tokens of the prompt a context shift keeps; -1: all of it) and ``n_cache_reuse`` (the
+smallest cached chunk reused by shifting its KV) override the engine's ``n_keep`` and
+``n_cache_reuse``; ``truncated`` is true, as in llama-server, when the context filled: it was shifted
+(the engine's ``ctx_shift``) or the generation ended there.
+
 Deliberate differences from llama-server: one prompt per request (llama-server also takes a list
-of prompts, mixed tokens and strings, and multimodal objects); ``truncated`` is always false (the
-engine never shifts the context, it stops at its end, with ``stop_type`` ``limit``); the tokens
+of prompts, mixed tokens and strings, and multimodal objects); the tokens
 reported in ``completion_probabilities`` are those of ``content`` (no entry for the end-of-generation
 token, none for a token wholly inside the stop string that ended it).
 """
@@ -57,6 +61,8 @@ class NativeCompletionRequest(_Common):
     return_tokens: bool = False
     return_progress: StrictBool = False
     n_probs: StrictInt | None = Field(None, ge=0, le=lp.MAX_N_PROBS)
+    n_keep: StrictInt | None = Field(None, ge=-1, le=INT32_MAX)
+    n_cache_reuse: StrictInt | None = Field(None, ge=0, le=INT32_MAX)
 
     def wants_logprobs(self) -> int | None:
         """llama-server reports probabilities only for ``n_probs`` above 0."""
@@ -144,4 +150,4 @@ def gen_request(req: NativeCompletionRequest, sampling: SamplingOverrides, text:
                       cache_prompt=req.cache_prompt, cache_salt=req.cache_salt,
                       return_tokens=req.return_tokens or req.stream,
                       logprobs=req.wants_logprobs(), return_progress=req.stream and req.return_progress,
-                      lora=req.lora)
+                      n_keep=req.n_keep, n_cache_reuse=req.n_cache_reuse, lora=req.lora)

@@ -103,8 +103,11 @@ class GenRequest:
     ignore_eos: bool = False  # generate exactly max_tokens (benchmarks); a llama-server extension
     slot: int | None = None  # pin to a slot (llama-server's id_slot), e.g. one restored from migrated KV
     cache_prompt: bool | None = None  # reuse a slot's matching prefix; None: the engine's T1 cache_prompt
+    n_keep: int | None = None  # prompt tokens a context shift keeps (-1: all); None: the engine's T1 n_keep
+    n_cache_reuse: int | None = None  # smallest cached chunk reused by KV shifting; None: the engine's T1 setting
     cache_salt: str | None = None  # the client's own cache partition (vLLM's cache_salt): read by the door ...
     cache_ns: str = ""  # ... into the namespace of its prompt cache, with its tenant (hydrad.common.tenants)
+    store_quota: int = 0  # bytes of the KV Store its tenant's objects may hold (set by the door, 0: no quota)
     pool_pin: bool = False  # ``slot`` was chosen by the coordinator, for the state it put there itself
     return_tokens: bool = False  # the generated token ids travel with the text (Token.ids, Done.ids)
     logprobs: int | None = None  # each token's log-probability and this many most likely; None: not asked

@@ -109,3 +109,47 @@ def test_through_the_front_door_a_session_id_and_a_conversation_stay_with_their_
     assert theirs.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
     native = c.http.post("/completion", headers=_as(BOB), json={"prompt": SECRET, "n_predict": 1})
     assert native.status_code == 200 and native.json()["tokens_cached"] == 0
+
+
+def test_a_keys_store_quota_ages_out_its_own_sessions_not_another_keys(
+        tmp_path: Path, smollm_path: Path, start_engine: Callable[..., Engine]) -> None:
+    """Alice's keys-file entry holds her to 2 MiB of the pool's KV Store: each of her sessions keeps
+    about 1.6 MB (70 tokens of SmolLM2), so her second evicts her first; Bob's, kept before both and
+    far inside the store's cap, stays."""
+    from hydrad.common.tenants import cache_namespace, store_owner
+    from hydrad.store import Store, StoreSettings
+    from tests.support.wait import eventually
+
+    keys = tmp_path / "keys.yaml"
+    keys.write_text(f"keys:\n  - {{name: alice, key: {ALICE}, store_quota_mib: 2}}\n  - {{name: bob, key: {BOB}}}\n")
+    profiles = {"default": "solo", "profiles": {"solo": {"engines": {"solo": {"model": "smollm2-135m"}}}}}
+    c = Coordinator(tmp_path, profiles=profiles, heartbeat_interval_s=0.5, extra={"http": {"api_keys_file": str(keys)}})
+    try:
+        c.wait_ready()
+        start_engine(name="solo", defaults={"n_ctx": 2048, "n_threads": 1, "n_parallel": 2},
+                     extra={"bus": c.engine_bus(heartbeat_interval_s=0.5)})
+        c.wait_engines(lambda es: es.get("solo", {}).get("stage") == "ready", timeout=120)
+        settings = StoreSettings(dir=tmp_path / "session-store", fsync=False)
+
+        def listed() -> dict[str, str]:
+            return {o["key"]: o["owner"] or "" for o in Store(settings).ls()}
+
+        made: dict[str, str] = {}  # session -> the key of the object its turn was kept as
+        for key, session in [(BOB, "s-b1"), (ALICE, "s-a1"), (ALICE, "s-a2")]:
+            before = set(listed())
+            r = c.http.post("/v1/chat/completions", headers={**_as(key), "X-Session-Id": session}, json={
+                "model": "smollm2-135m", "max_tokens": 2, "temperature": 0,
+                "messages": [{"role": "system", "content": f"{session}: {SECRET}"},
+                             {"role": "user", "content": "What is the code?"}]})
+            assert r.status_code == 200, r.text
+            now = eventually(listed, 30, f"session {session} kept", until=lambda k, b=before: bool(set(k) - b),
+                             interval=0.1)
+            (made[session],) = set(now) - before
+        left = listed()
+        assert made["s-a1"] not in left, "alice's older session outlived her quota"
+        assert made["s-a2"] in left and made["s-b1"] in left, "bob's session paid for alice's quota"
+        alice, bob = store_owner(cache_namespace("alice", None)), store_owner(cache_namespace("bob", None))
+        assert left[made["s-a2"]] == alice and left[made["s-b1"]] == bob and alice != bob
+        assert 0 < Store(settings).owned_bytes(alice) <= 2 << 20
+    finally:
+        c.stop()

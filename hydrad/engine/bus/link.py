@@ -1,10 +1,14 @@
 """The engine's side of the bus: a DEALER named after the engine, connected to the coordinator.
 
-It runs as tasks in the engine's event loop (``zmq.asyncio``), so requests it receives reach
-the engine core exactly as HTTP requests do. Ownership follows the zguide's reliability rules:
+It runs on the engine's pulse loop (:mod:`hydrad.engine.pulse`: its own thread, ``zmq.asyncio``),
+not on the main loop that runs requests, so nothing a request does can hold up a heartbeat. What
+it receives for the engine crosses to the main loop: a GENERATE becomes a coroutine there (and
+reaches the core exactly as an HTTP request does), a CONFIGURE runs the engine's control there;
+the answers' messages come back through a locked outbox. Ownership follows the zguide's
+reliability rules:
 
-- one reader task owns ``recv`` on the socket; sends are non-blocking calls from the same
-  loop thread (the socket never leaves it), so a slow coordinator makes a send fail fast
+- one reader task owns ``recv`` on the socket; sends are non-blocking calls from the pulse
+  loop's thread (the socket never leaves it), so a slow coordinator makes a send fail fast
   instead of stalling a token stream;
 - any message from the coordinator counts as life; hearing nothing for 3 intervals means
   the coordinator (or the path to it) is gone: close the socket, wait with a doubling
@@ -34,14 +38,16 @@ the engine core exactly as HTTP requests do. Ownership follows the zguide's reli
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import os
 import secrets
+import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Coroutine, TypeVar
 
 import zmq
 import zmq.asyncio
@@ -49,70 +55,32 @@ import zmq.asyncio
 from hydrad import __version__
 from hydrad.common import tokenfile
 from hydrad.wire import messages as M
-from hydrad.engine import weights
-from hydrad.engine.gpu import GPU_KINDS, bound_device, local_gpu
+from hydrad.engine.gpu import bound_device, local_gpu
 from hydrad.engine.bus.stream import EngineStream
 from hydrad.engine.control import EngineControl
+from hydrad.engine.pulse import LoopTicker, Pulse
+from hydrad.engine.bus.status import Speed, engine_status, host_weights, models_on_disk, step_tokens
 from hydrad.engine.refusals import refusal
 from hydrad.engine.core import RequestRefused
-from hydrad.engine.requests import Done, Failed, Progress, Token
+from hydrad.engine.requests import Done, Failed, Progress
 from hydrad.wire.events import END
 from hydrad.common.logs import LogThrottle, log_event
 from hydrad.engine.settings import EngineSettings
 
 log = logging.getLogger("hydrad.bus")
+T = TypeVar("T")
 
-
-def _tokens(req: str, batch: list[Any], logprobs: bool, ids: bool) -> M.Tokens | None:
-    """TOKENS for a step's events, with the log-probabilities of their tokens when the request asked
-    for them, their token ids when it asked for those, the tool calls they completed and the thinking
-    they made (each absent otherwise: a request that asked for none sends what it always sent); None
-    when the step made nothing to send."""
-    tokens = [ev for ev in batch if isinstance(ev, Token)]
-    texts = [ev.text for ev in tokens if ev.text]
-    calls = [M.ToolCall.of(c) for ev in tokens for c in ev.calls] or None
-    made = [i for ev in tokens for i in ev.ids] if ids else []
-    reasoning = [ev.reasoning for ev in tokens if ev.reasoning] or None
-    if not texts and not calls and not made and not reasoning:
-        return None
-    probs = [M.TokenLogprob.of(p) for ev in tokens for p in ev.probs] if logprobs else None
-    return M.Tokens(req=req, texts=texts or [""], logprobs=probs, tool_calls=calls, ids=made or None,
-                    reasoning=reasoning)
 
 LIVENESS = 3  # intervals of silence before the other side counts as gone
 BACKOFF_MAX_S = 10.0
 SNDHWM = 10_000  # messages queued towards the coordinator before a send fails (then the request is cancelled)
 
 
-class _Speed:
-    """Prefill and decode tokens/s of the serving model, measured from the core's counters.
-
-    Counters are cumulative; the baseline resets when the serving generation changes, so a
-    figure always describes the model being served, not an average across models.
-    """
-
-    def __init__(self) -> None:
-        self.key: Any = None
-        self.base = (0, 0.0, 0, 0.0)
-        self.prefill = 0.0
-        self.decode = 0.0
-
-    def update(self, stats: Any, key: Any) -> tuple[float, float]:
-        now = (stats.prompt_tokens_total, stats.prompt_seconds_total,
-               stats.tokens_predicted_total, stats.predicted_seconds_total)
-        if key != self.key:
-            self.key, self.base, self.prefill, self.decode = key, now, 0.0, 0.0
-            return 0.0, 0.0
-        dp, dps, dd, dds = (a - b for a, b in zip(now, self.base))
-        if dps > 0.01 and dp > 0:
-            self.prefill = dp / dps
-        if dds > 0.01 and dd > 0:
-            self.decode = dd / dds
-        return round(self.prefill, 2), round(self.decode, 2)
-
-
 class EngineLink:
-    def __init__(self, settings: EngineSettings, control: EngineControl, *, http: str | None, rpc: str | None) -> None:
+    def __init__(self, settings: EngineSettings, control: EngineControl, *, http: str | None, rpc: str | None,
+                 pulse: Pulse | None = None, ticker: LoopTicker | None = None) -> None:
+        """``pulse``: the loop the link runs on (None: the loop that calls :meth:`start`, as in unit tests);
+        ``ticker``: the main loop's, so a main loop hung for good is reported as a failed engine."""
         self.settings = settings
         self.endpoint = settings.bus.endpoint
         self.interval = settings.bus.heartbeat_interval_s
@@ -126,10 +94,17 @@ class EngineLink:
         self._epoch = 0  # connections made; REGISTER carries it so a repeat is told from a new connection
         self._welcomed = False
         self._last_heard = 0.0
-        self._inflight: dict[str, asyncio.Task[None]] = {}
+        self._pulse = pulse
+        self._ticker = ticker
+        self._main_loop: asyncio.AbstractEventLoop | None = None  # requests and the engine's control run there
+        self._link_loop: asyncio.AbstractEventLoop | None = None  # the socket's (the pulse's) loop
+        self._run_task: asyncio.Task[None] | None = None
+        # _inflight, _on_stream and _outbox are touched from both loops' threads: always under the lock
+        self._lock = threading.RLock()
+        self._inflight: dict[str, asyncio.Future[None] | concurrent.futures.Future[None]] = {}
         self._side: set[asyncio.Task[None]] = set()  # configure tasks
-        self._main: asyncio.Task[None] | None = None
-        self._speed = _Speed()
+        self._main: asyncio.Task[None] | concurrent.futures.Future[None] | None = None
+        self._speed = Speed()
         self._gpu = M.GpuInfo()
         self._host: dict[str, int] = {}  # REGISTER's host_weights, refreshed with the GPU's figures
         self._gpu_at = 0.0
@@ -145,10 +120,21 @@ class EngineLink:
     # ----- lifecycle -------------------------------------------------------------------
 
     def start(self) -> None:
-        self._main = asyncio.create_task(self._run(), name="bus-link")
+        """Called on the main loop: that is where requests will run; the link itself runs on the pulse."""
+        self._main_loop = asyncio.get_running_loop()
+        if self._pulse is not None:
+            self._main = self._pulse.spawn(self._run())
+        else:
+            self._main = asyncio.create_task(self._run(), name="bus-link")
 
     async def close(self, reason: str = "engine stopping") -> None:
         """Say GOODBYE (so the coordinator stops routing here at once), then drop everything."""
+        if self._pulse is not None and self._pulse.loop is not asyncio.get_running_loop():
+            await self._pulse.run(self._close(reason))
+        else:
+            await self._close(reason)
+
+    async def _close(self, reason: str) -> None:
         self._closing = True  # no heartbeat or re-REGISTER after the GOODBYE
         self._flush()
         if self._sock is not None and self._welcomed:
@@ -156,8 +142,10 @@ class EngineLink:
             await asyncio.sleep(0.05)  # let the I/O thread put it on the wire before linger 0 drops it
         if self._main is not None:
             self._main.cancel()
+        if self._run_task is not None:
+            self._run_task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._main
+                await self._run_task
         self._close_stream()
         self._cancel_all()
         for t in list(self._side):
@@ -165,6 +153,8 @@ class EngineLink:
         self._ctx.term()
 
     async def _run(self) -> None:
+        self._link_loop = asyncio.get_running_loop()
+        self._run_task = asyncio.current_task()
         await self._refresh_gpu(force=True)
         backoff = self.interval
         silent_tries = 0
@@ -271,9 +261,11 @@ class EngineLink:
         frames = self._encoded(msg)
         if frames is None:
             return False
-        self._outbox.append((msg.req, frames, msg.req in self._on_stream))
-        if len(self._outbox) == 1:
-            asyncio.get_running_loop().call_soon(self._flush)
+        with self._lock:
+            self._outbox.append((msg.req, frames, msg.req in self._on_stream))
+            first = len(self._outbox) == 1
+        if first:  # from the main loop (a request's events) or the link's own (a refusal it answers itself)
+            (self._link_loop or asyncio.get_running_loop()).call_soon_threadsafe(self._flush)
         return True
 
     def _encoded(self, msg: Any) -> list[bytes] | None:
@@ -291,7 +283,8 @@ class EngineLink:
         """Send the queued stream messages, in batches of at most ``MAX_BODY`` bytes and ``MAX_BATCH``
         messages. The requests of a batch that could not go are cancelled, as a failed send of their own
         would have stopped them."""
-        queued, self._outbox = self._outbox, []
+        with self._lock:
+            queued, self._outbox = self._outbox, []
         for on_stream in (True, False):  # a request answers the way its GENERATE came (no order between the two)
             out = [(req, frames) for req, frames, via in queued if via == on_stream]
             i = 0
@@ -308,7 +301,8 @@ class EngineLink:
                     sent = self._send_frames(frames, part[0][1][1].decode())
                 if not sent:
                     for req, _ in part:
-                        task = self._inflight.pop(req, None)
+                        with self._lock:
+                            task = self._inflight.pop(req, None)
                         if task is not None:
                             task.cancel()
 
@@ -348,51 +342,13 @@ class EngineLink:
                           device=bound_device(self.settings.device))
 
     def _models_on_disk(self) -> list[str]:
-        out = []
-        for alias in sorted(self.control.registry.entries):
-            try:
-                self.control.registry.resolve(alias)
-                out.append(alias)
-            except Exception:
-                continue
-        return out
+        return models_on_disk(self.control.registry)
 
     def _host_weights(self, models: list[str]) -> dict[str, int]:
-        """For routing: per model on disk, the bytes of its weights a load here keeps in host memory, by the
-        parameters this engine would load it with (an on-demand load's configure names only the model)."""
-        if self._gpu.kind not in GPU_KINDS:
-            return {}  # an engine without a GPU reports its host memory as its device's: nothing is kept off it
-        layers = self.control.layers
-        out: dict[str, int] = {}
-        for alias in models:
-            try:
-                params = layers.effective_for({**layers.runtime, "model": alias})
-                out[alias] = weights.host_bytes(self.control.registry.resolve(alias).path, params, 1)
-            except Exception:  # an unreadable GGUF or parameters that do not validate: nothing known
-                continue
-        return out
+        return host_weights(self.control, self._gpu, models)
 
     def _status(self) -> M.EngineStatus:
-        snap = self.core.snapshot()
-        stage = snap.stage
-        progress = snap.loading_progress
-        prefill, decode = self._speed.update(snap.stats, snap.generation)
-        load_s = snap.stats.model_load_seconds
-        last_error = (snap.last_error or None) and str(snap.last_error)[:4096]
-        if not snap.alive and stage not in ("starting", "stopping"):
-            # The engine thread is gone: nothing here can serve, whatever the stage says.
-            stage = "failed"
-            last_error = last_error or "the engine thread died"
-        pair = self.core.pairing.view(snap)
-        return M.EngineStatus(
-            stage=stage, model=snap.model_id, generation=snap.generation,
-            kv_family=snap.model.family if snap.model is not None else None, mode=pair["mode"], role=pair["role"],
-            peers=pair["peers"][:8], serving=[b["peer"] for b in pair["serving"]][:8],
-            progress=min(1.0, max(0.0, progress)) if progress is not None else None,
-            load_id=snap.load_id, loading_model=snap.loading_model,
-            slots_busy=snap.slots_busy, slots_total=snap.slots_total, queued=snap.queued, max_queue=snap.max_queue,
-            n_ctx=snap.model.n_ctx if snap.model is not None else 0, prefill_tps=prefill, decode_tps=decode,
-            load_seconds=load_s if load_s else None, vram_free=self._gpu.vram_free, last_error=last_error)
+        return engine_status(self.core, self._speed, self._gpu, self._ticker)
 
     async def _refresh_gpu(self, force: bool = False) -> None:
         """Device memory changes with loads; read it at most every 5 s, off the loop (ggml may block briefly)."""
@@ -482,13 +438,16 @@ class EngineLink:
             self._welcomed = False
             self._send(self._register())
         elif isinstance(msg, M.Generate):
-            if msg.req in self._inflight:
+            with self._lock:
+                duplicate = msg.req in self._inflight
+            if duplicate:
                 self._queue(M.Error(req=msg.req, message="duplicate request id", status=409,
                                     code="duplicate_request"))
                 return
-            self._inflight[msg.req] = asyncio.create_task(self._generate(msg), name=f"bus-gen-{msg.req}")
+            self._start_request(msg.req, self._generate(msg))
         elif isinstance(msg, M.Cancel):
-            task = self._inflight.pop(msg.req, None)
+            with self._lock:
+                task = self._inflight.pop(msg.req, None)
             if task is not None:
                 task.cancel()
         elif isinstance(msg, M.Configure):
@@ -501,9 +460,37 @@ class EngineLink:
 
     def _dispatch_streamed(self, msg: M.Message) -> None:
         """A GENERATE or CANCEL that came on the request stream: its request answers on the stream."""
-        if isinstance(msg, M.Generate) and msg.req not in self._inflight:
-            self._on_stream.add(msg.req)
+        with self._lock:
+            if isinstance(msg, M.Generate) and msg.req not in self._inflight:
+                self._on_stream.add(msg.req)
         self._dispatch(msg)
+
+    def _start_request(self, req: str, coro: Coroutine[Any, Any, None]) -> None:
+        """Run a request's coroutine on the main loop (on this loop when the link has no pulse of its own),
+        known in ``_inflight`` until it ends so that CANCEL, a lost stream or a failed send can stop it."""
+        main = self._main_loop
+        running = asyncio.get_running_loop()
+        fut: asyncio.Future[None] | concurrent.futures.Future[None]
+        if main is None or main is running:
+            fut = running.create_task(coro, name=f"bus-gen-{req}")
+        else:
+            fut = asyncio.run_coroutine_threadsafe(coro, main)
+        with self._lock:
+            self._inflight[req] = fut
+        fut.add_done_callback(lambda f: self._forget(req, f))
+
+    def _forget(self, req: str, fut: Any) -> None:
+        with self._lock:
+            if self._inflight.get(req) is fut:
+                del self._inflight[req]
+                self._on_stream.discard(req)  # what it queued keeps its way (see _queue)
+
+    async def _on_main(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Await ``coro`` on the main loop, where the engine's control and load records live."""
+        main = self._main_loop
+        if main is None or main is asyncio.get_running_loop():
+            return await coro
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, main))
 
     def _close_stream(self) -> None:
         if self._stream is not None:
@@ -511,10 +498,12 @@ class EngineLink:
             self._stream = None
 
     def _cancel_all(self) -> None:
-        for task in self._inflight.values():
+        with self._lock:
+            tasks = list(self._inflight.values())
+            self._inflight.clear()
+            self._on_stream.clear()
+        for task in tasks:
             task.cancel()
-        self._inflight.clear()
-        self._on_stream.clear()
 
     # ----- handlers --------------------------------------------------------------------
 
@@ -544,7 +533,7 @@ class EngineLink:
                         if isinstance(ev, Progress):
                             self._queue(M.Progress(req=req, total=ev.total, cache=ev.cache, processed=ev.processed,
                                                    time_ms=ev.time_ms, slot=ev.slot))
-                    step = _tokens(req, batch, request.logprobs is not None, request.return_tokens)
+                    step = step_tokens(req, batch, request.logprobs is not None, request.return_tokens)
                     if step is not None and not self._queue(step):
                         return  # nobody to stream to: the finally cancels it in the core
                     last = batch[-1]
@@ -564,10 +553,6 @@ class EngineLink:
         except Exception as exc:
             log_event(log, logging.ERROR, "bus request failed", req=req, error=repr(exc), exc_info=True)
             self._queue(M.Error(req=req, message=f"engine error: {exc}"[:8192], status=500, code="internal_error"))
-        finally:
-            if self._inflight.get(req) is asyncio.current_task():
-                del self._inflight[req]
-                self._on_stream.discard(req)  # what it queued keeps its way (see _queue)
 
     async def _configure(self, msg: M.Configure) -> None:
         req = msg.req
@@ -576,7 +561,7 @@ class EngineLink:
             self._send(M.ConfigureReply(req=req, ok=False, status=status, code=code, message=str(exc)[:8192]))
 
         try:
-            result = await self.control.configure(dict(msg.payload))
+            result = await self._on_main(self.control.configure(dict(msg.payload)))
         except Exception as exc:
             r = refusal(exc)
             if r is not None:
@@ -590,7 +575,7 @@ class EngineLink:
         rec = self.core.loads.get(result.load_id)
         if rec is None:
             return
-        await rec.wait()
+        await self._on_main(rec.wait())
         if self._welcomed:  # the status first, so the coordinator's view has the new model when it hears LOADED
             self._send(M.Heartbeat(status=self._status()))
         self._send(M.LoadDone(req=req, load_id=rec.id, phase=rec.phase, model=rec.model, seconds=rec.seconds,

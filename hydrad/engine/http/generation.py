@@ -19,7 +19,7 @@ from hydrad.common.logs import log_event
 from hydrad.common.eventstream import EventStream
 from hydrad.common.serving import CancelOnLeave, until_disconnected
 from hydrad.common.prepare import client_key
-from hydrad.common.tenants import cache_namespace, tenant_of
+from hydrad.common.tenants import cache_namespace, store_quota_of, tenant_of
 from hydrad.engine.core import EngineCore, RequestRefused
 from hydrad.engine.http.context import HttpContext, ctx_of
 from hydrad.engine.requests import Done, Failed, Progress, RequestHandle, Token
@@ -138,6 +138,7 @@ async def start(request: Request, ctx: HttpContext, greq: GenRequest, prompt_fie
     core = ctx.core
     greq.client = client_key(request)
     greq.cache_ns = cache_namespace(tenant_of(request.state), greq.cache_salt)
+    greq.store_quota = store_quota_of(request.state)
     try:
         await core.prepare(greq)
     except RequestRefused as exc:

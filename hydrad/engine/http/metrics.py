@@ -50,6 +50,10 @@ class EngineCollector(Collector):
         yield gauge("llamacpp:requests_deferred", "Requests waiting for a slot.", slots["queued"])
         yield counter("hydra_cached_prompt_tokens_total", "Prompt tokens served from a slot's cache.",
                       s.cached_tokens_total)
+        yield counter("hydra_cache_reuse_tokens_total", "Of those, tokens of chunks moved to new positions "
+                      "(n_cache_reuse).", s.cache_reuse_tokens_total)
+        yield counter("hydra_context_shifts_total", "Context shifts that let a generation go on past its "
+                      "slot's context (ctx_shift).", s.context_shifts_total)
         yield counter("hydra_requests_total", "Requests admitted.", s.requests_total)
         yield counter("hydra_requests_cancelled_total", "Requests cancelled by their client.",
                       s.requests_cancelled_total)

@@ -31,6 +31,8 @@ def generation_settings(req: NativeCompletionRequest, defaults: Mapping[str, Any
     out.update(n_ctx=n_ctx, n_predict=defaults.get("n_predict", -1) if limit is None else -1 if limit == INT32_MAX
                else limit, repeat_last_n=defaults.get("repeat_last_n"), presence_penalty=s.presence_penalty,
                frequency_penalty=s.frequency_penalty, stop=req.stops(), ignore_eos=req.ignore_eos, stream=req.stream,
+               n_keep=defaults.get("n_keep", 0) if req.n_keep is None else req.n_keep,
+               n_cache_reuse=defaults.get("n_cache_reuse", 0) if req.n_cache_reuse is None else req.n_cache_reuse,
                n_probs=req.n_probs or 0, cache_prompt=defaults.get("cache_prompt") if req.cache_prompt is None else req.cache_prompt,
                model=model)
     return out
@@ -38,12 +40,13 @@ def generation_settings(req: NativeCompletionRequest, defaults: Mapping[str, Any
 
 def result(*, content: str, finish_reason: str, stop_word: str | None, tokens: list[int], prompt_tokens: int,
            cached_tokens: int, predicted: int, timings: dict[str, Any], model: str, slot: int | None,
-           settings: dict[str, Any], probs: list[lp.TokenLogprob] | None = None) -> dict[str, Any]:
+           settings: dict[str, Any], probs: list[lp.TokenLogprob] | None = None,
+           truncated: bool = False) -> dict[str, Any]:
     """The whole answer (non-streamed), or with ``content`` empty the last event of a stream.
     ``probs``: the tokens' ``completion_probabilities`` (None: not asked, or already streamed)."""
     out = {"index": 0, "content": content, "tokens": tokens, "id_slot": -1 if slot is None else slot, "stop": True,
            "model": model, "tokens_predicted": predicted, "tokens_evaluated": prompt_tokens,
-           "generation_settings": settings, "has_new_line": "\n" in content, "truncated": False,
+           "generation_settings": settings, "has_new_line": "\n" in content, "truncated": truncated,
            "stop_type": stop_type(finish_reason, stop_word), "stopping_word": stop_word or "",
            "tokens_cached": cached_tokens, "timings": timings}
     if probs is not None:
@@ -104,4 +107,4 @@ class NativeAnswer(Renderer):
         return result(content=content, finish_reason=done.finish_reason, stop_word=done.stop_word, tokens=ids,
                       prompt_tokens=u.prompt_tokens, cached_tokens=u.cached_tokens, predicted=u.completion_tokens,
                       timings=timings(done, extra), model=done.model or self.model, slot=done.slot,
-                      settings=self._settings(done), probs=probs)
+                      settings=self._settings(done), probs=probs, truncated=done.truncated)

@@ -214,6 +214,10 @@ MAPPED: list[tuple[list[str], dict[tuple[str, ...], Any]]] = [
     (["--chat-template", "chatml"], {("defaults", "chat_template"): "chatml"}),
     (["--cache-prompt"], {("defaults", "cache_prompt"): True}),
     (["--no-cache-prompt"], {("defaults", "cache_prompt"): False}),
+    (["--context-shift"], {("defaults", "ctx_shift"): True}),
+    (["--no-context-shift"], {("defaults", "ctx_shift"): False}),
+    (["--keep", "-1"], {("defaults", "n_keep"): -1}),
+    (["--cache-reuse", "256"], {("defaults", "n_cache_reuse"): 256}),
     (["-c", "1024", "--ctx-size", "4096"], {("defaults", "n_ctx"): 4096}),  # the last one wins, as in llama-server
 ]
 

@@ -69,3 +69,21 @@ def test_forgetting_an_engine_drops_only_its_entries() -> None:
     assert a.engine_of("s1") is None and a.engine_of("s3") == "e2"
     assert a.holds("e1", None, prefix_of(TURN2)) == (frozenset(), frozenset())
     assert a.forget_engine("e1") == 0 and a.forget_engine("never") == 0
+
+
+def test_a_sessions_newest_kv_and_its_pin_live_in_the_one_affinity() -> None:
+    """Where a session's newest turn left its KV, the slot a move filled (taken once) and the slot a
+    foreign placement keeps pinned: one record, which routing, the keeper and mobility all read."""
+    a = Affinity()
+    a.turn_ended("s", "e1", 2, "h1", "m")
+    assert a.left_on("e1") == ["s"] and a.slot_of("s", "e1") is None  # the engine's own KV: no pin
+    a.placed("s", "e2", 5, "h1", "m", foreign=True, pin=True)
+    assert a.engine_of("s") == "e2" and a.left_on("e1") == [] and a.left_on("e2") == ["s"]
+    assert a.pinned("s", "e1") is None and a.pinned("s", "e2") == 5 and a.pinned("s", "e2") is None
+    assert a.slot_of("s", "e2") == 5  # foreign KV: every later turn there takes that slot
+    a.turn_ended("s", "e2", 5, "h2", "m")
+    assert a.slot_of("s", "e2") == 5, "a turn in the placed slot keeps it placed"
+    a.turn_ended("s", "e2", 1, "h3", "m")
+    assert a.slot_of("s", "e2") is None, "a turn in another slot made the engine's own KV"
+    a.forget_latest("s")
+    assert a.latest("s") is None and a.left_on("e2") == []

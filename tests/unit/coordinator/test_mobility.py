@@ -26,37 +26,25 @@ def _rec(name: str, stage: str, model: str = MODEL) -> EngineRecord:
 
 
 class FakeKeeper:
-    """The parts of SessionKeeper mobility uses; a move takes ``delay`` seconds and lands in slot 3."""
+    """The parts of SessionKeeper mobility uses; a move takes ``delay`` seconds and lands in slot 3,
+    recorded where the real keeper records it: in the coordinator's one Affinity (``places``)."""
 
-    def __init__(self, delay: float) -> None:
-        self.delay, self.moves, self.restores = delay, [], []
-        self._pins: dict[str, tuple[str, int]] = {}
-        self.where = {"s": "a"}
-
-    def sessions_on(self, engine: str) -> list[str]:
-        return [s for s, e in self.where.items() if e == engine]
+    def __init__(self, delay: float, places: Affinity) -> None:
+        self.delay, self.moves, self.restores, self.places = delay, [], [], places
 
     def model_of(self, session: str) -> str:
         return MODEL
 
     def knows(self, session: str) -> bool:
-        return session in self.where
+        return self.places.latest(session) is not None
 
     def kept_tokens(self, session: str, model: str) -> int:
         return 800
 
-    def slot_of(self, session: str, engine: str) -> None:
-        return None
-
-    def pinned(self, session: str, engine: str) -> int | None:
-        at = self._pins.get(session)
-        return at[1] if at is not None and at[0] == engine else None
-
     async def move(self, session: str, dst: str) -> Moved:
         self.moves.append((session, dst))
         await asyncio.sleep(self.delay)
-        self.where[session] = dst
-        self._pins[session] = (dst, 3)
+        self.places.placed(session, dst, 3, "digest", MODEL, foreign=False, pin=True)
         return Moved(slot=3, n_tokens=800, n_bytes=18_000_000, seconds=self.delay)
 
     async def restore(self, session: str, engine: str) -> Any:
@@ -67,8 +55,10 @@ class FakeKeeper:
 def _mobility(delay: float = 0.05) -> tuple[SessionMobility, FakeKeeper, dict[str, EngineRecord], Affinity]:
     engines = {"a": _rec("a", "reloading"), "b": _rec("b", "ready")}
     bus = SimpleNamespace(engines=engines, inflight=lambda name: 0)
-    keeper, affinity = FakeKeeper(delay), Affinity()
+    affinity = Affinity()
+    keeper = FakeKeeper(delay, affinity)
     affinity.record("a", "s", None, None)
+    affinity.turn_ended("s", "a", 0, "digest", MODEL)
     return SessionMobility(bus, keeper, affinity, TransferMeter(), {}), keeper, engines, affinity  # type: ignore[arg-type]
 
 

@@ -143,6 +143,28 @@ def test_cap_evicts_least_recently_used(tmp_path: Path) -> None:
         s.put(fake_meta([10]), os.urandom(100000))
 
 
+def test_a_tenant_past_its_quota_evicts_its_own_objects_not_another_tenants(tmp_path: Path) -> None:
+    """Alice's quota holds two of her objects: her third evicts her oldest; Bob's older object, well
+    inside the store's cap, stays; one object larger than her quota is refused by name."""
+    s = store(tmp_path, blob_chunk_bytes=4096, cap_bytes=10 << 20)
+    quota = 2 * 20000 + 5000
+    bob = s.put(fake_meta([100]), os.urandom(20000), owner="b0b", quota=quota)
+    time.sleep(0.01)
+    alice = []
+    for i in range(3):
+        alice.append(s.put(fake_meta([i]), os.urandom(20000), owner="a11ce", quota=quota))
+        time.sleep(0.01)
+    left = {o["key"]: o["owner"] for o in s.ls()}
+    assert alice[0] not in left and alice[1] in left and alice[2] in left
+    assert left[bob] == "b0b", "another tenant's object was evicted for alice's quota"
+    assert s.owned_bytes("a11ce") <= quota
+    shared = s.put(fake_meta([7]), os.urandom(20000))  # no owner, no quota: only the cap applies
+    assert left.keys() <= {o["key"] for o in s.ls()} | {alice[0]} and shared in {o["key"] for o in s.ls()}
+    with pytest.raises(StoreError, match="quota"):
+        s.put(fake_meta([8]), os.urandom(quota + 1), owner="a11ce", quota=quota)
+    assert Store(s.settings).objects[alice[2]].owner == "a11ce", "the owner is read back from the manifest"
+
+
 def test_object_being_read_is_never_evicted(tmp_path: Path) -> None:
     s = store(tmp_path, blob_chunk_bytes=4096, cap_bytes=45000)
     k = s.put(fake_meta([1]), os.urandom(20000))

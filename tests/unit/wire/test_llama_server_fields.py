@@ -31,7 +31,7 @@ HONOURED: dict[str, Any] = {
     "stop": ["x"], "repeat_penalty": 1.1, "presence_penalty": 0.5, "frequency_penalty": 0.5,
     "grammar": 'root ::= "a"', "json_schema": {"type": "object"}, "seed": 3, "ignore_eos": True, "n_probs": 3,
     "id_slot": 0, "cache_prompt": False, "return_tokens": True, "return_progress": True,
-    "lora": [{"id": 0, "scale": 0.5}],
+    "n_keep": 16, "n_cache_reuse": 256, "lora": [{"id": 0, "scale": 0.5}],
 }
 
 # refused by name unless at llama-server's default: a sampler, a lazy feature or an output shape the
@@ -55,10 +55,6 @@ INERT: dict[str, tuple[Any, str]] = {
     "xtc_threshold": (0.2, "tunes xtc_probability, refused unless 0"),
     "mirostat_tau": (4.0, "tunes mirostat, refused unless 0"),
     "mirostat_eta": (0.2, "tunes mirostat, refused unless 0"),
-    "n_keep": (16, "tokens kept by a context shift; hydrad never shifts the context (a full context ends the "
-                   "request, as llama-server does without --context-shift)"),
-    "n_cache_reuse": (256, "a speed knob of llama-server's KV shifting; hydrad reuses a cached prefix its own "
-                           "way, and the answer is the same"),
     "sse_ping_interval": (5, "keep-alive comments in a stream; no token or field changes"),
 }
 
@@ -78,6 +74,20 @@ def test_every_documented_field_is_classified_once() -> None:
 def test_honoured_fields_are_taken(field: str) -> None:
     req, gen = _parse(**{field: HONOURED[field]})
     assert gen is not None
+
+
+@pytest.mark.parametrize("field,bad", [("n_keep", -2), ("n_cache_reuse", -1), ("n_keep", "4")])
+def test_context_fields_out_of_range_are_named(field: str, bad: Any) -> None:
+    with pytest.raises(ApiError) as exc:
+        _parse(**{field: bad})
+    assert exc.value.status == 400 and exc.value.param == field, str(exc.value)
+
+
+def test_context_fields_reach_the_engine_request() -> None:
+    _, gen = _parse(n_keep=-1, n_cache_reuse=32)
+    assert (gen.n_keep, gen.n_cache_reuse) == (-1, 32)
+    _, gen = _parse()
+    assert (gen.n_keep, gen.n_cache_reuse) == (None, None)
 
 
 @pytest.mark.parametrize("field", sorted(REFUSED))
