@@ -30,7 +30,8 @@ T2_KEY = ["n_ctx", "n_batch", "n_ubatch", "n_parallel", "kv_unified", "cache_typ
           "yarn_attn_factor", "yarn_beta_fast", "yarn_beta_slow", "yarn_orig_ctx"]
 T1_KEY = ["temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n", "seed", "n_predict",
           "chat_template", "cache_prompt", "reasoning_format", "reasoning_budget", "default_template_kwargs",
-          "reload_policy", "reload_queue_timeout_s", "text_overlap", "prefill_split"]
+          "reload_policy", "reload_queue_timeout_s", "text_overlap", "prefill_split", "ctx_shift", "n_keep",
+          "n_cache_reuse"]
 
 MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
     "small": {"n_ctx": 2048, "n_batch": 256, "temperature": 0.3},
