@@ -430,6 +430,9 @@ _T1_VALUES: dict[str, st.SearchStrategy[Any]] = {
     "reload_queue_timeout_s": st.floats(0.1, 600, allow_nan=False),
     "text_overlap": st.sampled_from(["auto", "on", "off"]),
     "prefill_split": st.sampled_from(["ubatch", "batch"]),
+    "ctx_shift": st.booleans(),
+    "n_keep": st.integers(-1, 4096),
+    "n_cache_reuse": st.integers(0, 4096),
 }
 assert set(_T1_VALUES) == set(T1_KEY)
 
