@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from hydrad.common.params import AdapterFile
+from hydrad.common.tenants import cache_namespace, store_owner
 from hydrad.engine import adapters as ad
 from hydrad.engine.llama import LoadError
 from hydrad.wire.requests import LoraScale
@@ -41,6 +42,9 @@ def test_the_scales_widen_the_cache_namespace() -> None:
     assert one.startswith("t1|adapters:") and one != other and one == a.owner("t1", (1.0, 0.0))
     assert a.owner("t2", (1.0, 0.0)) != one  # a tenant's namespace stays its own
     assert two(first="id-retrained").owner("t1", (1.0, 0.0)) != one  # another file at the same id
+    tenant = cache_namespace("alice", None)  # the Store still counts the tenant's objects as the tenant's
+    assert store_owner(a.owner(tenant, (1.0, 0.0))) == store_owner(tenant) != ""
+    assert store_owner(a.owner("", (1.0, 0.0))) == ""
     steered = two(cvec=np.ones(4, dtype=np.float32), cvec_range=(1, 2), n_embd=2)
     assert steered.owner("t1", (0.0, 0.0)).startswith("t1|adapters:")  # a control vector changes every prompt's KV
     assert steered.owner("t1", (0.0, 0.0)) != two(cvec=np.ones(4, dtype=np.float32), cvec_range=(1, 1),
