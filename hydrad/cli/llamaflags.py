@@ -44,7 +44,10 @@ class _Record(argparse.Action):
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
                  option_string: str | None = None) -> None:
         name = option_string or self.flag.names[0]
-        value = (values[0] if values else None) if isinstance(values, list) else values
+        if isinstance(values, list):
+            value = values if len(values) > 1 else (values[0] if values else None)
+        else:
+            value = values
         if self.flag.kind == "refused" or (self.flag.kind == "neutral" and not _is_neutral(self.flag, value)):
             at = "" if self.flag.kind == "refused" else f" {value}"
             parser.exit(2, f"hydrad: {name}{at}: not supported: {self.flag.help}\n")
@@ -91,7 +94,7 @@ def add_to(parser: argparse.ArgumentParser) -> None:
         if f.optional is not None:
             kw.update(nargs="?", const=f.optional, metavar=f.metavar)
         elif f.takes_value():
-            kw.update(nargs=1, metavar=f.metavar)
+            kw.update(nargs=f.nargs, metavar=tuple((f.metavar or "").split()) if f.nargs > 1 else f.metavar)
         else:
             kw.update(nargs=0)
         help_text = f.help

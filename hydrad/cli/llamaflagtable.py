@@ -231,6 +231,31 @@ def _device(cl: CommandLine, _: State, flag: str, value: Any) -> None:
     cl.set(("device",), ",".join(indices), flag)
 
 
+def _adapters(name: str, scaled: bool) -> Apply:
+    """``--lora``/``--control-vector`` (files, comma-separated, scale 1) and their ``-scaled`` forms
+    (``FNAME:SCALE,...``): each flag adds to the list, as llama-server's do."""
+    def apply(cl: CommandLine, _: State, flag: str, value: Any) -> None:
+        items = []
+        for part in _list(value):
+            fname, scale = part, 1.0
+            if scaled:
+                fname, sep, text = part.rpartition(":")
+                if not sep or not fname:
+                    raise FlagError(f"{flag}: {part!r} is not FNAME:SCALE")
+                scale = _float(flag, text)
+            items.append({"path": str(file_value(flag, fname)), "scale": scale})
+        if not items:
+            raise FlagError(f"{flag}: names no file")
+        cl.set(("defaults", name), list(cl.get(("defaults", name)) or []) + items, flag)
+    return apply
+
+
+def _layer_range(cl: CommandLine, _: State, flag: str, value: Any) -> None:
+    start, end = (_int(flag, v) for v in value)
+    # llama-server's: a start or end at or below 0 means the first layer or the last one
+    cl.set(("defaults", "control_vector_layer_range"), [max(start, 0), max(end, 0)], flag)
+
+
 # ----- the table ---------------------------------------------------------------------------------------
 
 def _m(names: str, metavar: str | None, help: str, apply: Apply, optional: str | None = None) -> Flag:
@@ -351,6 +376,18 @@ MAPPED: tuple[Flag, ...] = (
        _chat_template_file),
     _m("--sleep-idle-seconds", "SECONDS", "free the model after this many seconds without a request; the next "
        "request loads it again (-1: never): defaults.sleep_idle_seconds", _param("sleep_idle_seconds", _int)),
+    _m("--lora", "FNAME", "LoRA adapter(s), comma-separated, at scale 1: defaults.lora_adapters",
+       _adapters("lora_adapters", scaled=False)),
+    _m("--lora-scaled", "FNAME:SCALE,...", "LoRA adapter(s) with their scales: defaults.lora_adapters",
+       _adapters("lora_adapters", scaled=True)),
+    _m("--lora-init-without-apply", None, "load the LoRA adapters at scale 0 until POST /lora-adapters or a "
+       "request sets one: defaults.lora_init_without_apply", _const(("defaults", "lora_init_without_apply"), True)),
+    _m("--control-vector", "FNAME", "control vector(s), comma-separated, at scale 1: defaults.control_vectors",
+       _adapters("control_vectors", scaled=False)),
+    _m("--control-vector-scaled", "FNAME:SCALE,...", "control vector(s) with their scales: "
+       "defaults.control_vectors", _adapters("control_vectors", scaled=True)),
+    Flag(("--control-vector-layer-range",), "START END", "the layers the control vectors apply to, both "
+         "included: defaults.control_vector_layer_range", "mapped", _layer_range, nargs=2),
     _m("--cache-prompt", None, "reuse a slot's cached prefix: defaults.cache_prompt",
        _const(("defaults", "cache_prompt"), True)),
     _m("--no-cache-prompt", None, "never reuse a cached prefix: defaults.cache_prompt false",
@@ -448,12 +485,6 @@ REFUSED: tuple[Flag, ...] = (
     _r("-fitc --fit-ctx", "N", "hydrad never fits parameters to the device"),
     _r("--check-tensors", None, "hydrad does not check tensor data at load"),
     _r("--override-kv", "KEY=TYPE:VALUE,...", "hydrad does not override model metadata"),
-    _r("--lora", "FNAME", "hydrad loads no LoRA adapters"),
-    _r("--lora-scaled", "FNAME:SCALE,...", "hydrad loads no LoRA adapters"),
-    _r("--lora-init-without-apply", None, "hydrad loads no LoRA adapters"),
-    _r("--control-vector", "FNAME", "hydrad applies no control vectors"),
-    _r("--control-vector-scaled", "FNAME:SCALE,...", "hydrad applies no control vectors"),
-    _r("--control-vector-layer-range", "START END", "hydrad applies no control vectors"),
     _r("-mu --model-url", "MODEL_URL", NO_DOWNLOAD),
     _r("-dr --docker-repo", "REPO", NO_DOWNLOAD),
     _r("-hf -hfr --hf-repo", "REPO", NO_DOWNLOAD),

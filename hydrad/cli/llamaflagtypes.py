@@ -76,6 +76,7 @@ class Flag:
     apply: Apply | None = None
     neutral: tuple[str, ...] = ()
     optional: str | None = None
+    nargs: int = 1  # the values it takes when it takes any (--control-vector-layer-range: START END)
 
     def takes_value(self) -> bool:
         return self.metavar is not None

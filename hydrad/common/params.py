@@ -44,6 +44,21 @@ def _f(default: Any, tier: Tier, description: str, **kw: Any) -> Any:
 
 CacheType = Literal["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"]
 
+MAX_LORA_ADAPTERS = 16
+"""LoRA adapters one model loads at most (each is a set of tensors beside the weights, applied per step)."""
+MAX_CONTROL_VECTORS = 16
+"""Control vectors one model sums at most (llama-server adds them up into one)."""
+MAX_ADAPTER_SCALE = 1000.0
+
+
+class AdapterFile(BaseModel):
+    """A LoRA adapter or a control vector: a GGUF file, absolute or under models_dir, and its scale."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    path: str = Field(min_length=1, max_length=4096, description="GGUF file, absolute or under models_dir.")
+    scale: float = Field(1.0, ge=-MAX_ADAPTER_SCALE, le=MAX_ADAPTER_SCALE, description="How strongly it applies.")
+
 
 class RuntimeParams(BaseModel):
     """Everything an engine can change while it runs; the shape follows llama.cpp's common_params."""
@@ -110,6 +125,23 @@ class RuntimeParams(BaseModel):
         "model", Tier.T3, "How an input's token vectors become its embedding (llama.cpp's --pooling): mean, cls "
         "(first token), last, none (one vector per token: /embedding only), model = as the GGUF says (none for a "
         "generative model). rank (reranking) is not served.")
+    lora_adapters: list[AdapterFile] | None = _f(
+        None, Tier.T3, "LoRA adapters loaded with the model (llama-server's --lora, --lora-scaled), each "
+        "{path, scale}; id = the position in this list. A request picks scales by id (its lora field: "
+        "[{id, scale}], the adapters it names not at 0), POST /lora-adapters sets the scales a request "
+        "naming none runs with. Each must be a LoRA of this model's architecture whose tensors fit its "
+        "weights, or the load fails naming this field.", max_length=MAX_LORA_ADAPTERS)
+    lora_init_without_apply: bool = _f(
+        False, Tier.T3, "Load the LoRA adapters at scale 0 (llama-server's --lora-init-without-apply): "
+        "none applies until POST /lora-adapters or a request's lora sets a scale.")
+    control_vectors: list[AdapterFile] | None = _f(
+        None, Tier.T3, "Control vectors (llama-server's --control-vector, --control-vector-scaled), each "
+        "{path, scale}: GGUFs of direction.<layer> tensors of n_embd floats, summed times their scales and "
+        "added to each layer's output for every request.", max_length=MAX_CONTROL_VECTORS)
+    control_vector_layer_range: list[Annotated[int, Field(ge=0, le=1 << 16)]] | None = _f(
+        None, Tier.T3, "The layers [start, end] (both included) the control vectors apply to "
+        "(llama-server's --control-vector-layer-range); 0 as start = from layer 1, as end = to the last; "
+        "None = every layer.", min_length=2, max_length=2)
 
     # --- T2: the context
     n_ctx: int = _f(8192, Tier.T2, "Context size in tokens, shared by all slots (unified KV cache); 0 = the model's training context.", ge=0)
@@ -240,6 +272,13 @@ class RuntimeParams(BaseModel):
                 raise ValueError(f"key {key!r} is overridden twice")
             seen.add(key)
         return v or None
+
+    @field_validator("control_vector_layer_range")
+    @classmethod
+    def _layer_range(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and v[0] and v[1] and v[0] > v[1]:
+            raise ValueError(f"start {v[0]} is past end {v[1]}")
+        return v
 
     @field_validator("use_direct_io")
     @classmethod
@@ -381,7 +420,7 @@ def param_named(message: str) -> str | None:
     parameter's own name; None when it starts with none. A load that fails because of a parameter
     (a device llama.cpp does not have, a metadata key it never read) says so in those words, and the
     answer's ``param`` then names the field as a validation error's does."""
-    head = message.partition(":")[0].strip()
+    head = message.partition(":")[0].strip().partition("[")[0]  # "lora_adapters[1]: ...": an entry of the list
     name = ALIASES.get(head, head)
     return name if name in RuntimeParams.model_fields else None
 

@@ -70,6 +70,7 @@ class ResolvedModel:
     alias: str | None
     path: Path
     entry: ModelEntry | None
+    models_dir: Path | None = None  # where the adapters a load names (lora_adapters, control_vectors) are looked up
 
     @property
     def id(self) -> str:
@@ -138,12 +139,12 @@ class Registry:
             path = p if p.is_absolute() else self.models_dir / p
             if not path.is_file():
                 raise UnknownModel(f"model '{name}' is registered but its file is missing: {path}")
-            return ResolvedModel(name, path, entry)
+            return ResolvedModel(name, path, entry, self.models_dir)
         p = Path(name)
         for candidate in ([p] if p.is_absolute() else [self.models_dir / p]):
             if candidate.is_file() and candidate.suffix == ".gguf":
                 alias = next((a for a, e in self.entries.items()
                               if (self.models_dir / e.path).resolve() == candidate.resolve()), None)
-                return ResolvedModel(alias, candidate, self.entries.get(alias) if alias else None)
+                return ResolvedModel(alias, candidate, self.entries.get(alias) if alias else None, self.models_dir)
         known = ", ".join(sorted(self.entries)) or "none registered"
         raise UnknownModel(f"unknown model '{name}': not a registry alias ({known}) nor a .gguf file under {self.models_dir}")

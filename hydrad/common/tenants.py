@@ -127,8 +127,10 @@ def cache_namespace(tenant: str | None, salt: str | None) -> str:
 
 
 def store_owner(ns: str) -> str:
-    """Whose KV Store objects a namespace's are: its tenant's digest ("" for the shared namespace)."""
-    return ns[:OWNER_HEX]
+    """Whose KV Store objects a namespace's are: its tenant's digest ("" for the shared namespace). An
+    engine widens a namespace after a ``|`` (the LoRA adapters a prompt ran under: hydrad.engine.adapters);
+    the owner is the tenant's all the same."""
+    return ns.partition("|")[0][:OWNER_HEX]
 
 
 def store_quota_of(scope_state: Any) -> int:

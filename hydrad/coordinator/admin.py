@@ -35,9 +35,17 @@ from hydrad.coordinator.records import pairs
 from hydrad.coordinator.switcher import ProfileSwitcher, SwitchBusy
 from hydrad.wire.openai import ApiError, ChatRequest, CompletionRequest
 
+def _request_schema(model: type[ChatRequest] | type[CompletionRequest]) -> dict[str, Any]:
+    """A request model's schema whose nested models (a request's ``lora`` entries) are referred to where the
+    front door's own bodies of the same models put them: the document's components."""
+    schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+    schema.pop("$defs", None)
+    return schema
+
+
 ADMIN_BODIES: dict[str, dict[str, Any]] = {
     "/admin/profile": {"type": "object", "required": ["name"], "properties": {"name": {"type": "string"}}},
-    "/admin/route": {"anyOf": [ChatRequest.model_json_schema(), CompletionRequest.model_json_schema()]},
+    "/admin/route": {"anyOf": [_request_schema(ChatRequest), _request_schema(CompletionRequest)]},
     "/admin/sessions/move": {"type": "object", "required": ["session", "engine"],
                              "properties": {"session": {"type": "string"}, "engine": {"type": "string"}}},
 }

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hydrad.common.logs import log_event
-from hydrad.engine import chatprompt, faults, kvshift, logitbias, sampling, thinking
+from hydrad.engine import adapters, chatprompt, faults, kvshift, logitbias, sampling, thinking
 from hydrad.engine.generation import Generation, Slot
 from hydrad.engine.promptprep import RequestRefused
 from hydrad.engine.requests import Done, Failed, Progress, RequestHandle, Token, Usage
@@ -59,6 +59,7 @@ class _Active:
     settings: dict[str, Any] | None = None  # the values it runs with, when it asked (report_settings)
     n_keep: int = -1  # ctx_shift: tokens a context shift keeps at the head (kvshift.kept); -1: it never shifts
     shifts: int = 0  # context shifts so far
+    lora: tuple[float, ...] = ()  # the LoRA scales it runs with: only slots of one set share a step (adapters)
 
 
 
@@ -132,6 +133,7 @@ class Scheduler:
         self.deferred: list[tuple[Generation, Slot, _Active]] = []  # text to make while the device computes
         self.unsynced: set[Generation] = set()  # steps queued on the device and not waited for (see step)
         self._t_step_end = 0.0  # when the last step ended (perf_counter), for the gap between steps
+        self._lora_turn = 0  # steps that had to choose among several LoRA sets (adapters.Adapters.pick)
 
     def enqueue(self, handle: RequestHandle) -> None:
         core = self.core
@@ -206,7 +208,10 @@ class Scheduler:
             raise RequestRefused(f"the prompt has {len(tokens)} tokens; this engine's context holds {limit}",
                                 400, "context_length_exceeded", n_prompt_tokens=len(tokens), n_ctx=limit)
         cache = params.cache_prompt if req.cache_prompt is None else req.cache_prompt
-        ns = req.cache_ns
+        try:  # KV computed under other LoRA scales is another namespace's (adapters.Adapters.owner)
+            lora, ns = adapters.for_request(gen.adapters, req.lora, req.cache_ns)
+        except adapters.AdapterRefused as exc:
+            raise RequestRefused(str(exc), 400, "invalid_field", param="lora") from None
         slot = gen.slots[req.slot] if req.slot is not None else gen.pick_slot(
             tokens if cache else None,
             spare_tails=self.core.prefix.settings.min_tokens if self.core.prefix.settings.share else 0, owner=ns)
@@ -262,7 +267,8 @@ class Scheduler:
                                   model, params.chat_template)),
                               think=thinking.start(model, params, req, tokens, grammar),
                               n_keep=kvshift.kept(params.n_keep if req.n_keep is None else req.n_keep, len(tokens),
-                                                  model.added_bos() is not None, limit) if shifting else -1)
+                                                  model.added_bos() is not None, limit) if shifting else -1,
+                              lora=lora)
         if req.report_settings:
             slot.active.settings = _settings(params, spec, gen.ctx.n_ctx)
         gen.n_active += 1
@@ -281,9 +287,10 @@ class Scheduler:
         outputs: list[tuple[Slot, int]] = []
         before: list[tuple[Slot, int]] = []
         budget = batch.capacity
+        lora = self._lora_set(gen)  # None: every slot (no adapters); else only the slots of this set
         for slot in gen.slots:
             a = slot.active
-            if a is not None and a.next_token >= 0:
+            if a is not None and a.next_token >= 0 and (lora is None or a.lora == lora):
                 before.append((slot, len(slot.cache)))
                 outputs.append((slot, batch.add(a.next_token, len(slot.cache), slot.id, True)))
                 slot.cache.append(a.next_token)
@@ -291,7 +298,8 @@ class Scheduler:
                 budget -= 1
         n_prefill = 0
         watched: list[tuple[int, _Active]] = []  # prefilled by this step and asking for progress
-        prompts = [slot for slot in gen.slots if slot.active is not None and slot.active.pending]
+        prompts = [slot for slot in gen.slots if slot.active is not None and slot.active.pending
+                   and (lora is None or slot.active.lora == lora)]
         if len(prompts) > 1:
             prompts.sort(key=lambda slot: slot.active.t_start)  # type: ignore[union-attr]  # first come, first prefilled
             if (self.core.params or gen.params).prefill_split == "ubatch":
@@ -376,6 +384,24 @@ class Scheduler:
         if t0 - self._t_step_end < STEP_GAP_S:
             st.step_between_seconds_total += t0 - self._t_step_end
         self._t_step_end = t4
+
+    def _lora_set(self, gen: Generation) -> tuple[float, ...] | None:
+        """The LoRA scales of this step (None when the model has no adapters), set on the context when
+        they differ from the last step's; the slots of other sets wait for a later step (see adapters)."""
+        ad = gen.adapters
+        if ad is None or not ad.loras:
+            return None
+        sets = [s.active.lora for s in gen.slots if s.active is not None and (s.active.next_token >= 0 or s.active.pending)]
+        if not sets:
+            return None
+        if len(set(sets)) > 1:
+            self._lora_turn += 1
+        chosen = ad.pick(sets, self._lora_turn)
+        if chosen != ad.applied:
+            self.settle_device()  # llama.cpp reserves its graph again: never under a step still computing
+            ad.use(gen.ctx, chosen)
+            self.core.stats.lora_switches_total += 1
+        return chosen
 
     def settle_device(self) -> None:
         """Wait for the steps left computing (see :meth:`_step`): before the engine thread does anything but

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from hydrad.engine import ggml, gguf_meta, kvshift, llama
+from hydrad.engine.adapters import Adapters
 from hydrad.engine.batch import Batch
 from hydrad.engine.embedder import Embedder
 from hydrad.engine.gpu import PAGEABLE_BESIDE
@@ -140,6 +141,7 @@ class Generation:
         self.watch: PeerWatch | None = None  # the watch of the placement's peers, while installed
         self.abandoned = False  # a peer died: never free (freeing talks to it, and llama.cpp aborts)
         self.embedder: Embedder | None = None  # the embedding context, when params.embeddings
+        self.adapters: Adapters | None = None  # LoRA adapters and control vector, when params name any
 
     def load_view(self) -> dict[str, Any]:
         """What this generation's load did with the model parameters, as llama.cpp reported it: its load
@@ -370,6 +372,12 @@ class Generation:
             else:
                 dropped += 1
         new_ctx = llama.Context(self.model, params)
+        if self.adapters is not None:
+            try:
+                self.adapters.attach(new_ctx)
+            except Exception:
+                new_ctx.free()
+                raise
         if self.embedder is not None:  # its size follows n_ubatch
             try:
                 embedder = Embedder(self.model, params)
@@ -495,6 +503,7 @@ def build_generation(resolved: ResolvedModel, params: RuntimeParams, progress: C
         model = llama.Model.load(resolved.path, placed, progress, placement.devices, placement.overrides)
     try:
         kv_overrides_used(model, params)
+        adapters = Adapters.build(model, params, resolved.models_dir or resolved.path.parent)
     except llama.LoadError:
         model.free()
         raise
@@ -508,6 +517,13 @@ def build_generation(resolved: ResolvedModel, params: RuntimeParams, progress: C
             raise
         gen = Generation(gen_id, resolved, params, model, ctx, 0.0)
         kvshift.say_if_fixed(ctx, resolved.id)
+        if adapters is not None:
+            gen.adapters = adapters
+            try:
+                adapters.attach(ctx)
+            except Exception:
+                gen.free()
+                raise
         if params.embeddings:
             try:
                 gen.embedder = Embedder(model, params)

@@ -250,3 +250,38 @@ def block_count(path: Path) -> int:
     if not isinstance(n, int) or n <= 0:
         raise GgufError(f"{path} names no block count for architecture {arch!r}")
     return n
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One tensor of a GGUF file as its header describes it: ``shape`` in ggml's order (``ne``), its ggml
+    type, and where its data starts in the file."""
+
+    name: str
+    shape: tuple[int, ...]
+    ggml_type: int
+    offset: int
+
+
+def tensor_infos(path: Path, limit: int = 4096) -> tuple[dict[str, Any], list[TensorInfo]]:
+    """The header values and every tensor's description, for a small file whose data the caller reads
+    itself (a control vector); at most ``limit`` tensors."""
+    with open(path, "rb") as f:
+        n_tensors, n_kv = _open_header(f, path)
+        if n_tensors > limit:
+            raise GgufError(f"{n_tensors} tensors (at most {limit})")
+        meta = {k: v for k, v in _values(f, n_kv) if v is not None}
+        raw: list[tuple[str, tuple[int, ...], int, int]] = []
+        for _ in range(n_tensors):
+            name = _string(f).decode("utf-8", "replace")
+            (n_dims,) = struct.unpack("<I", _read(f, 4))
+            if n_dims > 8:
+                raise GgufError(f"a tensor of {n_dims} dimensions")
+            shape = struct.unpack(f"<{n_dims}Q", _read(f, 8 * n_dims))
+            ggml_type, offset = struct.unpack("<IQ", _read(f, 12))
+            raw.append((name, shape, ggml_type, offset))
+        align = meta.get("general.alignment", 32)
+        if not isinstance(align, int) or align <= 0:
+            raise GgufError(f"general.alignment {align!r}")
+        data_start = -(-f.tell() // align) * align
+    return meta, [TensorInfo(n, s, t, data_start + o) for n, s, t, o in raw]

@@ -87,6 +87,16 @@ def preload_native() -> None:
         ctypes.CDLL(str(lib_path), mode=ctypes.RTLD_GLOBAL)
 
 
+def logged(call: Callable[[], Any]) -> tuple[Any, str]:
+    """``call()`` and what llama.cpp logged on this thread meanwhile, every level (why it refused)."""
+    _capture.text = []
+    try:
+        result = call()
+    finally:
+        text, _capture.text = "".join(_capture.text), None
+    return result, text
+
+
 def set_llama_log_level(level: str) -> None:
     global _llama_log_min
     _llama_log_min = _LOG_LEVELS.get(level, 3)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from hydrad.engine import chatprompt, fim, llama
+from hydrad.engine import adapters, chatprompt, fim, llama
 from hydrad.engine.generation import Generation
 from hydrad.engine.requests import Failed
 from hydrad.wire.grammar import GrammarError
@@ -95,6 +95,10 @@ class PromptPrep:
         gen = self.core.gen
         if gen is None:
             return
+        try:  # a lora naming no adapter is refused here; the Store is looked up in the namespace of its scales
+            _, owner = adapters.for_request(gen.adapters, request.lora, request.cache_ns)
+        except adapters.AdapterRefused as exc:
+            raise RequestRefused(str(exc), 400, "invalid_field", param="lora") from None
         # (an /infill request's parts are cut to fit the context as llama-server cuts them: not counted)
         chars = len(request.prompt or "") + sum(len(m.get("content") or "") for m in request.messages or ())
         limit = gen.ctx.n_ctx_seq
@@ -126,7 +130,7 @@ class PromptPrep:
         request.tokens, request.tokens_for = tokens, gen.id
         request.tool_grammar, request.grammar_for = grammar, gen.id
         if from_store:  # the longest prefix the pool's Store holds, read and verified here, not on the engine thread
-            request.stored_prefix = await asyncio.to_thread(self.core.prefix.lookup, gen, tokens, request.cache_ns)
+            request.stored_prefix = await asyncio.to_thread(self.core.prefix.lookup, gen, tokens, owner)
 
     def tool_grammar(self, gen: Generation, request: GenRequest) -> str | None:
         if request.tools is None:

@@ -28,6 +28,7 @@ class EngineStats:
     context_rebuilds_total: int = 0
     sleeps_total: int = 0  # models freed after sleep_idle_seconds without a request (hydrad.engine.sleep)
     peer_losses_total: int = 0  # generations set aside because a COMBINE peer died
+    lora_switches_total: int = 0  # steps that set other LoRA scales on the context than the step before
     # where a step's wall time goes, on the engine thread (one step = one batch decoded and its rows
     # sampled): building the batch and the llama_decode call (on a GPU it only queues the work);
     # the text work done while the device computes; waiting for the device; sampling and handing

@@ -23,6 +23,7 @@ from hydrad.wire import embeddings
 from hydrad.wire.anthropic import MessagesRequest
 from hydrad.wire.infill import InfillRequest
 from hydrad.wire.native_completion import REQUEST_MODELS
+from hydrad.wire.requests import MAX_LORA_ENTRIES
 from hydrad.wire.openai import BUDGET_FIELDS, CHAT_MESSAGES_SCHEMA, INT32_MAX, MAX_MODEL_NAME
 
 MODEL = {"type": "string", "minLength": 1, "maxLength": MAX_MODEL_NAME, "pattern": "^[^\\x00-\\x1f\\x7f]+$"}
@@ -70,7 +71,12 @@ _BOTH: dict[str, type[BaseModel] | dict[str, Any]] = {
     **REQUEST_MODELS, "/infill": InfillRequest, "/v1/messages": MessagesRequest,
     "/v1/embeddings": OPENAI_EMBEDDINGS, "/embeddings": NATIVE_EMBEDDING, "/embedding": NATIVE_EMBEDDING,
 }
-ENGINE_BODIES: dict[str, type[BaseModel] | dict[str, Any]] = {**_BOTH, **_forwarded(model=False)}
+LORA_ADAPTERS = {"type": "array", "maxItems": MAX_LORA_ENTRIES, "items": {
+    "type": "object", "required": ["id"], "properties": {"id": _ID, "scale": {"type": "number", "minimum": -1000,
+                                                                              "maximum": 1000}}}}
+"""POST /lora-adapters (llama-server's): the scales by adapter id."""
+ENGINE_BODIES: dict[str, type[BaseModel] | dict[str, Any]] = {**_BOTH, **_forwarded(model=False),
+                                                               "/lora-adapters": LORA_ADAPTERS}
 FRONT_DOOR_BODIES: dict[str, type[BaseModel] | dict[str, Any]] = {**_BOTH, **_forwarded(model=True)}
 BINARY_BODIES = frozenset({"/slots/{slot}/state"})
 """Doors whose body is raw bytes (the KV state upload)."""

@@ -29,7 +29,7 @@ from hydrad.wire import events
 from hydrad.wire import logprobs as lp
 from hydrad.wire import toolcalls
 from hydrad.wire.gpuinfo import GpuInfo
-from hydrad.wire.requests import GenRequest, InfillParts, SamplingOverrides
+from hydrad.wire.requests import MAX_LORA_ENTRIES, GenRequest, InfillParts, LoraScale, SamplingOverrides
 from hydrad.wire.tools import MAX_CALL_ID, NAME_RE, ToolSpec
 
 PROTOCOL = b"hydra-bus/2"  # 2: stream messages may travel in batches
@@ -436,6 +436,9 @@ class Generate(_Msg):
         "Tokens a chat may think for (0: none); absent: the engine's default."))
     chat_template_kwargs: dict[str, Any] | None = Field(None, description=(
         "Extra variables for the jinja chat template (hydrad.common.templatekwargs); absent: none."))
+    lora: list[LoraScale] | None = Field(None, max_length=MAX_LORA_ENTRIES, description=(
+        "LoRA scales by adapter id (the adapters not named at 0); absent: the engine's scales. An engine of "
+        "an earlier release refuses a GENERATE that carries it."))
 
     _kwargs = field_validator("chat_template_kwargs")(
         classmethod(lambda cls, v: v if v is None else templatekwargs.check(v)))
@@ -451,7 +454,7 @@ class Generate(_Msg):
                    return_tokens=gen.return_tokens, return_progress=gen.return_progress,
                    report_settings=gen.report_settings, cache_ns=gen.cache_ns, store_quota=gen.store_quota,
                    reasoning_format=gen.reasoning_format, reasoning_budget=gen.reasoning_budget,  # type: ignore[arg-type]
-                   chat_template_kwargs=gen.chat_template_kwargs)
+                   chat_template_kwargs=gen.chat_template_kwargs, lora=gen.lora or None)
 
     def to_request(self) -> GenRequest:
         return GenRequest(prompt=self.prompt, messages=self.messages, tools=self.tools, max_tokens=self.max_tokens,
@@ -463,7 +466,8 @@ class Generate(_Msg):
                           infill=self.infill, return_tokens=self.return_tokens, return_progress=self.return_progress,
                           report_settings=self.report_settings, cache_ns=self.cache_ns,
                           store_quota=self.store_quota, pool_pin=self.slot is not None, reasoning_format=self.reasoning_format,
-                          reasoning_budget=self.reasoning_budget, chat_template_kwargs=self.chat_template_kwargs)
+                          reasoning_budget=self.reasoning_budget, chat_template_kwargs=self.chat_template_kwargs,
+                          lora=self.lora)
 
 
 class Cancel(_Msg):

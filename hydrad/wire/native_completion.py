@@ -150,4 +150,4 @@ def gen_request(req: NativeCompletionRequest, sampling: SamplingOverrides, text:
                       cache_prompt=req.cache_prompt, cache_salt=req.cache_salt,
                       return_tokens=req.return_tokens or req.stream,
                       logprobs=req.wants_logprobs(), return_progress=req.stream and req.return_progress,
-                      n_keep=req.n_keep, n_cache_reuse=req.n_cache_reuse)
+                      n_keep=req.n_keep, n_cache_reuse=req.n_cache_reuse, lora=req.lora)

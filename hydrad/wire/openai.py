@@ -27,7 +27,7 @@ from hydrad.wire import logprobs as lp
 from hydrad.wire import tools as tl
 from hydrad.wire.grammar import GrammarError, check_gbnf, json_object_grammar, schema_grammar
 from hydrad.wire.requests import GenRequest, SamplingOverrides
-from hydrad.wire.requests import MAX_STOP_CHARS, MAX_STOPS
+from hydrad.wire.requests import MAX_LORA_ENTRIES, MAX_STOP_CHARS, MAX_STOPS, LoraScale
 from hydrad.common.params import validation_message
 
 INT32_MAX = 2**31 - 1
@@ -122,6 +122,9 @@ class _Common(BaseModel):
     cache_salt: str | None = Field(None, min_length=1, max_length=256, description=(
         "Requests share cached prompt prefixes only with requests of the same API key and the same salt "
         "(vLLM's cache_salt)."))
+    lora: list[LoraScale] | None = Field(None, max_length=MAX_LORA_ENTRIES, description=(
+        "LoRA adapters for this request, as llama-server takes them: [{\"id\": 0, \"scale\": 0.5}], by the "
+        "ids GET /lora-adapters lists; the adapters not named run at 0. Unset or empty: the engine's scales."))
     logit_bias: Any = Field(None, description=(
         "Biases added to tokens' logits: OpenAI's object of token ids, llama-server's object whose "
         "non-integer keys are texts, or its list of [token id or text, bias] pairs; false bans a token. "
@@ -190,7 +193,7 @@ _UNSUPPORTED: dict[str, Any] = {
     "preserved_tokens": (None, []), "post_sampling_probs": (None, False),
     "mirostat": (None, 0), "typical_p": (None, 1, 1.0), "top_n_sigma": (None, -1, -1.0),
     "xtc_probability": (None, 0, 0.0), "dry_multiplier": (None, 0, 0.0), "dynatemp_range": (None, 0, 0.0),
-    "repeat_last_n": (None, 64), "penalty_last_n": (None, 64), "samplers": (None,), "lora": (None, []),
+    "repeat_last_n": (None, 64), "penalty_last_n": (None, 64), "samplers": (None,),
     "reasoning_budget_message": (None, ""), "reasoning_control": (None, False),
 }
 
@@ -435,7 +438,8 @@ def parse(kind: Literal["chat", "completion"], raw: bytes) -> tuple[_Common, Gen
                          sampling=sampling, ignore_eos=req.ignore_eos, slot=req.slot(), logprobs=req.wants_logprobs(),
                          cache_prompt=req.cache_prompt, cache_salt=req.cache_salt,
                          reasoning_format=None if req.reasoning_format in (None, "auto") else req.reasoning_format,
-                         reasoning_budget=req.budget(sampling.grammar), chat_template_kwargs=req.chat_template_kwargs)
+                         reasoning_budget=req.budget(sampling.grammar), chat_template_kwargs=req.chat_template_kwargs,
+                         lora=req.lora)
     else:
         assert isinstance(req, CompletionRequest)
         prompt = req.prompt
@@ -445,5 +449,5 @@ def parse(kind: Literal["chat", "completion"], raw: bytes) -> tuple[_Common, Gen
             prompt = prompt[0]
         gen = GenRequest(prompt=prompt, max_tokens=req.limit(), stop=req.stops(), sampling=sampling,
                          ignore_eos=req.ignore_eos, slot=req.slot(), logprobs=req.wants_logprobs(),
-                         cache_prompt=req.cache_prompt, cache_salt=req.cache_salt)
+                         cache_prompt=req.cache_prompt, cache_salt=req.cache_salt, lora=req.lora)
     return req, gen

@@ -85,6 +85,19 @@ class InfillParts:
     middle: str = ""
 
 
+MAX_LORA_ENTRIES = 64
+"""Entries of a request's ``lora`` list (each names an adapter by id; the last of an id wins)."""
+
+
+@dataclass(frozen=True)
+class LoraScale:
+    """One entry of a request's ``lora`` (llama-server's per-request LoRA): the adapter's id, as GET
+    /lora-adapters lists it, and the scale it applies with."""
+
+    id: Annotated[int, Field(ge=0, le=2**31 - 1)]
+    scale: Annotated[float, Field(ge=-1000, le=1000, allow_inf_nan=False)] = 0.0
+
+
 @dataclass
 class GenRequest:
     """One generation: a raw prompt (completions), prompt token ids (llama-server's /completion) or
@@ -114,6 +127,7 @@ class GenRequest:
     reasoning_format: str | None = None  # a chat's thinking: none | deepseek | deepseek-legacy; None: the engine's T1
     reasoning_budget: int | None = None  # tokens a chat may think for (0: none); None: the engine's T1 reasoning_budget
     chat_template_kwargs: dict[str, Any] | None = None  # extra variables for the jinja chat template (hydrad.common.templatekwargs)
+    lora: list[LoraScale] | None = None  # LoRA scales by adapter id; None or empty: the engine's (POST /lora-adapters)
     tokens: list[int] | None = None  # prompt tokens made off the engine thread (PromptPrep.prepare) ...
     tokens_for: int | None = None  # ... for this generation id; another generation tokenizes again
     stored_prefix: object = None  # a prefix read from the Store off the engine thread (engine.prefixshare)

@@ -122,9 +122,9 @@ def test_a_flag_hydrad_cannot_honour_ends_the_start_naming_it(tmp_path: Path) ->
     assert bogus.stderr.count("\n") == 1 and "--bogus-flag" in bogus.stderr, bogus.stderr
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF")
-    lora = hydrad("-m", str(model), "--port", "0", "--lora", "adapter.gguf")
-    assert lora.returncode == 2
-    assert lora.stderr == "hydrad: --lora: not supported: hydrad loads no LoRA adapters\n"
+    mmproj = hydrad("-m", str(model), "--port", "0", "--mmproj", "projector.gguf")
+    assert mmproj.returncode == 2
+    assert mmproj.stderr == "hydrad: --mmproj: not supported: hydrad serves no multimodal input\n"
     mirostat = hydrad("-m", str(model), "--mirostat", "2")
     assert mirostat.returncode == 2 and mirostat.stderr.startswith("hydrad: --mirostat 2: not supported: ")
     bad = hydrad("-m", str(model), "-c", "lots")

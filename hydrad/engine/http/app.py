@@ -30,7 +30,7 @@ from hydrad.common.logs import log_event
 from hydrad.common.openapi import openapi_route
 from hydrad.engine.control import EngineControl
 from hydrad.engine.refusals import refusal
-from hydrad.engine.http import counttokens, metrics, native
+from hydrad.engine.http import counttokens, lora, metrics, native
 from hydrad.engine.http.anthropic import messages
 from hydrad.engine.http.completion import completion, infill
 from hydrad.engine.http.context import HttpContext, ctx_of
@@ -243,6 +243,7 @@ ROUTES = [
     Route("/control/loads/{load_id}", load_status),
     Route("/control/swap_quant", swap_quant, methods=["POST"]),
     Route("/control/set_expert_mode", set_expert_mode, methods=["POST"]),
+    Route("/lora-adapters", lora.get_adapters), Route("/lora-adapters", lora.set_adapters, methods=["POST"]),
     Route("/slots", slots), Route("/slots/{slot}", slot_action, methods=["POST"]),
     Route("/slots/{slot}/state", state_get),
     Route("/slots/{slot}/state", state_put, methods=["PUT"]), Route("/slots/{slot}/state/meta", state_meta),

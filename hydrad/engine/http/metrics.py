@@ -66,6 +66,9 @@ class EngineCollector(Collector):
         yield counter("hydra_context_rebuilds_total", "T2 context rebuilds.", s.context_rebuilds_total)
         yield counter("hydra_sleeps_total", "Models freed after sleep_idle_seconds without a request.", s.sleeps_total)
         yield counter("hydra_peer_losses_total", "Generations set aside because a COMBINE peer died.", s.peer_losses_total)
+        yield counter("hydra_lora_switches_total", "Steps that computed under other LoRA scales than the step "
+                      "before (requests of different lora sets take turns; each switch re-plans llama.cpp's graph).",
+                      s.lora_switches_total)
         yield counter("hydra_steps_total", "Batched steps (a batch decoded and its rows sampled).", s.steps_total)
         yield counter("hydra_steps_unwaited_total", "Steps of prompt rows only (nothing to sample) that the engine "
                       "thread did not wait for: it built the next step while the device computed (text_overlap).",

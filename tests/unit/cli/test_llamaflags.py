@@ -239,7 +239,8 @@ def test_each_mapped_flag_sets_its_setting(argv: list[str], expected: dict[tuple
 def test_every_mapped_spelling_is_exercised() -> None:
     used = {a for argv, _ in MAPPED for a in argv if a in BY_NAME}
     own_tests = {"-m", "--model", "-a", "--alias", "--api-key", "--api-key-file", "--slot-save-path",
-                 "--chat-template-file"}  # each has a test of its own below
+                 "--chat-template-file", "--lora", "--lora-scaled", "--lora-init-without-apply", "--control-vector",
+                 "--control-vector-scaled", "--control-vector-layer-range"}  # each has a test of its own below
     mapped = {n for f in FLAGS if f.kind == "mapped" for n in f.names}
     assert mapped - used - own_tests == set()
 
@@ -279,6 +280,37 @@ def test_templates_and_slot_files_from_paths(tmp_path: Path, monkeypatch: pytest
     assert cl.layer["slot_save_dir"] == str(tmp_path / "slots")  # relative to where hydrad starts
     with pytest.raises(FlagError, match=r"^--chat-template-file: no such file: x\.jinja$"):
         layer("--chat-template-file", "x.jinja")
+
+
+def test_adapters_from_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """llama-server's LoRA and control-vector flags: files relative to where hydrad starts, comma-separated,
+    scaled as FNAME:SCALE, each flag adding to the list; the layer range takes two values."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("a.gguf", "b:c.gguf", "v.gguf"):
+        (tmp_path / name).write_bytes(b"GGUF")
+    cl = layer("--lora", "a.gguf", "--lora-scaled", "b:c.gguf:0.5,a.gguf:-2", "--lora-init-without-apply",
+               "--control-vector", "v.gguf", "--control-vector-scaled", "v.gguf:0.25",
+               "--control-vector-layer-range", "3", "-1")
+    a, bc, v = (str(tmp_path / n) for n in ("a.gguf", "b:c.gguf", "v.gguf"))
+    defaults = cl.layer["defaults"]
+    assert defaults["lora_adapters"] == [{"path": a, "scale": 1.0}, {"path": bc, "scale": 0.5},
+                                         {"path": a, "scale": -2.0}]
+    assert defaults["lora_init_without_apply"] is True
+    assert defaults["control_vectors"] == [{"path": v, "scale": 1.0}, {"path": v, "scale": 0.25}]
+    assert defaults["control_vector_layer_range"] == [3, 0]  # -1: to the last layer, as llama-server reads it
+    assert cl.origin[("defaults", "control_vector_layer_range")] == "--control-vector-layer-range"
+    params = load_config(None, cl.layer).settings.defaults
+    assert params["lora_adapters"][1] == {"path": bc, "scale": 0.5}
+    for argv, message in [(["--lora", "x.gguf"], "--lora: no such file: x.gguf"),
+                          (["--lora-scaled", "a.gguf"], "--lora-scaled: 'a.gguf' is not FNAME:SCALE"),
+                          (["--lora-scaled", "a.gguf:lots"], "--lora-scaled: needs a number, got 'lots'"),
+                          (["--control-vector", " , "], "--control-vector: names no file"),
+                          (["--control-vector-layer-range", "9", "3"], "--control-vector-layer-range: "
+                           "control_vector_layer_range: Value error, start 9 is past end 3"),
+                          (["--lora", ",".join(["a.gguf"] * 17)], "--lora: lora_adapters:")]:
+        with pytest.raises(FlagError) as err:
+            layer(*argv)
+        assert str(err.value).startswith(message), str(err.value)
 
 
 BAD_VALUES = [

@@ -125,7 +125,7 @@ def test_refused_fields_are_no_runtime_parameter() -> None:
 # ----- a payload naming a refused field: 400 naming it, with the reason ---------------------------
 
 GROUPS = {  # one field of each kind of refusal, and the words its answer must hold
-    "not built": ("lora_adapters", "not built yet"),
+    "not served": ("mmproj", "no multimodal input"),
     "speculative n-gram": ("spec_n_max", "not built yet"),
     "draft model": ("speculative.model", "draft model"),
     "C callback": ("cb_eval", "C callback"),
@@ -202,6 +202,6 @@ def test_a_profile_naming_a_refused_field_is_refused_with_the_reason() -> None:
 
     from hydrad.coordinator.profiles import EngineEntry
 
-    with pytest.raises(ValidationError, match="lora_adapters: not built yet: LoRA adapters"):
-        EngineEntry(model="m", params={"lora_adapters": ["a.gguf"]})
+    with pytest.raises(ValidationError, match="mmproj: hydrad serves no multimodal input"):
+        EngineEntry(model="m", params={"mmproj": "a.gguf"})
     assert EngineEntry(model="m", params={"temp": 0.3, "cont_batching": True}).params["temp"] == 0.3

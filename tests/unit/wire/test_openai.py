@@ -610,7 +610,7 @@ LLAMA_SERVER_UNHONOURED = [
     ("preserved_tokens", ["<tool>"], []), ("n_probs", 5, 0), ("post_sampling_probs", True, False),
     ("mirostat", 2, 0), ("typical_p", 0.9, 1.0), ("top_n_sigma", 1.5, -1.0), ("xtc_probability", 0.5, 0.0),
     ("dry_multiplier", 0.8, 0.0), ("dynatemp_range", 0.5, 0.0), ("repeat_last_n", 256, 64),
-    ("penalty_last_n", 256, 64), ("samplers", ["top_k", "temperature"], None), ("lora", [{"id": 0, "scale": 1}], []),
+    ("penalty_last_n", 256, 64), ("samplers", ["top_k", "temperature"], None)
 ]
 
 
@@ -621,3 +621,17 @@ def test_llama_server_fields_not_honoured_are_refused_by_name(field: str, value:
         assert err.code == "unsupported_field" and err.param == field and field in err.message
     chat(**{field: default})  # the default changes nothing: accepted
     completion(**{field: default})
+
+
+def test_lora_is_read_as_llama_server_takes_it() -> None:
+    """A request's LoRA scales by adapter id travel on (the engine checks the ids against its adapters);
+    a malformed entry is refused naming the field."""
+    for parse_one in (chat, completion):
+        _, gen = parse_one(lora=[{"id": 0, "scale": 0.5}, {"id": 2}])
+        assert [(e.id, e.scale) for e in gen.lora] == [(0, 0.5), (2, 0.0)]
+        assert parse_one()[1].lora is None
+    for bad in ([{"id": -1, "scale": 1}], [{"scale": 1}], [{"id": 0, "scale": 1e9}], {"id": 0},
+                [{"id": 0, "scale": 1}] * 65):
+        for refuse in (chat_refused, completion_refused):
+            err = refuse(lora=bad)
+            assert err.status == 400 and err.param is not None and err.param.startswith("lora"), (bad, err.message)
