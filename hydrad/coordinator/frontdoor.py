@@ -258,6 +258,9 @@ class FrontDoor:
             with self.burst.arrival() as arrival:
                 req, greq = await self.prep.parse(request, await request.body(),
                                                   lambda raw: outcome.measured(parse(raw)))
+                if getattr(req, "n", 1) > 1:
+                    raise ApiError(400, "unsupported field(s) for this engine: n (the front door answers one choice a "
+                                   "request; an engine's own door answers several)", "unsupported_field", "n")
                 greq.slot = None  # a slot number means nothing across engines
                 greq.client = client_key(request)  # the engines' queues take clients in turn
                 greq.cache_ns = cache_namespace(tenant_of(request.state), greq.cache_salt)

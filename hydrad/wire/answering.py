@@ -12,8 +12,9 @@ the request still running where it runs is cancelled (:meth:`EventSource.close`)
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from typing import Any, AsyncIterator, Callable, Protocol
+from typing import Any, AsyncIterator, Callable, Protocol, Sequence
 
 from hydrad.common.logs import log_event
 from hydrad.wire.events import Done, Event, Failed, Progress, Token
@@ -101,3 +102,76 @@ async def whole(source: EventSource, r: Renderer, first: Event,
             ev = await source.next()
     finally:
         source.close()
+
+
+def merged_usage(dones: list[Done]) -> dict[str, Any]:
+    """OpenAI's usage of a request for several choices: the prompt once, every choice's tokens."""
+    first = dones[0].usage
+    made = sum(d.usage.completion_tokens for d in dones)
+    return {"prompt_tokens": first.prompt_tokens, "completion_tokens": made, "total_tokens": first.prompt_tokens + made,
+            "prompt_tokens_details": {"cached_tokens": first.cached_tokens}}
+
+
+async def _pump(i: int, source: EventSource, first: Event, out: "asyncio.Queue[tuple[int, Event]]") -> None:
+    ev = first
+    while True:
+        out.put_nowait((i, ev))
+        if isinstance(ev, (Done, Failed)):
+            return
+        ev = await source.next()
+
+
+async def stream_choices(sources: list[EventSource], rs: list[Any], firsts: Sequence[Event]) -> AsyncIterator[bytes]:
+    """A request for ``n`` choices (OpenAI's ``n``) as one stream: each choice's events through its
+    own renderer (the same id, its own ``index``), interleaved as they come; after every choice's
+    last chunk, the merged usage (when asked) and ``[DONE]``. A choice that fails ends the stream
+    with the error, and the other choices are cancelled."""
+    queue: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
+    pumps = [asyncio.ensure_future(_pump(i, s, f, queue)) for i, (s, f) in enumerate(zip(sources, firsts))]
+    out: list[bytes] = [r.head() for r in rs]
+    dones: dict[int, Done] = {}
+    try:
+        while len(dones) < len(rs):
+            i, ev = await queue.get()
+            r = rs[i]
+            if isinstance(ev, Token):
+                out.append(r.piece(ev))
+            elif isinstance(ev, Done):
+                dones[i] = ev
+                out.append(r.end_choice(ev, sources[i].extra()))
+            elif isinstance(ev, Failed):
+                out.append(r.broken(ApiError(ev.status, ev.message, ev.code)))
+                yield b"".join(out)
+                return
+            if queue.empty():
+                yield b"".join(out)
+                out = []
+        ordered = [dones[i] for i in range(len(rs))]
+        out.append(rs[0].tail(merged_usage(ordered), ordered[0].fingerprint))
+        yield b"".join(out)
+    except Exception as exc:  # headers are out: a bug here must still end the stream properly
+        log_event(log, logging.ERROR, "stream failed", error=repr(exc), exc_info=True)
+        yield b"".join((*out, rs[0].broken(ApiError(500, "internal error (see the log)", "internal_error"))))
+    finally:
+        for p in pumps:
+            p.cancel()
+        for s in sources:
+            s.close()
+
+
+async def whole_choices(sources: list[EventSource], rs: list[Any], firsts: Sequence[Event]) -> tuple[dict[str, Any], Done]:
+    """A request for ``n`` choices as one whole answer: every choice's, in order, with the merged usage."""
+    tasks = [asyncio.ensure_future(whole(s, r, f)) for s, r, f in zip(sources, rs, firsts)]
+    try:
+        results = await asyncio.gather(*tasks)
+    except BaseException:  # one choice failed (or the client left): the others stop too
+        for t in tasks:
+            t.cancel()
+        raise
+    finally:
+        for s in sources:
+            s.close()
+    body = dict(results[0][0])
+    body["choices"] = [b["choices"][0] for b, _ in results]
+    body["usage"] = merged_usage([d for _, d in results])
+    return body, results[0][1]

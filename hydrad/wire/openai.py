@@ -92,6 +92,10 @@ def _constraint_properties(schema: dict[str, Any]) -> None:
     schema.setdefault("properties", {}).update(_CONSTRAINT_PROPERTIES)
 
 
+MAX_CHOICES = 16
+"""Most choices one request may ask for (``n``); an engine also refuses more than its slots."""
+
+
 class _Common(BaseModel):
     # NaN and infinities are valid in Python's JSON but no sampling parameter means anything with them;
     # the constraint fields are read from the extras (_constraint) and described here for /openapi.json
@@ -111,7 +115,11 @@ class _Common(BaseModel):
     stop: str | list[str] | None = Field(None, json_schema_extra=_STOP_SCHEMA)
     stream: bool = False
     stream_options: dict[str, Any] | None = None
-    n: int = Field(1, json_schema_extra={"enum": [1]}, description="Only 1 is served.")
+    n: int = Field(1, ge=1, le=MAX_CHOICES, description=(
+        "Choices to generate for the one prompt, each in a slot of its own (at most the engine's slots); "
+        "the front door serves 1."))
+    CHOICES: ClassVar[bool] = False
+    """Whether this endpoint answers several choices (OpenAI's chat and completions do)."""
     user: str | None = Field(None, max_length=256)
     max_completion_tokens: int | None = Field(None, ge=0, le=INT32_MAX)
     id_slot: int | None = Field(None, ge=-1, le=INT32_MAX,
@@ -202,7 +210,7 @@ def _refuse_unsupported(req: _Common) -> None:
     extra = req.model_extra or {}
     refused = {**_UNSUPPORTED, **req.OTHER_DOORS_FIELDS}
     bad = [k for k, neutral in refused.items() if k in extra and extra[k] not in neutral]
-    if req.n != 1:
+    if req.n != 1 and not req.CHOICES:
         bad.insert(0, "n")
     if bad:
         raise unsupported(bad)
@@ -286,6 +294,7 @@ engine parameter's own."""
 
 
 class ChatRequest(_Common):
+    CHOICES = True
     OTHER_DOORS_FIELDS = {"n_probs": (None, 0)}
     TOOL_FIELDS: ClassVar[dict[str, tuple[Any, ...]]] = {
         "tools": (None, []), "tool_choice": (None, "none", "auto"), "parallel_tool_calls": (None, False, True)}
@@ -342,6 +351,7 @@ class ChatRequest(_Common):
 
 
 class CompletionRequest(_Common):
+    CHOICES = True
     OTHER_DOORS_FIELDS = {"top_logprobs": (None, 0), "n_probs": (None, 0), **ChatRequest.TOOL_FIELDS,
                           **ChatRequest.REASONING_FIELDS}
     prompt: str | list[str] = Field(json_schema_extra={"anyOf": [

@@ -31,6 +31,11 @@ MAX_FIM_CHARS = 64 << 20
 _ids = itertools.count(1)
 
 
+def next_request_id() -> int:
+    """A new request's id (unique in this process)."""
+    return next(_ids)
+
+
 def _usable_grammar(text: str | None) -> str | None:
     """Checks a grammar arriving in a bus message as the doors check a client's: the engine
     hands it to llama.cpp's parser, which must never see one that could take it down."""
@@ -134,4 +139,4 @@ class GenRequest:
     client: str = ""  # who sent it (its address): clients take turns for free slots
     tool_grammar: str | None = None  # the tools' grammar made off the engine thread (None: free text) ...
     grammar_for: int | None = None  # ... for this generation id; another generation makes it again
-    id: int = field(default_factory=lambda: next(_ids))
+    id: int = field(default_factory=lambda: next_request_id())

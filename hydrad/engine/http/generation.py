@@ -7,6 +7,7 @@ llama-server's native ones parse their own way and end in :func:`answer` too."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from typing import Any, Callable, Literal
@@ -27,7 +28,8 @@ from hydrad.wire import openai, responses
 from hydrad.wire.events import END
 from hydrad.wire.openai import ApiError, overflow_details
 from hydrad.wire.render import ChatAnswer, CompletionAnswer, Renderer, ResponsesAnswer
-from hydrad.wire.requests import GenRequest
+from hydrad.wire.render.openai import new_id
+from hydrad.wire.requests import GenRequest, next_request_id
 
 log = logging.getLogger("hydrad.http")
 
@@ -46,12 +48,50 @@ async def generate(request: Request, kind: Literal["chat", "completion"]) -> Res
     req, greq = await ctx.parsed(request, lambda raw: openai.parse(kind, raw))
     model_id = ctx.check_serving(req)
     answer_cls = ChatAnswer if kind == "chat" else CompletionAnswer
+    rid = new_id(kind)
 
-    def renderer(model: str, fingerprint: str) -> Renderer:
-        return answer_cls(model, fingerprint, include_usage=req.include_usage(), logprobs=greq.logprobs is not None)
+    def renderer(model: str, fingerprint: str, index: int = 0) -> Renderer:
+        return answer_cls(model, fingerprint, include_usage=req.include_usage(), logprobs=greq.logprobs is not None,
+                          rid=rid, index=index)
 
-    return await answer(request, ctx, greq, renderer, "messages" if kind == "chat" else "prompt", req.stream,
-                        model_id, t_arrival)
+    field = "messages" if kind == "chat" else "prompt"
+    if req.n > 1:
+        return await answer_choices(request, ctx, greq, renderer, field, req.stream, model_id, t_arrival, req.n)
+    return await answer(request, ctx, greq, renderer, field, req.stream, model_id, t_arrival)
+
+
+async def answer_choices(request: Request, ctx: HttpContext, greq: GenRequest, renderer: Callable[..., Renderer],
+                         prompt_field: str, streamed: bool, model_id: str, t_arrival: float, n: int) -> Response:
+    """OpenAI's ``n``: the one prompt generated ``n`` times, each choice a request of its own in a slot
+    of its own (the later ones find the prompt's KV in the first's slot: prefix sharing), answered as
+    one with each choice's ``index``. More choices than the engine has slots is a 400."""
+    slots = ctx.core.snapshot().slots_total
+    if slots and n > slots:
+        raise ApiError(400, f"n: at most {slots} choices (this engine's slots, n_parallel)", "invalid_field", "n")
+    greqs = [greq, *(dataclasses.replace(greq, id=next_request_id()) for _ in range(n - 1))]
+    started = await asyncio.gather(*(start(request, ctx, g, prompt_field, t_arrival) for g in greqs),
+                                   return_exceptions=True)
+    handles = [s[0] for s in started if isinstance(s, tuple)]
+    failed = next((s for s in started if isinstance(s, BaseException)), None)
+    if failed is not None or len(handles) < n:
+        for h in handles:
+            ctx.core.cancel(h)
+        if failed is not None:
+            raise failed
+        return Response(status_code=499)
+    firsts = [s[1] for s in started if isinstance(s, tuple)]
+    sources: list[answering.EventSource] = [HandleEvents(ctx.core, h, f, s[2], t_arrival)
+                                            for h, f, s in zip(handles, firsts, started) if isinstance(s, tuple)]
+    tag = handles[0].generation
+    rs = [renderer(tag.model if tag is not None else model_id, tag.fingerprint if tag is not None else "", i)
+          for i in range(n)]
+    if streamed:
+        return EventStream(answering.stream_choices(sources, rs, firsts), headers=SSE_HEADERS)
+    async with CancelOnLeave(request.receive):
+        body, done = await answering.whole_choices(sources, rs, firsts)
+        return JSONResponse(body, headers={"X-Hydra-Generation": done.fingerprint})
+    log_event(log, logging.INFO, "client disconnected; request cancelled", req=handles[0].id)
+    return Response(status_code=499)
 
 
 async def responses_(request: Request) -> Response:

@@ -31,7 +31,7 @@ def usage(u: Usage) -> dict[str, Any]:
 
 def full_response(kind: str, rid: str, model: str, text: str, finish: str, usage_: dict[str, Any],
                   fingerprint: str, timings_: dict[str, Any], logprobs: dict[str, Any] | None = None,
-                  calls: list[ToolCall] | None = None, reasoning: str = "") -> dict[str, Any]:
+                  calls: list[ToolCall] | None = None, reasoning: str = "", index: int = 0) -> dict[str, Any]:
     """A whole answer; ``logprobs`` is its choice's (:func:`hydrad.wire.logprobs.render`), null when
     the request asked for none. An answer that made ``calls`` has them in ``message.tool_calls``
     and, as OpenAI's, a null content unless the model also wrote text. The model's thinking, when
@@ -44,10 +44,10 @@ def full_response(kind: str, rid: str, model: str, text: str, finish: str, usage
                        "tool_calls": [c.openai() for c in calls]}
         if reasoning:
             message["reasoning_content"] = reasoning
-        choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish, "logprobs": logprobs}
+        choice: dict[str, Any] = {"index": index, "message": message, "finish_reason": finish, "logprobs": logprobs}
         obj = "chat.completion"
     else:
-        choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": logprobs}
+        choice = {"index": index, "text": text, "finish_reason": finish, "logprobs": logprobs}
         obj = "text_completion"
     return {"id": rid, "object": obj, "created": created, "model": model, "system_fingerprint": fingerprint,
             "choices": [choice], "usage": usage_, "timings": timings_}
@@ -55,30 +55,32 @@ def full_response(kind: str, rid: str, model: str, text: str, finish: str, usage
 
 def chunk(kind: str, rid: str, model: str, created: int, text: str | None, finish: str | None,
           fingerprint: str, first: bool = False, timings_: dict[str, Any] | None = None,
-          logprobs: dict[str, Any] | None = None, calls: list[dict[str, Any]] | None = None) -> bytes:
+          logprobs: dict[str, Any] | None = None, calls: list[dict[str, Any]] | None = None, index: int = 0) -> bytes:
     """SSE for one step of an answer; ``logprobs`` are those of the tokens whose text it carries.
     ``calls`` are ``delta.tool_calls`` entries (:func:`hydrad.wire.toolcalls.delta`), each in a
     chunk of its own as OpenAI streams them, after the text's chunk (none when the step made only
     calls)."""
     if not calls:
-        return _chunk(kind, rid, model, created, {"content": text}, finish, fingerprint, first, timings_, logprobs)
-    head = _chunk(kind, rid, model, created, {"content": text}, None, fingerprint, first, None, logprobs) if text else b""
+        return _chunk(kind, rid, model, created, {"content": text}, finish, fingerprint, first, timings_, logprobs,
+                      index)
+    head = _chunk(kind, rid, model, created, {"content": text}, None, fingerprint, first, None, logprobs,
+                  index) if text else b""
     return head + b"".join(_chunk(kind, rid, model, created, {"tool_calls": [c]}, None, fingerprint,
-                                  logprobs=None if text or i else logprobs) for i, c in enumerate(calls))
+                                  logprobs=None if text or i else logprobs, index=index) for i, c in enumerate(calls))
 
 
 def _chunk(kind: str, rid: str, model: str, created: int, delta: dict[str, Any], finish: str | None,
            fingerprint: str, first: bool = False, timings_: dict[str, Any] | None = None,
-           logprobs: dict[str, Any] | None = None) -> bytes:
+           logprobs: dict[str, Any] | None = None, index: int = 0) -> bytes:
     text = delta.get("content")
     if kind == "chat":
         delta = {k: v for k, v in delta.items() if v is not None}
         if first:
             delta = {"role": "assistant", **delta}
-        choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}
+        choice: dict[str, Any] = {"index": index, "delta": delta, "finish_reason": finish, "logprobs": logprobs}
         obj = "chat.completion.chunk"
     else:
-        choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": logprobs}
+        choice = {"index": index, "text": text or "", "finish_reason": finish, "logprobs": logprobs}
         obj = "text_completion"
     body = {"id": rid, "object": obj, "created": created, "model": model, "system_fingerprint": fingerprint,
             "choices": [choice]}
@@ -94,11 +96,15 @@ def usage_chunk(kind: str, rid: str, model: str, created: int, usage_: dict[str,
 
 
 class _OpenAI(Renderer):
+    """``index``: the choice this renderer answers, of a request for ``n`` of them (each choice has
+    a renderer of its own, all with the one ``rid``; see :func:`hydrad.wire.answering.stream_choices`)."""
+
     kind: str
 
     def __init__(self, model: str, fingerprint: str = "", *, include_usage: bool = False, logprobs: bool = False,
-                 rid: str | None = None) -> None:
+                 rid: str | None = None, index: int = 0) -> None:
         self.rid = rid or new_id(self.kind)
+        self.index = index
         self.model, self.fingerprint, self.include_usage = model, fingerprint, include_usage
         self.created = int(time.time())
         self.offsets = lp.TextOffsets() if logprobs else None
@@ -108,28 +114,36 @@ class _OpenAI(Renderer):
     def head(self) -> bytes:
         if self.kind != "chat":
             return b""
-        return chunk(self.kind, self.rid, self.model, self.created, "", None, self.fingerprint, first=True)
+        return chunk(self.kind, self.rid, self.model, self.created, "", None, self.fingerprint, first=True,
+                     index=self.index)
 
     def piece(self, ev: Token) -> bytes:
         probs = None if self.offsets is None else lp.render(self.kind, ev.probs, self.offsets)
         out = b""
         if ev.reasoning:  # thinking comes before the text it was made with: a chunk of its own
             out = _chunk(self.kind, self.rid, self.model, self.created, {"reasoning_content": ev.reasoning}, None,
-                         self.fingerprint, logprobs=probs)
+                         self.fingerprint, logprobs=probs, index=self.index)
             probs = None
             if not ev.text and not ev.calls:
                 return out
         out += chunk(self.kind, self.rid, self.model, self.created, ev.text, None, self.fingerprint, logprobs=probs,
-                     calls=toolcalls.delta(list(ev.calls), self.n_calls))
+                     calls=toolcalls.delta(list(ev.calls), self.n_calls), index=self.index)
         self.n_calls += len(ev.calls)
         return out
 
     def end(self, done: Done, extra: dict[str, Any]) -> bytes:
-        fp = done.fingerprint or self.fingerprint
-        out = chunk(self.kind, self.rid, self.model, self.created, None, done.finish_reason, fp,
-                    timings_=timings(done, extra))
+        return self.end_choice(done, extra) + self.tail(usage(done.usage), done.fingerprint)
+
+    def end_choice(self, done: Done, extra: dict[str, Any]) -> bytes:
+        """This choice's last chunk (its finish reason and timings)."""
+        return chunk(self.kind, self.rid, self.model, self.created, None, done.finish_reason,
+                     done.fingerprint or self.fingerprint, timings_=timings(done, extra), index=self.index)
+
+    def tail(self, usage_: dict[str, Any], fingerprint: str = "") -> bytes:
+        """The end of the whole stream, after every choice's last chunk: the usage, when asked, and [DONE]."""
+        out = b""
         if self.include_usage:
-            out += usage_chunk(self.kind, self.rid, self.model, self.created, usage(done.usage), fp)
+            out = usage_chunk(self.kind, self.rid, self.model, self.created, usage_, fingerprint or self.fingerprint)
         return out + DONE
 
     def broken(self, err: ApiError) -> bytes:
@@ -139,7 +153,7 @@ class _OpenAI(Renderer):
         probs = lp.render(self.kind, [p for t in pieces for p in t.probs]) if self.logprobs else None
         return full_response(self.kind, self.rid, self.model, "".join(t.text for t in pieces), done.finish_reason,
                              usage(done.usage), done.fingerprint or self.fingerprint, timings(done, extra), probs,
-                             [c for t in pieces for c in t.calls], "".join(t.reasoning for t in pieces))
+                             [c for t in pieces for c in t.calls], "".join(t.reasoning for t in pieces), self.index)
 
 
 class ChatAnswer(_OpenAI):

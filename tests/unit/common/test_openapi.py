@@ -83,7 +83,7 @@ def test_the_schemas_carry_the_parsers_required_fields_and_ranges() -> None:
     assert chat["properties"]["messages"]["minItems"] == 1
     assert chat["properties"]["messages"]["items"]["required"] == ["role"]
     assert "robot" not in chat["properties"]["messages"]["items"]["properties"]["role"]["enum"]
-    assert chat["properties"]["n"]["enum"] == [1]
+    assert chat["properties"]["n"]["maximum"] == 16 and chat["properties"]["n"]["minimum"] == 1
     assert chat["properties"]["temperature"]["anyOf"][0]["maximum"] == 2
     assert chat["properties"]["max_tokens"]["anyOf"][0]["maximum"] == INT32_MAX
     assert _body(e, "/v1/completions")["required"] == ["prompt"]
@@ -181,7 +181,7 @@ ACCEPTED: list[tuple[str, dict]] = [
 REFUSED: list[tuple[str, dict]] = [
     ("/v1/chat/completions", {"messages": []}), ("/v1/chat/completions", {"messages": [{"content": "x"}]}),
     ("/v1/chat/completions", {"messages": [{"role": "robot", "content": "x"}]}),
-    ("/v1/chat/completions", {**CHAT, "n": 2}), ("/v1/chat/completions", {**CHAT, "stop": "b" * 4097}),
+    ("/v1/chat/completions", {**CHAT, "n": 17}), ("/v1/chat/completions", {**CHAT, "stop": "b" * 4097}),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": 5}]}),
     ("/v1/chat/completions", {**CHAT, "response_format": {"type": "yaml"}}),
     ("/v1/completions", {"prompt": ["a", "b"]}), ("/v1/completions", {"prompt": []}),

@@ -210,9 +210,14 @@ def test_content_of_wrong_type_refused(content: Any) -> None:
     assert err.param == "messages[1]" and "messages[1].content" in err.message
 
 
-def test_n_2_refused() -> None:
-    err = chat_refused(n=2)
-    assert err.code == "unsupported_field" and err.param == "n" and "n" in err.message
+def test_n_is_bounded_and_only_where_several_choices_are_answered() -> None:
+    assert chat(n=16)[1] is not None
+    for n in (0, 17):
+        assert chat_refused(n=n).param == "n"
+    from hydrad.wire import native_completion
+    with pytest.raises(ApiError) as err:
+        native_completion.parse(json.dumps({"prompt": "x", "n": 2}).encode())
+    assert err.value.param == "n" and err.value.code == "unsupported_field"
 
 
 @pytest.mark.parametrize(("field", "value"), [
@@ -238,9 +243,9 @@ def test_tool_fields_refused_by_completions(field: str, value: Any) -> None:
 
 
 def test_several_unsupported_fields_listed_n_first() -> None:
-    err = completion_refused(echo=True, n=2, tools=[{}])
-    assert err.param == "n"
-    assert "n, echo, tools" in err.message
+    err = completion_refused(echo=True, best_of=2, tools=[{}])
+    assert err.param == "best_of"
+    assert "best_of, echo, tools" in err.message or "echo, best_of, tools" in err.message
 
 
 @pytest.mark.parametrize("rf", ["json", {"type": "xml"}, {"type": "json_schema"}, {"type": "json_schema", "json_schema": 1},
