@@ -56,6 +56,7 @@ from hydrad import __version__
 from hydrad.common import tokenfile
 from hydrad.wire import messages as M
 from hydrad.engine.gpu import bound_device, local_gpu
+from hydrad.engine.bus.dealer import open_dealer
 from hydrad.engine.bus.stream import EngineStream
 from hydrad.engine.control import EngineControl
 from hydrad.engine.pulse import LoopTicker, Pulse
@@ -73,7 +74,6 @@ T = TypeVar("T")
 
 LIVENESS = 3  # intervals of silence before the other side counts as gone
 BACKOFF_MAX_S = 10.0
-SNDHWM = 10_000  # messages queued towards the coordinator before a send fails (then the request is cancelled)
 
 
 class EngineLink:
@@ -215,32 +215,10 @@ class EngineLink:
     def _open(self) -> zmq.asyncio.Socket:
         b = self.settings.bus
         self._read_token()
-        sock = self._ctx.socket(zmq.DEALER)
         # A fresh identity per connection: the coordinator sends only to the one it admitted.
         self._identity = f"{self.settings.name}~{secrets.token_hex(16)}".encode()
-        sock.setsockopt(zmq.IDENTITY, self._identity)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.IMMEDIATE, 1)  # no queueing towards a connection that is not up: fail, don't flood later
-        sock.setsockopt(zmq.SNDHWM, SNDHWM)
-        sock.setsockopt(zmq.RCVHWM, SNDHWM)
-        sock.setsockopt(zmq.MAXMSGSIZE, -1)  # see the module doc: decode() refuses what is too big
-        sock.setsockopt(zmq.RECONNECT_IVL, 100)
-        # a connect whose SYN was lost (a partition) is given up after half an interval and tried again,
-        # instead of waiting out the kernel's SYN retransmissions (1 s, 3 s, 7 s ...)
-        sock.setsockopt(zmq.CONNECT_TIMEOUT, max(100, int(self.interval * 500)))
-        # ZeroMQ doubles its reconnect wait up to this cap; a cap of seconds left a socket opened during a
-        # partition trying only every 0.8-1.6 s by the time the link healed (re-admitted 1.65 s after it)
-        sock.setsockopt(zmq.RECONNECT_IVL_MAX, max(100, int(self.interval * 500)))
-        if b.curve_server_key:
-            pub, sec = b.curve_public_key, b.curve_secret_key
-            if not (pub and sec):  # the coordinator does not authenticate clients: a fresh keypair still encrypts
-                pk, sk = zmq.curve_keypair()
-                pub, sec = pk.decode(), sk.decode()
-            sock.setsockopt(zmq.CURVE_SERVERKEY, b.curve_server_key.encode())
-            sock.setsockopt(zmq.CURVE_PUBLICKEY, pub.encode())
-            sock.setsockopt(zmq.CURVE_SECRETKEY, sec.encode())
         assert self.endpoint is not None
-        sock.connect(self.endpoint)
+        sock = open_dealer(self._ctx, self.endpoint, self._identity, self.interval, b)
         self._epoch += 1
         self._sock = sock
         log_event(log, logging.INFO, "bus connecting", endpoint=self.endpoint, engine=self.settings.name,
