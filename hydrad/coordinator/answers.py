@@ -80,3 +80,37 @@ class BusEvents:
     def close(self) -> None:
         if not self.stream.finished:
             self.bus.cancel(self.stream)
+
+
+# 503 codes by which an engine says "not now" (no model yet, reloading, full, stopping): the same
+# request may well succeed elsewhere. Any other error is the request's and is passed on as is.
+RETRY_CODES = frozenset({"no_model", "reloading", "queue_full", "shutting_down", "context_full",
+                         "model_not_loaded", "busy"})
+
+
+def retry_reason(engine: str, ev: Any, waited: float) -> str | None:
+    """Why the first event of a request calls for another engine, or None (hydrad.coordinator.frontdoor's
+    module doc says which failures those are)."""
+    if ev is None:
+        return f"engine {engine} sent nothing within {waited:g} s"
+    if isinstance(ev, EngineLost):
+        return f"engine {engine} failed before the first token ({ev.reason})"
+    if isinstance(ev, M.Error) and (ev.engine_failed or (ev.status == 503 and ev.code in RETRY_CODES)):
+        return f"engine {engine} answered {ev.status} {ev.code}: {ev.message}"
+    return None
+
+
+STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+@dataclass
+class Started:
+    """A request on its way: the engine generating it, the model served, its bus stream, its first
+    event, the answer's headers and what the finished turn records."""
+
+    engine: str
+    served: str | None
+    stream: Any
+    first: Any
+    headers: dict[str, str]
+    turn: Turn

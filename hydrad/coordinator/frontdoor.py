@@ -11,7 +11,7 @@ Failure rules, so a client never hangs and never sees a bare 500:
 - a request is retried on another engine (once) only when the *engine* failed, never when the
   request did: the engine was lost, unreachable or silent **before the first token**; it
   answered ``engine_failed`` (its engine thread died, it is stopping); or it answered 503 with
-  a code that means "not now" (:data:`RETRY_CODES`). A 4xx, or a 500 with ``engine_failed``
+  a code that means "not now" (:data:`hydrad.coordinator.answers.RETRY_CODES`). A 4xx, or a 500 with ``engine_failed``
   false, is the request's own fault and would be the same anywhere: retrying it would only
   hurt a second engine (a request that crashes an engine would take the pool down one by one);
 - a second failure (or no other candidate) is a 503 that says what happened;
@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
-import re
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -43,14 +43,14 @@ from hydrad.wire import messages as M
 from hydrad.coordinator.affinity import Affinity
 from hydrad.coordinator.burst import Arrival, BurstGate
 from hydrad.coordinator.bus import CoordinatorBus
-from hydrad.coordinator.records import EngineLost, EngineRecord, EngineUnreachable, RequestUnsendable
+from hydrad.coordinator.records import EngineRecord, EngineUnreachable, RequestUnsendable
 from hydrad.coordinator.metrics import CONTENT_TYPE, CoordinatorMetrics
 from hydrad.coordinator.native import EMBEDDING_PATHS, PATHS as NATIVE_PATHS, NativeDoor
 from hydrad.common.eventstream import EventStream
 from hydrad.common.prepare import Preparer, client_key
 from hydrad.common.serving import CancelOnLeave
 from hydrad.wire import answering
-from hydrad.coordinator.answers import BusEvents, Lost, Turn
+from hydrad.coordinator.answers import STREAM_HEADERS, BusEvents, Lost, Started, Turn, retry_reason
 from hydrad.coordinator.mobility import LEAVING_STAGES, SessionMobility
 from hydrad.coordinator.sessions import SessionKeeper
 from hydrad.coordinator.kvmove import Placements, TransferMeter
@@ -61,10 +61,11 @@ from hydrad.coordinator.routing import (
 from hydrad.coordinator.switcher import LoadFailed, ProfileSwitcher
 from hydrad.coordinator.requestkinds import (
     Answer, Outcome, estimates as estimated, messages_answer, native_answer, openai_answer, responses_answer,
+    session_id_of,
 )
 from hydrad.coordinator.splitrun import SplitRunner, generate_message
 from hydrad.coordinator.poolview import PoolView
-from hydrad.wire.requests import GenRequest
+from hydrad.wire.requests import GenRequest, next_request_id
 from hydrad.wire.stages import INCOMING_STAGES
 from hydrad.wire import anthropic, events, infill, native_completion, openai, responses
 from hydrad.wire.render import ChatAnswer, CompletionAnswer, MessagesAnswer
@@ -75,16 +76,6 @@ from hydrad.common.tenants import cache_namespace, scoped, store_owner, store_qu
 from hydrad.common.tokenfile import read_token
 
 log = logging.getLogger("hydra.coordinator")
-
-# 503 codes by which an engine says "not now" (no model yet, reloading, full, stopping): the same
-# request may well succeed elsewhere. Any other error is the request's and is passed on as is.
-RETRY_CODES = frozenset({"no_model", "reloading", "queue_full", "shutting_down", "context_full",
-                         "model_not_loaded", "busy"})
-MAX_SESSION_ID = 256
-# A session id travels back in the X-Session-Id header and into logs and events: printable ASCII
-# only (no control characters, nothing a header cannot carry), no leading or trailing space.
-_SESSION_RE = re.compile(r"[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?")  # fullmatch: "$" would let a trailing newline through
-
 
 class FrontDoor:
     def __init__(self, settings: Any, bus: CoordinatorBus, switcher: ProfileSwitcher, registry: Registry,
@@ -233,17 +224,6 @@ class FrontDoor:
             return
         await self.switcher.ensure_model(engine, model)
 
-    @staticmethod
-    def _retry_reason(engine: str, ev: Any, waited: float) -> str | None:
-        """Why the first event of a request calls for another engine, or None (see the module doc)."""
-        if ev is None:
-            return f"engine {engine} sent nothing within {waited:g} s"
-        if isinstance(ev, EngineLost):
-            return f"engine {engine} failed before the first token ({ev.reason})"
-        if isinstance(ev, M.Error) and (ev.engine_failed or (ev.status == 503 and ev.code in RETRY_CODES)):
-            return f"engine {engine} answered {ev.status} {ev.code}: {ev.message}"
-        return None
-
     # ----- handlers --------------------------------------------------------------------
 
     async def serve(self, request: Request, parse: Callable[[bytes], tuple[Any, GenRequest]],
@@ -258,14 +238,11 @@ class FrontDoor:
             with self.burst.arrival() as arrival:
                 req, greq = await self.prep.parse(request, await request.body(),
                                                   lambda raw: outcome.measured(parse(raw)))
-                if getattr(req, "n", 1) > 1:
-                    raise ApiError(400, "unsupported field(s) for this engine: n (the front door answers one choice a "
-                                   "request; an engine's own door answers several)", "unsupported_field", "n")
                 greq.slot = None  # a slot number means nothing across engines
                 greq.client = client_key(request)  # the engines' queues take clients in turn
                 greq.cache_ns = cache_namespace(tenant_of(request.state), greq.cache_salt)
                 greq.store_quota = store_quota_of(request.state)
-                outcome.session = self._session(req, request)
+                outcome.session = session_id_of(req, request)
                 # one tenant's session id, or conversation, never leads to another's KV
                 session = scoped(greq.cache_ns, outcome.session) if outcome.session else None
                 outcome.model, outcome.defaulted = self._pick(req.model)
@@ -284,7 +261,10 @@ class FrontDoor:
         # From here on the request waits on engines: watch the client meanwhile, and cancel the
         # request on its engine the moment the client goes (a non-streaming request has no
         # send that would fail; without this it would generate to max_tokens for nobody).
+        n = getattr(answer, "choices", 1)
         async with CancelOnLeave(request.receive):
+            if n > 1:
+                return await self._generate_choices(greq, outcome, arrival, answer, n)
             return await self._generate(greq, session, outcome, arrival, answer)
         log_event(log, logging.INFO, "client went away; request cancelled", req=answer.rid)
         return Response(status_code=499)  # nobody reads it; uvicorn drops it
@@ -296,88 +276,142 @@ class FrontDoor:
         exclude: set[str] = set()
         failures: list[str] = []
         for attempt in (1, 2):
-            decision = self._route(rr, exclude, rid, attempt)
-            if decision.engine is None and self._loading(decision.model, exclude):
-                decision = await self._await_model(rr, exclude, rid, attempt, decision)
-            if decision.engine is None:
-                self._announce_soon(rr, decision, rid, attempt)
-                why = decision.reason if not failures else f"{'; '.join(failures)}; no other engine: {decision.reason}"
-                raise ApiError(503, why, "no_engine", headers={"Retry-After": "1"})
-            engine, served = decision.engine, decision.model
-            try:
-                msg = generate_message(self.bus.new_id("gen"), greq, served)
-                await self._ensure(engine, served)
-                msg.slot = await self.mobility.restore(session, engine)
-                split = None
-                if msg.slot is None and attempt == 1 and self.settings.pd_split and greq.cache_prompt is not False:
-                    split, _ = self._plan(rr, decision)
-                    if split is not None:
-                        msg.slot = await self.splits.run(split, greq, rid)
-                        split = split if msg.slot is not None else None
-                frames = self.bus.encode_generate(msg)
-                await arrival.ready()
-                stream = self.bus.generate(engine, msg, frames)
-                t_sent = time.monotonic()
-            except RequestUnsendable as exc:  # the request's fault: the same on every engine
-                if exc.too_large:
-                    raise ApiError(413, f"the request is too large to send to an engine ({exc})",
-                                   "request_too_large") from None
-                raise ApiError(400, f"the request cannot be sent to an engine: {exc}", "invalid_request") from None
-            except (LoadFailed, EngineUnreachable) as exc:
-                failures.append(str(exc))
-                exclude.add(engine)
+            st = await self._attempt(rr, greq, session, outcome, arrival, rid, exclude, failures, attempt)
+            if st is None:
                 continue
-            finally:  # after GENERATE is on its way (or failed to go)
-                self._announce_soon(rr, decision, rid, attempt)
-            try:
-                first = await stream.next(self.settings.first_token_timeout_s)
-            except BaseException:
-                self.bus.cancel(stream)
-                raise
-            retry = self._retry_reason(engine, first, self.settings.first_token_timeout_s)
-            if retry is not None:
-                self.bus.cancel(stream)
-                failures.append(retry)
-                exclude.add(engine)
-                log_event(log, logging.WARNING, "request failed before its first token; retrying elsewhere" if attempt == 1
-                          else "request failed again", req=rid, engine=engine, error=retry)
-                continue
-            assert first is not None
-            outcome.engine = engine
-            labels = (engine, served or "")
-            self.metrics.queue.labels(*labels).observe(t_sent - outcome.t0)
-            self.metrics.ttft.labels(*labels).observe(time.monotonic() - outcome.t0)
-            if isinstance(first, M.Error):  # the request's own fault: the same answer anywhere
-                raise answering.refused(first.event())
-            headers = {"X-Hydra-Engine": engine, "X-Hydra-Route": decision.step}
-            if split is not None:
-                headers.update({"X-Hydra-Route": "split", "X-Hydra-Prefill-Engine": split.prefill})
-            if outcome.session:
-                headers["X-Session-Id"] = outcome.session
-            if outcome.defaulted:  # the client named no model, or one the pool does not know
-                headers["X-Hydra-Default-Model"] = served or ""
-            turn = Turn(engine=engine, session=session, messages=greq.messages, ns=greq.cache_ns,
-                        quota=greq.store_quota)
-            r = answer.renderer(served or "", self._fingerprint(engine))
+            r = answer.renderer(st.served or "", self._fingerprint(st.engine))
 
-            def record(reply: str, done: events.Done, turn: Turn = turn) -> None:
+            def record(reply: str, done: events.Done, turn: Turn = st.turn) -> None:
                 self._record(turn, reply, done)
 
-            source = BusEvents(self.bus, stream, self.settings.token_timeout_s, engine, rid, not answer.streamed)
+            source = BusEvents(self.bus, st.stream, self.settings.token_timeout_s, st.engine, rid, not answer.streamed)
             if answer.streamed:
-                headers.update({"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-                return EventStream(answering.stream(source, r, source.event(first), record), headers=headers)
+                return EventStream(answering.stream(source, r, source.event(st.first), record),
+                                   headers={**st.headers, **STREAM_HEADERS})
             try:
-                body, done = await answering.whole(source, r, source.event(first), record)
+                body, done = await answering.whole(source, r, source.event(st.first), record)
             except Lost as exc:  # engine_failed part-way: the engine's fault, and nothing was sent
                 failures.append(str(exc))
-                exclude.add(engine)
+                exclude.add(st.engine)
                 log_event(log, logging.WARNING, "request failed part-way; retrying elsewhere" if attempt == 1
-                          else "request failed again", req=rid, engine=engine, error=str(exc))
+                          else "request failed again", req=rid, engine=st.engine, error=str(exc))
                 continue
-            return JSONResponse(body, headers={**headers, "X-Hydra-Generation": done.fingerprint})
+            return JSONResponse(body, headers={**st.headers, "X-Hydra-Generation": done.fingerprint})
         raise ApiError(503, "the request failed twice: " + "; then ".join(failures), "engine_failed",
                        headers={"Retry-After": "1"})
+
+    async def _generate_choices(self, greq: GenRequest, outcome: Outcome, arrival: Arrival, answer: "Answer",
+                                n: int) -> Response:
+        """OpenAI's ``n``: each choice a request of its own (routed, and retried before its first token,
+        as any), answered as one with each choice's index. Choices keep no session: several answers
+        to one turn are not one conversation."""
+        rid = answer.rid
+
+        async def start(g: GenRequest) -> Started:
+            rr = self.route_request(g, outcome.model, None, outcome.estimates)
+            exclude: set[str] = set()
+            failures: list[str] = []
+            for attempt in (1, 2):
+                st = await self._attempt(rr, g, None, outcome, arrival, rid, exclude, failures, attempt)
+                if st is not None:
+                    return st
+            raise ApiError(503, "the request failed twice: " + "; then ".join(failures), "engine_failed",
+                           headers={"Retry-After": "1"})
+
+        subs = [greq, *(dataclasses.replace(greq, id=next_request_id()) for _ in range(n - 1))]
+        tasks = [asyncio.ensure_future(start(g)) for g in subs]
+        try:
+            await asyncio.wait(tasks)
+        except asyncio.CancelledError:  # the client left while the choices started: none goes on
+            for t in tasks:
+                t.cancel()
+                if t.done() and not t.cancelled() and t.exception() is None:
+                    self.bus.cancel(t.result().stream)
+            raise
+        started = [t.result() for t in tasks if not t.cancelled() and t.exception() is None]
+        failed = next((t.exception() for t in tasks if not t.cancelled() and t.exception() is not None), None)
+        if failed is not None:
+            for st in started:
+                self.bus.cancel(st.stream)
+            raise failed
+        sources = [BusEvents(self.bus, st.stream, self.settings.token_timeout_s, st.engine, rid, False)
+                   for st in started]
+        firsts = [src.event(st.first) for src, st in zip(sources, started)]
+        rs = [answer.renderer(st.served or "", self._fingerprint(st.engine), i) for i, st in enumerate(started)]
+        headers = started[0].headers
+        if answer.streamed:
+            return EventStream(answering.stream_choices(list(sources), rs, firsts), headers={**headers, **STREAM_HEADERS})
+        body, last = await answering.whole_choices(list(sources), rs, firsts)
+        return JSONResponse(body, headers={**headers, "X-Hydra-Generation": last.fingerprint})
+
+    async def _attempt(self, rr: RouteRequest, greq: GenRequest, session: str | None, outcome: Outcome,
+                       arrival: Arrival, rid: str, exclude: set[str], failures: list[str],
+                       attempt: int) -> "Started | None":
+        """One try of a request: routed, sent, and its first event awaited; None when it is to be tried
+        again elsewhere (``exclude`` and ``failures`` say where it failed and why), ApiError when no
+        engine can take it or the request itself is at fault."""
+        decision = self._route(rr, exclude, rid, attempt)
+        if decision.engine is None and self._loading(decision.model, exclude):
+            decision = await self._await_model(rr, exclude, rid, attempt, decision)
+        if decision.engine is None:
+            self._announce_soon(rr, decision, rid, attempt)
+            why = decision.reason if not failures else f"{'; '.join(failures)}; no other engine: {decision.reason}"
+            raise ApiError(503, why, "no_engine", headers={"Retry-After": "1"})
+        engine, served = decision.engine, decision.model
+        try:
+            msg = generate_message(self.bus.new_id("gen"), greq, served)
+            await self._ensure(engine, served)
+            msg.slot = await self.mobility.restore(session, engine)
+            split = None
+            if msg.slot is None and attempt == 1 and self.settings.pd_split and greq.cache_prompt is not False:
+                split, _ = self._plan(rr, decision)
+                if split is not None:
+                    msg.slot = await self.splits.run(split, greq, rid)
+                    split = split if msg.slot is not None else None
+            frames = self.bus.encode_generate(msg)
+            await arrival.ready()
+            stream = self.bus.generate(engine, msg, frames)
+            t_sent = time.monotonic()
+        except RequestUnsendable as exc:  # the request's fault: the same on every engine
+            if exc.too_large:
+                raise ApiError(413, f"the request is too large to send to an engine ({exc})",
+                               "request_too_large") from None
+            raise ApiError(400, f"the request cannot be sent to an engine: {exc}", "invalid_request") from None
+        except (LoadFailed, EngineUnreachable) as exc:
+            failures.append(str(exc))
+            exclude.add(engine)
+            return None
+        finally:  # after GENERATE is on its way (or failed to go)
+            self._announce_soon(rr, decision, rid, attempt)
+        try:
+            first = await stream.next(self.settings.first_token_timeout_s)
+        except BaseException:
+            self.bus.cancel(stream)
+            raise
+        retry = retry_reason(engine, first, self.settings.first_token_timeout_s)
+        if retry is not None:
+            self.bus.cancel(stream)
+            failures.append(retry)
+            exclude.add(engine)
+            log_event(log, logging.WARNING, "request failed before its first token; retrying elsewhere" if attempt == 1
+                      else "request failed again", req=rid, engine=engine, error=retry)
+            return None
+        assert first is not None
+        outcome.engine = engine
+        labels = (engine, served or "")
+        self.metrics.queue.labels(*labels).observe(t_sent - outcome.t0)
+        self.metrics.ttft.labels(*labels).observe(time.monotonic() - outcome.t0)
+        if isinstance(first, M.Error):  # the request's own fault: the same answer anywhere
+            raise answering.refused(first.event())
+        headers = {"X-Hydra-Engine": engine, "X-Hydra-Route": decision.step}
+        if split is not None:
+            headers.update({"X-Hydra-Route": "split", "X-Hydra-Prefill-Engine": split.prefill})
+        if outcome.session:
+            headers["X-Session-Id"] = outcome.session
+        if outcome.defaulted:  # the client named no model, or one the pool does not know
+            headers["X-Hydra-Default-Model"] = served or ""
+        turn = Turn(engine=engine, session=session, messages=greq.messages, ns=greq.cache_ns, quota=greq.store_quota)
+        return Started(engine, served, stream, first, headers, turn)
 
     # ----- the prefill/decode split -------------------------------------------------------------
 
@@ -408,7 +442,7 @@ class FrontDoor:
         """Where this request would go now and why, without sending it anywhere: the same parsing,
         estimate and routing as :meth:`serve`, but nothing is loaded, logged at INFO or published."""
         req, greq = openai.parse(kind, raw)  # type: ignore[arg-type]
-        session = self._session(req, request)
+        session = session_id_of(req, request)
         rr = self.route_request(greq, self._model(req.model), session)
         decision = route(rr, self.views(rr.session_id, rr.prefix_hash, rr.model), self.specs, policy=self.policy)
         out = decision.public()
@@ -420,27 +454,6 @@ class FrontDoor:
         out["split"] = {"plan": plan.public() if plan is not None else None, "reason": why,
                         "transfers": self.meter.public()}
         return out
-
-    def _session(self, req: Any, request: Request) -> str | None:
-        """The request's session id (body ``session_id``, else header ``X-Session-Id``), or None.
-
-        It is echoed in a response header and written to logs and events, so it must be printable
-        ASCII (a header decoded as Latin-1 that held UTF-8 shows up here as non-ASCII, a newline
-        would split a header or a log line): anything else is a 400, not a broken response.
-        """
-        own = getattr(req, "session_id", None)  # a field of Anthropic's request, an extra of the others
-        return self._session_of(own if own is not None else (req.model_extra or {}).get("session_id"), request)
-
-    def _session_of(self, value: Any, request: Request) -> str | None:
-        """``value`` (a body's ``session_id``), else the ``X-Session-Id`` header, checked as :meth:`_session` says."""
-        if value is None:
-            value = request.headers.get("x-session-id")
-        if value is None or value == "":
-            return None
-        if not isinstance(value, str) or len(value) > MAX_SESSION_ID or not _SESSION_RE.fullmatch(value):
-            raise ApiError(400, f"session_id must be a string of 1 to {MAX_SESSION_ID} printable ASCII characters "
-                           "(no control characters, no leading or trailing space)", "invalid_field", "session_id")
-        return value
 
     def _fingerprint(self, engine: str) -> str:
         rec = self.bus.engines.get(engine)

@@ -5,6 +5,7 @@ where it was parsed (:class:`Outcome`: the metrics' labels, routing's estimates)
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 
@@ -14,6 +15,7 @@ from hydrad.wire.render import ChatAnswer, CompletionAnswer, MessagesAnswer, Nat
 from hydrad.wire.render import anthropic as anthropic_render
 from hydrad.wire.render import responses as responses_render
 from hydrad.wire.render.openai import new_id
+from hydrad.wire.openai import ApiError
 from hydrad.wire.requests import GenRequest
 
 _P = TypeVar("_P", bound=tuple)  # type: ignore[type-arg]
@@ -36,14 +38,17 @@ class Answer:
 
     rid: str
     streamed: bool
-    renderer: Callable[[str, str], Renderer]
+    renderer: Callable[..., Renderer]
+    """``renderer(model, fingerprint)``; for a request of several choices also the choice's index."""
+    choices: int = 1  # OpenAI's n
 
 
 def openai_answer(cls: type[ChatAnswer] | type[CompletionAnswer]) -> Callable[[Any, GenRequest], Answer]:
     def answer(req: Any, greq: GenRequest) -> Answer:
         rid = new_id(cls.kind)
-        return Answer(rid, req.stream, lambda model, fp: cls(model, fp, include_usage=req.include_usage(),
-                                                             logprobs=greq.logprobs is not None, rid=rid))
+        return Answer(rid, req.stream, lambda model, fp, index=0: cls(
+            model, fp, include_usage=req.include_usage(), logprobs=greq.logprobs is not None, rid=rid, index=index),
+            req.n)
     return answer
 
 
@@ -87,3 +92,28 @@ class Outcome:
         """``parsed`` (a request and its GenRequest), its estimates kept (where it was parsed)."""
         self.estimates = estimates(parsed[1])
         return parsed
+
+
+MAX_SESSION_ID = 256
+# A session id travels back in the X-Session-Id header and into logs and events: printable ASCII
+# only (no control characters, nothing a header cannot carry), no leading or trailing space.
+_SESSION_RE = re.compile(r"[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?")  # fullmatch: "$" would let a trailing newline through
+
+
+def session_id_of(req: Any, request: Any) -> str | None:
+    """The request's session id (body ``session_id``, else header ``X-Session-Id``), or None.
+
+    It is echoed in a response header and written to logs and events, so it must be printable
+    ASCII (a header decoded as Latin-1 that held UTF-8 shows up here as non-ASCII, a newline
+    would split a header or a log line): anything else is a 400, not a broken response.
+    """
+    own = getattr(req, "session_id", None)  # a field of Anthropic's request, an extra of the others
+    value = own if own is not None else (req.model_extra or {}).get("session_id")
+    if value is None:
+        value = request.headers.get("x-session-id")
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str) or len(value) > MAX_SESSION_ID or not _SESSION_RE.fullmatch(value):
+        raise ApiError(400, f"session_id must be a string of 1 to {MAX_SESSION_ID} printable ASCII characters "
+                       "(no control characters, no leading or trailing space)", "invalid_field", "session_id")
+    return value

@@ -1,16 +1,18 @@
-"""OpenAI's ``n`` at the engine door, on a real SmolLM2: greedy choices are each the single answer,
-sampled ones differ; whole and streamed, each chunk carries its choice's index, the usage counts the
-prompt once and every choice's tokens; more choices than slots, or ``n`` at the front door, is a 400
-naming ``n``."""
+"""OpenAI's ``n`` at the engine door and through the front door, on a real SmolLM2: greedy choices
+are each the single answer, sampled ones differ; whole and streamed, each chunk carries its choice's
+index, the usage counts the prompt once and every choice's tokens; more choices than an engine's
+slots (or than 16) is a 400 naming ``n``."""
 
 from __future__ import annotations
 
 import json
-from typing import Any, Callable
+from pathlib import Path
+from typing import Any, Callable, Iterator
 
 import httpx
 import pytest
 
+from tests.support.coordinator import Coordinator
 from tests.support.engine import Engine
 
 
@@ -35,8 +37,11 @@ def _stream(http: httpx.Client, path: str, body: dict[str, Any]) -> list[dict[st
 
 
 def test_greedy_choices_are_the_single_answer_each(engine: Engine) -> None:
-    http = engine.http
-    chat = {"messages": [{"role": "user", "content": "Name a colour."}], "max_tokens": 8, "temperature": 0}
+    _greedy(engine.http, {})
+
+
+def _greedy(http: httpx.Client, model: dict[str, Any]) -> None:
+    chat = {**model, "messages": [{"role": "user", "content": "Name a colour."}], "max_tokens": 8, "temperature": 0}
     one = http.post("/v1/chat/completions", json=chat).json()
     three = http.post("/v1/chat/completions", json={**chat, "n": 3}).json()
     assert [c["index"] for c in three["choices"]] == [0, 1, 2]
@@ -69,3 +74,24 @@ def test_too_many_choices_are_refused_by_name(engine: Engine) -> None:
         assert r.status_code == 400 and r.json()["error"]["param"] == "n", r.text
     r = engine.http.post("/completion", json={"prompt": "hi", "n": 2})
     assert r.status_code == 400 and r.json()["error"]["param"] == "n", r.text
+
+
+@pytest.fixture
+def pool(tmp_path: Path, smollm_path: Path, start_engine: Callable[..., Engine]) -> Iterator[Coordinator]:
+    profiles = {"default": "one", "profiles": {"one": {"engines": {"solo": {"model": "smollm2-135m"}}}}}
+    c = Coordinator(tmp_path, profiles=profiles, heartbeat_interval_s=0.5)
+    c.wait_ready()
+    start_engine(name="solo", defaults={"n_ctx": 2048, "n_threads": 1, "temperature": 0, "n_parallel": 4},
+                 extra={"bus": c.engine_bus(heartbeat_interval_s=0.5)})
+    c.wait_engines(lambda es: es.get("solo", {}).get("stage") == "ready", timeout=120)
+    yield c
+    c.stop()
+
+
+def test_choices_through_the_front_door(pool: Coordinator) -> None:
+    """Each choice is a request of its own over the bus, routed and answered as one."""
+    _greedy(pool.http, {"model": "smollm2-135m"})
+    r = pool.http.post("/v1/completions", json={"model": "smollm2-135m", "prompt": "Once upon a time",
+                                                "max_tokens": 12, "temperature": 1.2, "n": 3})
+    assert r.status_code == 200 and len({c["text"] for c in r.json()["choices"]}) > 1, r.text
+    assert r.headers["x-hydra-engine"] == "solo"

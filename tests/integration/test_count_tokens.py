@@ -62,7 +62,3 @@ def pool(tmp_path: Path, smollm_path: Path, start_engine: Callable[..., Engine])
 
 def test_counts_through_the_front_door(pool: Coordinator) -> None:
     _counts(pool.http, {"model": "smollm2-135m"})
-    # several choices are an engine door's (tests/integration/test_choices.py): refused here by name
-    r = pool.http.post("/v1/chat/completions", json={"model": "smollm2-135m", "n": 2,
-                                                     "messages": [{"role": "user", "content": "hi"}]})
-    assert r.status_code == 400 and r.json()["error"]["param"] == "n", r.text
