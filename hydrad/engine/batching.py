@@ -13,10 +13,11 @@ import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from hydrad.common.logs import log_event
-from hydrad.engine import chatprompt, faults, sampling, thinking
+from hydrad.engine import chatprompt, faults, sampling, speculate, thinking
 from hydrad.engine.generation import Generation, Slot
 from hydrad.engine.promptprep import RequestRefused
 from hydrad.engine.requests import Done, Failed, Progress, RequestHandle, Token, Usage
@@ -57,6 +58,7 @@ class _Active:
     tools: ToolStream | None = None  # a request offering tools: its text read into content and calls
     think: thinking.Thinking | None = None  # a chat's think block: its reasoning split off, its budget kept
     settings: dict[str, Any] | None = None  # the values it runs with, when it asked (report_settings)
+    spec: speculate.Drafter | None = None  # speculative decoding: its n-gram index and draft in flight
 
 
 
@@ -256,6 +258,10 @@ class Scheduler:
                               think=thinking.start(model, params, req, tokens, grammar))
         if req.report_settings:
             slot.active.settings = _settings(params, spec, gen.ctx.n_ctx)
+        drafting = speculate.settings_of(params)
+        if drafting is not None and gen.partial_rm and grammar is None and probs is None and not faulty and (
+                slot.active.think is None or slot.active.think.budget is None):
+            slot.active.spec = speculate.Drafter(drafting)  # (a grammar or a budget decides tokens a draft cannot)
         gen.n_active += 1
         if req.return_progress:
             self._progress(slot.id, slot.active)
@@ -271,6 +277,7 @@ class Scheduler:
         outputs: list[tuple[Slot, int]] = []
         before: list[tuple[Slot, int]] = []
         budget = batch.capacity
+        drafting: list[Slot] = []
         for slot in gen.slots:
             a = slot.active
             if a is not None and a.next_token >= 0:
@@ -279,6 +286,8 @@ class Scheduler:
                 slot.cache.append(a.next_token)
                 a.next_token = -1
                 budget -= 1
+                if a.spec is not None:
+                    drafting.append(slot)
         n_prefill = 0
         watched: list[tuple[int, _Active]] = []  # prefilled by this step and asking for progress
         prompts = [slot for slot in gen.slots if slot.active is not None and slot.active.pending]
@@ -304,6 +313,8 @@ class Scheduler:
             n_prefill += len(take)
             if last:
                 outputs.append((slot, idx))
+        if drafting:  # after the prompts: a draft takes only what they leave of the batch
+            speculate.add_drafts(gen, drafting, self.core.stats)
         if batch.n == 0:
             self.settle_text()
             return
@@ -353,6 +364,8 @@ class Scheduler:
                     a.t_first = now
                     a.handle.t_first_token = now
                 self._on_token(gen, slot, a, tok, overlap and a.n_gen > 0)
+                if a.spec is not None and a.spec.draft:
+                    speculate.verify(gen, slot, a, self.core.stats, partial(self._on_token, gen, slot, a, defer=overlap))
             except Exception as exc:  # this request's failure, not the step's: the other slots go on
                 if slot.active is a:
                     self.request_failed(gen, a.handle, "sampling", exc, slot)
@@ -465,11 +478,14 @@ class Scheduler:
             self._send(a, "", end=True)
         if a.tools is not None and a.tools.n_calls and reason == "stop":
             reason = "tool_calls"
+        if a.spec is not None:  # a stop string found while a draft computed: the slot keeps the answer's tokens
+            speculate.take_back(gen, slot, a.spec)
         now = time.monotonic()
         t_first = a.t_first or now
         usage = Usage(prompt_tokens=a.prompt_len, completion_tokens=a.n_gen, cached_tokens=a.cached,
                       prompt_ms=round((t_first - a.t_start) * 1000, 3), predicted_ms=round((now - t_first) * 1000, 3),
-                      queue_ms=round((a.t_start - (a.handle.t_enqueued or a.t_start)) * 1000, 3))
+                      queue_ms=round((a.t_start - (a.handle.t_enqueued or a.t_start)) * 1000, 3),
+                      draft_n=a.spec.n_drafted if a.spec else 0, draft_n_accepted=a.spec.n_accepted if a.spec else 0)
         self.core.stats.prompt_seconds_total += t_first - a.t_start
         self.core.prefix.prefill_seen(a.prompt_len - a.cached, t_first - a.t_start)
         self.core.stats.predicted_seconds_total += now - t_first
@@ -510,6 +526,8 @@ class Scheduler:
         a = slot.active
         if a is None:
             return
+        if a.spec is not None:
+            speculate.take_back(gen, slot, a.spec)
         a.sampler.free()
         slot.active = None
         slot.last_used = time.monotonic()
@@ -520,6 +538,8 @@ class Scheduler:
         for slot, n in before:
             gen.ctx.seq_rm(slot.id, n, -1)
             del slot.cache[n:]
+            if slot.active is not None and slot.active.spec is not None:
+                slot.active.spec.draft = []  # (gone with the rest of the step)
         msg = ("the context is full (all slots together exceed n_ctx)" if rc == 1
                else f"llama_decode failed with code {rc}")
         log_event(log, logging.ERROR, "decode failed", rc=rc, slots=len(before))

@@ -136,6 +136,9 @@ class Generation:
         self.watch: PeerWatch | None = None  # the watch of the placement's peers, while installed
         self.abandoned = False  # a peer died: never free (freeing talks to it, and llama.cpp aborts)
         self.embedder: Embedder | None = None  # the embedding context, when params.embeddings
+        # the context's memory drops the tail of a sequence (llama_memory_seq_rm from a position on): what
+        # speculative decoding needs to take back a rejected draft; a recurrent model's cannot (see warmup)
+        self.partial_rm = True
 
     def load_view(self) -> dict[str, Any]:
         """What this generation's load did with the model parameters, as llama.cpp reported it: its load
@@ -396,6 +399,7 @@ class Generation:
             self.batch.clear()
             self.batch.add(tok, pos, 0, True)
             self.batch.decode(self.ctx)
+        self.partial_rm = self.ctx.seq_rm(0, n, -1)  # as llama-server's common_context_can_seq_rm asks
         self.ctx.clear()
 
     def free(self) -> None:
