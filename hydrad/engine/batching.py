@@ -259,7 +259,7 @@ class Scheduler:
         if req.report_settings:
             slot.active.settings = _settings(params, spec, gen.ctx.n_ctx)
         drafting = speculate.settings_of(params)
-        if drafting is not None and gen.partial_rm and grammar is None and probs is None and not faulty and (
+        if drafting is not None and gen.drafts_ok and grammar is None and probs is None and not faulty and (
                 slot.active.think is None or slot.active.think.budget is None):
             slot.active.spec = speculate.Drafter(drafting)  # (a grammar or a budget decides tokens a draft cannot)
         gen.n_active += 1

@@ -136,9 +136,8 @@ class Generation:
         self.watch: PeerWatch | None = None  # the watch of the placement's peers, while installed
         self.abandoned = False  # a peer died: never free (freeing talks to it, and llama.cpp aborts)
         self.embedder: Embedder | None = None  # the embedding context, when params.embeddings
-        # the context's memory drops the tail of a sequence (llama_memory_seq_rm from a position on): what
-        # speculative decoding needs to take back a rejected draft; a recurrent model's cannot (see warmup)
-        self.partial_rm = True
+        self.tail_rm = True  # the context's memory drops the tail of a sequence (a recurrent model's cannot: warmup)
+        self.n_swa = int(llama.lib().llama_model_n_swa(model.ptr))  # a sliding window's length, 0 for none
 
     def load_view(self) -> dict[str, Any]:
         """What this generation's load did with the model parameters, as llama.cpp reported it: its load
@@ -261,6 +260,14 @@ class Generation:
         slot.cache.extend(old_tokens)
         slot.foreign, slot.owner = old_foreign, old_owner
         raise RuntimeError(f"{why}; the slot is unchanged")
+
+    @property
+    def drafts_ok(self) -> bool:
+        """Speculative decoding may run here: taking back a rejected draft drops a sequence's tail, and a
+        sliding-window cache is one pool (kv_unified). With a stream per sequence llama.cpp splits a step
+        into ubatches of equal rows per sequence, a long draft over several, and a later one may overwrite
+        a cell of the window that the tokens after a rejected draft attend to (see speculate.add_drafts)."""
+        return self.tail_rm and (self.params.kv_unified or self.n_swa == 0)
 
     def free_slot_exists(self) -> bool:
         return self.n_active < len(self.slots)
@@ -399,7 +406,7 @@ class Generation:
             self.batch.clear()
             self.batch.add(tok, pos, 0, True)
             self.batch.decode(self.ctx)
-        self.partial_rm = self.ctx.seq_rm(0, n, -1)  # as llama-server's common_context_can_seq_rm asks
+        self.tail_rm = self.ctx.seq_rm(0, n, -1)  # as llama-server's common_context_can_seq_rm asks
         self.ctx.clear()
 
     def free(self) -> None:

@@ -84,13 +84,19 @@ class Drafter:
 
 def add_drafts(gen: Any, slots: list[Any], stats: Any) -> None:
     """Each speculating slot's draft (``slots``: the generation's slots whose next token this step
-    decodes), decoded after that token with a logits row per drafted token: as many as the batch, the
-    answer's token limit, the slot's context and a shared KV pool leave room for."""
+    decodes), decoded after that token with a logits row per drafted token: as many as the step's first
+    ubatch, the answer's token limit, the slot's context and a shared KV pool leave room for.
+
+    Within the first ubatch, so that llama.cpp places the whole step's tokens at once: a sliding-window
+    cache (Gemma-3) may reuse a cell its window no longer shows the newest position of a sequence, and
+    a draft split over two ubatches would move that position on before its own end, letting the second
+    ubatch overwrite a cell the tokens after a rejected draft still attend to."""
     batch, ctx = gen.batch, gen.ctx
     pool = ctx.n_ctx - sum(len(s.cache) for s in gen.slots) if gen.params.kv_unified else ctx.n_ctx
     for slot in slots:
         a = slot.active
-        room = min(batch.capacity - batch.n, a.max_tokens - a.n_gen - 1, ctx.n_ctx_seq - len(slot.cache) - 2, pool - 1)
+        room = min(min(batch.capacity, ctx.n_ubatch) - batch.n, a.max_tokens - a.n_gen - 1,
+                   ctx.n_ctx_seq - len(slot.cache) - 2, pool - 1)
         draft = a.spec.propose(slot.cache, room) if room > 0 else []
         if not draft:
             continue

@@ -179,3 +179,21 @@ def test_front_door_same_answer_and_counts(pool: tuple[Coordinator, Engine]) -> 
     assert plain["choices"][0]["message"]["content"] == at_front["choices"][0]["message"]["content"]
     assert "draft_n" not in plain["timings"]
     assert metric(e, "llamacpp:spec_decode_num_draft_tokens_total") == drafted
+
+
+def test_sliding_window_model_past_its_window(gemma_path: Path, start_engine: Callable[..., Engine]) -> None:
+    """Gemma-3 keeps most layers' KV in a sliding window of 512 positions, in a pool only that wide plus
+    one ubatch: an answer that runs past the window with drafts taken back on the way is still the plain
+    one (a cell the window still shows is never given to a draft)."""
+    base = {"model": "gemma3-270m", "n_ctx": 2048, "n_threads": 1, "n_parallel": 1, "n_ubatch": 64,
+            "temperature": 0}
+    plain = start_engine(name="gplain", defaults=base)
+    spec = start_engine(name="gspec", defaults={**base, **SPEC})
+    plain.wait_ready(120)
+    spec.wait_ready(120)
+    prompt = f"Repeat this code three times:\n\n{CODE}\n{CODE}\n{CODE}\nHere it is:\n\n"
+    body = {"prompt": prompt, "n_predict": 400, "temperature": 0, "return_tokens": True}
+    a, b = (e.http.post("/completion", json=body).json() for e in (plain, spec))
+    assert a["timings"]["prompt_n"] + len(a["tokens"]) > 600  # past the window
+    assert b["tokens"] == a["tokens"]
+    assert b["timings"]["draft_n_accepted"] > 0
