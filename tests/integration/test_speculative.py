@@ -104,13 +104,19 @@ def test_greedy_copy_same_answer_fewer_steps(pair: tuple[Engine, Engine]) -> Non
 
 
 def test_seeded_sampling_unchanged(pair: tuple[Engine, Engine]) -> None:
-    """A sampled answer with a seed draws the same numbers in the same order with or without drafts."""
+    """A sampled answer with a seed draws the same numbers in the same order with or without drafts; a
+    request for probabilities does not speculate."""
     plain, spec = pair
     kw = {"temperature": 0.7, "top_k": 40, "seed": 1234}
     want, _ = native_ids(plain.http, **kw)
     got, t = native_ids(spec.http, **kw)
     assert got == want
     assert t.get("draft_n", 0) > 0
+    # a request asking for probabilities never drafts (its rows are measured one by one)
+    greedy, _ = native_ids(plain.http)
+    body = completion(spec.http, n_probs=3)
+    assert body["tokens"] == greedy and "draft_n" not in body["timings"]
+    assert len(body["completion_probabilities"]) == len(greedy)
 
 
 def test_slots_and_concurrent_requests(pair: tuple[Engine, Engine]) -> None:
