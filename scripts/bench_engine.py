@@ -28,7 +28,12 @@ Workloads (prompt tokens are exact, counted with the model's own tokenizer):
      ``cache_prompt: true``, answered by each server just before each timed run, so only its last token is
      evaluated and the TTFT is each server's own time around a request (HTTP, parsing, tokenizing,
      the slot, hand-overs), the part of (d) that is not the prefill
-  (f to k are not in the default set)
+  l  1 stream,  ~540-token prompt, 400 generated, copying: the prompt asks for COPY_CODE back (494
+     tokens of Python) and greedy decoding copies it, the case speculative decoding by n-gram lookup
+     is for. Run it twice, plain and with ``--spec ngram-simple`` (both servers speculate: hydrad's
+     ``spec_type ngram`` with llama-server's ngram-simple sizes, n-gram 12 and 48 drafted), and
+     compare the decode tok/s of the two runs
+  (f to l are not in the default set)
 
 Before the workloads, each server is also asked for the same 4 streams (32-token prompt, 64
 generated) one after another and then all at once: the ratio of the two wall times is what
@@ -55,6 +60,7 @@ Examples::
 
     .venv/bin/python scripts/bench_engine.py --hydrad-only --runs 3
     .venv/bin/python scripts/bench_engine.py --runs 5 --json bench.json --markdown
+    .venv/bin/python scripts/bench_engine.py --workloads l --spec ngram-simple --n-parallel 1
 """
 
 from __future__ import annotations
@@ -118,6 +124,7 @@ class Workload:
     sampled: bool = False  # SAMPLED's temperature/top-k/top-p instead of greedy decoding
     grammar: str | None = None  # a GBNF grammar every request is held to
     cached: bool = False  # one prompt for every run, prompt caching on: only its last token is evaluated
+    copy: bool = False  # the prompt asks for COPY_CODE back (its n_prompt: the nearest a copy prompt can be)
 
     @property
     def label(self) -> str:
@@ -126,6 +133,7 @@ class Workload:
         extra += ", sampled" if self.sampled else ""
         extra += ", grammar" if self.grammar is not None else ""
         extra += ", prompt cached" if self.cached else ""
+        extra += ", copying code" if self.copy else ""
         return f"({self.key}) {s}{self.n_prompt}→{self.n_gen}{extra}"
 
 
@@ -151,6 +159,7 @@ WORKLOADS: dict[str, Workload] = {
     "i": Workload("i", 128, 128, 64),
     "j": Workload("j", 128, 256, 1, grammar=WORDS_GRAMMAR),
     "k": Workload("k", 512, 1, 1, cached=True),
+    "l": Workload("l", 540, 400, 1, copy=True),
 }
 
 BATCHING = Workload("batching", 32, 64, 4)  # streams one after another, then all at once
@@ -164,10 +173,14 @@ METRICS: dict[str, list[tuple[str, str, bool]]] = {
     "d": [("ttft_ms", "TTFT ms", False), ("prefill_tps", "prefill tok/s", True)],
     "e": [("ttft_ms", "TTFT ms", False), ("prefill_tps", "prefill tok/s", True), ("decode_tps", "decode tok/s", True)],
 }
-METRICS["f"] = METRICS["j"] = METRICS["a"]
+METRICS["f"] = METRICS["j"] = METRICS["l"] = METRICS["a"]
 METRICS["k"] = [("ttft_ms", "TTFT ms (the server's own time)", False)]
 METRICS["g"] = METRICS["h"] = METRICS["i"] = METRICS["b"]
 
+
+# What workload (l) asks to have copied back: code, as an edit of a file hands a model its file.
+COPY_CODE = 'COPY_CODE = \'\'\'class LRUCache:\n    """A fixed-size mapping that forgets the least recently used key first."""\n\n    def __init__(self, capacity: int) -> None:\n        if capacity <= 0:\n            raise ValueError("capacity must be positive")\n        self.capacity = capacity\n        self.items: dict[str, int] = {}\n        self.order: list[str] = []\n\n    def get(self, key: str) -> int | None:\n        if key not in self.items:\n            return None\n        self.order.remove(key)\n        self.order.append(key)\n        return self.items[key]\n\n    def put(self, key: str, value: int) -> None:\n        if key in self.items:\n            self.order.remove(key)\n        elif len(self.items) >= self.capacity:\n            oldest = self.order.pop(0)\n            del self.items[oldest]\n        self.items[key] = value\n        self.order.append(key)\n\n    def __len__(self) -> int:\n        return len(self.items)\n\n\ndef word_counts(text: str, stop_words: set[str]) -> list[tuple[str, int]]:\n    """The words of ``text`` with how often each occurs, most frequent first."""\n    counts: dict[str, int] = {}\n    for raw in text.split():\n        word = raw.strip(".,;:!?\\\\"\'()").lower()\n        if not word or word in stop_words:\n            continue\n        counts[word] = counts.get(word, 0) + 1\n    return sorted(counts.items(), key=lambda item: (-item[1], item[0]))\n\n\ndef merge_sorted(left: list[int], right: list[int]) -> list[int]:\n    out: list[int] = []\n    i = j = 0\n    while i < len(left) and j < len(right):\n        if left[i] <= right[j]:\n            out.append(left[i])\n            i += 1\n        else:\n            out.append(right[j])\n            j += 1\n    out.extend(left[i:])\n    out.extend(right[j:])\n    return out\n\'\'\'\n'
+COPY_ASK = "Repeat this code exactly:\n\n" + COPY_CODE + "\nHere it is:\n\n"
 
 # ----- prompts with an exact token count -----------------------------------------------------
 
@@ -234,6 +247,16 @@ class PromptMaker:
                 k += n_tokens - n if abs(n_tokens - n) > 1 else (1 if n < n_tokens else -1)
             head += f" {attempt}"
         raise RuntimeError(f"could not build a prompt of exactly {n_tokens} tokens")
+
+    def copying(self, n_tokens: int) -> str:
+        """A prompt of exactly ``n_tokens`` asking for COPY_CODE back, after a fresh filler head (the
+        head's length found by trying those near the difference of the counts)."""
+        body = self.tok.count(COPY_ASK)
+        for n_head in (n_tokens - body + d for d in (0, -1, -2, 1, -3, 2)):
+            prompt = self.make(max(2, n_head)) + "\n\n" + COPY_ASK
+            if self.tok.count(prompt) == n_tokens:
+                return prompt
+        raise RuntimeError(f"could not build a copy prompt of exactly {n_tokens} tokens")
 
 
 # ----- servers ------------------------------------------------------------------------------
@@ -891,7 +914,8 @@ def bench_model(alias: str, args: argparse.Namespace, settings: ServerSettings, 
     def prompts(w: Workload, run: int, side: str) -> list[str]:
         key = (w.key, 0 if w.cached else run, side)
         if key not in prompts_cache:
-            prompts_cache[key] = [maker.make(w.n_prompt) for _ in range(w.streams)]
+            make = maker.copying if w.copy else maker.make
+            prompts_cache[key] = [make(w.n_prompt) for _ in range(w.streams)]
         return prompts_cache[key]
 
     result: dict[str, Any] = {"model": alias, "gguf": gguf.name, "size_bytes": gguf.stat().st_size, "runs": {}}
@@ -1028,6 +1052,23 @@ def table(res: dict[str, Any], with_ref: bool) -> str:
                              f"{_fmt(row['llama_server'])} | {ratio} |")
             else:
                 lines.append(f"| {label} | {row['unit']} | {_fmt(row['hydrad'])} |")
+    return "\n".join(lines)
+
+
+def spec_table(res: dict[str, Any]) -> str:
+    """Each workload's main figure, plain (``res``) and speculating (``res["speculative"]``), on both servers."""
+    spec = res["speculative"]
+    head = "| workload | metric | hydrad | hydrad, speculating | × | llama-server | llama-server, speculating | × |"
+    lines = [head, "|---|---|---:|---:|---:|---:|---:|---:|"]
+
+    def ratio(a: float | None, b: float | None) -> str:
+        return f"{b / a:.2f}" if a and b is not None else "–"
+
+    for key, s in res["summary"].items():
+        row, srow = s["rows"][-1], spec["summary"][key]["rows"][-1]  # decode tok/s (or the one figure)
+        lines.append(f"| {s['label']} | {row['unit']} | {_fmt(row['hydrad'])} | {_fmt(srow['hydrad'])} | "
+                     f"{ratio(row['hydrad'], srow['hydrad'])} | {_fmt(row['llama_server'])} | "
+                     f"{_fmt(srow['llama_server'])} | {ratio(row['llama_server'], srow['llama_server'])} |")
     return "\n".join(lines)
 
 
@@ -1230,6 +1271,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hydrad-config", type=json.loads, default={}, metavar="JSON",
                     help='extra engine YAML for hydrad, e.g. \'{"switch_interval_ms": 0.05}\'')
     ap.add_argument("--hydrad-only", action="store_true", help="skip llama-server; report hydrad alone")
+    ap.add_argument("--spec", choices=("ngram-simple", "ngram-mod"), metavar="TYPE",
+                    help="run the workloads again with both servers speculating: llama-server --spec-type TYPE "
+                         "(ngram-simple or ngram-mod), hydrad spec_type ngram with ngram-simple's sizes (n-gram 12, "
+                         "48 drafted) unless --hydrad-params sets them; a table compares the two passes")
     ap.add_argument("--max-foreign", type=float, default=0.05, metavar="SHARE",
                     help="redo a run when other processes used more than this share of all CPUs during it "
                          "(default: 0.05; with few cores even a little other load slows llama.cpp's "
@@ -1296,6 +1341,15 @@ def main(argv: list[str] | None = None) -> int:
         lag, gaps = lag_table(res), gaps_table(res)
         print(f"\n{res['model']}\n" + table(res, binary is not None) + "\n\n" + (lag + "\n\n" if lag else "")
               + (gaps + "\n\n" if gaps else "") + startup_table(res) + "\n", flush=True)
+        if args.spec:
+            spec_params = {"spec_type": "ngram", "spec_ngram_size": 12, "spec_n_max": 48, **args.hydrad_params}
+            spec_args = argparse.Namespace(**{**vars(args), "hydrad_params": spec_params, "llama_server_args": (
+                f"--spec-type {args.spec} {args.llama_server_args}".strip())})
+            log(f"[{alias}] again, speculating ({args.spec})")
+            res["speculative"] = bench_model(alias, spec_args, replace(settings, hydrad_params=spec_params), binary,
+                                             workloads, log)
+            res["speculative"]["hydrad_params"] = spec_params
+            print(f"\n{res['model']}, plain and speculating ({args.spec})\n" + spec_table(res) + "\n", flush=True)
     log("done")
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")

@@ -84,6 +84,13 @@ def _predict(flag: str, value: str) -> int:
     return -1 if n == -2 else n  # -2: until the context is full, which is what -1 does here
 
 
+def _spec_type(flag: str, value: str) -> str:
+    kinds = _list(value)
+    if kinds in (["none"], ["ngram-simple"]):
+        return "none" if kinds == ["none"] else "ngram"
+    raise FlagError(f"{flag}: hydrad drafts only by n-gram lookup: ngram-simple (or none), not {value!r}")
+
+
 def _gpu_layers(flag: str, value: str) -> int:
     if value in ("auto", "all"):
         return -1
@@ -274,7 +281,7 @@ def _r(names: str, metavar: str | None, why: str) -> Flag:
     return Flag(tuple(names.split()), metavar, why, "refused")
 
 
-NO_SPECULATIVE = "hydrad does no speculative decoding"
+NO_SPECULATIVE = "hydrad speculates by n-gram lookup only (--spec-type ngram-simple), with no draft model"
 NO_MULTIMODAL = "hydrad serves no multimodal input"
 NO_DOWNLOAD = "hydrad loads local GGUF files only: fetch the file, then pass it with -m"
 NO_ROUTER = "several models are a pool's work: run one hydrad per model and a hydra-coordinator in front"
@@ -312,6 +319,13 @@ MAPPED: tuple[Flag, ...] = (
        "context is full: defaults.n_predict", _param("n_predict", _predict)),
     _m("-b --batch-size", "N", "logical batch: defaults.n_batch", _param("n_batch", _int)),
     _m("-ub --ubatch-size", "N", "physical batch: defaults.n_ubatch", _param("n_ubatch", _int)),
+    _m("--spec-type", "TYPE", "speculative decoding: ngram-simple (prompt lookup) or none; other kinds are refused: "
+       "defaults.spec_type", _param("spec_type", _spec_type)),
+    _m("--spec-ngram-simple-size-n", "N", "tokens of the n-gram looked up: defaults.spec_ngram_size",
+       _param("spec_ngram_size", _int)),
+    _m("--spec-ngram-simple-size-m --spec-draft-n-max", "N", "most tokens drafted per step: defaults.spec_n_max",
+       _param("spec_n_max", _int)),
+    _m("--spec-draft-n-min", "N", "shortest draft decoded: defaults.spec_n_min", _param("spec_n_min", _int)),
     _m("-np --parallel", "N", "slots (requests decoded together); -1 = the default, 4: defaults.n_parallel",
        _parallel),
     _m("-t --threads", "N", "CPU threads for generation; -1 = every usable CPU: defaults.n_threads",
@@ -455,7 +469,6 @@ NEUTRAL: tuple[Flag, ...] = (
        "--reasoning-format none"),
     _n("--reasoning-budget", "N", "-1", "hydrad never limits a model's thinking"),
     _n("--reasoning-effort", "LEVEL", "default", "hydrad passes no reasoning effort to the template"),
-    _n("--spec-type", "TYPE", "none", NO_SPECULATIVE),
     _n("--sse-ping-interval", "N", "-1", "hydrad sends no keep-alive pings in its streams (as -1)"),
     _n("-lzm --lazy-mode", "MODE", "auto", "hydrad reads tensors as llama.cpp does by default (auto)"),
     _n("--prio", "N", "0", "hydrad runs at the priority it is started with: set systemd's Nice= instead"),
@@ -572,7 +585,6 @@ REFUSED: tuple[Flag, ...] = (
     _r("--spec-draft-override-tensor -otd --override-tensor-draft", "PATTERN=TYPE,...", NO_SPECULATIVE),
     _r("--spec-draft-cpu-moe -cmoed --cpu-moe-draft", None, NO_SPECULATIVE),
     _r("--spec-draft-n-cpu-moe --spec-draft-ncmoe -ncmoed --n-cpu-moe-draft", "N", NO_SPECULATIVE),
-    _r("--spec-draft-n-max", "N", NO_SPECULATIVE), _r("--spec-draft-n-min", "N", NO_SPECULATIVE),
     _r("--spec-synth-len", "L", NO_SPECULATIVE), _r("--spec-synth-rates", "P0,P1,...", NO_SPECULATIVE),
     _r("--spec-draft-p-split --draft-p-split", "P", NO_SPECULATIVE),
     _r("--spec-draft-p-min --draft-p-min", "P", NO_SPECULATIVE),
@@ -581,8 +593,8 @@ REFUSED: tuple[Flag, ...] = (
     _r("--spec-draft-ngl -ngld --gpu-layers-draft --n-gpu-layers-draft", "N", NO_SPECULATIVE),
     _r("--spec-draft-model -md --model-draft", "FNAME", NO_SPECULATIVE),
     _r("--spec-ngram-mod-n-min", "N", NO_SPECULATIVE), _r("--spec-ngram-mod-n-max", "N", NO_SPECULATIVE),
-    _r("--spec-ngram-mod-n-match", "N", NO_SPECULATIVE), _r("--spec-ngram-simple-size-n", "N", NO_SPECULATIVE),
-    _r("--spec-ngram-simple-size-m", "N", NO_SPECULATIVE), _r("--spec-ngram-simple-min-hits", "N", NO_SPECULATIVE),
+    _r("--spec-ngram-mod-n-match", "N", NO_SPECULATIVE),
+    _n("--spec-ngram-simple-min-hits", "N", "1", "hydrad's n-gram lookup drafts on the first hit (as 1)"),
     _r("--spec-ngram-map-k-size-n", "N", NO_SPECULATIVE), _r("--spec-ngram-map-k-size-m", "N", NO_SPECULATIVE),
     _r("--spec-ngram-map-k-min-hits", "N", NO_SPECULATIVE),
     _r("--spec-ngram-map-k4v-size-n", "N", NO_SPECULATIVE), _r("--spec-ngram-map-k4v-size-m", "N", NO_SPECULATIVE),

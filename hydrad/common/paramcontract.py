@@ -76,7 +76,6 @@ NO_CHECKPOINTS = "hydrad makes no context checkpoints (a slot's KV is kept whole
 NO_PROMPT_FILE = "llama-cli's prompt cache file; the engine keeps prompts in its slots' KV (cache_prompt) and a pool's in its Store"
 TOOL_OUTPUT = "output of llama.cpp's command-line tools (llama-embedding, llama-debug, perplexity); a daemon answers over HTTP and writes no such files"
 AFFINITY = "hydrad runs on the CPUs it is given: set them with systemd's CPUAffinity= (or taskset)"
-NOT_BUILT = "not built yet"
 NO_DRAFT = "not built: speculative decoding with a draft model (see docs/engine.md)"
 SAMPLER_STATE = "llama.cpp's own bookkeeping, derived from the request and the template, not a setting"
 START_ONLY = "start-only setting: change it in the YAML (or on the command line) and restart the engine"
@@ -237,10 +236,10 @@ ENTRIES: tuple[Entry, ...] = (
     _fx("no_op_offload", T2, False, "host tensor operations are always offloaded"),
     _fx("no_extra_bufts", T2, False, "llama.cpp may always repack weights into its extra buffer types"),
     _p("no_host", T2, "no_host", "tests/unit/engine/test_llama_params.py::test_no_host_reaches_the_model_params_of_a_real_load"),
-    _r("spec_type", T2, NOT_BUILT + ": speculative decoding by n-gram lookup", also=("speculative.types",)),
-    _r("spec_n_min", T2, NOT_BUILT + ": speculative decoding by n-gram lookup", also=("n_min", "draft_min")),
-    _r("spec_n_max", T2, NOT_BUILT + ": speculative decoding by n-gram lookup", also=("n_max", "draft_max")),
-    _r("spec_p_min", T2, NOT_BUILT + ": speculative decoding by n-gram lookup", also=("p_min", "draft_p_min")),
+    _p("spec_type", T2, "spec_type", "tests/integration/test_speculative.py::test_greedy_copy_same_answer_fewer_steps", also=("speculative.types", "speculative.type")),
+    _p("spec_n_min", T2, "spec_n_min", "tests/integration/test_speculative.py::test_greedy_copy_same_answer_fewer_steps", also=("n_min", "draft_min", "speculative.n_min")),
+    _p("spec_n_max", T2, "spec_n_max", "tests/integration/test_speculative.py::test_greedy_copy_same_answer_fewer_steps", also=("n_max", "draft_max", "speculative.n_max")),
+    _r("spec_p_min", T2, "a draft's least probability matters to a draft model's drafts, and draft models are not served; n-gram drafts have none", also=("p_min", "draft_p_min")),
     _r("cb_eval", T2, "a C callback (llama.cpp calls it for every tensor computed): a payload cannot carry one"),
     # ----- T3: reload the model --------------------------------------------------------------
     _p("model", T3, "model", f"{_T}::test_configure_tiers"),

@@ -13,10 +13,11 @@ import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from hydrad.common.logs import log_event
-from hydrad.engine import adapters, chatprompt, faults, kvshift, logitbias, sampling, thinking
+from hydrad.engine import adapters, chatprompt, faults, kvshift, logitbias, sampling, speculate, thinking
 from hydrad.engine.generation import Generation, Slot
 from hydrad.engine.promptprep import RequestRefused
 from hydrad.engine.requests import Done, Failed, Progress, RequestHandle, Token, Usage
@@ -60,6 +61,7 @@ class _Active:
     n_keep: int = -1  # ctx_shift: tokens a context shift keeps at the head (kvshift.kept); -1: it never shifts
     shifts: int = 0  # context shifts so far
     lora: tuple[float, ...] = ()  # the LoRA scales it runs with: only slots of one set share a step (adapters)
+    spec: speculate.Drafter | None = None  # speculative decoding: its n-gram index and draft in flight
 
 
 
@@ -271,6 +273,10 @@ class Scheduler:
                               lora=lora)
         if req.report_settings:
             slot.active.settings = _settings(params, spec, gen.ctx.n_ctx)
+        drafting = speculate.settings_of(params)
+        if drafting is not None and gen.drafts_ok and grammar is None and probs is None and not faulty and (
+                slot.active.think is None or slot.active.think.budget is None):
+            slot.active.spec = speculate.Drafter(drafting)  # (a grammar or a budget decides tokens a draft cannot)
         gen.n_active += 1
         if req.return_progress:
             self._progress(slot.id, slot.active)
@@ -288,6 +294,7 @@ class Scheduler:
         before: list[tuple[Slot, int]] = []
         budget = batch.capacity
         lora = self._lora_set(gen)  # None: every slot (no adapters); else only the slots of this set
+        drafting: list[Slot] = []
         for slot in gen.slots:
             a = slot.active
             if a is not None and a.next_token >= 0 and (lora is None or a.lora == lora):
@@ -296,6 +303,8 @@ class Scheduler:
                 slot.cache.append(a.next_token)
                 a.next_token = -1
                 budget -= 1
+                if a.spec is not None:
+                    drafting.append(slot)
         n_prefill = 0
         watched: list[tuple[int, _Active]] = []  # prefilled by this step and asking for progress
         prompts = [slot for slot in gen.slots if slot.active is not None and slot.active.pending
@@ -322,6 +331,8 @@ class Scheduler:
             n_prefill += len(take)
             if last:
                 outputs.append((slot, idx))
+        if drafting:  # after the prompts: a draft takes only what they leave of the batch
+            speculate.add_drafts(gen, drafting, self.core.stats)
         if batch.n == 0:
             self.settle_text()
             return
@@ -371,6 +382,8 @@ class Scheduler:
                     a.t_first = now
                     a.handle.t_first_token = now
                 self._on_token(gen, slot, a, tok, overlap and a.n_gen > 0)
+                if a.spec is not None and a.spec.draft:
+                    speculate.verify(gen, slot, a, self.core.stats, partial(self._on_token, gen, slot, a, defer=overlap))
             except Exception as exc:  # this request's failure, not the step's: the other slots go on
                 if slot.active is a:
                     self.request_failed(gen, a.handle, "sampling", exc, slot)
@@ -510,11 +523,14 @@ class Scheduler:
             self._send(a, "", end=True)
         if a.tools is not None and a.tools.n_calls and reason == "stop":
             reason = "tool_calls"
+        if a.spec is not None:  # a stop string found while a draft computed: the slot keeps the answer's tokens
+            speculate.take_back(gen, slot, a.spec)
         now = time.monotonic()
         t_first = a.t_first or now
         usage = Usage(prompt_tokens=a.prompt_len, completion_tokens=a.n_gen, cached_tokens=a.cached,
                       prompt_ms=round((t_first - a.t_start) * 1000, 3), predicted_ms=round((now - t_first) * 1000, 3),
-                      queue_ms=round((a.t_start - (a.handle.t_enqueued or a.t_start)) * 1000, 3))
+                      queue_ms=round((a.t_start - (a.handle.t_enqueued or a.t_start)) * 1000, 3),
+                      draft_n=a.spec.n_drafted if a.spec else 0, draft_n_accepted=a.spec.n_accepted if a.spec else 0)
         self.core.stats.prompt_seconds_total += t_first - a.t_start
         self.core.prefix.prefill_seen(a.prompt_len - a.cached, t_first - a.t_start)
         self.core.stats.predicted_seconds_total += now - t_first
@@ -560,6 +576,8 @@ class Scheduler:
         a = slot.active
         if a is None:
             return
+        if a.spec is not None:
+            speculate.take_back(gen, slot, a.spec)
         a.sampler.free()
         if a.shifts:  # cancelled or failed after a shift (see _finish)
             kvshift.drop_inexact(gen, slot)
@@ -571,6 +589,8 @@ class Scheduler:
         """Undo this step's tokens; fail the affected requests with a clear reason."""
         for slot, n in before:
             gen.truncate(slot, n)
+            if slot.active is not None and slot.active.spec is not None:
+                slot.active.spec.draft = []  # (gone with the rest of the step)
         msg = ("the context is full (all slots together exceed n_ctx)" if rc == 1
                else f"llama_decode failed with code {rc}")
         log_event(log, logging.ERROR, "decode failed", rc=rc, slots=len(before))

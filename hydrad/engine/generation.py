@@ -142,6 +142,8 @@ class Generation:
         self.abandoned = False  # a peer died: never free (freeing talks to it, and llama.cpp aborts)
         self.embedder: Embedder | None = None  # the embedding context, when params.embeddings
         self.adapters: Adapters | None = None  # LoRA adapters and control vector, when params name any
+        self.tail_rm = True  # the context's memory drops the tail of a sequence (a recurrent model's cannot: warmup)
+        self.n_swa = int(llama.lib().llama_model_n_swa(model.ptr))  # a sliding window's length, 0 for none
 
     def load_view(self) -> dict[str, Any]:
         """What this generation's load did with the model parameters, as llama.cpp reported it: its load
@@ -264,6 +266,14 @@ class Generation:
         slot.cache.extend(old_tokens)
         slot.foreign, slot.owner = old_foreign, old_owner  # (and exact as it was: the same KV is back)
         raise RuntimeError(f"{why}; the slot is unchanged")
+
+    @property
+    def drafts_ok(self) -> bool:
+        """Speculative decoding may run here: taking back a rejected draft drops a sequence's tail, and a
+        sliding-window cache is one pool (kv_unified). With a stream per sequence llama.cpp splits a step
+        into ubatches of equal rows per sequence, a long draft over several, and a later one may overwrite
+        a cell of the window that the tokens after a rejected draft attend to (see speculate.add_drafts)."""
+        return self.tail_rm and (self.params.kv_unified or self.n_swa == 0)
 
     def free_slot_exists(self) -> bool:
         return self.n_active < len(self.slots)
@@ -422,6 +432,7 @@ class Generation:
             self.batch.clear()
             self.batch.add(tok, pos, 0, True)
             self.batch.decode(self.ctx)
+        self.tail_rm = self.ctx.seq_rm(0, n, -1)  # as llama-server's common_context_can_seq_rm asks
         self.ctx.clear()
 
     def free(self) -> None:

@@ -568,6 +568,7 @@ class Context:
         self.n_ctx = C.llama_n_ctx(ptr)
         self.n_ctx_seq = C.llama_n_ctx_seq(ptr)
         self.n_batch = C.llama_n_batch(ptr)
+        self.n_ubatch = C.llama_n_ubatch(ptr)
         self.n_seq = cp.n_seq_max
 
     def share_cpu(self, lent: int) -> None:

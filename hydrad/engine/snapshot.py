@@ -119,9 +119,13 @@ def slot_rows(gen: Generation | None, now: float) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for sl in gen.slots:
         a = sl.active  # read once: the engine thread may end the request meanwhile
-        row: dict[str, Any] = {"id": sl.id, "busy": a is not None, "n_tokens": len(sl.cache), "foreign": sl.foreign}
+        row: dict[str, Any] = {"id": sl.id, "busy": a is not None, "n_tokens": len(sl.cache), "foreign": sl.foreign,
+                               "speculative": gen.params.spec_type != "none"}
         if a is not None:  # the running request: prompt size, tokens decoded so far, its decode speed
             row.update(n_prompt=a.prompt_len, n_decoded=a.n_gen)
+            spec = getattr(a, "spec", None)
+            if spec is not None:  # its speculative decoding so far, named as llama-server's timings name it
+                row.update(draft_n=spec.n_drafted, draft_n_accepted=spec.n_accepted)
             if a.n_gen > 1 and a.t_first:
                 row["decode_tps"] = round((a.n_gen - 1) / max(1e-6, now - a.t_first), 2)
         out.append(row)

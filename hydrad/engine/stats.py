@@ -21,6 +21,9 @@ class EngineStats:
     context_shifts_total: int = 0  # context shifts of generations that filled their slot (ctx_shift)
     tokens_predicted_total: int = 0
     n_decode_total: int = 0
+    spec_draft_tokens_total: int = 0  # speculative decoding: tokens drafted (decoded as a guess)
+    spec_accepted_tokens_total: int = 0  # ... of them the model agreed with
+    spec_drafts_total: int = 0  # ... drafts verified
     prompt_seconds_total: float = 0.0
     predicted_seconds_total: float = 0.0
     model_loads_total: int = 0

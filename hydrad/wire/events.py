@@ -27,6 +27,8 @@ class Usage:
     prompt_ms: float
     predicted_ms: float
     queue_ms: float = 0.0  # waiting for a slot (or a loading model) before prefill started
+    draft_n: int = 0  # speculative decoding: tokens drafted for it (llama-server's timings.draft_n)...
+    draft_n_accepted: int = 0  # ... and of them accepted
 
 
 @dataclass(frozen=True)

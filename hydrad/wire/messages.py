@@ -98,6 +98,8 @@ class UsageInfo(BaseModel):
     cached_tokens: int = Field(0, ge=0)
     prompt_ms: float = 0.0
     predicted_ms: float = 0.0
+    draft_n: int = Field(0, ge=0, description="Tokens drafted by speculative decoding (llama-server's timings.draft_n).")
+    draft_n_accepted: int = Field(0, ge=0, description="Of them, the ones the model accepted.")
 
     def openai(self) -> dict[str, Any]:
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
@@ -266,12 +268,14 @@ class Done(_Msg):
                    ids=list(done.ids) or None, settings=dict(done.settings) if done.settings is not None else None,
                    truncated=done.truncated,
                    usage=UsageInfo(prompt_tokens=u.prompt_tokens, completion_tokens=u.completion_tokens,
-                                   cached_tokens=u.cached_tokens, prompt_ms=u.prompt_ms, predicted_ms=u.predicted_ms))
+                                   cached_tokens=u.cached_tokens, prompt_ms=u.prompt_ms, predicted_ms=u.predicted_ms,
+                                   draft_n=u.draft_n, draft_n_accepted=u.draft_n_accepted))
 
     def event(self) -> events.Done:
         u = self.usage
         return events.Done(self.finish_reason, events.Usage(u.prompt_tokens, u.completion_tokens, u.cached_tokens,
-                                                            u.prompt_ms, u.predicted_ms),
+                                                            u.prompt_ms, u.predicted_ms, draft_n=u.draft_n,
+                                                            draft_n_accepted=u.draft_n_accepted),
                            self.fingerprint, self.model, self.slot, self.kv_tokens, self.kv_hash, self.stop_word,
                            tuple(self.ids or ()), self.settings, self.truncated)
 

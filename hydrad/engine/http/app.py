@@ -200,8 +200,10 @@ async def load_status(request: Request) -> Response:
 async def slots(request: Request) -> Response:
     out: list[dict[str, Any]] = []
     for row in ctx_of(request).core.slot_rows():
-        item: dict[str, Any] = {"id": row["id"], "is_processing": row["busy"], "n_tokens": row["n_tokens"]}
-        item.update((k, row[k]) for k in ("n_prompt", "n_decoded", "decode_tps") if k in row)
+        item: dict[str, Any] = {"id": row["id"], "is_processing": row["busy"], "n_tokens": row["n_tokens"],
+                                "speculative": row.get("speculative", False)}
+        item.update((k, row[k]) for k in ("n_prompt", "n_decoded", "decode_tps", "draft_n", "draft_n_accepted")
+                    if k in row)
         out.append(item)
     return JSONResponse(out)
 

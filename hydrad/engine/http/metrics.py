@@ -46,6 +46,12 @@ class EngineCollector(Collector):
         yield counter("llamacpp:tokens_predicted_seconds_total", "Time spent generating.",
                       round(s.predicted_seconds_total, 6))
         yield counter("llamacpp:n_decode_total", "llama_decode calls (one per batched step).", s.n_decode_total)
+        yield counter("llamacpp:spec_decode_num_draft_tokens_total", "Speculative decoding: tokens drafted.",
+                      s.spec_draft_tokens_total)
+        yield counter("llamacpp:spec_decode_num_accepted_tokens_total",
+                      "Speculative decoding: drafted tokens the model accepted.", s.spec_accepted_tokens_total)
+        yield counter("llamacpp:spec_decode_num_drafts_total", "Speculative decoding: drafts verified.",
+                      s.spec_drafts_total)
         yield gauge("llamacpp:requests_processing", "Requests holding a slot.", slots["busy"])
         yield gauge("llamacpp:requests_deferred", "Requests waiting for a slot.", slots["queued"])
         yield counter("hydra_cached_prompt_tokens_total", "Prompt tokens served from a slot's cache.",

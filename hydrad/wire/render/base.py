@@ -28,6 +28,8 @@ def timings(done: Done, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     out = {"prompt_n": u.prompt_tokens - u.cached_tokens, "prompt_ms": u.prompt_ms, "queue_ms": u.queue_ms,
            "predicted_n": u.completion_tokens, "predicted_ms": u.predicted_ms, "cache_n": u.cached_tokens,
            "predicted_per_second": round(u.completion_tokens / (u.predicted_ms / 1000), 2) if u.predicted_ms else None}
+    if u.draft_n:  # as llama-server: only when speculative decoding drafted for it
+        out.update(draft_n=u.draft_n, draft_n_accepted=u.draft_n_accepted)
     if extra:
         out.update(extra)
     return out

@@ -220,7 +220,19 @@ MAPPED: list[tuple[list[str], dict[tuple[str, ...], Any]]] = [
     (["--keep", "-1"], {("defaults", "n_keep"): -1}),
     (["--cache-reuse", "256"], {("defaults", "n_cache_reuse"): 256}),
     (["-c", "1024", "--ctx-size", "4096"], {("defaults", "n_ctx"): 4096}),  # the last one wins, as in llama-server
+    (["--spec-type", "ngram-simple"], {("defaults", "spec_type"): "ngram"}),
+    (["--spec-type", "none"], {("defaults", "spec_type"): "none"}),
+    (["--spec-ngram-simple-size-n", "4"], {("defaults", "spec_ngram_size"): 4}),
+    (["--spec-ngram-simple-size-m", "48"], {("defaults", "spec_n_max"): 48}),
+    (["--spec-draft-n-max", "8"], {("defaults", "spec_n_max"): 8}),
+    (["--spec-draft-n-min", "2"], {("defaults", "spec_n_min"): 2}),
 ]
+
+
+@pytest.mark.parametrize("value", ["ngram-mod", "draft-simple", "ngram-simple,ngram-mod", ""])
+def test_spec_type_other_than_ngram_simple_is_refused(value: str) -> None:
+    with pytest.raises(FlagError, match=r"^--spec-type: hydrad drafts only by n-gram lookup"):
+        layer("--spec-type", value)
 
 
 @pytest.mark.parametrize("argv, expected", MAPPED, ids=[" ".join(a) for a, _ in MAPPED])

@@ -126,7 +126,7 @@ def test_refused_fields_are_no_runtime_parameter() -> None:
 
 GROUPS = {  # one field of each kind of refusal, and the words its answer must hold
     "not served": ("mmproj", "no multimodal input"),
-    "speculative n-gram": ("spec_n_max", "not built yet"),
+    "a draft model's setting": ("spec_p_min", "draft models are not served"),
     "draft model": ("speculative.model", "draft model"),
     "C callback": ("cb_eval", "C callback"),
     "terminal": ("interactive_first", "terminal"),

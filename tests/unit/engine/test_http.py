@@ -36,6 +36,8 @@ def test_dead_engine_thread_is_an_error() -> None:
 
 def test_slots_and_models_without_a_model() -> None:
     c = client(EngineSnapshot(stage="idle", alive=True),
-               rows=[{"id": 0, "busy": True, "n_tokens": 7, "n_prompt": 5, "n_decoded": 2}])
-    assert c.get("/slots").json() == [{"id": 0, "is_processing": True, "n_tokens": 7, "n_prompt": 5, "n_decoded": 2}]
+               rows=[{"id": 0, "busy": True, "n_tokens": 7, "n_prompt": 5, "n_decoded": 2, "speculative": True,
+                      "draft_n": 9, "draft_n_accepted": 4}])
+    assert c.get("/slots").json() == [{"id": 0, "is_processing": True, "n_tokens": 7, "speculative": True, "n_prompt": 5,
+                                       "n_decoded": 2, "draft_n": 9, "draft_n_accepted": 4}]
     assert c.get("/v1/models").json() == {"object": "list", "data": []}

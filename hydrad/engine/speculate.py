@@ -1,0 +1,141 @@
+"""Speculative decoding by n-gram lookup (llama-server's ngram-simple), no draft model.
+
+An answer that copies its input (an edited file, a quoted passage) repeats runs of tokens that
+already sit in its slot. Where the slot's last ``ngram`` tokens occurred before, the tokens that
+followed them there are a guess at what comes next: the :class:`Drafter` proposes them, the
+scheduler decodes them in the same batch as the slot's next token with a logits row for each, and
+:meth:`Drafter.verify`'s caller samples those rows in order, keeping drafted tokens while the
+sampler picks exactly them. Each row is sampled as it would be without a draft (same sampler, same
+history before it), so the answer is the one plain decoding gives, only reached in fewer steps;
+the rows after the first disagreement are dropped and their KV removed.
+
+The lookup is an index of the slot's n-grams (a hash of the n tokens → where the latest
+occurrence ended), kept per request and filled as its tokens are committed: at most
+:data:`INDEX_PER_STEP` positions per step, so a long prompt served from the cache is indexed over a
+few steps instead of stalling one. Drafting starts once the index has caught up.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+INDEX_PER_STEP = 2048
+"""Most positions a step indexes for one request (about 1 ms of the engine thread's time)."""
+
+
+@dataclass(frozen=True)
+class SpecSettings:
+    """The engine's speculation parameters (``spec_*`` of the runtime parameters)."""
+
+    n_max: int
+    n_min: int
+    ngram: int
+
+
+def settings_of(params: object) -> SpecSettings | None:
+    """The speculation the parameters ask for; None when off."""
+    if getattr(params, "spec_type", "none") != "ngram":
+        return None
+    return SpecSettings(n_max=params.spec_n_max, n_min=params.spec_n_min,  # type: ignore[attr-defined]
+                        ngram=params.spec_ngram_size)  # type: ignore[attr-defined]
+
+
+@dataclass
+class Drafter:
+    """One request's n-gram index over its slot's tokens, its draft in flight, and its counts."""
+
+    settings: SpecSettings
+    last: dict[int, int] = field(default_factory=dict)  # hash of an n-gram → the position after its latest occurrence
+    indexed: int = 0  # positions below this are in ``last``
+    draft: list[int] = field(default_factory=list)  # decoded in the current step after the slot's next token
+    row: int = -1  # the batch row of the slot's next token (the draft's rows follow it)
+    n_drafted: int = 0  # llama-server's draft_n
+    n_accepted: int = 0  # llama-server's draft_n_accepted
+
+    def _catch_up(self, hist: list[int]) -> bool:
+        """Index the n-grams of ``hist`` that are followed by a token of it, oldest first (a later
+        occurrence replaces an earlier one); True once all are."""
+        n = self.settings.ngram
+        top = len(hist) - 1  # the n-gram ending at the last token is what is looked up, not indexed
+        p = max(self.indexed, n)
+        stop = min(top, p + INDEX_PER_STEP)
+        last = self.last
+        for q in range(p, stop + 1):
+            last[hash(tuple(hist[q - n:q]))] = q
+        self.indexed = max(self.indexed, stop + 1)
+        return stop >= top
+
+    def propose(self, hist: list[int], room: int) -> list[int]:
+        """The draft to decode after ``hist`` (the slot's committed tokens, its next token last): the
+        tokens that followed the latest earlier occurrence of its last n-gram, at most ``room`` and
+        ``n_max`` of them; empty when there is none, or it is shorter than ``n_min``."""
+        s = self.settings
+        if len(hist) <= s.ngram or not self._catch_up(hist):
+            return []
+        at = self.last.get(hash(tuple(hist[-s.ngram:])))
+        if at is None:
+            return []
+        draft = hist[at:at + min(s.n_max, room)]
+        if not draft or len(draft) < s.n_min:
+            return []
+        return draft
+
+
+def add_drafts(gen: Any, slots: list[Any], stats: Any) -> None:
+    """Each speculating slot's draft (``slots``: the generation's slots whose next token this step
+    decodes), decoded after that token with a logits row per drafted token: as many as the step's first
+    ubatch, the answer's token limit, the slot's context and a shared KV pool leave room for.
+
+    Within the first ubatch, so that llama.cpp places the whole step's tokens at once: a sliding-window
+    cache (Gemma-3) may reuse a cell its window no longer shows the newest position of a sequence, and
+    a draft split over two ubatches would move that position on before its own end, letting the second
+    ubatch overwrite a cell the tokens after a rejected draft still attend to."""
+    batch, ctx = gen.batch, gen.ctx
+    pool = ctx.n_ctx - sum(len(s.cache) for s in gen.slots) if gen.params.kv_unified else ctx.n_ctx
+    for slot in slots:
+        a = slot.active
+        room = min(min(batch.capacity, ctx.n_ubatch) - batch.n, a.max_tokens - a.n_gen - 1,
+                   ctx.n_ctx_seq - len(slot.cache) - 2, pool - 1)
+        draft = a.spec.propose(slot.cache, room) if room > 0 else []
+        if not draft:
+            continue
+        a.spec.row = batch.n
+        batch.add_run(draft, len(slot.cache), slot.id, True, output_all=True)
+        slot.cache.extend(draft)
+        a.spec.draft = draft
+        a.spec.n_drafted += len(draft)
+        pool -= len(draft)
+        stats.spec_draft_tokens_total += len(draft)
+        stats.spec_drafts_total += 1
+
+
+def verify(gen: Any, slot: Any, a: Any, stats: Any, on_token: Callable[[int], None]) -> None:
+    """The drafted rows of request ``a``'s slot, in order, once its next token's row was sampled (and
+    handed to ``on_token``): while the token sampled is the one drafted next, that token is already
+    decoded and the row after it is sampled in turn, each as plain decoding would (the same sampler,
+    the same history before it); what follows the first disagreement, or the answer's end, is taken
+    back from the slot, its KV included."""
+    spec: Drafter = a.spec
+    draft, spec.draft = spec.draft, []
+    del slot.cache[len(slot.cache) - len(draft):]  # the committed tokens, the next one last
+    try:
+        for j, want in enumerate(draft):
+            if slot.active is not a or a.next_token != want:
+                break
+            slot.cache.append(want)
+            a.next_token = -1
+            spec.n_accepted += 1  # (before the token it leads to: that one may end the answer and report it)
+            stats.spec_accepted_tokens_total += 1
+            on_token(a.sampler.sample(gen.ctx, spec.row + j))
+    finally:
+        gen.ctx.seq_rm(slot.id, len(slot.cache), -1)
+
+
+def take_back(gen: Any, slot: Any, spec: Drafter) -> None:
+    """A draft decoded and never verified (its request ended while the device computed it) leaves the
+    slot: the slot's tokens are the answer's, not a guess at its continuation."""
+    if spec.draft:
+        del slot.cache[len(slot.cache) - len(spec.draft):]
+        gen.ctx.seq_rm(slot.id, len(slot.cache), -1)
+        spec.draft = []

@@ -1,0 +1,61 @@
+"""The n-gram lookup that proposes drafts: the latest earlier occurrence of the slot's last n tokens, the
+tokens after it bounded by n_max and the room given, none shorter than n_min, and a long history
+indexed over several steps rather than in one."""
+
+from __future__ import annotations
+
+import pytest
+
+from hydrad.engine import speculate
+from hydrad.engine.speculate import Drafter, SpecSettings
+
+
+def drafter(n_max: int = 16, n_min: int = 0, ngram: int = 3) -> Drafter:
+    return Drafter(SpecSettings(n_max=n_max, n_min=n_min, ngram=ngram))
+
+
+def test_latest_earlier_occurrence_is_copied() -> None:
+    d = drafter()
+    hist = [1, 2, 3, 10, 11, 9, 1, 2, 3, 20, 21, 22, 9, 1, 2, 3]
+    assert d.propose(hist, room=16) == [20, 21, 22, 9, 1, 2, 3]  # the second 1 2 3, not the first
+    assert d.propose(hist + [30], room=16) == []  # 2 3 30 never occurred
+
+
+def test_bounds_room_n_max_n_min() -> None:
+    hist = list(range(40)) + list(range(3))
+    assert drafter().propose(hist, room=5) == [3, 4, 5, 6, 7]
+    assert drafter(n_max=2).propose(hist, room=16) == [3, 4]
+    assert drafter(n_min=5).propose([5, 6, 7, 8, 5, 6, 7], room=16) == []  # only 8 5 6 7 follow
+    assert drafter(n_min=4).propose([5, 6, 7, 8, 5, 6, 7], room=16) == [8, 5, 6, 7]
+    assert drafter().propose([1, 2, 3], room=16) == []  # nothing before the n-gram itself
+
+
+def test_grows_with_the_history() -> None:
+    d = drafter(ngram=2)
+    hist = [7, 8, 9]
+    assert d.propose(hist, room=16) == []
+    hist += [7, 8]
+    assert d.propose(hist, room=16) == [9, 7, 8]
+    hist += [4]
+    assert d.propose(hist, room=16) == []
+    hist += [9, 7]  # 9 7 was followed by 8
+    assert d.propose(hist, room=16) == [8, 4, 9, 7]
+
+
+def test_long_history_is_indexed_over_several_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(speculate, "INDEX_PER_STEP", 100)
+    d = drafter()
+    hist = [1, 2, 3, 4] + [5] * 300 + [1, 2, 3]
+    steps = 0
+    while not (draft := d.propose(hist, room=16)) and steps < 10:
+        steps += 1
+    assert draft == [4] + [5] * 15
+    assert steps == 3  # 306 positions at 100 a step
+
+
+def test_settings_of_params() -> None:
+    from hydrad.common.params import RuntimeParams
+
+    assert speculate.settings_of(RuntimeParams()) is None
+    on = RuntimeParams(spec_type="ngram-simple", spec_n_max=8, spec_n_min=2, spec_ngram_size=4)
+    assert speculate.settings_of(on) == SpecSettings(n_max=8, n_min=2, ngram=4)
