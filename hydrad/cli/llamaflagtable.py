@@ -4,50 +4,17 @@ kind by kind."""
 
 from __future__ import annotations
 
-import math
-import os
-from pathlib import Path
 from typing import Any, Callable
 
 
-from hydrad.common import tokenfile
 from hydrad.cli.llamaflagtypes import Apply, CommandLine, Flag, FlagError, Path_, State
+from hydrad.cli.llamaflagvalues import (
+    absolute as _absolute, adapters as _adapters, api_key as _api_key, api_key_file as _api_key_file,
+    device_action as _device, file_value, float_value as _float, int_value as _int, layer_range as _layer_range,
+    list_value as _list, verbosity as _verbosity,
+)
 
 # ----- value converters ------------------------------------------------------------------------------
-
-def _int(flag: str, value: str) -> int:
-    try:
-        return int(value, 10)
-    except ValueError:
-        raise FlagError(f"{flag}: needs a whole number, got {value!r}") from None
-
-
-def _float(flag: str, value: str) -> float:
-    try:
-        out = float(value)
-    except ValueError:
-        raise FlagError(f"{flag}: needs a number, got {value!r}") from None
-    if not math.isfinite(out):
-        raise FlagError(f"{flag}: needs a finite number, got {value!r}")
-    return out
-
-
-def _list(value: str) -> list[str]:
-    return [part.strip() for part in value.split(",") if part.strip()]
-
-
-def _absolute(value: str) -> Path:
-    """A path given on the command line, relative to the directory hydrad starts in (as llama-server
-    reads it), made absolute without following links: the name the operator gave stays visible."""
-    return Path(os.path.abspath(Path(value).expanduser()))
-
-
-def file_value(flag: str, value: str) -> Path:
-    p = _absolute(value)
-    if not p.is_file():
-        raise FlagError(f"{flag}: no such file: {value}")
-    return p
-
 
 _TRUE = ("on", "enabled", "true", "1")
 _FALSE = ("off", "disabled", "false", "0")
@@ -183,87 +150,6 @@ def _host(flag: str, value: str) -> str:
 def _path(flag: str, value: str) -> str:
     return str(_absolute(value))
 
-
-def _api_key(cl: CommandLine, state: State, flag: str, value: Any) -> None:
-    keys = _list(value)
-    for key in keys:
-        _check_key(flag, key)
-    state.keys += keys
-    cl.warnings.append(f"{flag}: a key on the command line can be read by every user of this machine "
-                       "(ps, /proc); --api-key-file keeps it in a file")
-
-
-def _api_key_file(cl: CommandLine, state: State, flag: str, value: Any) -> None:
-    p = file_value(flag, value)
-    try:
-        lines = p.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise FlagError(f"{flag}: cannot read {value}: {exc}") from None
-    keys = []
-    for n, line in enumerate(lines, 1):
-        key = line.strip()
-        if not key or key.startswith("#"):
-            continue
-        _check_key(f"{flag} {value}, line {n}", key)
-        keys.append(key)
-    if not keys:
-        raise FlagError(f"{flag}: {value} holds no key (one a line; lines starting with # are comments)")
-    state.keys += keys
-
-
-def _check_key(where: str, key: str) -> None:
-    if not tokenfile.valid(key):
-        raise FlagError(f"{where}: an API key must be {tokenfile.MIN_LENGTH} to {tokenfile.MAX_LENGTH} printable "
-                        "ASCII characters without spaces")
-
-
-_VERBOSITY = {0: "error", 1: "error", 2: "warning", 3: "info", 4: "debug", 5: "debug"}
-
-
-def _verbosity(cl: CommandLine, _: State, flag: str, value: Any) -> None:
-    n = _int(flag, value)
-    cl.set(("logging", "level"), _VERBOSITY.get(n, "debug" if n > 5 else "error"), flag)
-
-
-def _device(cl: CommandLine, _: State, flag: str, value: Any) -> None:
-    names = _list(value)
-    indices = []
-    for name in names:
-        if not (name.upper().startswith("CUDA") and name[4:].isdigit()):
-            raise FlagError(f"{flag}: '{name}' is not served: hydrad names CUDA devices (CUDA0, CUDA1, ...); "
-                            "'none' (no offload) is -ngl 0")
-        indices.append(name[4:])
-    if not indices:
-        raise FlagError(f"{flag}: names no device")
-    cl.set(("device",), ",".join(indices), flag)
-
-
-def _adapters(name: str, scaled: bool) -> Apply:
-    """``--lora``/``--control-vector`` (files, comma-separated, scale 1) and their ``-scaled`` forms
-    (``FNAME:SCALE,...``): each flag adds to the list, as llama-server's do."""
-    def apply(cl: CommandLine, _: State, flag: str, value: Any) -> None:
-        items = []
-        for part in _list(value):
-            fname, scale = part, 1.0
-            if scaled:
-                fname, sep, text = part.rpartition(":")
-                if not sep or not fname:
-                    raise FlagError(f"{flag}: {part!r} is not FNAME:SCALE")
-                scale = _float(flag, text)
-            items.append({"path": str(file_value(flag, fname)), "scale": scale})
-        if not items:
-            raise FlagError(f"{flag}: names no file")
-        cl.set(("defaults", name), list(cl.get(("defaults", name)) or []) + items, flag)
-    return apply
-
-
-def _layer_range(cl: CommandLine, _: State, flag: str, value: Any) -> None:
-    start, end = (_int(flag, v) for v in value)
-    # llama-server's: a start or end at or below 0 means the first layer or the last one
-    cl.set(("defaults", "control_vector_layer_range"), [max(start, 0), max(end, 0)], flag)
-
-
-# ----- the table ---------------------------------------------------------------------------------------
 
 def _m(names: str, metavar: str | None, help: str, apply: Apply, optional: str | None = None) -> Flag:
     return Flag(tuple(names.split()), metavar, help, "mapped", apply, optional=optional)

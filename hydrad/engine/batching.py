@@ -12,100 +12,25 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
 from hydrad.common.logs import log_event
 from hydrad.engine import adapters, chatprompt, faults, kvshift, logitbias, sampling, speculate, thinking
+from hydrad.engine.active import Active, settings_of, take_ids, token_event
 from hydrad.engine.generation import Generation, Slot
 from hydrad.engine.promptprep import RequestRefused
-from hydrad.engine.requests import Done, Failed, Progress, RequestHandle, Token, Usage
+from hydrad.engine.requests import Done, Failed, Progress, RequestHandle, Usage
 from hydrad.engine.textstream import StopMatcher, Utf8Detokenizer
 from hydrad.wire.kvdigest import tokens_digest
-from hydrad.wire.logprobs import TokenLogprob
 from hydrad.wire.toolcalls import ToolStream
 
 
 log = logging.getLogger("hydrad.engine")
 
 
-STEP_GAP_S = 0.05  # a step starting sooner than this after the last one counts its gap as between steps
-
-
-@dataclass
-class _Active:
-    """A request occupying a slot."""
-
-    handle: RequestHandle
-    prompt_len: int
-    cached: int
-    pending: list[int]
-    max_tokens: int
-    sampler: sampling.Sampler
-    detok: Utf8Detokenizer
-    stopper: StopMatcher
-    t_start: float
-    t_first: float = 0.0
-    n_gen: int = 0
-    next_token: int = -1
-    unsent: list[int] = field(default_factory=list)  # sampled, not yet turned into text (text_overlap)
-    ids: list[int] | None = None  # return_tokens: turned into text, not yet sent with a Token
-    faulty: frozenset[str] = frozenset()  # fault-injection tests: stages at which this request fails
-    probs: sampling.Logprobs | None = None  # logprobs: measures each row before sampling
-    probs_unsent: deque[TokenLogprob] = field(default_factory=deque)  # one per token of ``unsent``
-    probs_made: list[TokenLogprob] = field(default_factory=list)  # made into text, not yet sent with a Token
-    tools: ToolStream | None = None  # a request offering tools: its text read into content and calls
-    think: thinking.Thinking | None = None  # a chat's think block: its reasoning split off, its budget kept
-    settings: dict[str, Any] | None = None  # the values it runs with, when it asked (report_settings)
-    n_keep: int = -1  # ctx_shift: tokens a context shift keeps at the head (kvshift.kept); -1: it never shifts
-    shifts: int = 0  # context shifts so far
-    lora: tuple[float, ...] = ()  # the LoRA scales it runs with: only slots of one set share a step (adapters)
-    spec: speculate.Drafter | None = None  # speculative decoding: its n-gram index and draft in flight
-
-
-
-def _take_ids(a: _Active) -> tuple[int, ...]:
-    """The token ids made into text since the last Token (none unless the request asked for them)."""
-    if not a.ids:
-        return ()
-    ids, a.ids = tuple(a.ids), []
-    return ids
-
-
-def _token(a: _Active, text: str, end: bool = False) -> Token | None:
-    """A Token event for ``text``, with the ids and log-probabilities of the tokens made into text
-    since the last one (when the request asked for them). A chat's thinking is split off first,
-    then a request offering tools sends the content and calls the rest makes (``end``: what is left,
-    at its end); None when there is nothing to send."""
-    reasoning = ""
-    if a.think is not None:
-        reasoning, text = a.think.split(text, end)
-    calls: tuple[Any, ...] = ()
-    if a.tools is not None:
-        text, made = a.tools.feed(text)
-        if end:
-            more, rest = a.tools.finish()
-            text, made = text + more, made + rest
-        calls = tuple(made)
-    probs: tuple[TokenLogprob, ...] = ()
-    if a.probs is not None:
-        probs, a.probs_made = tuple(a.probs_made), []
-    ids = _take_ids(a)
-    if not (text or calls or ids or probs or reasoning):
-        return None
-    return Token(text, ids, probs, calls, reasoning)
-
-
-def _settings(params: Any, used: sampling.Sampling, n_ctx: int) -> dict[str, Any]:
-    """The engine's values a request runs with, as llama-server's ``generation_settings`` names them."""
-    return {"temperature": used.temperature, "top_k": used.top_k, "top_p": used.top_p, "min_p": used.min_p,
-            "repeat_penalty": used.repeat_penalty, "seed": used.seed, "repeat_last_n": params.repeat_last_n,
-            "n_predict": params.n_predict, "cache_prompt": params.cache_prompt, "n_ctx": n_ctx,
-            "n_keep": params.n_keep, "n_cache_reuse": params.n_cache_reuse}
-
-
 UNLIMITED = 2**31 - 1  # a request's "until the context is full" (n_predict -1): a context shift never extends it
+STEP_GAP_S = 0.05  # a step starting sooner than this after the last one counts its gap as between steps
 
 
 def in_turns(waiting: deque[RequestHandle]) -> deque[RequestHandle]:
@@ -132,7 +57,7 @@ class Scheduler:
     def __init__(self, core: Any) -> None:  # the EngineCore this is part of (it imports us)
         self.core = core
         self.waiting: deque[RequestHandle] = deque()
-        self.deferred: list[tuple[Generation, Slot, _Active]] = []  # text to make while the device computes
+        self.deferred: list[tuple[Generation, Slot, Active]] = []  # text to make while the device computes
         self.unsynced: set[Generation] = set()  # steps queued on the device and not waited for (see step)
         self._t_step_end = 0.0  # when the last step ended (perf_counter), for the gap between steps
         self._lora_turn = 0  # steps that had to choose among several LoRA sets (adapters.Adapters.pick)
@@ -261,7 +186,7 @@ class Scheduler:
             sampler.free()
             raise RequestRefused(str(exc), 400, "invalid_stop") from None
         probs = None if req.logprobs is None else sampling.Logprobs(model.n_vocab, req.logprobs, model.piece)
-        slot.active = _Active(handle=handle, prompt_len=len(tokens), cached=keep, pending=tokens[keep:],
+        slot.active = Active(handle=handle, prompt_len=len(tokens), cached=keep, pending=tokens[keep:],
                               max_tokens=max_tokens, sampler=sampler, detok=Utf8Detokenizer(),
                               stopper=stopper, t_start=time.monotonic(), faulty=faulty,
                               ids=[] if req.return_tokens else None, probs=probs,
@@ -272,7 +197,7 @@ class Scheduler:
                                                   model.added_bos() is not None, limit) if shifting else -1,
                               lora=lora)
         if req.report_settings:
-            slot.active.settings = _settings(params, spec, gen.ctx.n_ctx)
+            slot.active.settings = settings_of(params, spec, gen.ctx.n_ctx)
         drafting = speculate.settings_of(params)
         if drafting is not None and gen.drafts_ok and grammar is None and probs is None and not faulty and (
                 slot.active.think is None or slot.active.think.budget is None):
@@ -306,7 +231,7 @@ class Scheduler:
                 if a.spec is not None:
                     drafting.append(slot)
         n_prefill = 0
-        watched: list[tuple[int, _Active]] = []  # prefilled by this step and asking for progress
+        watched: list[tuple[int, Active]] = []  # prefilled by this step and asking for progress
         prompts = [slot for slot in gen.slots if slot.active is not None and slot.active.pending
                    and (lora is None or slot.active.lora == lora)]
         if len(prompts) > 1:
@@ -422,7 +347,7 @@ class Scheduler:
         while self.unsynced:
             self.unsynced.pop().ctx.synchronize()
 
-    def _progress(self, slot_id: int, a: _Active) -> None:
+    def _progress(self, slot_id: int, a: Active) -> None:
         self.core.emit(a.handle, Progress(total=a.prompt_len, cache=a.cached, processed=a.prompt_len - len(a.pending),
                                       time_ms=int((time.monotonic() - a.t_start) * 1000), slot=slot_id))
 
@@ -430,7 +355,7 @@ class Scheduler:
         mode = (self.core.params or gen.params).text_overlap
         return mode == "on" or (mode == "auto" and gen.asynchronous)
 
-    def _on_token(self, gen: Generation, slot: Slot, a: _Active, tok: int, defer: bool) -> None:
+    def _on_token(self, gen: Generation, slot: Slot, a: Active, tok: int, defer: bool) -> None:
         """Token-level decisions now (end of generation, length); the text now, or once the next
         step is on the device when ``defer`` (the first token never waits: it is the TTFT)."""
         if tok == sampling.END_OF_GRAMMAR and a.n_gen == 0 and not a.handle.request.ignore_eos:
@@ -453,7 +378,7 @@ class Scheduler:
         elif not self._text(gen, slot, a):
             a.next_token = tok
 
-    def _shift(self, gen: Generation, slot: Slot, a: _Active) -> bool:
+    def _shift(self, gen: Generation, slot: Slot, a: Active) -> bool:
         """The slot's context is full: shift it (ctx_shift) so that the request goes on; False when it
         does not shift (off, or nothing could be dropped) and the request ends."""
         if a.n_keep < 0 or not kvshift.context_shift(gen, slot, a.n_keep):
@@ -462,7 +387,7 @@ class Scheduler:
         self.core.stats.context_shifts_total += 1
         return True
 
-    def _text(self, gen: Generation, slot: Slot, a: _Active) -> bool:
+    def _text(self, gen: Generation, slot: Slot, a: Active) -> bool:
         """Detokenize ``a``'s unsent tokens, stream the text out, watch for stop strings; True when
         a stop string ended the request."""
         tokens, a.unsent = a.unsent, []
@@ -489,8 +414,8 @@ class Scheduler:
             a.think.check(a.n_gen)
         return False
 
-    def _send(self, a: _Active, text: str, end: bool = False) -> None:
-        ev = _token(a, text, end)
+    def _send(self, a: Active, text: str, end: bool = False) -> None:
+        ev = token_event(a, text, end)
         if ev is not None:
             self.core.emit(a.handle, ev)
 
@@ -540,7 +465,7 @@ class Scheduler:
         if a.shifts:  # the slot keeps what a prefill gives; the next request is answered as by a fresh engine
             kvshift.drop_inexact(gen, slot)
         self.core.emit(a.handle, Done(reason, usage, gen.tag.fingerprint, gen.tag.model, slot.id, len(slot.cache),
-                                      tokens_digest(slot.cache), a.stopper.matched, _take_ids(a), a.settings,
+                                      tokens_digest(slot.cache), a.stopper.matched, take_ids(a), a.settings,
                                       truncated))
         self.release(gen, slot)
 

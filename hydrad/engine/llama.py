@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 from hydrad.engine.loadreport import LoadReport
 from hydrad.engine import tokenchunks
+from hydrad.engine.modelparams import BuftOverride, load_failure, load_mode
 from hydrad.common.cpus import usable_cpus
 from hydrad.common.params import KvOverride, RuntimeParams, parse_kv_override
 
@@ -102,18 +103,6 @@ def set_llama_log_level(level: str) -> None:
     _llama_log_min = _LOG_LEVELS.get(level, 3)
 
 
-def load_mode(params: RuntimeParams) -> int:
-    """llama.cpp's ``llama_load_mode`` for ``use_mmap``, ``use_mlock`` and ``use_direct_io``, as
-    llama-server's ``--load-mode`` names them: direct I/O (``dio``) over everything else, then mmap+mlock
-    or mlock (a read, locked), else llama.cpp's own choice when mapping (it maps where every device can
-    use the mapping) or a plain read. The parameters refuse direct I/O with mlock."""
-    if params.use_direct_io:
-        return 4  # LLAMA_LOAD_MODE_DIRECT_IO
-    if params.use_mlock:
-        return 3 if params.use_mmap else 2  # LLAMA_LOAD_MODE_MMAP_MLOCK, LLAMA_LOAD_MODE_MLOCK
-    return _LOAD_MODE[params.use_mmap]
-
-
 _KV_TAGS = {"int": 0, "float": 1, "bool": 2, "str": 3}  # llama_model_kv_override_type
 
 
@@ -140,34 +129,8 @@ _CACHE_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, 
 _SPLIT = {"none": 0, "layer": 1, "row": 2}
 _ROPE = {"model": -1, "none": 0, "linear": 1, "yarn": 2, "longrope": 3}
 _FLASH = {"auto": -1, "off": 0, "on": 1}
-# use_mmap: llama.cpp's own choice (it maps the file where every device can use the mapping) or a read
-_LOAD_MODE = {True: -1, False: 0}  # LLAMA_LOAD_MODE_AUTO, LLAMA_LOAD_MODE_NONE
-
-
-class _BuftOverride(ctypes.Structure):
-    """llama.cpp's ``llama_model_tensor_buft_override``: a tensor-name regex and a buffer type."""
-
-    _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
-
-
 class LoadError(RuntimeError):
     """llama.cpp refused the model or the context; the message says which and why."""
-
-
-_TENSOR_INVALID = re.compile(r"tensor '([^']*)' has invalid data")
-
-
-def _load_failure(path: Path, text: str, params: RuntimeParams) -> str:
-    """Why llama.cpp refused a model, from what it logged while trying: a failure a load parameter
-    causes starts with that parameter's name (what :func:`hydrad.common.params.param_named` reads)."""
-    bad = _TENSOR_INVALID.findall(text)
-    if bad and params.check_tensors:
-        more = f" and {len(bad) - 8} more" if len(bad) > 8 else ""
-        return (f"check_tensors: {path.name} has invalid data (NaN, infinity or bad quantization blocks) in "
-                f"{', '.join(bad[:8])}{more}")
-    errors = [ln.strip() for ln in text.splitlines() if "error" in ln.lower() or "failed" in ln.lower()]
-    why = "; ".join(errors[-3:])[:1000] if errors else "not a GGUF it can read, truncated, or out of memory; see the log"
-    return f"llama.cpp could not load {path} ({why})"
 
 
 class PromptTextTooLong(ValueError):
@@ -277,8 +240,8 @@ class Model:
             mp.devices = ctypes.cast(devs, ctypes.c_void_p)
         if overrides:
             patterns = [pat.encode() for pat, _ in overrides]
-            ov = (_BuftOverride * (len(overrides) + 1))(
-                *[_BuftOverride(pat, buft) for pat, (_, buft) in zip(patterns, overrides)], _BuftOverride(None, None))
+            ov = (BuftOverride * (len(overrides) + 1))(
+                *[BuftOverride(pat, buft) for pat, (_, buft) in zip(patterns, overrides)], BuftOverride(None, None))
             keep += [patterns, ov]
             mp.tensor_buft_overrides = ctypes.cast(ov, ctypes.c_void_p)
         if params.kv_overrides:
@@ -311,7 +274,7 @@ class Model:
         if not ptr:
             if aborted.is_set():
                 raise LoadAborted(f"loading {path} was aborted")
-            raise LoadError(_load_failure(path, text, params))
+            raise LoadError(load_failure(path, text, params))
         return cls(ptr, path, keep, LoadReport.parse(text))
 
     def _desc(self) -> str:

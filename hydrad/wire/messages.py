@@ -27,10 +27,10 @@ from hydrad.common import templatekwargs
 from hydrad.common.netaccess import split_endpoint
 from hydrad.wire import events
 from hydrad.wire import logprobs as lp
-from hydrad.wire import toolcalls
+from hydrad.wire.busparts import Alternative as Alternative, TokenLogprob, ToolCall  # re-exported: M.Alternative
 from hydrad.wire.gpuinfo import GpuInfo
 from hydrad.wire.requests import MAX_LORA_ENTRIES, GenRequest, InfillParts, LoraScale, SamplingOverrides
-from hydrad.wire.tools import MAX_CALL_ID, NAME_RE, ToolSpec
+from hydrad.wire.tools import ToolSpec
 
 PROTOCOL = b"hydra-bus/2"  # 2: stream messages may travel in batches
 NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"  # an engine name is its DEALER identity and its systemd instance
@@ -152,50 +152,6 @@ class Goodbye(_Msg):
 
     KIND = b"GOODBYE"
     reason: str = Field("", max_length=512)
-
-
-class Alternative(BaseModel):
-    """A token and its log-probability; its bytes in hex (a token can end inside a UTF-8 character,
-    which a JSON string cannot carry)."""
-
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-    id: int = Field(ge=0, le=2**31 - 1)
-    piece: str = Field("", max_length=2048, pattern=r"^(?:[0-9a-f]{2})*$")
-    logprob: float = Field(ge=lp.FLOOR, le=0)
-
-    def alternative(self) -> lp.Alternative:
-        return lp.Alternative(self.id, bytes.fromhex(self.piece), self.logprob)
-
-
-class TokenLogprob(Alternative):
-    """A generated token's log-probability and the most likely tokens at its position."""
-
-    top: list[Alternative] = Field(default_factory=list, max_length=lp.MAX_N_PROBS)  # llama-server's n_probs reaches further than OpenAI's 20
-
-    @classmethod
-    def of(cls, tok: lp.TokenLogprob) -> TokenLogprob:
-        return cls(id=tok.id, piece=tok.piece.hex(), logprob=tok.logprob,
-                   top=[Alternative(id=a.id, piece=a.piece.hex(), logprob=a.logprob) for a in tok.top])
-
-    def token(self) -> lp.TokenLogprob:
-        return lp.TokenLogprob(self.id, bytes.fromhex(self.piece), self.logprob,
-                               tuple(a.alternative() for a in self.top))
-
-
-class ToolCall(BaseModel):
-    """A tool call the engine read from the model's answer (:class:`hydrad.wire.toolcalls.ToolCall`)."""
-
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-    id: str = Field(min_length=1, max_length=MAX_CALL_ID)
-    name: str = Field(pattern=NAME_RE.pattern.join("^$"))
-    arguments: str
-
-    @classmethod
-    def of(cls, call: toolcalls.ToolCall) -> ToolCall:
-        return cls(id=call.id, name=call.name, arguments=call.arguments)
-
-    def call(self) -> toolcalls.ToolCall:
-        return toolcalls.ToolCall(self.id, self.name, self.arguments)
 
 
 class Tokens(_Msg):

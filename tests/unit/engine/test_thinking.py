@@ -93,7 +93,7 @@ def test_variables_reach_a_real_render() -> None:
 def test_reasoning_then_tool_calls_in_one_answer() -> None:
     """The engine thread's Token making: the thinking is split off first, the tool reader reads the
     rest, so an answer can think, then call (and a <tool_call> inside the thinking is not a call)."""
-    from hydrad.engine.batching import _Active, _token
+    from hydrad.engine.active import Active as _Active, token_event as _token
     from hydrad.wire.toolcalls import ToolStream
 
     a = _Active(handle=None, prompt_len=0, cached=0, pending=[], max_tokens=64, sampler=None,  # type: ignore[arg-type]

@@ -1,0 +1,55 @@
+"""Parts of the bus's stream messages (hydrad.wire.messages): a token's log-probability with its
+alternatives, and a tool call, as TOKENS carries them; each converts to and from the engine's own
+type. Re-exported by hydrad.wire.messages, where the messages that carry them are."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from hydrad.wire import logprobs as lp
+from hydrad.wire import toolcalls
+from hydrad.wire.tools import MAX_CALL_ID, NAME_RE
+
+
+class Alternative(BaseModel):
+    """A token and its log-probability; its bytes in hex (a token can end inside a UTF-8 character,
+    which a JSON string cannot carry)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    id: int = Field(ge=0, le=2**31 - 1)
+    piece: str = Field("", max_length=2048, pattern=r"^(?:[0-9a-f]{2})*$")
+    logprob: float = Field(ge=lp.FLOOR, le=0)
+
+    def alternative(self) -> lp.Alternative:
+        return lp.Alternative(self.id, bytes.fromhex(self.piece), self.logprob)
+
+
+class TokenLogprob(Alternative):
+    """A generated token's log-probability and the most likely tokens at its position."""
+
+    top: list[Alternative] = Field(default_factory=list, max_length=lp.MAX_N_PROBS)  # llama-server's n_probs reaches further than OpenAI's 20
+
+    @classmethod
+    def of(cls, tok: lp.TokenLogprob) -> TokenLogprob:
+        return cls(id=tok.id, piece=tok.piece.hex(), logprob=tok.logprob,
+                   top=[Alternative(id=a.id, piece=a.piece.hex(), logprob=a.logprob) for a in tok.top])
+
+    def token(self) -> lp.TokenLogprob:
+        return lp.TokenLogprob(self.id, bytes.fromhex(self.piece), self.logprob,
+                               tuple(a.alternative() for a in self.top))
+
+
+class ToolCall(BaseModel):
+    """A tool call the engine read from the model's answer (:class:`hydrad.wire.toolcalls.ToolCall`)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    id: str = Field(min_length=1, max_length=MAX_CALL_ID)
+    name: str = Field(pattern=NAME_RE.pattern.join("^$"))
+    arguments: str
+
+    @classmethod
+    def of(cls, call: toolcalls.ToolCall) -> ToolCall:
+        return cls(id=call.id, name=call.name, arguments=call.arguments)
+
+    def call(self) -> toolcalls.ToolCall:
+        return toolcalls.ToolCall(self.id, self.name, self.arguments)
