@@ -6,8 +6,7 @@ slots (or than 16) is a 400 naming ``n``."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import httpx
 import pytest
@@ -76,19 +75,8 @@ def test_too_many_choices_are_refused_by_name(engine: Engine) -> None:
     assert r.status_code == 400 and r.json()["error"]["param"] == "n", r.text
 
 
-@pytest.fixture
-def pool(tmp_path: Path, smollm_path: Path, start_engine: Callable[..., Engine]) -> Iterator[Coordinator]:
-    profiles = {"default": "one", "profiles": {"one": {"engines": {"solo": {"model": "smollm2-135m"}}}}}
-    c = Coordinator(tmp_path, profiles=profiles, heartbeat_interval_s=0.5)
-    c.wait_ready()
-    start_engine(name="solo", defaults={"n_ctx": 2048, "n_threads": 1, "temperature": 0, "n_parallel": 4},
-                 extra={"bus": c.engine_bus(heartbeat_interval_s=0.5)})
-    c.wait_engines(lambda es: es.get("solo", {}).get("stage") == "ready", timeout=120)
-    yield c
-    c.stop()
-
-
-def test_choices_through_the_front_door(pool: Coordinator) -> None:
+def test_choices_through_the_front_door(solo_pool: tuple[Coordinator, Engine]) -> None:
+    pool, _ = solo_pool
     """Each choice is a request of its own over the bus, routed and answered as one."""
     _greedy(pool.http, {"model": "smollm2-135m"})
     r = pool.http.post("/v1/completions", json={"model": "smollm2-135m", "prompt": "Once upon a time",

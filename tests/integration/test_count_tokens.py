@@ -5,11 +5,9 @@ front door, and a malformed body is refused naming the field (in Anthropic's err
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import httpx
-import pytest
 
 from tests.support.coordinator import Coordinator
 from tests.support.engine import Engine
@@ -48,17 +46,6 @@ def test_counts_at_the_engine_door(start_engine: Callable[..., Engine]) -> None:
     _counts(e.http, {})
 
 
-@pytest.fixture
-def pool(tmp_path: Path, smollm_path: Path, start_engine: Callable[..., Engine]) -> Iterator[Coordinator]:
-    profiles = {"default": "one", "profiles": {"one": {"engines": {"solo": {"model": "smollm2-135m"}}}}}
-    c = Coordinator(tmp_path, profiles=profiles, heartbeat_interval_s=0.5)
-    c.wait_ready()
-    start_engine(name="solo", defaults={"n_ctx": 2048, "n_threads": 1, "temperature": 0},
-                 extra={"bus": c.engine_bus(heartbeat_interval_s=0.5)})
-    c.wait_engines(lambda es: es.get("solo", {}).get("stage") == "ready", timeout=120)
-    yield c
-    c.stop()
-
-
-def test_counts_through_the_front_door(pool: Coordinator) -> None:
+def test_counts_through_the_front_door(solo_pool: tuple[Coordinator, Engine]) -> None:
+    pool, _ = solo_pool
     _counts(pool.http, {"model": "smollm2-135m"})

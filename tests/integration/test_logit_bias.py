@@ -5,8 +5,7 @@ is refused naming the field."""
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import httpx
 import pytest
@@ -78,20 +77,8 @@ def test_a_bias_that_cannot_be_taken_is_refused_by_name(engine: Engine, bias: An
     assert engine.http.post("/completion", json={"prompt": PROMPT, "n_predict": 1}).status_code == 200
 
 
-@pytest.fixture
-def pool(tmp_path: Path, smollm_path: Path, start_engine: Callable[..., Engine]) -> Iterator[tuple[Coordinator, Engine]]:
-    profiles = {"default": "one", "profiles": {"one": {"engines": {"solo": {"model": "smollm2-135m"}}}}}
-    c = Coordinator(tmp_path, profiles=profiles, heartbeat_interval_s=0.5)
-    c.wait_ready()
-    e = start_engine(name="solo", defaults={"n_ctx": 1024, "n_threads": 1, "temperature": 0},
-                     extra={"bus": c.engine_bus(heartbeat_interval_s=0.5)})
-    c.wait_engines(lambda es: es.get("solo", {}).get("stage") == "ready", timeout=120)
-    yield c, e
-    c.stop()
-
-
-def test_the_front_door_carries_it_over_the_bus(pool: tuple[Coordinator, Engine]) -> None:
-    c, e = pool
+def test_the_front_door_carries_it_over_the_bus(solo_pool: tuple[Coordinator, Engine]) -> None:
+    c, e = solo_pool
     body = {"model": "smollm2-135m", "prompt": PROMPT, "n_predict": 4, "temperature": 0, "return_tokens": True}
     first = int(c.http.post("/completion", json=body).json()["tokens"][0])
     for bias in ([[first, False]], {str(first): -100}):

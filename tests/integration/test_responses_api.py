@@ -7,11 +7,9 @@ state the engine does not keep is refused by name."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import httpx
-import pytest
 
 from tests.integration.test_tools import HERMES
 from tests.support.coordinator import Coordinator
@@ -98,17 +96,6 @@ def test_function_calls_go_out_and_back_in(start_engine: Callable[..., Engine]) 
     assert after.status_code == 200 and after.json()["output"], after.text
 
 
-@pytest.fixture
-def pool(tmp_path: Path, smollm_path: Path, start_engine: Callable[..., Engine]) -> Iterator[Coordinator]:
-    profiles = {"default": "one", "profiles": {"one": {"engines": {"solo": {"model": "smollm2-135m"}}}}}
-    c = Coordinator(tmp_path, profiles=profiles, heartbeat_interval_s=0.5)
-    c.wait_ready()
-    start_engine(name="solo", defaults={"n_ctx": 2048, "n_threads": 1, "temperature": 0},
-                 extra={"bus": c.engine_bus(heartbeat_interval_s=0.5)})
-    c.wait_engines(lambda es: es.get("solo", {}).get("stage") == "ready", timeout=120)
-    yield c
-    c.stop()
-
-
-def test_responses_through_the_front_door(pool: Coordinator) -> None:
+def test_responses_through_the_front_door(solo_pool: tuple[Coordinator, Engine]) -> None:
+    pool, _ = solo_pool
     _check(pool.http, {"model": "smollm2-135m"})
