@@ -66,6 +66,9 @@ def test_engine_sleeps_frees_the_model_and_wakes_for_a_request(start_engine: Cal
     assert _rss_kib(e.proc.pid) < rss_awake, "the process holds as much memory asleep as awake"
     assert metric(e, "hydra_sleeps_total") == 1
     assert "sleeping" in e.notify.wait_prefix("STATUS=sleeping", timeout=5)
+    listed = e.http.get("/v1/models").json()["data"]  # the model a request would wake, and no wake for asking
+    assert [(m["id"], m["status"]["value"]) for m in listed] == [("smollm2-135m", "sleeping")], listed
+    assert e.http.get("/health").json()["stage"] == "sleeping"
     # the first request after the sleep loads the model again and is served (no 503)
     r = e.http.post("/v1/completions", json=ASK)
     assert r.status_code == 200, r.text

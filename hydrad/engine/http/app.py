@@ -100,8 +100,14 @@ async def prom(request: Request) -> Response:
 
 
 async def models(request: Request) -> Response:
-    data = []
-    m = ctx_of(request).core.snapshot().model
+    """The model served; while the idle sleep has freed it, the model a request would wake (listed
+    with ``status: sleeping``, as llama-server lists an unloaded model: listing it wakes nothing)."""
+    data: list[dict[str, Any]] = []
+    snap = ctx_of(request).core.snapshot()
+    m = snap.model
+    if m is None and snap.asleep is not None:
+        data.append({"id": snap.asleep, "object": "model", "created": 0, "owned_by": "hydra",
+                     "aliases": [snap.asleep], "status": {"value": "sleeping"}})
     if m is not None:
         # llama-server's ``aliases``: every name a request's ``model`` may use (never the file's directory)
         file = Path(m.path)
