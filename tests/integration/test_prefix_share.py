@@ -63,15 +63,15 @@ def test_sixteen_sessions_on_two_engines_prefill_the_prompt_once_and_store_it_on
     a, b = engines
     replies = [ask(a, "Where is record 0?", slot=0)]  # the one prefill of the system prompt
     shared_len = replies[0]["usage"]["prompt_tokens"] - 20
-    replies.append(ask(a, "Where is record 1?", slot=1))  # a second session shares it: copied and checkpointed
+    replies.append(ask(a, "Where is record 1?", slot=1))  # another conversation shares it: copied and checkpointed
     store = Store(dir=store_dir, block_tokens=BLOCK)
     eventually(lambda: store.stats()["objects"], 30, "the shared prefix checkpointed", context=a.log)
     for i in range(2, 16):
         replies.append(ask(b if i % 2 == 0 else a, f"Where is record {i}?"))
     prompt_tokens = [r["usage"]["prompt_tokens"] for r in replies]
     done = [prefilled(r) for r in replies]
-    # the first session prefilled everything; B's first restored block-aligned from the store; every
-    # other session prefilled only what follows the shared prefix
+    # the opening request prefilled everything; B's opening one restored block-aligned from the store;
+    # every other conversation prefilled only what follows the shared prefix
     assert done[0] == prompt_tokens[0]
     assert all(d < 40 for d in done[1:2] + done[3:]), done
     assert done[2] < 40 + BLOCK, done

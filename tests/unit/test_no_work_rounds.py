@@ -1,16 +1,15 @@
 """The repository describes the product as it is: no file numbers or names a round of the work on it.
 
-Commit messages are the history. A file that says "the seventh session found", "measured in round 12"
-or "(docs/benchmarks.md, ninth session)" makes a reader learn that history to read the file, and the
-pointer breaks when the history is rewritten. So every tracked text file (``git ls-files``) is read and
-each phrase below fails the test, named by file and line.
+Commit messages are the history. A file that dates a finding by the numbered period of work that made
+it, or points into docs/benchmarks.md by such a number instead of by a heading, makes a reader learn
+that history to read the file, and the pointer breaks when the history is rewritten. So every tracked
+text file (``git ls-files``) is read and each pattern below fails the test, named by file and line;
+the sentences the patterns must and must not match are :data:`WORK` and :data:`DOMAIN`.
 
 "Session" is also one of Hydra's own words: a chat session moves between engines, has a
-``session_id``, shares a prefix with "a second session"; HTTP and the merged port have control
-sessions; "the next round" of a fault test moves a session again. None of those is an ordinal word
-from "third" up, or a cardinal number, next to session/round/wave/sprint, nor the phrases of rounds of
-work below, and :func:`test_the_patterns_tell_work_rounds_from_the_domain` keeps it so: it holds the
-patterns to sentences of both kinds, so a pattern that matches nothing, or the domain, fails first.
+``session_id`` and shares a prefix with other conversations; HTTP and the merged port have control
+sessions; a fault test's next round moves a session again. :func:`test_the_patterns_tell_work_rounds_from_the_domain`
+holds the patterns to sentences of both kinds, so a pattern that matches nothing, or the domain, fails first.
 
 Pointers into docs/benchmarks.md name a section by its heading (``docs/benchmarks.md, "Overlap
 reload"``); :func:`test_benchmark_pointers_name_a_heading` checks that each one names a heading there.
@@ -36,8 +35,8 @@ _UNITS = ("first", "second", "third", "fourth", "fifth", "sixth", "seventh", "ei
 _TEENS = ("tenth", "eleventh", "twelfth", "thirteenth", "fourteenth", "fifteenth", "sixteenth",
           "seventeenth", "eighteenth", "nineteenth")
 _TENS = ("twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety")
-# "first" and "second" session are everyday words for chat sessions; from "third" on an ordinal next to
-# "session" has only ever named a round of work here. Longest alternatives first.
+# The two lowest ordinals are everyday words for chat sessions; from the third on, an ordinal next to the
+# word has only ever named a round of work here. Longest alternatives first.
 _ORDINALS_UP = sorted(
     [*_UNITS[2:], *_TEENS, *(t[:-1] + "ieth" for t in _TENS),
      *(f"{t}-{u}" for t in _TENS for u in _UNITS)],
@@ -48,29 +47,29 @@ _ROUND = r"(?:session|round|wave|sprint|iteration)s?"
 _S = r"\s+"  # any run of white space, a line break included
 
 PATTERNS: dict[str, re.Pattern[str]] = {name: re.compile(rx, re.IGNORECASE) for name, rx in {
-    # "the seventh session", "twenty-third session's table", "fourteenth and sixteenth sessions",
-    # "3rd round"; not "a third session sharing the prefix" (a chat session), nor "third round of ..."
+    # an ordinal (word or digits) from the third up, next to session/round/wave/sprint; not after "a"
+    # (a chat session sharing a prefix), nor followed by "of" (a round of kills)
     "ordinal round": rf"(?<![Aa] )\b{_ORDINAL}(?:{_S}(?:work|GPU|dev|development|benchmark)){{0,1}}{_S}{_ROUND}\b(?!{_S}of\b)",
-    # "round 12", "session #23", "wave 3", "sprint 4" after a word that points at one
+    # a cardinal after session/round/wave/sprint, where a word before it points at one
     "numbered round": rf"\b(?:in|from|since|until|after|before|see|of|during){_S}(?:session|round|wave|sprint){_S}#?\d+\b"
                       rf"|\b(?:session|round|wave|sprint){_S}#\d+\b|\b(?:wave|sprint){_S}\d+\b"
                       rf"|^#+{_S}(?:session|round|wave|sprint){_S}\d+\b",
-    # "(docs/benchmarks.md, ninth session)", "(see benchmarks.md, twenty-first ...)"
+    # a pointer into docs/benchmarks.md by an ordinal instead of a heading
     "pointer by round": rf"benchmarks\.md,?{_S}(?:see{_S})?(?:the{_S})?{_ANY_ORDINAL}\b",
-    # "in this session", "since the last session", "after the previous round"
+    # a preposition, then this / the last / the previous / the next session or round
     "this or last session": rf"\b(?:in|during|after|before|until|since|within|throughout){_S}"
                             rf"(?:this|the{_S}(?:last|previous|next)){_S}(?:GPU{_S})?(?:session|round)\b",
-    # "Built this session", "not changed this session", "new this session"
+    # a verb of work done, then "this" session or round
     "done this session": rf"\b(?:built|new|fixed|measured|changed|made|ran|found|mended|added|left){_S}"
                          rf"(?:in{_S})?this{_S}(?:session|round)\b",
-    # "the last session's tree", "this session's device time", "the first session's table"
+    # a session's or round's possessions that only a round of work has (its tables, tree, device, notes)
     "a session's work": rf"\b(?:first|second|last|previous|next|this|that|same|earlier|later){_S}(?:GPU{_S})?"
                         rf"(?:session|round)'s{_S}(?:section|table|tables|run|runs|figures?|tree|host|"
                         rf"device|GPU|notes?|changes?|commits?|work|plan|goal|measurements?)\b",
-    # "the device time left to this session", "the session's GPU time was spent"
+    # device or GPU time belonging to a session
     "a session's device time": rf"\b(?:GPU|device){_S}time{_S}(?:left{_S}|lent{_S})?(?:to|for|of|in){_S}"
                                rf"(?:this|the|that){_S}session\b|\bsession'?s?{_S}(?:GPU|device){_S}time\b",
-    # "round of work", "work session"
+    # a round, session or sprint "of work", and "work" before one of them
     "round of work": rf"\b(?:session|round|sprint|iteration)s?{_S}of{_S}work\b|\bwork{_S}(?:session|round|sprint)s?\b",
 }.items()}
 
