@@ -261,10 +261,9 @@ class FrontDoor:
         # From here on the request waits on engines: watch the client meanwhile, and cancel the
         # request on its engine the moment the client goes (a non-streaming request has no
         # send that would fail; without this it would generate to max_tokens for nobody).
-        n = getattr(answer, "choices", 1)
         async with CancelOnLeave(request.receive):
-            if n > 1:
-                return await self._generate_choices(greq, outcome, arrival, answer, n)
+            if answer.choices > 1:
+                return await self._generate_choices(greq, outcome, arrival, answer, answer.choices)
             return await self._generate(greq, session, outcome, arrival, answer)
         log_event(log, logging.INFO, "client went away; request cancelled", req=answer.rid)
         return Response(status_code=499)  # nobody reads it; uvicorn drops it

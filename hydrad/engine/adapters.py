@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from hydrad.engine.filedigest import edge_digest
 from hydrad.common.params import MAX_ADAPTER_SCALE, AdapterFile, RuntimeParams
 from hydrad.engine import gguf_meta, llama
 
@@ -56,15 +57,7 @@ _IDENT_EDGE = 1 << 20
 def file_ident(path: Path) -> str:
     """sha256 over an adapter file's size and its first and last MiB: another file (retrained, say) at
     the same path and id is another adapter, whose KV a prefix checkpoint of the old one must not serve."""
-    h = hashlib.sha256()
-    size = path.stat().st_size
-    h.update(size.to_bytes(8, "little"))
-    with path.open("rb") as f:
-        h.update(f.read(_IDENT_EDGE))
-        if size > _IDENT_EDGE:
-            f.seek(max(_IDENT_EDGE, size - _IDENT_EDGE))
-            h.update(f.read(_IDENT_EDGE))
-    return h.hexdigest()[:16]
+    return edge_digest(path, _IDENT_EDGE)[:16]
 
 
 def resolve_file(param: str, given: str, models_dir: Path) -> Path:

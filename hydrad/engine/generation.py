@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from hydrad.engine.filedigest import edge_digest
 from hydrad.engine import ggml, gguf_meta, kvshift, llama
 from hydrad.engine.adapters import Adapters
 from hydrad.engine.batch import Batch
@@ -63,15 +64,7 @@ _FP_EDGE = 4 << 20
 def file_fingerprint(path: Path) -> str:
     """sha256 over the file size and its first and last 4 MiB: same GGUF ⇒ same fingerprint,
     cheap enough to compute on every load even for a model of many gigabytes."""
-    h = hashlib.sha256()
-    size = path.stat().st_size
-    h.update(size.to_bytes(8, "little"))
-    with path.open("rb") as f:
-        h.update(f.read(_FP_EDGE))
-        if size > _FP_EDGE:
-            f.seek(max(_FP_EDGE, size - _FP_EDGE))
-            h.update(f.read(_FP_EDGE))
-    return h.hexdigest()[:32]
+    return edge_digest(path, _FP_EDGE)[:32]
 
 
 def kv_family(info: llama.ModelInfo, path: Path) -> str:

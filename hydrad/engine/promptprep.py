@@ -93,8 +93,8 @@ class PromptPrep:
         its tools' grammar on a worker thread, so it cannot stall the streams being decoded. What
         that work finds wrong with the request is raised as :class:`RequestRefused`."""
         gen = self.core.gen
-        if gen is None:
-            return
+        if gen is None or (request.tokens is not None and request.tokens_for == gen.id):
+            return  # nothing to prepare for, or prepared for this generation already (a choice of several)
         try:  # a lora naming no adapter is refused here; the Store is looked up in the namespace of its scales
             _, owner = adapters.for_request(gen.adapters, request.lora, request.cache_ns)
         except adapters.AdapterRefused as exc:

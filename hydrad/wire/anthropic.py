@@ -232,7 +232,11 @@ def _messages(req: MessagesRequest) -> list[dict[str, str]]:
 def parse(raw: bytes) -> tuple[MessagesRequest, GenRequest]:
     """A Messages API body → the request and the GenRequest its equivalent chat completion makes;
     ApiError (400) naming the field for anything malformed or not served."""
-    data = json_object(raw)
+    return parse_object(json_object(raw))
+
+
+def parse_object(data: dict[str, Any]) -> tuple[MessagesRequest, GenRequest]:
+    """:func:`parse` of a body already read as JSON."""
     try:
         req = MessagesRequest(**data)
     except ValidationError as exc:

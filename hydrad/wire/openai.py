@@ -435,7 +435,11 @@ def chat_messages(messages: list[Any]) -> list[dict[str, str]]:
 
 
 def parse(kind: Literal["chat", "completion"], raw: bytes) -> tuple[_Common, GenRequest]:
-    data = json_object(raw)
+    return parse_object(kind, json_object(raw))
+
+
+def parse_object(kind: Literal["chat", "completion"], data: dict[str, Any]) -> tuple[_Common, GenRequest]:
+    """:func:`parse` of a body already read as JSON (another dialect's body translated into this one's)."""
     try:
         req: _Common = ChatRequest(**data) if kind == "chat" else CompletionRequest(**data)
     except ValidationError as exc:

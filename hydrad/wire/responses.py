@@ -18,7 +18,6 @@ and only its shape differs (:mod:`hydrad.wire.render.responses`). As llama-serve
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from hydrad.common import jsonbody
@@ -188,7 +187,7 @@ def parse(raw: bytes) -> tuple[Any, GenRequest]:
         body = jsonbody.loads_object(raw, "request body")
     except jsonbody.BodyError as exc:
         raise ApiError(400, str(exc), exc.code, exc.param) from None
-    req, greq = openai.parse("chat", json.dumps(to_chat(body), ensure_ascii=False).encode())
+    req, greq = openai.parse_object("chat", to_chat(body))
     return Responses(body, req), greq
 
 

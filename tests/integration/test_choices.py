@@ -57,6 +57,16 @@ def _greedy(http: httpx.Client, model: dict[str, Any]) -> None:
     assert len({c["id"] for c in done[:-1]}) == 1
 
 
+def test_choices_of_a_prepared_request_share_its_preparation(engine: Engine) -> None:
+    """A chat of more than 64 messages is prepared off the engine thread: once, for all its choices."""
+    many = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"note {i}"} for i in range(65)]
+    chat = {"messages": many, "max_tokens": 6, "temperature": 0}
+    one = engine.http.post("/v1/chat/completions", json=chat).json()
+    two = engine.http.post("/v1/chat/completions", json={**chat, "n": 2}).json()
+    assert [c["message"]["content"] for c in two["choices"]] == [one["choices"][0]["message"]["content"]] * 2, two
+    assert two["usage"]["prompt_tokens"] == one["usage"]["prompt_tokens"]
+
+
 def test_sampled_choices_differ_and_completions_take_n_too(engine: Engine) -> None:
     http = engine.http
     body = {"prompt": "Once upon a time", "max_tokens": 12, "temperature": 1.2, "n": 4}

@@ -11,7 +11,6 @@ that request would report.
 from __future__ import annotations
 
 import asyncio
-import json
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -19,20 +18,15 @@ from starlette.responses import JSONResponse, Response
 from hydrad.engine.http.context import ctx_of
 from hydrad.engine.promptprep import RequestRefused
 from hydrad.wire import anthropic, openai, responses
-from hydrad.wire.openai import ApiError
+from hydrad.wire.openai import ApiError, json_object
 from hydrad.wire.render import MessagesAnswer
 from hydrad.wire.requests import GenRequest
 
 
 def _anthropic(raw: bytes) -> GenRequest:
     """A Messages body without ``max_tokens`` (a count needs none) read as the Messages door reads one."""
-    try:
-        data = json.loads(raw)
-    except ValueError:
-        data = None
-    if isinstance(data, dict) and "max_tokens" not in data:
-        raw = json.dumps({**data, "max_tokens": 1}).encode()
-    return anthropic.parse(raw)[1]
+    data = json_object(raw)
+    return anthropic.parse_object({"max_tokens": 1, **data})[1]
 
 
 async def _count(request: Request, gen_request: GenRequest) -> Response:

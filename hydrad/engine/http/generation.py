@@ -68,6 +68,7 @@ async def answer_choices(request: Request, ctx: HttpContext, greq: GenRequest, r
     slots = ctx.core.snapshot().slots_total
     if slots and n > slots:
         raise ApiError(400, f"n: at most {slots} choices (this engine's slots, n_parallel)", "invalid_field", "n")
+    await prepared(request, ctx, greq, prompt_field)  # once: the choices share its tokens and grammar
     greqs = [greq, *(dataclasses.replace(greq, id=next_request_id()) for _ in range(n - 1))]
     started = await asyncio.gather(*(start(request, ctx, g, prompt_field, t_arrival) for g in greqs),
                                    return_exceptions=True)
@@ -176,6 +177,21 @@ def _queued_gone(watch: asyncio.Future[None]) -> bool:
     return watch.done() and not watch.cancelled() and watch.exception() is None
 
 
+async def prepared(request: Request, ctx: HttpContext, greq: GenRequest, prompt_field: str) -> None:
+    """The request given its client, cache namespace and Store quota, and prepared off the loop
+    (:meth:`hydrad.engine.promptprep.PromptPrep.prepare`; a request prepared already for the serving
+    generation is not again); what the preparation refuses is raised as the ApiError it stands for."""
+    greq.client = client_key(request)
+    greq.cache_ns = cache_namespace(tenant_of(request.state), greq.cache_salt)
+    greq.store_quota = store_quota_of(request.state)
+    try:
+        await ctx.core.prepare(greq)
+    except RequestRefused as exc:
+        overflow = exc.code == "context_length_exceeded"
+        raise ApiError(exc.status, str(exc), exc.code, exc.param or (prompt_field if overflow else None),
+                       details=overflow_details(exc.n_prompt_tokens, exc.n_ctx) if overflow else None) from None
+
+
 async def start(request: Request, ctx: HttpContext, greq: GenRequest, prompt_field: str,
                 t_arrival: float) -> tuple[RequestHandle, Token | Done | Progress, dict[str, Any]] | None:
     """Submit a parsed request and wait for its first event: the handle, that event, and where the
@@ -187,15 +203,7 @@ async def start(request: Request, ctx: HttpContext, greq: GenRequest, prompt_fie
     busy slots is never prefilled for nobody (a client that gave up on a slow server used to leave its
     prompt in the queue, and every retry added another)."""
     core = ctx.core
-    greq.client = client_key(request)
-    greq.cache_ns = cache_namespace(tenant_of(request.state), greq.cache_salt)
-    greq.store_quota = store_quota_of(request.state)
-    try:
-        await core.prepare(greq)
-    except RequestRefused as exc:
-        overflow = exc.code == "context_length_exceeded"
-        raise ApiError(exc.status, str(exc), exc.code, exc.param or (prompt_field if overflow else None),
-                       details=overflow_details(exc.n_prompt_tokens, exc.n_ctx) if overflow else None) from None
+    await prepared(request, ctx, greq, prompt_field)
     handle = core.submit(greq)
     watch = asyncio.ensure_future(_wake_when_gone(request, handle))
     try:
