@@ -350,7 +350,12 @@ class EngineLink:
             now = time.monotonic()
             if now - self._last_heard > LIVENESS * self.interval or self._refused is not None:
                 return
-            status = self._status()
+            try:  # read from another thread's state: a read that fails is a missed beat, not a lost link
+                status = self._status()
+            except Exception as exc:  # noqa: BLE001
+                self._warn("status", "heartbeat status could not be read", error=repr(exc))
+                await asyncio.sleep(tick)
+                continue
             key = (status.stage, status.model, status.load_id,
                    round(status.progress, 2) if status.progress is not None else None)
             if (now >= next_at or key != last_key) and not self._closing:
