@@ -5,8 +5,11 @@ session that identified itself (its HELLO with the token, on an engine that has 
 place: connections still pending have their own bound (``server.py``). A session that said HELLO
 and then sent nothing used to keep its place until ``rpc.control_idle_timeout_s`` passed, so as
 many such sessions as places locked every configure out for a minute at a time. Now, when every
-place is held, the session idle the longest (between requests, not inside one) is closed and its
-place goes to the newcomer at once; BUSY is left for when every session is inside a request.
+place is held, the idle session (between requests, not inside one) whose last request began the
+longest ago is closed and its place goes to the newcomer at once; BUSY is left for when every
+session is inside a request. The order is taken when a request begins, not when its answer is
+done: the client has its answer before the serving thread marks the session idle, so two sessions
+that spoke one after the other could otherwise swap places in the queue.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from dataclasses import dataclass
 class _Place:
     conn: socket.socket
     busy: bool = False
-    since: float = 0.0  # when it last became idle (monotonic)
+    since: float = 0.0  # when its last request began, or it took its place (monotonic)
 
 
 class ControlPlaces:
@@ -58,7 +61,7 @@ class ControlPlaces:
             place = self._held.get(key)
             if place is None:
                 return False
-            place.busy = True
+            place.busy, place.since = True, time.monotonic()
             return True
 
     def idle(self, key: int) -> None:
@@ -66,7 +69,7 @@ class ControlPlaces:
         with self._lock:
             place = self._held.get(key)
             if place is not None:
-                place.busy, place.since = False, time.monotonic()
+                place.busy = False
 
     def leave(self, key: int) -> None:
         with self._lock:
