@@ -335,13 +335,20 @@ def runs_line(s: dict[str, Any], metric: str) -> str:
     return "; ".join(f"{LABEL[side].split(' (')[0]} {', '.join(_f(v) for v in per[side])}" for side in SIDES)
 
 
+def gpu_name(machine: dict[str, Any]) -> str:
+    """The GPU as nvidia-smi names it ("NVIDIA H100 80GB HBM3"), for the section's title."""
+    gpus = machine.get("gpus") or []
+    names = sorted({g.split(",")[0].strip() for g in gpus if g.strip()})
+    return " + ".join(names) if names else "one"
+
+
 def markdown(rep: dict[str, Any]) -> str:
     st = rep["settings"]
     lay = rep["layer"]["summary"]
     pl = rep["placement"]
     gpu = any(not d.startswith(("CPU", "RPC")) for d in pl.get("devices", []))
     if gpu:  # head and peer each put their share on the one GPU they both see: a stand-in for two GPUs
-        where = ("H200 GPU, head and peer sharing it" if rep["machine"].get("gpus") else "GPU")
+        where = f"{gpu_name(rep['machine'])} GPU, head and peer sharing it"
         split = (f"the first share is the head's GPU ({pl['devices'][0]}), the second the peer's, which is the same "
                  f"physical GPU seen by another process: two engines sharing one GPU stand in for two GPUs")
     else:

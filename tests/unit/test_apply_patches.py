@@ -2,26 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.support.scripts import load_script
+
 REPO = Path(__file__).resolve().parents[2]
 VENDORED = Path.home() / ".cache" / "hydra" / "src" / "llama-cpp-python-0.3.36" / "vendor" / "llama.cpp"
 
-
-def _module():  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location("apply_patches", REPO / "scripts" / "apply_patches.py")
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["apply_patches"] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-ap = _module()
+ap = load_script("apply_patches")
 
 ORIGINAL = "one\ntwo\nthree\nfour\nfive\nsix\n"
 PATCH = """Why this change: a description an upstream pull request would carry.
