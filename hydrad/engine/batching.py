@@ -128,7 +128,8 @@ class Scheduler:
             self._fault("tokenize", faulty)
             tokens = self.core.prep.tokenize(gen, req)
         req.tokens = None  # not needed any more; a queued copy of a long prompt is memory
-        media, req.media = (req.media if req.images else None), None  # made with the tokens (PromptPrep.media)
+        media: vision.MediaPrompt | None = req.media if req.images else None  # type: ignore[assignment]  # made with the tokens (PromptPrep.media)
+        req.media = None
         if not tokens:
             raise RequestRefused("the prompt is empty", 400, "empty_prompt")
         limit = gen.ctx.n_ctx_seq
