@@ -168,7 +168,7 @@ def _r(names: str, metavar: str | None, why: str) -> Flag:
 
 
 NO_SPECULATIVE = "hydrad speculates by n-gram lookup only (--spec-type ngram-simple), with no draft model"
-NO_MULTIMODAL = "hydrad serves no multimodal input"
+NO_MULTIMODAL = "hydrad takes images through a local projector file (--mmproj) only: no audio or video, no downloads"
 NO_DOWNLOAD = "hydrad loads local GGUF files only: fetch the file, then pass it with -m"
 NO_ROUTER = "several models are a pool's work: run one hydrad per model and a hydra-coordinator in front"
 AFFINITY = "hydrad runs on the CPUs it is given: set them with systemd's CPUAffinity= (or taskset)"
@@ -276,6 +276,8 @@ MAPPED: tuple[Flag, ...] = (
        _chat_template_file),
     _m("--sleep-idle-seconds", "SECONDS", "free the model after this many seconds without a request; the next "
        "request loads it again (-1: never): defaults.sleep_idle_seconds", _param("sleep_idle_seconds", _int)),
+    _m("-mm --mmproj", "FILE", "vision projector loaded with the model: defaults.mmproj",
+       _param("mmproj", lambda flag, value: str(file_value(flag, value)))),
     _m("--lora", "FNAME", "LoRA adapter(s), comma-separated, at scale 1: defaults.lora_adapters",
        _adapters("lora_adapters", scaled=False)),
     _m("--lora-scaled", "FNAME:SCALE,...", "LoRA adapter(s) with their scales: defaults.lora_adapters",
@@ -332,7 +334,8 @@ ACCEPTED: tuple[Flag, ...] = (
     _a("--no-prefill-assistant", None, "a chat's last assistant message is a whole message and the answer a new "
        "turn, always"),
     _a("--no-skip-chat-parsing", None, "tool calls are always parsed from the answer"),
-    _a("--no-mmproj --no-mmproj-auto --no-mmproj-offload", None, NO_MULTIMODAL),
+    _a("--no-mmproj --no-mmproj-auto --no-mmproj-offload", None, "hydrad loads a projector only when --mmproj names "
+       "one, and runs it where the model's layers run"),
     _a("-no-ag --no-agent --no-ui-mcp-proxy --no-webui-mcp-proxy", None, "hydrad has no agent tools or MCP proxy"),
     _a("--no-spec-draft-backend-sampling", None, NO_SPECULATIVE),
 )
@@ -416,7 +419,7 @@ REFUSED: tuple[Flag, ...] = (
     _r("-sp --special", None, "hydrad never writes special tokens into an answer's text"),
     _r("--spm-infill", None, "hydrad builds /infill prompts in prefix-suffix-middle order only"),
     _r("-nocb --no-cont-batching", None, "continuous batching is always on"),
-    _r("-mm --mmproj", "FILE", NO_MULTIMODAL), _r("-mmu --mmproj-url", "URL", NO_MULTIMODAL),
+    _r("-mmu --mmproj-url", "URL", NO_MULTIMODAL),
     _r("--mmproj-auto", None, NO_MULTIMODAL), _r("--mmproj-offload", None, NO_MULTIMODAL),
     _r("-mmdev --mmproj-device", "DEVICE", NO_MULTIMODAL), _r("--image-min-tokens", "N", NO_MULTIMODAL),
     _r("--image-max-tokens", "N", NO_MULTIMODAL), _r("--mtmd-batch-max-tokens", "N", NO_MULTIMODAL),

@@ -71,7 +71,7 @@ def _fx(name: str, tier: int, value: Any, reason: str, also: tuple[str, ...] = (
 
 NO_SAMPLER = "hydrad's sampler chain has no such sampler (a request setting it is refused too)"
 TERMINAL = "llama-cli's interactive terminal flag; a daemon has no terminal"
-NO_MULTIMODAL = "hydrad serves no multimodal input"
+NO_MULTIMODAL = "hydrad takes images through its mmproj projector, with the projector's own token counts; a request carries its images"
 NO_CHECKPOINTS = "hydrad makes no context checkpoints (a slot's KV is kept whole)"
 NO_PROMPT_FILE = "llama-cli's prompt cache file; the engine keeps prompts in its slots' KV (cache_prompt) and a pool's in its Store"
 TOOL_OUTPUT = "output of llama.cpp's command-line tools (llama-embedding, llama-debug, perplexity); a daemon answers over HTTP and writes no such files"
@@ -243,7 +243,7 @@ ENTRIES: tuple[Entry, ...] = (
     _r("cb_eval", T2, "a C callback (llama.cpp calls it for every tensor computed): a payload cannot carry one"),
     # ----- T3: reload the model --------------------------------------------------------------
     _p("model", T3, "model", f"{_T}::test_configure_tiers"),
-    _r("mmproj", T3, NO_MULTIMODAL),
+    _p("mmproj", T3, "mmproj", "tests/integration/test_images.py::test_images_through_chat_and_completion"),
     _p("n_gpu_layers", T3, "n_gpu_layers", "tests/integration/test_model_overrides.py::test_register_reports_the_weights_a_load_keeps_in_host_memory"),
     _p("main_gpu", T3, "main_gpu"),
     _p("tensor_split", T3, "tensor_split", "tests/integration/test_combine.py::test_expert_mode_is_refused_while_decoding_and_for_dense_models"),

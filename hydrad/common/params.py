@@ -125,6 +125,12 @@ class RuntimeParams(BaseModel):
         "model", Tier.T3, "How an input's token vectors become its embedding (llama.cpp's --pooling): mean, cls "
         "(first token), last, none (one vector per token: /embedding only), model = as the GGUF says (none for a "
         "generative model). rank (reranking) is not served.")
+    mmproj: str | None = _f(
+        None, Tier.T3, "Vision projector loaded with the model (llama-server's --mmproj): a GGUF path, absolute or "
+        "under models_dir, of a projector made for this model. With one, chat image_url parts, Anthropic image "
+        "blocks and /completion's multimodal_data are served (docs/engine.md, Images); it runs on the GPU when "
+        "the model's layers do (n_gpu_layers not 0). None = text only: requests with images are refused.",
+        max_length=4096)
     lora_adapters: list[AdapterFile] | None = _f(
         None, Tier.T3, "LoRA adapters loaded with the model (llama-server's --lora, --lora-scaled), each "
         "{path, scale}; id = the position in this list. A request picks scales by id (its lora field: "

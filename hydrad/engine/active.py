@@ -46,6 +46,7 @@ class Active:
     shifts: int = 0  # context shifts so far
     lora: tuple[float, ...] = ()  # the LoRA scales it runs with: only slots of one set share a step (adapters)
     spec: speculate.Drafter | None = None  # speculative decoding: its n-gram index and draft in flight
+    media: Any = None  # a prompt with images (vision.MediaPrompt): its image chunks, evaluated as prefill reaches them
 
 
 

@@ -16,7 +16,7 @@ from functools import partial
 from typing import Any
 
 from hydrad.common.logs import log_event
-from hydrad.engine import adapters, chatprompt, faults, kvshift, logitbias, sampling, speculate, thinking
+from hydrad.engine import adapters, chatprompt, faults, kvshift, logitbias, sampling, speculate, thinking, vision
 from hydrad.engine.active import Active, settings_of, take_ids, token_event
 from hydrad.engine.generation import Generation, Slot
 from hydrad.engine.promptprep import RequestRefused
@@ -128,6 +128,8 @@ class Scheduler:
             self._fault("tokenize", faulty)
             tokens = self.core.prep.tokenize(gen, req)
         req.tokens = None  # not needed any more; a queued copy of a long prompt is memory
+        media: vision.MediaPrompt | None = req.media if req.images else None  # type: ignore[assignment]  # made with the tokens (PromptPrep.media)
+        req.media = None
         if not tokens:
             raise RequestRefused("the prompt is empty", 400, "empty_prompt")
         limit = gen.ctx.n_ctx_seq
@@ -147,9 +149,11 @@ class Scheduler:
         # there itself: no other key learns a byte of it through cached_tokens.
         pinned = req.slot is not None
         own = slot.owner == ns or (pinned and (slot.owner is None or (req.pool_pin and slot.owner == "")))
-        min_chunk = params.n_cache_reuse if req.n_cache_reuse is None else req.n_cache_reuse
+        min_chunk = 0 if media is not None else params.n_cache_reuse if req.n_cache_reuse is None else req.n_cache_reuse
         keep, moved = gen.reuse_prefix(slot, tokens, min_chunk) if cache and own else (gen.reset_slot(slot), 0)
-        if cache:
+        if media is not None:  # an image's KV is reused whole or not at all (no Store: vision.MediaPrompt)
+            keep = gen.truncate(slot, media.whole(keep))
+        elif cache:
             keep = self.core.prefix.extend(gen, slot, tokens, keep, req.stored_prefix, ns,
                                               req.store_quota)  # type: ignore[arg-type]
         slot.owner = ns
@@ -176,7 +180,7 @@ class Scheduler:
         room = limit - len(tokens)
         want = req.max_tokens if req.max_tokens is not None else params.n_predict if params.n_predict >= 0 else room
         # ctx_shift: a limit of its own (not "until the context is full") may run past the context
-        shifting = params.ctx_shift and want > room and want != UNLIMITED and gen.ctx.can_shift
+        shifting = params.ctx_shift and want > room and want != UNLIMITED and gen.ctx.can_shift and media is None
         max_tokens = want if shifting else min(want, room)
         handle.generation = gen.tag
         handle.t_admitted = time.monotonic()
@@ -195,11 +199,11 @@ class Scheduler:
                               think=thinking.start(model, params, req, tokens, grammar),
                               n_keep=kvshift.kept(params.n_keep if req.n_keep is None else req.n_keep, len(tokens),
                                                   model.added_bos() is not None, limit) if shifting else -1,
-                              lora=lora)
+                              lora=lora, media=media)
         if req.report_settings:
             slot.active.settings = settings_of(params, spec, gen.ctx.n_ctx)
         drafting = speculate.settings_of(params)
-        if drafting is not None and gen.drafts_ok and grammar is None and probs is None and not faulty and (
+        if drafting is not None and gen.drafts_ok and grammar is None and probs is None and not faulty and not media and (
                 slot.active.think is None or slot.active.think.budget is None):
             slot.active.spec = speculate.Drafter(drafting)  # (a grammar or a budget decides tokens a draft cannot)
         gen.n_active += 1
@@ -232,6 +236,8 @@ class Scheduler:
                     drafting.append(slot)
         n_prefill = 0
         watched: list[tuple[int, Active]] = []  # prefilled by this step and asking for progress
+        if gen.vision is not None:
+            self._image(gen)
         prompts = [slot for slot in gen.slots if slot.active is not None and slot.active.pending
                    and (lora is None or slot.active.lora == lora)]
         if len(prompts) > 1:
@@ -246,7 +252,9 @@ class Scheduler:
                 break
             if a.handle.request.return_progress:
                 watched.append((slot.id, a))
-            take = a.pending[:budget]
+            take = a.pending[:budget if a.media is None else a.media.text_run(len(slot.cache), budget)]
+            if not take:  # an image next: evaluated by a later step's _image
+                continue
             before.append((slot, len(slot.cache)))
             last = len(take) == len(a.pending)
             idx = batch.add_run(take, len(slot.cache), slot.id, last)
@@ -322,6 +330,30 @@ class Scheduler:
         if t0 - self._t_step_end < STEP_GAP_S:
             st.step_between_seconds_total += t0 - self._t_step_end
         self._t_step_end = t4
+
+    def _image(self, gen: Generation) -> None:
+        """Evaluate the image the first prompt (first come) has reached, in a decode of its own (at most one a
+        step: the others' tokens wait one image); a failure ends that request alone."""
+        slots = [s for s in gen.slots if s.active is not None and s.active.media is not None and s.active.pending
+                 and vision.is_image_token(s.active.pending[0])]
+        if not slots or gen.vision is None:
+            return
+        slot = min(slots, key=lambda s: s.active.t_start)  # type: ignore[union-attr]
+        a = slot.active
+        assert a is not None
+        self.settle_device()
+        pos = len(slot.cache)
+        try:
+            n = gen.vision.evaluate(gen.ctx, a.media, pos, slot.id)
+        except Exception as exc:
+            gen.truncate(slot, pos)
+            self.request_failed(gen, a.handle, "evaluating an image", exc, slot)
+            return
+        slot.cache.extend(a.pending[:n])
+        del a.pending[:n]
+        self.core.stats.n_decode_total += 1
+        if a.handle.request.return_progress:
+            self._progress(slot.id, a)
 
     def _lora_set(self, gen: Generation) -> tuple[float, ...] | None:
         """The LoRA scales of this step (None when the model has no adapters), set on the context when

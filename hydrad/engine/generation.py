@@ -23,6 +23,7 @@ from hydrad.engine.peer_watch import PeerWatch
 from hydrad.engine.placement import Placement, PlacementError, plan
 from hydrad.engine.requests import GenerationTag
 from hydrad.engine.statebuf import StateBuffers
+from hydrad.engine.vision import Vision
 from hydrad.common.params import RuntimeParams, parse_kv_override
 from hydrad.common.registry import ResolvedModel
 from hydrad.wire.kvstream import fresh
@@ -135,6 +136,7 @@ class Generation:
         self.abandoned = False  # a peer died: never free (freeing talks to it, and llama.cpp aborts)
         self.embedder: Embedder | None = None  # the embedding context, when params.embeddings
         self.adapters: Adapters | None = None  # LoRA adapters and control vector, when params name any
+        self.vision: Vision | None = None  # the projector of params.mmproj (images), when it names one
         self.tail_rm = True  # the context's memory drops the tail of a sequence (a recurrent model's cannot: warmup)
         self.n_swa = int(llama.lib().llama_model_n_swa(model.ptr))  # a sliding window's length, 0 for none
 
@@ -449,7 +451,12 @@ class Generation:
             self.batch.free()
             self.ctx.free()
 
-        return [("context", context), ("model", self.model.free)]
+        def weights() -> None:
+            if self.vision is not None:  # it reads the model: freed first
+                self.vision.free()
+            self.model.free()
+
+        return [("context", context), ("model", weights)]
 
 
 def check_kv_overrides(path: Path, params: RuntimeParams) -> None:
@@ -508,6 +515,7 @@ def build_generation(resolved: ResolvedModel, params: RuntimeParams, progress: C
     try:
         kv_overrides_used(model, params)
         adapters = Adapters.build(model, params, resolved.models_dir or resolved.path.parent)
+        vision = Vision.load(model, params, resolved.models_dir or resolved.path.parent)
     except llama.LoadError:
         model.free()
         raise
@@ -517,9 +525,12 @@ def build_generation(resolved: ResolvedModel, params: RuntimeParams, progress: C
         try:
             ctx = llama.Context(model, params)
         except Exception:
+            if vision is not None:
+                vision.free()
             model.free()
             raise
         gen = Generation(gen_id, resolved, params, model, ctx, 0.0)
+        gen.vision = vision
         kvshift.say_if_fixed(ctx, resolved.id)
         if adapters is not None:
             gen.adapters = adapters

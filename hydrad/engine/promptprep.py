@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from hydrad.engine import adapters, chatprompt, fim, llama
+from hydrad.engine import adapters, chatprompt, fim, llama, vision
 from hydrad.engine.generation import Generation
 from hydrad.engine.requests import Failed
 from hydrad.wire.grammar import GrammarError
@@ -108,9 +108,13 @@ class PromptPrep:
         ids = len(request.prompt_ids or ())
         if ids >= limit:
             raise PromptTooLong(f"the prompt has {ids} tokens; this engine's context holds {limit}", ids, limit)
-        from_store = self.core.prefix.wants_lookup(chars) and request.slot is None
+        if request.images and gen.vision is None:
+            raise RequestRefused("this model has no vision projector (mmproj): images are not accepted",
+                                 400, "invalid_field", param=_image_field(request))
+        # a prompt with images is never looked up in the Store: its image tokens name images, not KV it can trust
+        from_store = self.core.prefix.wants_lookup(chars) and request.slot is None and not request.images
         params = self.core.params or gen.params
-        heavy = (chars >= PRETOKENIZE_CHARS or len(request.messages or ()) > PRETOKENIZE_MESSAGES
+        heavy = (bool(request.images) or chars >= PRETOKENIZE_CHARS or len(request.messages or ()) > PRETOKENIZE_MESSAGES
                  or chatprompt.off_thread(gen.model, params.chat_template, request,
                                           chatprompt.template_kwargs(request, params))
                  or ids * 8 >= PRETOKENIZE_CHARS or request.infill is not None)
@@ -153,6 +157,8 @@ class PromptPrep:
                                400, "invalid_field", param="prompt")
             return list(request.prompt_ids)
         limit = gen.ctx.n_ctx_seq
+        if request.images:
+            return self.media(gen, request).tokens
         if request.infill is not None:
             return _infill_tokens(gen, request, params.n_predict)
         if request.messages is not None:
@@ -172,3 +178,44 @@ class PromptPrep:
         if len(tokens) >= 2 and tokens[0] == tokens[1] == bos:
             tokens = tokens[1:]
         return tokens
+
+    def media(self, gen: Generation, request: GenRequest) -> vision.MediaPrompt:
+        """A prompt with images made into chunks by ``gen``'s projector (decoding and preprocessing each image):
+        kept on the request as ``media`` for the engine thread, which evaluates its image chunks."""
+        field = _image_field(request)
+        if gen.vision is None:
+            raise RequestRefused("this model has no vision projector (mmproj): images are not accepted",
+                                 400, "invalid_field", param=field)
+        params = self.core.params or gen.params
+        limit = gen.ctx.n_ctx_seq
+        if request.messages is not None:
+            if any(gen.model.has_special_text(m.get("content") or "") for m in request.messages):
+                raise RequestRefused("messages: a chat with images may not contain the model's special-token text",
+                                     400, "invalid_field", param="messages")
+            try:
+                text = chatprompt.chat_text(gen.model, params.chat_template, request,
+                                            chatprompt.template_kwargs(request, params))
+            except ValueError as exc:
+                raise RequestRefused(str(exc), 400, "template_error", param=getattr(exc, "param", None)) from None
+        else:
+            text = request.prompt or ""
+        if len(text) > limit * MAX_CHARS_PER_TOKEN:
+            raise PromptTooLong(f"the prompt has {len(text)} characters, more than this engine's context of {limit} "
+                                "tokens can hold", -(-len(text) // MAX_CHARS_PER_TOKEN), limit)
+        try:
+            made = gen.vision.prompt(text, list(request.images or ()), field, gen.id)
+        except vision.VisionRefused as exc:
+            raise RequestRefused(f"{exc.param}: {exc}", 400, "invalid_image", param=exc.param) from None
+        if len(made.tokens) >= 2 and made.tokens[0] == made.tokens[1] == gen.bos:
+            made.drop_first()
+        if len(made.tokens) >= limit:
+            raise RequestRefused(f"the prompt has {len(made.tokens)} tokens with its images' "
+                                 f"{made.n_image_tokens}; this engine's context holds {limit}", 400,
+                                 "context_length_exceeded", n_prompt_tokens=len(made.tokens), n_ctx=limit)
+        request.media = made
+        return made
+
+
+def _image_field(request: GenRequest) -> str:
+    """The request field its images came in: a chat's messages, /completion's prompt.multimodal_data."""
+    return "messages" if request.messages is not None else "prompt.multimodal_data"

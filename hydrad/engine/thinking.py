@@ -64,7 +64,7 @@ def start(model: Any, params: Any, request: Any, tokens: list[int], grammar: str
         return None
     opened = False
     if grammar is None:
-        tail = b"".join(model.detokenize(tokens[-TAIL_TOKENS:], pieces=True))  # type: ignore[arg-type]
+        tail = b"".join(model.detokenize([t for t in tokens[-TAIL_TOKENS:] if t >= 0], pieces=True))  # type: ignore[arg-type]  # (no image tokens)
         opened = opens_thinking(tail.decode("utf-8", "replace"))
     close = model.tokenize(CLOSE, add_special=False, parse_special=True) if budget is not None else []
     think = Thinking(ReasoningStream(fmt, opened), budget, close)

@@ -12,7 +12,8 @@ Extended thinking (``thinking``) is read as a chat's reasoning format and budget
 (:mod:`hydrad.wire.reasoning`); earlier turns' ``thinking`` blocks are accepted and left out of the
 prompt, as the chat templates of thinking models leave out earlier reasoning.
 
-What the engine cannot honour (server tools, images and documents, ...) is refused
+User ``image`` blocks with a base64 source are taken (hydrad.wire.images bounds them), for an engine
+with a vision projector. What the engine cannot honour (server tools, URL images, documents, ...) is refused
 with a 400 naming the field, and so is any field Anthropic does not define (Anthropic refuses
 those too): a client never gets an answer that silently ignored what it asked for. A final
 assistant turn, which Anthropic continues as a prefill, is refused as well: the chat template
@@ -28,8 +29,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from hydrad.common.params import validation_message
 from hydrad.wire import anthropic_tools
+from hydrad.wire import images as img
 from hydrad.common.paramcontract import request_reason
-from hydrad.wire.openai import INT32_MAX, MAX_MODEL_NAME, ApiError, check_stops, json_object, unsupported
+from hydrad.wire.openai import (
+    INT32_MAX, MAX_MODEL_NAME, ApiError, check_stops, images_bounded, json_object, unsupported,
+)
 from hydrad.wire.tools import MAX_CALLS
 from hydrad.wire.requests import MAX_STOP_CHARS, GenRequest, SamplingOverrides
 
@@ -168,10 +172,12 @@ def _text_block(block: Any, at: str) -> str:
     return block["text"]  # cache_control is a hint: the engine reuses prefixes by itself
 
 
-def _turn(role: str, content: Any, where: str, names: dict[str, str]) -> list[dict[str, str]]:
+def _turn(role: str, content: Any, where: str, names: dict[str, str],
+          images: list[bytes]) -> list[dict[str, str]]:
     """One Anthropic message as chat messages: an assistant's text and ``tool_use`` blocks make one
     message with ``tool_calls``; a user's ``tool_result`` blocks each a ``tool`` message, in order
-    with the text around them. ``names`` collects the calls' ids (a result names its call)."""
+    with the text around them; a user's ``image`` block (base64 source) the image marker in its text,
+    its bytes appended to ``images``. ``names`` collects the calls' ids (a result names its call)."""
     if not isinstance(content, list):
         return [{"role": role, "content": _text(content, where)}]
     out: list[dict[str, str]] = []
@@ -191,6 +197,13 @@ def _turn(role: str, content: Any, where: str, names: dict[str, str]) -> list[di
                 out.append({"role": role, "content": "".join(text)})
                 text = []
             out.append(anthropic_tools.tool_result(block, at, names, _text))
+        elif kind == "image" and role == "user":
+            try:
+                img.count_ok(len(images) + 1, at)
+                images.append(img.anthropic_block(block, at))
+            except img.ImageRefused as exc:
+                raise ApiError(exc.status, str(exc), exc.code, exc.param) from None
+            text.append(img.MARKER)
         else:
             text.append(_text_block(block, at))
     if len(calls) > MAX_CALLS:
@@ -202,8 +215,9 @@ def _turn(role: str, content: Any, where: str, names: dict[str, str]) -> list[di
     return out
 
 
-def _messages(req: MessagesRequest) -> list[dict[str, str]]:
-    """The chat messages of the request, system prompt first, as the chat path carries them."""
+def _messages(req: MessagesRequest, images: list[bytes]) -> list[dict[str, str]]:
+    """The chat messages of the request, system prompt first, as the chat path carries them (its images
+    appended to ``images``)."""
     if not req.messages:
         raise ApiError(400, "messages must not be empty", "invalid_field", "messages")
     out: list[dict[str, str]] = []
@@ -222,7 +236,7 @@ def _messages(req: MessagesRequest) -> list[dict[str, str]]:
                            f"messages[{i}].{extra[0]}")
         if "content" not in m:
             raise ApiError(400, f"messages[{i}].content is required", "invalid_field", f"messages[{i}].content")
-        out.extend(_turn(role, m["content"], f"messages[{i}].content", names))
+        out.extend(_turn(role, m["content"], f"messages[{i}].content", names, images))
     if out[-1]["role"] == "assistant":
         raise ApiError(400, "the last message must be the user's: continuing an assistant turn (prefill) is not "
                        "supported", "unsupported_field", f"messages[{len(req.messages) - 1}]")
@@ -246,7 +260,10 @@ def parse_object(data: dict[str, Any]) -> tuple[MessagesRequest, GenRequest]:
     sampling = SamplingOverrides(temperature=req.temperature, top_k=req.top_k, top_p=req.top_p)
     tools = anthropic_tools.spec(req.tools, req.tool_choice)
     reasoning_format, budget = _thinking(req)
-    gen = GenRequest(messages=_messages(req), tools=tools, max_tokens=req.max_tokens, stop=req.stops(),
+    images: list[bytes] = []
+    messages = _messages(req, images)
+    gen = GenRequest(messages=messages, images=images_bounded(images, [m["content"] for m in messages], "messages"),
+                     tools=tools, max_tokens=req.max_tokens, stop=req.stops(),
                      sampling=sampling, cache_salt=req.cache_salt, reasoning_format=reasoning_format,
                      reasoning_budget=budget)
     return req, gen

@@ -1,11 +1,17 @@
 """Parts of the bus's stream messages (hydrad.wire.messages): a token's log-probability with its
 alternatives, and a tool call, as TOKENS carries them; each converts to and from the engine's own
-type. Re-exported by hydrad.wire.messages, where the messages that carry them are."""
+type. Re-exported by hydrad.wire.messages, where the messages that carry them are; and a GENERATE's
+images (:data:`Image`), as base64 text."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+import base64
+import binascii
+from typing import Annotated, Any
 
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer
+
+from hydrad.wire import images as img
 from hydrad.wire import logprobs as lp
 from hydrad.wire import toolcalls
 from hydrad.wire.tools import MAX_CALL_ID, NAME_RE
@@ -53,3 +59,20 @@ class ToolCall(BaseModel):
 
     def call(self) -> toolcalls.ToolCall:
         return toolcalls.ToolCall(self.id, self.name, self.arguments)
+
+
+def _image_of(value: Any) -> bytes:
+    """A GENERATE's image: base64 text of at most the doors' length, decoded (bytes pass as they are)."""
+    if isinstance(value, bytes):
+        return value
+    if not isinstance(value, str) or not value or len(value) > img.MAX_IMAGE_B64:
+        raise ValueError(f"an image is base64 text of 1 to {img.MAX_IMAGE_B64} characters")
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError("an image must be valid base64") from None
+
+
+Image = Annotated[bytes, BeforeValidator(_image_of),
+                  PlainSerializer(lambda b: base64.b64encode(b).decode("ascii"), return_type=str)]
+"""One image of a GENERATE: bytes in the message, base64 on the wire (JSON carries no bytes)."""

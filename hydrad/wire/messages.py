@@ -27,7 +27,8 @@ from hydrad.common import templatekwargs
 from hydrad.common.netaccess import split_endpoint
 from hydrad.wire import events
 from hydrad.wire import logprobs as lp
-from hydrad.wire.busparts import Alternative as Alternative, TokenLogprob, ToolCall  # re-exported: M.Alternative
+from hydrad.wire.busparts import Alternative as Alternative, Image, TokenLogprob, ToolCall  # re-exported: M.Alternative
+from hydrad.wire.images import MAX_IMAGES
 from hydrad.wire.gpuinfo import GpuInfo
 from hydrad.wire.requests import MAX_LORA_ENTRIES, GenRequest, InfillParts, LoraScale, SamplingOverrides
 from hydrad.wire.tools import ToolSpec
@@ -358,6 +359,9 @@ class Generate(_Msg):
     model: str | None = Field(None, max_length=512, description="What the router chose this engine for; checked by the engine.")
     prompt: str | None = None
     messages: list[dict[str, str]] | None = None
+    images: list[Image] | None = Field(None, min_length=1, max_length=MAX_IMAGES, description=(
+        "Image files (base64), one for each media marker of the prompt or messages, in order; absent: none. "
+        "An engine of an earlier release refuses a GENERATE that carries it."))
     tools: ToolSpec | None = Field(None, description="Functions the model may call (chat only); absent: none.")
     max_tokens: int | None = Field(None, ge=0)
     stop: list[str] = Field(default_factory=list, max_length=16)
@@ -405,7 +409,7 @@ class Generate(_Msg):
 
     @classmethod
     def from_request(cls, req: str, gen: GenRequest, model: str | None) -> Generate:
-        return cls(req=req, model=model, prompt=gen.prompt, messages=gen.messages, tools=gen.tools,
+        return cls(req=req, model=model, prompt=gen.prompt, messages=gen.messages, images=gen.images, tools=gen.tools,
                    max_tokens=gen.max_tokens,
                    stop=list(gen.stop), ignore_eos=gen.ignore_eos, slot=gen.slot,
                    sampling=gen.sampling, logprobs=gen.logprobs, cache_prompt=gen.cache_prompt,
@@ -417,7 +421,8 @@ class Generate(_Msg):
                    chat_template_kwargs=gen.chat_template_kwargs, lora=gen.lora or None)
 
     def to_request(self) -> GenRequest:
-        return GenRequest(prompt=self.prompt, messages=self.messages, tools=self.tools, max_tokens=self.max_tokens,
+        return GenRequest(prompt=self.prompt, messages=self.messages, images=self.images, tools=self.tools,
+                          max_tokens=self.max_tokens,
                           stop=list(self.stop),
                           sampling=self.sampling, ignore_eos=self.ignore_eos,
                           slot=self.slot, logprobs=self.logprobs, cache_prompt=self.cache_prompt,

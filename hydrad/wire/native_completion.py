@@ -18,8 +18,12 @@ smallest cached chunk reused by shifting its KV) override the engine's ``n_keep`
 ``n_cache_reuse``; ``truncated`` is true, as in llama-server, when the context filled: it was shifted
 (the engine's ``ctx_shift``) or the generation ended there.
 
+A prompt may be llama-server's object ``{"prompt_string": "... <__media__> ...", "multimodal_data":
+["<base64>"]}``: images (hydrad.wire.images bounds them) for an engine whose model has a projector
+(``mmproj``), one marker in the string for each.
+
 Deliberate differences from llama-server: one prompt per request (llama-server also takes a list
-of prompts, mixed tokens and strings, and multimodal objects); the tokens
+of prompts and mixed tokens and strings); the tokens
 reported in ``completion_probabilities`` are those of ``content`` (no entry for the end-of-generation
 token, none for a token wholly inside the stop string that ended it).
 """
@@ -31,6 +35,7 @@ from typing import Any
 from pydantic import Field, StrictBool, StrictInt, ValidationError
 
 from hydrad.common.params import validation_message
+from hydrad.wire import images as img
 from hydrad.wire import logprobs as lp
 from hydrad.wire.openai import (
     INT32_MAX, ApiError, ChatRequest, CompletionRequest, _Common, checked_sampling, json_object, unsupported,
@@ -43,14 +48,16 @@ from hydrad.wire.requests import GenRequest, SamplingOverrides
 _UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "n_cmpl": (None, 1), "n_indent": (None, 0), "t_max_predict_ms": (None, 0), "min_keep": (None, 0),
     "response_fields": (None, []), "timings_per_token": (None, False),
-    "multimodal_data": (None, []),
 }
 
 
 _TOKEN_IDS = {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0, "maximum": INT32_MAX}}
-PROMPT_SCHEMA = {"anyOf": [{"type": "string"}, _TOKEN_IDS, {"type": "array", "minItems": 1, "maxItems": 1,
-                                                           "items": {"anyOf": [{"type": "string"}, _TOKEN_IDS]}}]}
-"""What :func:`_prompt` takes: a string, token ids, or a list holding one of those."""
+_MEDIA_PROMPT = {"type": "object", "required": ["prompt_string"], "properties": {
+    "prompt_string": {"type": "string"}, "multimodal_data": {"type": "array", "items": {"type": "string"}}}}
+PROMPT_SCHEMA = {"anyOf": [{"type": "string"}, _TOKEN_IDS, _MEDIA_PROMPT, {
+    "type": "array", "minItems": 1, "maxItems": 1, "items": {"anyOf": [{"type": "string"}, _TOKEN_IDS, _MEDIA_PROMPT]}}]}
+"""What :func:`_prompt` takes: a string, token ids, llama-server's object of a string and its images, or a
+list holding one of those."""
 
 
 class NativeCompletionRequest(_Common):
@@ -89,19 +96,22 @@ def _is_id(value: Any) -> bool:
     return type(value) is int and 0 <= value <= INT32_MAX
 
 
-def _prompt(value: Any, n_vocab: int | None) -> tuple[str | None, list[int] | None]:
-    """(text, token ids) of llama-server's prompt shapes this engine takes: a string, a list of
-    token ids, or a list holding one of those."""
-    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], (str, list)):
+def _prompt(value: Any, n_vocab: int | None) -> tuple[str | None, list[int] | None, list[bytes] | None]:
+    """(text, token ids, images) of llama-server's prompt shapes this engine takes: a string, a list of
+    token ids, an object ``{"prompt_string", "multimodal_data"}`` (base64 images, one for each
+    :data:`~hydrad.wire.images.MARKER` in the string), or a list holding one of those."""
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], (str, list, dict)):
         value = value[0]
+    if isinstance(value, dict):
+        return _media_prompt(value)
     if isinstance(value, str):
-        return value, None
+        return value, None, None
     if not isinstance(value, list) or not value:
         raise ApiError(400, "prompt must be a string or a non-empty list of token ids", "invalid_field", "prompt")
     if not all(_is_id(t) for t in value):
         if any(isinstance(t, (str, list, dict)) for t in value):
             raise ApiError(400, "prompt: one prompt per request, a string or a list of token ids (several prompts, "
-                           "mixed strings and tokens and multimodal objects are not supported)",
+                           "mixed strings and tokens are not supported)",
                            "unsupported_field", "prompt")
         raise ApiError(400, "prompt: token ids must be non-negative integers", "invalid_field", "prompt")
     if n_vocab is not None:
@@ -109,7 +119,34 @@ def _prompt(value: Any, n_vocab: int | None) -> tuple[str | None, list[int] | No
         if bad is not None:
             raise ApiError(400, f"prompt: token {bad} is not in this model's vocabulary (0..{n_vocab - 1})",
                            "invalid_field", "prompt")
-    return None, list(value)
+    return None, list(value), None
+
+
+def _media_prompt(value: dict[str, Any]) -> tuple[str, None, list[bytes] | None]:
+    """llama-server's ``{"prompt_string": ..., "multimodal_data": [base64, ...]}``: as many markers in the
+    string as images, each image bounded (hydrad.wire.images) before it is decoded."""
+    text = value.get("prompt_string")
+    if not isinstance(text, str):
+        raise ApiError(400, "prompt.prompt_string must be a string", "invalid_field", "prompt.prompt_string")
+    extra = set(value) - {"prompt_string", "multimodal_data"}
+    if extra:
+        raise ApiError(400, f"prompt: unknown member {sorted(extra)[0]!r} (prompt_string and multimodal_data are "
+                       "read)", "invalid_field", "prompt")
+    data = value.get("multimodal_data") or []
+    if not isinstance(data, list):
+        raise ApiError(400, "prompt.multimodal_data must be a list of base64 strings", "invalid_field",
+                       "prompt.multimodal_data")
+    param = "prompt.multimodal_data"
+    try:
+        img.count_ok(len(data), param)
+        images = [img.decode_base64(item, f"{param}[{i}]") for i, item in enumerate(data)]
+    except img.ImageRefused as exc:
+        raise ApiError(exc.status, str(exc), exc.code, exc.param) from None
+    if text.count(img.MARKER) != len(images):
+        raise ApiError(400, f"prompt.prompt_string has {text.count(img.MARKER)} {img.MARKER} markers for "
+                       f"{len(images)} images of multimodal_data: one marker for each", "invalid_field",
+                       "prompt.multimodal_data")
+    return text, None, images or None
 
 
 def parse(raw: bytes | dict[str, Any], n_vocab: int | None = None) -> tuple[NativeCompletionRequest, GenRequest]:
@@ -121,8 +158,10 @@ def parse(raw: bytes | dict[str, Any], n_vocab: int | None = None) -> tuple[Nati
         raise ApiError(400, "prompt is required", "invalid_field", "prompt")
     req = validated(NativeCompletionRequest, data)
     sampling = checked_sampling(req)
-    text, ids = _prompt(req.prompt, n_vocab)
-    return req, gen_request(req, sampling, text, ids)
+    text, ids, images = _prompt(req.prompt, n_vocab)
+    gen = gen_request(req, sampling, text, ids)
+    gen.images = images
+    return req, gen
 
 
 def validated(model: type[NativeCompletionRequest], data: dict[str, Any]) -> Any:

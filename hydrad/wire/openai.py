@@ -27,6 +27,7 @@ from hydrad.wire import logprobs as lp
 from hydrad.wire import tools as tl
 from hydrad.wire.grammar import GrammarError, check_gbnf, json_object_grammar, schema_grammar
 from hydrad.wire.requests import GenRequest, SamplingOverrides
+from hydrad.wire import images as img
 from hydrad.wire.requests import MAX_LORA_ENTRIES, MAX_STOP_CHARS, MAX_STOPS, LoraScale
 from hydrad.common.params import validation_message
 
@@ -39,9 +40,12 @@ MAX_MODEL_NAME = 256
 _STOP_SCHEMA = {"anyOf": [{"type": "string", "maxLength": MAX_STOP_CHARS},
                           {"type": "array", "items": {"type": "string", "maxLength": MAX_STOP_CHARS}},
                           {"type": "null"}]}
-TEXT_PARTS_SCHEMA = {"type": "array", "items": {
-    "type": "object", "required": ["type", "text"],
-    "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}}
+TEXT_PARTS_SCHEMA = {"type": "array", "items": {"anyOf": [
+    {"type": "object", "required": ["type", "text"],
+     "properties": {"type": {"const": "text"}, "text": {"type": "string"}}},
+    {"type": "object", "required": ["type", "image_url"],
+     "properties": {"type": {"const": "image_url"}, "image_url": {"anyOf": [
+         {"type": "string"}, {"type": "object", "required": ["url"], "properties": {"url": {"type": "string"}}}]}}}]}}
 CHAT_MESSAGES_SCHEMA = {"minItems": 1, "items": {
     "type": "object", "required": ["role"],
     "properties": {"role": {"enum": ["system", "user", "assistant", "developer", "tool"]},
@@ -362,7 +366,9 @@ class CompletionRequest(_Common):
         return self.logprobs
 
 
-def _text_of(content: Any, where: str) -> str:
+def _text_of(content: Any, where: str, images: list[bytes] | None = None) -> str:
+    """A message's content as text; each ``image_url`` part becomes the image marker and its bytes are
+    appended to ``images`` (hydrad.wire.images bounds them); without ``images`` only text is taken."""
     if content is None:
         return ""
     if isinstance(content, str):
@@ -370,11 +376,43 @@ def _text_of(content: Any, where: str) -> str:
     if isinstance(content, list):
         parts = []
         for i, part in enumerate(content):
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise ApiError(400, f"{where}.content[{i}]: only text parts are supported", "unsupported_content", where)
-            parts.append(part["text"])
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind == "image_url" and images is not None:
+                assert isinstance(part, dict)
+                images.append(_image(part, f"{where}.content[{i}]", len(images)))
+                parts.append(img.MARKER)
+                continue
+            if kind != "text" or not isinstance(part.get("text"), str):  # type: ignore[union-attr]
+                raise ApiError(400, f"{where}.content[{i}]: only text and image_url parts are supported",
+                               "unsupported_content", where)
+            parts.append(part["text"])  # type: ignore[index]
         return "".join(parts)
-    raise ApiError(400, f"{where}.content must be a string or a list of text parts", "invalid_content", where)
+    raise ApiError(400, f"{where}.content must be a string or a list of text and image_url parts", "invalid_content",
+                   where)
+
+
+def _image(part: dict[str, Any], where: str, before: int) -> bytes:
+    """An image part's bytes (``before``: the request's images so far, bounded before this one is decoded)."""
+    try:
+        img.count_ok(before + 1, where)
+        return img.openai_part(part, where)
+    except img.ImageRefused as exc:
+        raise ApiError(exc.status, str(exc), exc.code, exc.param) from None
+
+
+def images_bounded(images: list[bytes], contents: list[str], param: str) -> list[bytes] | None:
+    """A request's images, at most MAX_IMAGES, and each of its texts holding no marker besides its
+    images' (``contents``: the texts with the images' markers in them); None for a request without."""
+    if not images:
+        return None
+    try:
+        img.count_ok(len(images), param)
+    except img.ImageRefused as exc:
+        raise ApiError(exc.status, str(exc), exc.code, exc.param) from None
+    if sum(c.count(img.MARKER) for c in contents) != len(images):
+        raise ApiError(400, f"{param}: text may not contain {img.MARKER}, which marks where an image goes",
+                       "invalid_image", param)
+    return images
 
 
 def json_object(raw: bytes | dict[str, Any]) -> dict[str, Any]:
@@ -414,8 +452,9 @@ def tool_spec(fields: dict[str, Any], grammar: str | None) -> tl.ToolSpec | None
     return spec
 
 
-def chat_messages(messages: list[Any]) -> list[dict[str, str]]:
-    """A chat request's messages as they travel: role, text content, and the tool fields."""
+def chat_messages(messages: list[Any], images: list[bytes] | None = None) -> list[dict[str, str]]:
+    """A chat request's messages as they travel: role, text content, and the tool fields. With
+    ``images``, image parts are taken (their bytes appended to it, a marker in the content)."""
     if not messages:
         raise ApiError(400, "messages must not be empty", "invalid_field", "messages")
     msgs = []
@@ -430,7 +469,9 @@ def chat_messages(messages: list[Any]) -> list[dict[str, str]]:
         except tl.ToolError as exc:
             raise ApiError(400, str(exc), "invalid_field", exc.param) from None
         msgs.append({"role": "system" if role == "developer" else role,
-                     "content": _text_of(m.get("content"), f"messages[{i}]"), **extra})
+                     "content": _text_of(m.get("content"), f"messages[{i}]", images), **extra})
+    if images:
+        images_bounded(images, [m["content"] for m in msgs], "messages")
     return msgs
 
 
@@ -448,7 +489,8 @@ def parse_object(kind: Literal["chat", "completion"], data: dict[str, Any]) -> t
     sampling = checked_sampling(req)
     if isinstance(req, ChatRequest):
         tools = tool_spec(req.model_extra or {}, sampling.grammar)
-        gen = GenRequest(messages=chat_messages(req.messages), tools=tools, max_tokens=req.limit(), stop=req.stops(),
+        images: list[bytes] = []
+        gen = GenRequest(messages=chat_messages(req.messages, images), images=images or None, tools=tools, max_tokens=req.limit(), stop=req.stops(),
                          sampling=sampling, ignore_eos=req.ignore_eos, slot=req.slot(), logprobs=req.wants_logprobs(),
                          cache_prompt=req.cache_prompt, cache_salt=req.cache_salt,
                          reasoning_format=None if req.reasoning_format in (None, "auto") else req.reasoning_format,

@@ -111,6 +111,7 @@ class GenRequest:
     prompt: str | None = None
     prompt_ids: list[int] | None = None  # the prompt as token ids, used as given (no BOS added)
     messages: list[dict[str, str]] | None = None
+    images: list[bytes] | None = None  # image files, in the order of the markers in the prompt (hydrad.wire.images)
     tools: ToolSpec | None = None  # functions the model may call (chat only; hydrad.wire.tools)
     max_tokens: int | None = None
     stop: list[str] = field(default_factory=list)
@@ -136,6 +137,7 @@ class GenRequest:
     tokens: list[int] | None = None  # prompt tokens made off the engine thread (PromptPrep.prepare) ...
     tokens_for: int | None = None  # ... for this generation id; another generation tokenizes again
     stored_prefix: object = None  # a prefix read from the Store off the engine thread (engine.prefixshare)
+    media: object = None  # the prompt with its images made into chunks off the engine thread (engine.vision)
     client: str = ""  # who sent it (its address): clients take turns for free slots
     tool_grammar: str | None = None  # the tools' grammar made off the engine thread (None: free text) ...
     grammar_for: int | None = None  # ... for this generation id; another generation makes it again

@@ -252,7 +252,7 @@ def test_every_mapped_spelling_is_exercised() -> None:
     used = {a for argv, _ in MAPPED for a in argv if a in BY_NAME}
     own_tests = {"-m", "--model", "-a", "--alias", "--api-key", "--api-key-file", "--slot-save-path",
                  "--chat-template-file", "--lora", "--lora-scaled", "--lora-init-without-apply", "--control-vector",
-                 "--control-vector-scaled", "--control-vector-layer-range"}  # each has a test of its own below
+                 "--control-vector-scaled", "--control-vector-layer-range", "-mm", "--mmproj"}  # each has a test of its own below
     mapped = {n for f in FLAGS if f.kind == "mapped" for n in f.names}
     assert mapped - used - own_tests == set()
 
@@ -323,6 +323,16 @@ def test_adapters_from_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
         with pytest.raises(FlagError) as err:
             layer(*argv)
         assert str(err.value).startswith(message), str(err.value)
+
+
+def test_a_projector_from_a_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """llama-server's --mmproj (-mm): a file relative to where hydrad starts, the runtime parameter mmproj."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "proj.gguf").write_bytes(b"GGUF")
+    for flag in ("-mm", "--mmproj"):
+        assert layer(flag, "proj.gguf").layer["defaults"]["mmproj"] == str(tmp_path / "proj.gguf")
+    with pytest.raises(FlagError, match=r"^--mmproj: no such file: nowhere\.gguf$"):
+        layer("--mmproj", "nowhere.gguf")
 
 
 BAD_VALUES = [

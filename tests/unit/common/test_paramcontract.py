@@ -125,7 +125,7 @@ def test_refused_fields_are_no_runtime_parameter() -> None:
 # ----- a payload naming a refused field: 400 naming it, with the reason ---------------------------
 
 GROUPS = {  # one field of each kind of refusal, and the words its answer must hold
-    "not served": ("mmproj", "no multimodal input"),
+    "not served": ("image_min_tokens", "the projector's own token counts"),
     "a draft model's setting": ("spec_p_min", "draft models are not served"),
     "draft model": ("speculative.model", "draft model"),
     "C callback": ("cb_eval", "C callback"),
@@ -133,7 +133,7 @@ GROUPS = {  # one field of each kind of refusal, and the words its answer must h
     "sampler": ("mirostat", "no such sampler"),
     "another spelling": ("typical_p", "no such sampler"),
     "per request": ("frequency_penalty", "set per request (frequency_penalty)"),
-    "multimodal": ("mmproj", "multimodal"),
+    "multimodal": ("image", "a request carries its images"),
     "tool output": ("logits_file", "writes no such files"),
     "TLS": ("ssl_file_cert", "plain HTTP"),
     "HTTP threads": ("n_threads_http", "event loop"),
@@ -202,6 +202,6 @@ def test_a_profile_naming_a_refused_field_is_refused_with_the_reason() -> None:
 
     from hydrad.coordinator.profiles import EngineEntry
 
-    with pytest.raises(ValidationError, match="mmproj: hydrad serves no multimodal input"):
-        EngineEntry(model="m", params={"mmproj": "a.gguf"})
+    with pytest.raises(ValidationError, match="image_max_tokens: hydrad takes images through its mmproj projector"):
+        EngineEntry(model="m", params={"image_max_tokens": 9})
     assert EngineEntry(model="m", params={"temp": 0.3, "cont_batching": True}).params["temp"] == 0.3

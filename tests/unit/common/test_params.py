@@ -24,7 +24,7 @@ FIELDS = list(RuntimeParams.model_fields)
 T3_KEY = ["model", "n_gpu_layers", "split_mode", "tensor_split", "main_gpu", "use_mmap", "no_host", "rpc_servers",
           "override_tensors", "embeddings", "pooling", "devices", "n_cpu_moe", "kv_overrides", "use_mlock",
           "use_direct_io", "check_tensors", "lora_adapters", "lora_init_without_apply", "control_vectors",
-          "control_vector_layer_range"]
+          "control_vector_layer_range", "mmproj"]
 T2_KEY = ["n_ctx", "n_batch", "n_ubatch", "n_parallel", "kv_unified", "cache_type_k", "cache_type_v", "flash_attn",
           "n_threads", "n_threads_batch", "rope_scaling", "rope_freq_base", "rope_freq_scale", "yarn_ext_factor",
           "yarn_attn_factor", "yarn_beta_fast", "yarn_beta_slow", "yarn_orig_ctx", "spec_type", "spec_n_max",

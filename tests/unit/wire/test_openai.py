@@ -191,11 +191,11 @@ def test_include_usage_false_by_default() -> None:
 # --------------------------------------------------------------------------- refusals
 
 
-def test_image_part_refused() -> None:
+def test_remote_image_url_refused() -> None:
     parts = [{"type": "text", "text": "what is this"}, {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]
     err = chat_refused(messages=[{"role": "user", "content": parts}])
-    assert err.code == "unsupported_content"
-    assert "messages[0].content[1]" in err.message and err.param == "messages[0]"
+    assert err.code == "invalid_image" and "remote image URLs are not fetched" in err.message
+    assert err.param == "messages[0].content[1].image_url.url"
 
 
 @pytest.mark.parametrize("part", ["plain string", {"type": "text"}, {"type": "text", "text": 5}, {"text": "x"}])
