@@ -38,8 +38,11 @@ def pytest_configure(config: pytest.Config) -> None:
     if not worker.startswith("gw") or count < 2 or not hasattr(os, "sched_setaffinity"):
         return
     cpus = sorted(os.sched_getaffinity(0))
-    share = cpus[int(worker[2:]) % count::count]
-    if share and len(cpus) >= count:
+    index = int(worker[2:])
+    # as many workers as CPUs or fewer: each its own CPUs; more: each one CPU, taken in turn, so two
+    # workers share a core rather than every worker's engines spinning on every core
+    share = cpus[index % count::count] if len(cpus) >= count else [cpus[index % len(cpus)]]
+    if share:
         os.sched_setaffinity(0, share)
 
 

@@ -223,3 +223,14 @@ def test_the_front_door_carries_a_requests_lora(pool: tuple[Coordinator, Engine]
     assert answers[0.0] != answers[1.0]
     r = c.http.post("/v1/chat/completions", json={**ask, "lora": [{"id": 7, "scale": 1.0}]})
     assert r.status_code == 400 and r.json()["error"]["param"] == "lora", r.text
+
+
+def test_the_front_door_serves_an_engine_steered_by_a_control_vector(pool: tuple[Coordinator, Engine],
+                                                                     cvec: Path) -> None:
+    c, e = pool
+    base = text(c.http, model="smollm2-135m")
+    loaded(e, control_vectors=[{"path": str(cvec), "scale": 1.0}])  # a T3 reload of the serving engine
+    c.wait_engines(lambda es: es.get("solo", {}).get("stage") == "ready", timeout=120)
+    steered = text(c.http, model="smollm2-135m")
+    assert steered != base
+    assert steered == text(e.http)

@@ -267,3 +267,37 @@ def test_register_reports_the_weights_a_load_keeps_in_host_memory(moe: Path, smo
     smol = gguf_meta.tensor_table(smollm_path)
     assert gpu["smol"] == smol.sizes["token_embd.weight"]
     assert none["smol"] == smol.total and none["moe"] == sum(tensor_bytes.values())  # nothing offloaded
+
+
+def test_the_front_door_serves_a_profile_that_offloads_experts(tmp_path: Path, moe: Path,
+                                                               start_engine: Callable[..., Engine]) -> None:
+    """The design's own profile shape, ``{model, params: {n_cpu_moe: N}}``, through a real coordinator: the
+    engine loads the MoE with that layer's experts on the CPU, and a chat through the front door is served."""
+    import yaml
+
+    from tests.support.coordinator import Coordinator
+
+    registry = tmp_path / "models.yaml"
+    registry.write_text(yaml.safe_dump({"models": {"tiny-moe": {"path": moe.name, "arch": "llama",
+                                                                "description": "the tiny MoE of the tests"}}}))
+    profiles = {"profiles": {"moe": {"description": "a MoE with two layers' experts on the CPU",
+                                     "engines": {"solo": {"model": "tiny-moe", "params": {"n_cpu_moe": 2}}}}},
+                "default": "moe"}
+    c = Coordinator(tmp_path, profiles=profiles, heartbeat_interval_s=0.5, extra={"registry": str(registry)})
+    try:
+        c.wait_ready()
+        e = start_engine(name="solo", defaults=BASE,
+                         extra={"registry": str(registry), "models_dir": str(moe.parent),
+                                "bus": c.engine_bus(heartbeat_interval_s=0.5)})
+        c.wait_engines(lambda es: es.get("solo", {}).get("model") == "tiny-moe"
+                       and es["solo"].get("stage") == "ready", timeout=120)
+        assert model_meta(e)["weights"]["overridden_tensors"] == {"CPU": 2 * len(EXPERT_PARTS)}
+        r = c.http.post("/v1/completions", json={"model": "tiny-moe", "prompt": "The capital of France is",
+                                                 "max_tokens": 4, "temperature": 0, "ignore_eos": True})
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["completion_tokens"] == 4
+        assert r.json()["choices"][0]["text"] == e.http.post("/v1/completions", json={
+            "prompt": "The capital of France is", "max_tokens": 4, "temperature": 0,
+            "ignore_eos": True}).json()["choices"][0]["text"]
+    finally:
+        c.stop()
