@@ -113,15 +113,28 @@ class NativeDoor:
         arrives (a ``with_pieces`` answer is a hundred megabytes for 8 MiB of text: never held whole here)."""
         _, model, content = await self._forwarded(request)
         urls, headers = self._engine_urls(model)
-        base = urls[0]
-        sent = self.client.build_request("POST", base + request.url.path, content=content,
-                                         headers=self._headers(request))
-        try:
-            r = await self.client.send(sent, stream=True)
-        except httpx.HTTPError as exc:
-            raise _unreachable(exc) from None
+        _, r = await self._send(urls, request, content, stream=True)
         return StreamingResponse(self._passed(r), status_code=r.status_code, headers=headers,
                                  media_type=r.headers.get("content-type", "application/json"))
+
+    async def _send(self, urls: list[str], request: Request, content: bytes,
+                    stream: bool = False) -> tuple[int, httpx.Response]:
+        """The request to the first engine that takes the connection (its index in ``urls``, its answer). These requests change nothing
+        and generate nothing, so one an engine never received (it went away, its port is closed) is
+        sent to the next engine serving the model, as a chat is retried before its first token; an
+        error once the engine has it is the answer."""
+        last: httpx.HTTPError | None = None
+        for i, url in enumerate(urls):
+            sent = self.client.build_request("POST", url + request.url.path, content=content,
+                                             headers=self._headers(request))
+            try:
+                return i, await self.client.send(sent, stream=stream)
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                last = exc
+            except httpx.HTTPError as exc:
+                raise _unreachable(exc) from None
+        assert last is not None
+        raise _unreachable(last)
 
     @staticmethod
     async def _passed(r: httpx.Response) -> AsyncIterator[bytes]:
@@ -141,14 +154,12 @@ class NativeDoor:
             request, embeddings.parse_openai if path == "/v1/embeddings" else embeddings.parse_native)
         urls, headers = self._engine_urls(model)
         answer: Response | None = None
-        for url in urls:
-            try:
-                r = await self.client.post(url + path, content=content, headers=self._headers(request))
-            except httpx.HTTPError as exc:
-                raise _unreachable(exc) from None
+        while urls:
+            taken, r = await self._send(urls, request, content)
             answer = Response(r.content, status_code=r.status_code, media_type="application/json", headers=headers)
             if not (r.status_code == 501 and embeddings.DISABLED.encode() in r.content):
                 break
+            urls = urls[taken + 1:]
         assert answer is not None
         return answer
 

@@ -151,3 +151,29 @@ def test_both_daemons_describe_their_doors_in_openapi(pool: tuple[Coordinator, E
     for path in ("/v1/chat/completions", "/completion", "/control/configure", "/slots/{slot}/state", "/props"):
         assert path in engine, path
     assert "put" in engine["/slots/{slot}/state"] and "get" in engine["/slots/{slot}/state"]
+
+
+TWO = {"profiles": {"two": {"description": "two SmolLM2 engines",
+                            "engines": {"a": {"model": "smollm2-135m", "params": {"n_parallel": 1}},
+                                        "b": {"model": "smollm2-135m", "params": {"n_parallel": 1}}}}},
+       "default": "two"}
+
+
+def test_a_request_an_engine_never_received_goes_to_the_next(tmp_path: Path, smollm_path: Path,
+                                                             start_engine: Callable[..., Engine]) -> None:
+    """``a`` (first by name when both are idle) dies; before the pool has noticed, a /tokenize that would
+    go to it is sent to ``b``, as a chat is retried before its first token."""
+    c = Coordinator(tmp_path, profiles=TWO, heartbeat_interval_s=2.0)
+    try:
+        c.wait_ready()
+        engines = {n: start_engine(name=n, defaults={"n_ctx": 1024, "n_threads": 1},
+                                   extra={"bus": c.engine_bus(heartbeat_interval_s=2.0)}) for n in ("a", "b")}
+        c.wait_serving({"a": "smollm2-135m", "b": "smollm2-135m"}, timeout=120)
+        engines["a"].proc.kill()
+        engines["a"].proc.wait(10)
+        r = c.http.post("/tokenize", json={"content": "Hello world"})
+        assert c.engines()["a"]["alive"], "the pool noticed first: this test shows nothing"
+        assert r.status_code == 200, r.text
+        assert r.json()["tokens"] == engines["b"].http.post("/tokenize", json={"content": "Hello world"}).json()["tokens"]
+    finally:
+        c.stop()
