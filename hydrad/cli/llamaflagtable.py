@@ -301,6 +301,8 @@ MAPPED: tuple[Flag, ...] = (
     _m("--keep", "N", "prompt tokens a context shift keeps, -1 = all: defaults.n_keep", _param("n_keep", _int)),
     _m("--cache-reuse", "N", "smallest chunk of a cached prompt reused by shifting its KV, 0 = off: "
        "defaults.n_cache_reuse", _param("n_cache_reuse", _int)),
+    _m("-cram --cache-ram", "N", "host memory for the prompts of overwritten slots, MiB, 0 = off, -1 = no limit: "
+       "defaults.cache_ram_mib", _param("cache_ram_mib", _int)),
 )
 
 ACCEPTED: tuple[Flag, ...] = (
@@ -329,7 +331,6 @@ ACCEPTED: tuple[Flag, ...] = (
     _a("--no-cors-credentials", None, "CORS never allows credentials here"),
     _a("-sps --slot-prompt-similarity", "SIMILARITY", "a speed knob of llama-server's slot choice; hydrad picks "
        "the slot with the longest cached prefix and answers the same"),
-    _a("-cram --cache-ram", "N", "hydrad keeps no prompt cache in host memory (a pool's Store is a YAML setting)"),
     _a("--cache-idle-slots --no-cache-idle-slots", None, "hydrad keeps no prompt cache in host memory"),
     _a("--no-prefill-assistant", None, "a chat's last assistant message is a whole message and the answer a new "
        "turn, always"),

@@ -147,7 +147,7 @@ ENTRIES: tuple[Entry, ...] = (
     _p("n_cache_reuse", T1, "n_cache_reuse", "tests/integration/test_context_shift.py::test_cache_reuse_moves_the_chunks_a_new_prompt_repeats", also=("cache_reuse",)),
     _r("n_ctx_checkpoints", T1, NO_CHECKPOINTS),
     _r("checkpoint_min_step", T1, NO_CHECKPOINTS),
-    _r("cache_ram_mib", T1, "hydrad keeps no prompt cache in host memory (a pool's Store is a YAML setting)", also=("cache_ram",)),
+    _p("cache_ram_mib", T1, "cache_ram_mib", "tests/integration/test_ram_cache.py::test_an_overwritten_conversation_comes_back_from_host_memory", also=("cache_ram",)),
     _r("slot_prompt_similarity", T1, "hydrad picks the slot with the longest cached prefix; there is no similarity threshold"),
     _r("single_turn", T1, TERMINAL),
     _fx("cont_batching", T1, True, "continuous batching is always on"),

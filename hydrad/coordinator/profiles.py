@@ -19,7 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_core import PydanticCustomError
 
 from hydrad.common.yamlfile import read_mapping
-from hydrad.common.params import ALIASES, RuntimeParams, check_tensor_override, validation_message
+from hydrad.common.modeloverrides import check_tensor_override
+from hydrad.common.params import ALIASES, RuntimeParams, validation_message
 
 Mode = Literal["SOLO", "COMBINE", "PEER"]
 

@@ -150,6 +150,8 @@ class Scheduler:
         pinned = req.slot is not None
         own = slot.owner == ns or (pinned and (slot.owner is None or (req.pool_pin and slot.owner == "")))
         min_chunk = 0 if media is not None else params.n_cache_reuse if req.n_cache_reuse is None else req.n_cache_reuse
+        if media is None:
+            self.core.prefix.keep_before_overwrite(gen, slot, tokens, cache and own, params.cache_ram_mib)
         keep, moved = gen.reuse_prefix(slot, tokens, min_chunk) if cache and own else (gen.reset_slot(slot), 0)
         if media is not None:  # an image's KV is reused whole or not at all (no Store: vision.MediaPrompt)
             keep = gen.truncate(slot, media.whole(keep))

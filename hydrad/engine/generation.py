@@ -24,7 +24,8 @@ from hydrad.engine.placement import Placement, PlacementError, plan
 from hydrad.engine.requests import GenerationTag
 from hydrad.engine.statebuf import StateBuffers
 from hydrad.engine.vision import Vision
-from hydrad.common.params import RuntimeParams, parse_kv_override
+from hydrad.common.modeloverrides import parse_kv_override
+from hydrad.common.params import RuntimeParams
 from hydrad.common.registry import ResolvedModel
 from hydrad.wire.kvstream import fresh
 

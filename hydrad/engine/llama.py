@@ -23,7 +23,8 @@ from hydrad.engine.loadreport import LoadReport
 from hydrad.engine import tokenchunks
 from hydrad.engine.modelparams import BuftOverride, load_failure, load_mode
 from hydrad.common.cpus import usable_cpus
-from hydrad.common.params import KvOverride, RuntimeParams, parse_kv_override
+from hydrad.common.modeloverrides import KvOverride, parse_kv_override
+from hydrad.common.params import RuntimeParams
 
 _lib: Any = None
 _PLACEHOLDER = re.compile("\x1a(\\d+)\x1a")

@@ -10,7 +10,9 @@ other engine. Two sources give a new request a longer prefix than its own slot h
 * **the Store** (``prefix.store``, a directory the pool's engines share, on tmpfs): a prompt long
   enough to span a block is tokenized off the engine thread, the longest stored block-aligned
   prefix is looked up and read there (every chunk verified), and the engine thread only writes it
-  into the slot.
+  into the slot;
+* **host memory** (``cache_ram_mib``, :mod:`hydrad.engine.ramcache`): the conversations whose slots
+  other prompts took.
 
 Either happens only when it gains at least ``min_tokens`` over what the slot already holds; a state
 that does not parse as a plain one-stream KV cache (sliding-window or recurrent memory) is never
@@ -33,6 +35,7 @@ from hydrad.common.logs import log_event
 from hydrad.common.tenants import store_owner
 from hydrad.engine.generation import Generation, Slot, common_prefix
 from hydrad.engine.kvshift import exact_len
+from hydrad.engine.ramcache import RamPromptCache
 from hydrad.engine.settings import PrefixSettings
 from hydrad.store.errors import StoreError
 
@@ -74,6 +77,7 @@ class PrefixShare:
                       "store_slower_skipped": 0}
         self.last_not_cut: str | None = None
         self._uncuttable: set[int] = set()  # generations whose states cannot be cut: no donor read for them
+        self.ram = RamPromptCache()  # sized by the cache_ram_mib parameter (keep_before_overwrite)
 
     # ----- off the engine thread -------------------------------------------------------------
 
@@ -164,6 +168,12 @@ class PrefixShare:
                     self.stats["tokens_shared"] += shared - keep
                     self._checkpoint(gen, tokens[:shared], prefix, owner, quota)
                     return shared
+        if self.ram.enabled:
+            best = max(shared if donor is not None else keep,
+                       len(stored.tokens) if from_store else 0)  # type: ignore[union-attr]
+            got = self._from_ram(gen, slot, tokens, keep, best, limit, owner)
+            if got:
+                return got
         if from_store and len(stored.tokens) - keep >= self.settings.min_tokens:  # type: ignore[union-attr]
             assert stored is not None
             t0 = time.perf_counter()
@@ -174,6 +184,42 @@ class PrefixShare:
                 self.stats["tokens_restored"] += len(stored.tokens) - keep
                 return len(stored.tokens)
         return keep
+
+    def keep_before_overwrite(self, gen: Generation, slot: Slot, tokens: list[int], own: bool,
+                              limit_mib: int) -> None:
+        """Engine thread, before a request takes ``slot``: with ``cache_ram_mib`` set, the conversation the slot
+        holds goes to host memory first when the request would overwrite at least ``min_tokens`` of it.
+        Not kept: KV moved to new positions (n_cache_reuse), uploads of other engines, image prompts."""
+        if limit_mib != self.ram.limit_mib:
+            self.ram.resize(limit_mib)
+        if not self.ram.enabled or slot.foreign or slot.exact is not None or not slot.cache:
+            return
+        cached = list(slot.cache)
+        kept = common_prefix(cached, tokens) if own else 0
+        if len(cached) - kept < self.settings.min_tokens or min(cached) < 0:
+            return
+        self.ram.put(gen.id, slot.owner or "", cached, bytes(gen.read_state(slot)))
+
+    def _from_ram(self, gen: Generation, slot: Slot, tokens: list[int], keep: int, best: int, limit: int,
+                  owner: str) -> int:
+        """The longest prefix of ``tokens`` host memory holds, written into ``slot`` when it beats ``best``
+        (what the slot, another slot and the Store give) by ``min_tokens``; 0 when it does not."""
+        from hydrad.store import layout as L  # numpy, after libllama (preload_native)
+
+        n, cached = self.ram.best(gen.id, owner, tokens, limit, cuttable=gen.id not in self._uncuttable)
+        if cached is None or n - max(best, keep) < self.settings.min_tokens:
+            return 0
+        data = cached.data
+        if n < len(cached.tokens):
+            parsed = L.parse(data)
+            if not (parsed.truncatable and parsed.cells == len(cached.tokens)):
+                self._uncut(gen, parsed)
+                return 0
+            data = L.truncate(data, parsed, n)
+        if not self._write(gen, slot, tokens[:n], data, owner):
+            return 0
+        self.ram.restored(n - keep)
+        return n
 
     def _uncut(self, gen: Generation, parsed: L.Parsed) -> None:
         """A state that cannot be cut to a prefix (e.g. Gemma-3's sliding-window layers keep a second
@@ -246,7 +292,7 @@ class PrefixShare:
 
     def public(self) -> dict[str, Any]:
         return {"share": self.settings.share, "store": str(self.store.dir) if self.store else None, **self.stats,
-                "last_not_cut": self.last_not_cut}
+                "last_not_cut": self.last_not_cut, "ram": self.ram.public()}
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

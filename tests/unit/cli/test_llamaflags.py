@@ -219,6 +219,8 @@ MAPPED: list[tuple[list[str], dict[tuple[str, ...], Any]]] = [
     (["--no-context-shift"], {("defaults", "ctx_shift"): False}),
     (["--keep", "-1"], {("defaults", "n_keep"): -1}),
     (["--cache-reuse", "256"], {("defaults", "n_cache_reuse"): 256}),
+    (["--cache-ram", "2048"], {("defaults", "cache_ram_mib"): 2048}),
+    (["-cram", "-1"], {("defaults", "cache_ram_mib"): -1}),
     (["-c", "1024", "--ctx-size", "4096"], {("defaults", "n_ctx"): 4096}),  # the last one wins, as in llama-server
     (["--spec-type", "ngram-simple"], {("defaults", "spec_type"): "ngram"}),
     (["--spec-type", "none"], {("defaults", "spec_type"): "none"}),

@@ -30,7 +30,7 @@ T2_KEY = ["n_ctx", "n_batch", "n_ubatch", "n_parallel", "kv_unified", "cache_typ
           "yarn_attn_factor", "yarn_beta_fast", "yarn_beta_slow", "yarn_orig_ctx", "spec_type", "spec_n_max",
           "spec_n_min", "spec_ngram_size"]
 T1_KEY = ["temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n", "seed", "n_predict",
-          "chat_template", "cache_prompt", "reasoning_format", "reasoning_budget", "default_template_kwargs",
+          "chat_template", "cache_prompt", "cache_ram_mib", "reasoning_format", "reasoning_budget", "default_template_kwargs",
           "reload_policy", "reload_queue_timeout_s", "text_overlap", "prefill_split", "sleep_idle_seconds", "ctx_shift",
           "n_keep", "n_cache_reuse"]
 
@@ -422,6 +422,7 @@ _T1_VALUES: dict[str, st.SearchStrategy[Any]] = {
     "n_predict": st.integers(-1, 10**6),
     "chat_template": st.one_of(st.sampled_from(["chatml", "llama3", "gemma"]), st.text(min_size=1, max_size=20)),
     "cache_prompt": st.booleans(),
+    "cache_ram_mib": st.integers(-1, 1 << 20),
     "reasoning_format": st.sampled_from(["none", "deepseek", "deepseek-legacy"]),
     "reasoning_budget": st.integers(-1, 10**6),
     "default_template_kwargs": st.dictionaries(st.from_regex(r"[a-z_][a-z0-9_]{0,10}", fullmatch=True).filter(

@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from hydrad.common.modeloverrides import parse_kv_override
 from hydrad.common.params import (
     ParamError,
     ParamLayers,
     RuntimeParams,
     check_partial,
-    parse_kv_override,
     validation_message,
 )
 from hydrad.common.registry import ModelEntry
