@@ -14,7 +14,7 @@ from typing import Any
 
 from starlette.middleware.cors import CORSMiddleware
 
-CONTROL_PREFIXES = ("/control", "/slots", "/admin")
+CONTROL_PREFIXES = ("/control", "/slots", "/admin", "/models/files/")
 _ORIGIN = re.compile(r"^https?://[A-Za-z0-9.\-\[\]:]+$")
 
 

@@ -317,7 +317,8 @@ class EngineCore:
                 last_error=self.last_error, slots_busy=busy, slots_total=total, queued=queued,
                 max_queue=self.max_queue, params=self.params or (gen.params if gen is not None else None),
                 device=self.device, stats=self.stats,
-                standby=self._standby_view(), asleep=self.asleep)
+                standby=self._standby_view(), asleep=self.asleep,
+                fetch=dict(rec.fetch) if rec is not None and rec.fetch and rec.phase == "fetching" else None)
         return snap
 
     def _standby_view(self) -> dict[str, Any] | None:

@@ -56,6 +56,17 @@ class _Msg(BaseModel):
 # ----- shared parts ----------------------------------------------------------------------
 
 
+class FetchStatus(BaseModel):
+    """A model file transfer under way before a load (``hydrad.engine.fetch``); ``text`` is what to show."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    bytes: int = Field(0, ge=0, description="Bytes of the file on disk so far (a resumed fetch starts above 0).")
+    total: int = Field(0, ge=0, description="The file's size.")
+    bps: float | None = Field(None, ge=0, description="Bytes a second over the last seconds.")
+    eta_s: float | None = Field(None, ge=0, description="Seconds left at that rate.")
+    text: str = Field("", max_length=128, description="'fetching 37%, 120 MB/s, ETA 12 s'.")
+
+
 class EngineStatus(BaseModel):
     """What an engine reports in every heartbeat (and in REGISTER)."""
 
@@ -85,6 +96,9 @@ class EngineStatus(BaseModel):
     load_seconds: float | None = Field(None, ge=0, description="How long the last model load took.")
     vram_free: int | None = Field(None, ge=0)
     last_error: str | None = Field(None, max_length=4096)
+    fetch: FetchStatus | None = Field(None, description="The running load's model file transfer, while the engine "
+                                      "fetches the file from the pool; absent otherwise (so a coordinator of an "
+                                      "earlier release hears it only while a fetch runs).")
 
 
 # A GENERATE's sampling fields are the request's own dataclass (pydantic validates a dataclass
@@ -331,6 +345,16 @@ class StreamOffer(_Msg):
         return v
 
 
+class FilesOffer(_Msg):
+    """The coordinator serves the registry's model files (``GET /models/files/<name>`` on its HTTP port),
+    offered right after WELCOME when it does (a bus token and ``models_dir`` set). The engine fetches a
+    model it lacks from ``http://<the bus's host>:<port>`` unless its ``fetch.url`` names another place.
+    A kind of its own for the reason StreamOffer is one."""
+
+    KIND = b"FILES"
+    port: int = Field(ge=1, le=65535, description="The coordinator's HTTP port.")
+
+
 class Refused(_Msg):
     """The coordinator does not admit this REGISTER (no token, or the wrong one). The engine gets
     no traffic; it logs ``reason`` and keeps trying at its reconnect backoff, so fixing the token
@@ -451,16 +475,16 @@ class Configure(_Msg):
 
 
 Message = (Register | Heartbeat | Goodbye | Tokens | Progress | Done | Error | ConfigureReply | LoadDone
-           | Welcome | StreamOffer | Refused | Ping | Reregister | Generate | Cancel | Configure)
+           | Welcome | StreamOffer | FilesOffer | Refused | Ping | Reregister | Generate | Cancel | Configure)
 
 KINDS: dict[bytes, type[_Msg]] = {cls.KIND: cls for cls in (
     Register, Heartbeat, Goodbye, Tokens, Progress, Done, Error, ConfigureReply, LoadDone,
-    Welcome, StreamOffer, Refused, Ping, Reregister, Generate, Cancel, Configure)}
+    Welcome, StreamOffer, FilesOffer, Refused, Ping, Reregister, Generate, Cancel, Configure)}
 
 FROM_ENGINE = frozenset({Register, Heartbeat, Goodbye, Tokens, Progress, Done, Error, ConfigureReply, LoadDone})
 BATCHABLE = frozenset({Tokens, Progress, Done, Error})  # the only kinds a batch may carry (see encode_batch)
 MAX_BATCH = 4096  # messages in one batch: a receiver refuses more before decoding any
-TO_ENGINE = frozenset({Welcome, StreamOffer, Refused, Ping, Reregister, Generate, Cancel, Configure})
+TO_ENGINE = frozenset({Welcome, StreamOffer, FilesOffer, Refused, Ping, Reregister, Generate, Cancel, Configure})
 
 
 class BusEncodeError(ValueError):
