@@ -164,6 +164,7 @@ def test_a_fetch_cut_at_half_resumes_from_where_it_stopped(
     assert SMOLLM_SIZE * 0.3 < kept < SMOLLM_SIZE, kept
     assert not (own / SMOLLM).exists()
     e.stop()
+    e.notify.path.unlink(missing_ok=True)  # the next engine of the same name binds its own
     e2 = start_engine(name="fe", defaults={"n_ctx": 1024, "n_threads": 1, "n_parallel": 1},
                       extra={"models_dir": str(own), "bus": c.engine_bus(heartbeat_interval_s=0.5)})
     c.wait_engines(lambda es: es.get("fe", {}).get("alive") is True and es["fe"]["pid"] == e2.proc.pid,
