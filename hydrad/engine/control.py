@@ -60,7 +60,8 @@ class EngineControl:
         self.core = core
         self.registry = registry
         self.fetcher = fetcher  # a model the disk lacks resolves as fetchable while it has a source
-        core.loader.fetcher = fetcher
+        if fetcher is not None:
+            core.use_fetcher(fetcher)
         self.layers = ParamLayers(yaml=dict(yaml_defaults), model_defaults=registry.defaults_for)
         self.resolved: ResolvedModel | None = None
         self._pending_payload: dict[str, Any] | None = None  # what the running load applies

@@ -220,6 +220,10 @@ class EngineCore:
         """T3: load a model (see :meth:`hydrad.engine.loading.Loader.load`)."""
         return self.loader.load(*args, **kwargs)
 
+    def use_fetcher(self, fetcher: Any) -> None:
+        """At start: loads of a model the disk lacks fetch it with ``fetcher`` (``hydrad.engine.fetch``) first."""
+        self.loader.fetcher = fetcher
+
     async def warm_estimate(self, resolved: Any, params: RuntimeParams, kv_bytes_per_token: int | None) -> None:
         """Off the event loop: what :meth:`load` estimates, read ahead (see ``Loader.warm_estimate``)."""
         await asyncio.to_thread(self.loader.warm_estimate, resolved, params, kv_bytes_per_token)
