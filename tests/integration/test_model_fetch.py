@@ -11,6 +11,7 @@ import hashlib
 import json
 import shutil
 import signal
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -235,3 +236,34 @@ def test_the_files_door_takes_only_the_pools_token_and_registry_names(tmp_path: 
     r = httpx.get(f"{c2.url}/models/files/smollm2-135m", timeout=30)
     assert r.status_code == 403 and "bus_token_file" in r.json()["error"]["message"]
     c2.stop()
+
+
+def test_a_superseded_load_stops_its_fetch_and_a_stalled_one_fails_in_time(
+        tmp_path: Path, start_engine: Callable[..., Engine]) -> None:
+    """A configure that supersedes a fetching load (here: unload) stops the transfer: the partial file
+    stops growing. A source that goes silent (the coordinator stopped) fails the load after
+    fetch.stall_timeout_s, naming the stall, and the next load resumes."""
+    c, e, own = _pool(tmp_path, start_engine, rate=16.0, fetch={"stall_timeout_s": 2})
+    part = own / f".{SMOLLM}.hydra-part"
+    assert e.configure(wait=False, model="smollm2-135m").status_code == 202
+    eventually(lambda: part.exists() and part.stat().st_size > 8 << 20, 60, "the fetch under way", interval=0.05)
+    assert e.configure(model=None).status_code == 200
+    first = next(ld for ld in _loads(e) if ld["model"] == "smollm2-135m")
+    assert first["phase"] == "aborted", first
+    size = part.stat().st_size
+    time.sleep(1.0)
+    assert part.stat().st_size == size < SMOLLM_SIZE  # nothing more arrives
+    assert e.configure(wait=False, model="smollm2-135m").status_code == 202
+    eventually(lambda: part.stat().st_size > size + (4 << 20), 60, "the fetch resumed", interval=0.05)
+    c.proc.send_signal(signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        load = eventually(lambda: next((ld for ld in _loads(e) if ld["phase"] == "failed"), None), 30,
+                          "the stalled load to fail", interval=0.1)
+        assert "stalled" in load["error"] and "fetch.stall_timeout_s" in load["error"], load
+        assert time.monotonic() - t0 < 10
+    finally:
+        c.proc.send_signal(signal.SIGCONT)
+    r = e.configure(model="smollm2-135m")
+    assert r.status_code == 200, r.text
+    assert r.json()["load"]["fetch"]["resumed_from"] > size
