@@ -27,7 +27,7 @@ from hydrad.common import templatekwargs
 from hydrad.common.netaccess import split_endpoint
 from hydrad.wire import events
 from hydrad.wire import logprobs as lp
-from hydrad.wire.busparts import Alternative as Alternative, Image, TokenLogprob, ToolCall  # re-exported: M.Alternative
+from hydrad.wire.busparts import Alternative as Alternative, FetchStatus as FetchStatus, Image, TokenLogprob, ToolCall  # re-exported: M.Alternative
 from hydrad.wire.images import MAX_IMAGES
 from hydrad.wire.gpuinfo import GpuInfo
 from hydrad.wire.requests import MAX_LORA_ENTRIES, GenRequest, InfillParts, LoraScale, SamplingOverrides
@@ -54,17 +54,6 @@ class _Msg(BaseModel):
 
 
 # ----- shared parts ----------------------------------------------------------------------
-
-
-class FetchStatus(BaseModel):
-    """A model file transfer under way before a load (``hydrad.engine.fetch``); ``text`` is what to show."""
-
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-    bytes: int = Field(0, ge=0, description="Bytes of the file on disk so far (a resumed fetch starts above 0).")
-    total: int = Field(0, ge=0, description="The file's size.")
-    bps: float | None = Field(None, ge=0, description="Bytes a second over the last seconds.")
-    eta_s: float | None = Field(None, ge=0, description="Seconds left at that rate.")
-    text: str = Field("", max_length=128, description="'fetching 37%, 120 MB/s, ETA 12 s'.")
 
 
 class EngineStatus(BaseModel):
@@ -346,10 +335,9 @@ class StreamOffer(_Msg):
 
 
 class FilesOffer(_Msg):
-    """The coordinator serves the registry's model files (``GET /models/files/<name>`` on its HTTP port),
-    offered right after WELCOME when it does (a bus token and ``models_dir`` set). The engine fetches a
-    model it lacks from ``http://<the bus's host>:<port>`` unless its ``fetch.url`` names another place.
-    A kind of its own for the reason StreamOffer is one."""
+    """Sent after WELCOME when the coordinator serves the registry's model files (``GET /models/files/<name>``
+    on ``port``): an engine fetches a model it lacks from ``http://<bus host>:<port>`` unless ``fetch.url``
+    says otherwise. A kind of its own for the reason StreamOffer is one."""
 
     KIND = b"FILES"
     port: int = Field(ge=1, le=65535, description="The coordinator's HTTP port.")
