@@ -64,9 +64,12 @@ def fmt_secs(v: float | None) -> str:
 
 
 def fmt_load(state: PoolModel, row: EngineRow) -> str:
-    """``42% · 3.1s · ETA 4.0s`` for a load under way (the parts known so far)."""
+    """``42% · 3.1s · ETA 4.0s`` for a load under way (the parts known so far); ``fetching 37%, 120 MB/s, ETA
+    12 s · 3.1s · ...`` while the engine fetches the model's file first."""
     parts = []
-    if row.progress is not None:
+    if row.fetch:  # the model's file comes first: its transfer says more than the load's 0%
+        parts.append(row.fetch)
+    elif row.progress is not None:
         parts.append(f"{row.progress * 100:.0f}%")
     elapsed = state.load_elapsed(row)
     if elapsed is not None:
@@ -116,6 +119,8 @@ def describe_event(topic: str, data: dict[str, Any]) -> str:
     if topic == "engine.progress":
         p = fraction(data.get("progress"))
         pct = "?" if p is None else f"{p * 100:.0f}%"
+        if isinstance(data.get("fetch"), str):
+            pct = data["fetch"]
         return f"{e} {data.get('stage')} {data.get('loading_model') or ''} {pct}".replace("  ", " ")
     if topic == "engine.load":
         return f"{e} loading {data.get('model')} ({data.get('why')})"
@@ -125,7 +130,8 @@ def describe_event(topic: str, data: dict[str, Any]) -> str:
         return f"profile {data.get('previous')} → {data.get('profile')}: reloading {engines}{extra}"
     if topic == "profile.progress":
         p = fraction(data.get("progress"))
-        return f"profile {data.get('profile')}: {e} {data.get('stage')} {'?' if p is None else f'{p * 100:.0f}%'}"
+        shown = data["fetch"] if isinstance(data.get("fetch"), str) else "?" if p is None else f"{p * 100:.0f}%"
+        return f"profile {data.get('profile')}: {e} {data.get('stage')} {shown}"
     if topic == "profile.engine":
         phase = data.get("phase")
         if phase == "configuring":

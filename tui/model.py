@@ -50,6 +50,7 @@ class EngineRow:
     pair_peers: list[str] | None = None  # a head's peers by engine name (the coordinator's; None: not given)
     pair_heads: list[str] | None = None  # a peer's heads by engine name
     progress: float | None = None
+    fetch: str | None = None  # "fetching 37%, 120 MB/s, ETA 12 s" while the engine fetches the model's file
     slots_busy: int = 0
     slots_total: int = 0
     queued: int = 0
@@ -211,6 +212,9 @@ class PoolModel:
             for key in SNAPSHOT_FIELDS:
                 if key in item and not (newer and key in EVENT_FIELDS):
                     setattr(row, key, item[key])
+            if not (newer and "progress" in EVENT_FIELDS):
+                fetch = item.get("fetch")
+                row.fetch = str(fetch["text"]) if isinstance(fetch, dict) and fetch.get("text") else None
             if isinstance(item.get("gpu"), dict):
                 row.gpu = dict(item["gpu"])
             if isinstance(item.get("last_configure"), dict) or item.get("last_configure", 0) is None:
@@ -332,16 +336,19 @@ class PoolModel:
             row.alive = False
             row.down_reason = data.get("reason") or "down"
             row.progress = None
+            row.fetch = None
         elif topic == "engine.stage":
             row.stage = data.get("stage") or row.stage
             row.model = data.get("model")
             row.loading_model = data.get("loading_model")
             if row.stage not in LOADING_STAGES:
                 row.progress = None
+                row.fetch = None
             row.last_seen = now  # published when a heartbeat arrives
         elif topic == "engine.progress":
             row.stage = data.get("stage") or row.stage
             row.progress = fraction(data.get("progress"))
+            row.fetch = data.get("fetch") if isinstance(data.get("fetch"), str) else None
             row.loading_model = data.get("loading_model") or row.loading_model
             row.last_seen = now
         elif topic == "engine.load":

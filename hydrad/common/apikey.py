@@ -33,7 +33,7 @@ A = TypeVar("A", bound="InferenceAccess")
 ENV_API_KEY = "HYDRA_API_KEY"
 OPEN_PATHS = frozenset({"/health", "/livez", "/v1/health", "/metrics", "/version", "/models", "/v1/models",
                         "/openapi.json"})
-OWN_CREDENTIALS = ("/control", "/slots", "/admin")
+OWN_CREDENTIALS = ("/control", "/slots", "/admin", "/models/files/")
 
 
 class InferenceAccess(HostAccess):

@@ -1,7 +1,7 @@
 """CORS for the inference endpoints of both daemons, so a web page on a configured origin can call
 the OpenAI and llama-server endpoints as it would llama-server's (``--cors``-style).
 
-Only inference: the control surfaces (an engine's ``/control/*`` and ``/slots/*``, the
+Only inference: the control surfaces (an engine's ``/control/*`` and ``/slots/*``, the coordinator's ``/models/files/*``, the
 coordinator's ``/admin/*``) never answer a browser's preflight, so a page on an allowed origin
 cannot reconfigure a pool through its visitor's browser on the pool's own host. No origin is
 allowed unless configured.
@@ -14,7 +14,7 @@ from typing import Any
 
 from starlette.middleware.cors import CORSMiddleware
 
-CONTROL_PREFIXES = ("/control", "/slots", "/admin")
+CONTROL_PREFIXES = ("/control", "/slots", "/admin", "/models/files/")
 _ORIGIN = re.compile(r"^https?://[A-Za-z0-9.\-\[\]:]+$")
 
 

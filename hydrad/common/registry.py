@@ -22,7 +22,12 @@ class ModelEntry(BaseModel):
     path: str = Field(description="GGUF file, relative to the engine's models_dir unless absolute.")
     arch: str | None = Field(None, description="Architecture as the GGUF names it (llama, gemma3, ...).")
     quant: str | None = Field(None, description="Weight quantization (Q4_1, Q4_K_M, ...).")
-    size_bytes: int | None = Field(None, ge=0, description="File size, for placement before the file is opened.")
+    size_bytes: int | None = Field(None, ge=0, description="File size, for placement before the file is opened; with "
+                                   "sha256, an engine that lacks the file may fetch it from the coordinator.")
+    sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$", description="SHA-256 of the file (64 lower-case hex "
+                               "digits). With size_bytes it makes the model fetchable: an engine whose models_dir "
+                               "lacks the file fetches it from the coordinator and checks it against this before "
+                               "loading. Without them the entry serves models already on disk.")
     kv_bytes_per_token: int | None = Field(None, ge=0, description="KV cache bytes per token at f16, for placement.")
     description: str = Field("", description="Free text shown by /v1/models.")
     aliases: list[Annotated[str, StringConstraints(min_length=1, max_length=256)]] = Field(
@@ -71,6 +76,7 @@ class ResolvedModel:
     path: Path
     entry: ModelEntry | None
     models_dir: Path | None = None  # where the adapters a load names (lora_adapters, control_vectors) are looked up
+    fetch: bool = False  # the file is not here yet: the load fetches it from the pool first (entry has size and sha256)
 
     @property
     def id(self) -> str:
@@ -131,14 +137,21 @@ class Registry:
         entry = self.entries.get(model)
         return dict(entry.defaults) if entry else {}
 
-    def resolve(self, name: str) -> ResolvedModel:
+    def resolve(self, name: str, fetchable: bool = False) -> ResolvedModel:
+        """The model a name means. A registered model whose file is missing is an ``UnknownModel``, unless
+        ``fetchable`` (this engine can fetch files from its pool) and the entry says what the file is
+        (``size_bytes`` and ``sha256``): then it resolves with ``fetch`` set, and the load fetches it."""
         name = self._by_alias.get(name, name)
         entry = self.entries.get(name)
         if entry is not None:
             p = Path(entry.path)
             path = p if p.is_absolute() else self.models_dir / p
             if not path.is_file():
-                raise UnknownModel(f"model '{name}' is registered but its file is missing: {path}")
+                if fetchable and not p.is_absolute() and entry.sha256 and entry.size_bytes:
+                    return ResolvedModel(name, path, entry, self.models_dir, fetch=True)
+                how = "" if entry.sha256 and entry.size_bytes else \
+                    " (an entry with size_bytes and sha256 can be fetched from the coordinator)"
+                raise UnknownModel(f"model '{name}' is registered but its file is missing: {path}{how}")
             return ResolvedModel(name, path, entry, self.models_dir)
         p = Path(name)
         for candidate in ([p] if p.is_absolute() else [self.models_dir / p]):

@@ -91,6 +91,7 @@ class CoordinatorBus:
         self.token: str | None = None  # the pool's bus token; None = an open bus (loopback only)
         self.events_door = EventsDoor(tokenfile.new_token())  # the daemon sets the pool's; until then nobody subscribes
         self.request_stream: RequestStreamDoor | None = None  # the request path beside the bus, when configured
+        self.files_port: int | None = None  # the HTTP port serving model files (FILES after WELCOME), when it does
 
     def load_token(self) -> None:
         """Read the bus token (``HYDRA_BUS_TOKEN_FILE`` wins over ``bus_token_file``); raises TokenError."""
@@ -174,6 +175,15 @@ class CoordinatorBus:
         self._ctx.term()
 
     # ----- sending ---------------------------------------------------------------------
+
+    def offer_files(self, port: int) -> None:
+        """Model files are served on ``port`` from now on: engines registering later get FILES after WELCOME,
+        and those already registered (they may have come while the HTTP door was starting) get it now."""
+        self.files_port = port
+        for name, rec in list(self.engines.items()):
+            if rec.alive:
+                with contextlib.suppress(EngineUnreachable, M.BusEncodeError):
+                    self.send(name, M.FilesOffer(port=port))
 
     def send(self, engine: str, msg: Any, on_stream: bool = False) -> None:
         """Non-blocking send to an admitted engine; ``EngineUnreachable`` when it is not connected or
@@ -435,6 +445,8 @@ class CoordinatorBus:
             self.send(name, M.Welcome(coordinator=self.settings.name, version=self.version))
             if self.request_stream is not None:
                 self.send(name, M.StreamOffer(endpoint=self.request_stream.endpoint))
+            if self.files_port is not None:
+                self.send(name, M.FilesOffer(port=self.files_port))
         if repeat:
             self._status(rec, msg.status)
             return
@@ -463,9 +475,10 @@ class CoordinatorBus:
             log_event(log, logging.INFO, "engine stage", engine=rec.name, stage=status.stage, model=status.model or "-")
             self.publish("engine.stage", engine=rec.name, stage=status.stage, previous=old.stage, model=status.model,
                          loading_model=status.loading_model)
-        if status.progress is not None and status.progress != old.progress:
+        if status.progress is not None and (status.progress != old.progress or status.fetch != old.fetch):
             self.publish("engine.progress", engine=rec.name, stage=status.stage, progress=status.progress,
-                         loading_model=status.loading_model, load_id=status.load_id)
+                         loading_model=status.loading_model, load_id=status.load_id,
+                         **({"fetch": status.fetch.text} if status.fetch is not None else {}))
         self._notify("status", rec)
 
     # ----- liveness --------------------------------------------------------------------

@@ -35,6 +35,7 @@ from hydrad.coordinator.bus import CoordinatorBus
 from hydrad.coordinator.eventsdoor import EventsDoor, events_token
 from hydrad.coordinator.frontdoor import FrontDoor, exception_handlers
 from hydrad.coordinator.guard import Guard
+from hydrad.coordinator.modelfiles import ModelFiles, model_file_routes
 from hydrad.coordinator.profiles import ProfileSet, load_profiles
 from hydrad.coordinator.sessions import SessionKeeper
 from hydrad.coordinator.settings import ConfigError, CoordinatorSettings, LoadedConfig, bus_is_loopback, load_config
@@ -123,7 +124,9 @@ class CoordinatorDaemon:
                 await bus.close()
                 return 2
         front = FrontDoor(s, bus, switcher, registry, affinity, keeper)
-        routes = front.routes() + admin_routes(bus, switcher, affinity, front)
+        files = ModelFiles(registry, s.models_dir, [t for t in (bus.token, admin_token) if t] if bus.token else [],
+                           s.model_files_rate_mib_s)
+        routes = front.routes() + admin_routes(bus, switcher, affinity, front) + model_file_routes(files)
         described = openapi_route(routes, "hydra-coordinator", __version__, bodies={**FRONT_DOOR_BODIES, **ADMIN_BODIES})
         app = Starlette(routes=[*routes, described], exception_handlers=exception_handlers())
         keyed = with_api_key(app, api_keys(s.http))
@@ -142,10 +145,16 @@ class CoordinatorDaemon:
                 return 1
             await asyncio.sleep(0.005)
         port = server.servers[0].sockets[0].getsockname()[1] if server.servers else s.http.port
+        if s.models_dir is not None and bus.token is not None:
+            bus.offer_files(port)
+        elif s.models_dir is not None:
+            log_event(log, logging.WARNING, "models_dir is set but the bus has no token: model files are served to "
+                      "nobody; set bus_token_file", models_dir=str(s.models_dir))
         log_event(log, logging.INFO, "listening", http=f"{s.http.host}:{port}", bus=bus.bus_endpoint,
                   events=bus.events_endpoint, profile=switcher.active or "-", version=__version__,
                   bus_token=bus.token is not None, admin_token=admin_token is not None, events_token=events_source,
-                  admin_allow_from=",".join(s.admin_allow_from), fd_limit=fd_limit)
+                  admin_allow_from=",".join(s.admin_allow_from), fd_limit=fd_limit,
+                  model_files=str(s.models_dir) if bus.files_port is not None else "-")
         self.notifier.ready()
         tasks = [asyncio.create_task(self._watchdog(bus), name="watchdog"),
                  asyncio.create_task(self._status(bus, front, switcher), name="status")]

@@ -119,6 +119,12 @@ class CoordinatorSettings(BaseModel):
     admin_token_file: Path | None = Field(None, description="File holding the admin token; when set, /admin/* also needs 'Authorization: Bearer <token>' (else 401).")
     max_body_bytes: int = Field(8 << 20, ge=1024, le=1 << 30, description="Largest request body the front door and /admin accept; larger ones get 413 before they are read.")
     body_timeout_s: float = Field(30.0, gt=0, le=3600, description="Longest time a client may take to send a request body (else 408).")
+    models_dir: Path | None = Field(None, description="Directory of the registry's model files that the coordinator "
+                                    "serves to engines lacking one (GET /models/files/<name>, for holders of the bus "
+                                    "token; docs/coordinator.md, 'Model distribution'). Unset: it serves none.")
+    model_files_rate_mib_s: float = Field(0.0, ge=0, le=1 << 20, description="Most MiB a second one model file "
+                                          "transfer to an engine may take (0: as fast as the link goes), so that a "
+                                          "fetch leaves the pool's requests their share of the link.")
     sessions: SessionSettings = Field(default_factory=SessionSettings, description="Sessions kept in the Store so "
                                       "that they outlive their engine (docs/store.md).")
     logging: LogSettings = Field(default_factory=LogSettings, description="Logging.")
@@ -175,7 +181,7 @@ def load_config(path: str | Path | None) -> LoadedConfig:
     defaults = {"registry": "models.yaml", "profiles": "profiles.yaml"}
     updates: dict[str, Any] = {key: beside(base, getattr(settings, key), defaults.get(key))
                                for key in ("registry", "profiles", "state_dir", "bus_token_file", "admin_token_file",
-                                           "events_token_file")}
+                                           "events_token_file", "models_dir")}
     updates["http"] = resolve_api_key(p, settings.http)
     sessions = settings.sessions
     updates["sessions"] = sessions.model_copy(update={

@@ -276,6 +276,8 @@ class ProfileSwitcher:
             heard.set()  # wakes the configures waiting for this engine's status (_until_serving)
         if kind == "status" and rec.name in self.configuring and rec.status.progress is not None:
             p = {"stage": rec.status.stage, "progress": rec.status.progress, "model": rec.status.loading_model}
+            if rec.status.fetch is not None:  # the engine fetches the model's file first: its transfer
+                p["fetch"] = rec.status.fetch.text
             if self.progress.get(rec.name) != p:
                 self.progress[rec.name] = p
                 self.bus.publish("profile.progress", profile=self.active, engine=rec.name, **p)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hydrad.engine.core import EngineBusy, EngineCore
+from hydrad.engine.fetch import ModelFetcher
 from hydrad.common.logs import log_event
 from hydrad.common.params import ParamError, ParamLayers, RuntimeParams, Tier
 from hydrad.common.registry import Registry, ResolvedModel, UnknownModel
@@ -54,9 +55,13 @@ class ConfigureResult:
 
 
 class EngineControl:
-    def __init__(self, core: EngineCore, registry: Registry, yaml_defaults: dict[str, Any]) -> None:
+    def __init__(self, core: EngineCore, registry: Registry, yaml_defaults: dict[str, Any],
+                 fetcher: ModelFetcher | None = None) -> None:
         self.core = core
         self.registry = registry
+        self.fetcher = fetcher  # a model the disk lacks resolves as fetchable while it has a source
+        if fetcher is not None:
+            core.use_fetcher(fetcher)
         self.layers = ParamLayers(yaml=dict(yaml_defaults), model_defaults=registry.defaults_for)
         self.resolved: ResolvedModel | None = None
         self._pending_payload: dict[str, Any] | None = None  # what the running load applies
@@ -90,7 +95,9 @@ class EngineControl:
         return self.layers.effective()
 
     def resolve(self, name: str) -> ResolvedModel:
-        return self.registry.resolve(name)
+        """The model ``name`` means; a registry model missing from disk resolves as one to fetch while this
+        engine has a source to fetch from (the coordinator's offer, or ``fetch.url``)."""
+        return self.registry.resolve(name, fetchable=self.fetcher is not None and self.fetcher.can_fetch)
 
     async def boot(self) -> ConfigureResult | None:
         """Load the YAML layer's model, if it names one (the engine is already READY by then), unless a

@@ -220,6 +220,10 @@ class EngineCore:
         """T3: load a model (see :meth:`hydrad.engine.loading.Loader.load`)."""
         return self.loader.load(*args, **kwargs)
 
+    def use_fetcher(self, fetcher: Any) -> None:
+        """At start: loads of a model the disk lacks fetch it with ``fetcher`` (``hydrad.engine.fetch``) first."""
+        self.loader.fetcher = fetcher
+
     async def warm_estimate(self, resolved: Any, params: RuntimeParams, kv_bytes_per_token: int | None) -> None:
         """Off the event loop: what :meth:`load` estimates, read ahead (see ``Loader.warm_estimate``)."""
         await asyncio.to_thread(self.loader.warm_estimate, resolved, params, kv_bytes_per_token)
@@ -317,7 +321,8 @@ class EngineCore:
                 last_error=self.last_error, slots_busy=busy, slots_total=total, queued=queued,
                 max_queue=self.max_queue, params=self.params or (gen.params if gen is not None else None),
                 device=self.device, stats=self.stats,
-                standby=self._standby_view(), asleep=self.asleep)
+                standby=self._standby_view(), asleep=self.asleep,
+                fetch=dict(rec.fetch) if rec is not None and rec.fetch and rec.phase == "fetching" else None)
         return snap
 
     def _standby_view(self) -> dict[str, Any] | None:

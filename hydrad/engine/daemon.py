@@ -21,6 +21,7 @@ from hydrad.common import fdlimit
 from hydrad.common.cpus import CpuLimits, usable_cpus
 from hydrad.engine import ggml, jinjabox, llama
 from hydrad.engine.control import EngineControl
+from hydrad.engine.fetch import ModelFetcher
 from hydrad.engine.sleep import IdleSleep
 from hydrad.engine.core import EngineCore
 from hydrad.engine.pulse import LoopTicker, Pulse
@@ -77,7 +78,8 @@ class Daemon:
         except ValueError as exc:
             log_event(log, logging.ERROR, "bad model registry", error=str(exc))
             return 2
-        self.control = EngineControl(self.core, registry, s.defaults)
+        fetcher = ModelFetcher(s.fetch, s.models_dir, s.bus.token_path) if s.fetch.enabled else None
+        self.control = EngineControl(self.core, registry, s.defaults, fetcher)
         from hydrad.engine.http.app import build_app
 
         app = with_api_key(build_app(s, self.control), api_keys(s.http, self.loaded.api_keys))

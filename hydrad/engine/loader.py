@@ -36,7 +36,7 @@ class LoadRecord:
     policy: str = "overlap"
     carry_kv: bool = False
     keep_standby: bool = False  # an expert-mode switch: the replaced generation stays resident as the standby
-    phase: str = "queued"  # queued → draining → loading → warming → installing → done | failed | aborted
+    phase: str = "queued"  # queued → draining → fetching → loading → warming → installing → done | failed | aborted
     progress: float = 0.0
     error: str | None = None
     estimate: dict[str, Any] = field(default_factory=dict)
@@ -46,6 +46,7 @@ class LoadRecord:
     seconds: float | None = None
     run_t0: float | None = field(default=None, repr=False, compare=False)  # time.monotonic() when the loader began
     carried: dict[str, int] = field(default_factory=dict)
+    fetch: dict[str, Any] | None = None  # the model file's transfer, when the disk lacked it (hydrad.engine.fetch)
     threads_lent: int = 0  # CPU threads the serving generation lends this load (load_threads; it keeps at least one)
     abort: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
     ended: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
@@ -85,7 +86,8 @@ class LoadRecord:
         return {"id": self.id, "model": self.model, "policy": self.policy, "carry_kv": self.carry_kv,
                 "phase": self.phase, "progress": round(self.progress, 4), "error": self.error,
                 "estimate": self.estimate, "weights": self.weights, "started": self.started, "timings": self.timings,
-                "seconds": self.seconds, "carried": self.carried, "threads_lent": self.threads_lent}
+                "seconds": self.seconds, "carried": self.carried, "threads_lent": self.threads_lent,
+                **({"fetch": dict(self.fetch)} if self.fetch is not None else {})}
 
 
 TERMINAL_PHASES = ("done", "failed", "aborted")

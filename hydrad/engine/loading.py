@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import threading
 import time
@@ -20,6 +21,7 @@ from hydrad.common.params import RuntimeParams
 from hydrad.common.registry import ResolvedModel
 from hydrad.engine import llama, weights
 from hydrad.engine.commands import Abandon, Drain, Install, Rebuild, Resume
+from hydrad.engine.fetch import FetchAborted, ModelFetcher
 from hydrad.engine.generation import Generation, build_generation
 from hydrad.engine.gpu import GPU_KINDS, local_devices
 from hydrad.engine.loader import LoadRecord, choose_policy, estimate, mem_available
@@ -62,6 +64,7 @@ class Loader:
         self.drain: tuple[float, Drain] | None = None  # drain-policy reload in progress: (deadline, command)
         self._load_ids = 0
         self._lock = threading.Lock()  # guards current_load between the loader threads and the others
+        self.fetcher: ModelFetcher | None = None  # fetches a model the disk lacks before its load (set once, at start)
 
     def busy(self) -> bool:
         """Whether a load, rebuild or swap is under way (a second one is refused)."""
@@ -158,6 +161,7 @@ class Loader:
                 rec.timings["drain_s"] = round(time.monotonic() - t0, 4)
             if rec.abort.is_set():
                 raise llama.LoadAborted("superseded by a newer configure")
+            resolved = self._fetched(rec, resolved, reloading)
             rec.phase = "loading"
             if not self.reaper.wait(60):  # a generation the reaper still holds: its memory is wanted now
                 log_event(log, logging.WARNING, "a retired generation is still being freed; loading beside it")
@@ -187,7 +191,7 @@ class Loader:
             if on_success is not None:
                 on_success()
         except Exception as exc:  # the old generation keeps serving (overlap); report and roll back the stage
-            aborted = isinstance(exc, llama.LoadAborted)
+            aborted = isinstance(exc, (llama.LoadAborted, FetchAborted))
             if drained and not aborted and previous is not None and self.gen is None:
                 self._restore_previous(rec, previous)
             rec.phase, rec.error = ("aborted" if aborted else "failed"), str(exc)
@@ -215,6 +219,32 @@ class Loader:
             self.current_load = None
         self.core.set_stage("ready")
         rec.end()
+
+    def _fetched(self, rec: LoadRecord, resolved: ResolvedModel, reloading: bool) -> ResolvedModel:
+        """On the loader thread: the model's file, fetched first when the disk lacks it (``rec.fetch`` and
+        the engine's stage report the transfer); a fetched file this load uses becomes the most recently
+        used. FetchError / FetchAborted end the load like any failure / abort."""
+        fetcher = self.fetcher
+        if not resolved.fetch:
+            if fetcher is not None:
+                with contextlib.suppress(OSError):
+                    fetcher.cache.touch(resolved.path)
+            return resolved
+        if fetcher is None:
+            raise RuntimeError(f"model '{resolved.id}' is not on disk and this engine fetches no models")
+        rec.phase = "fetching"
+        stage = "reloading" if reloading else "loading_model"
+
+        def report(figures: dict[str, Any]) -> None:
+            rec.fetch = figures
+            self.core.set_stage(stage, 0.0)
+
+        in_use = [g.resolved.path for g in (self.gen, self.standby, *self.retiring) if g is not None]
+        t0 = time.monotonic()
+        rec.fetch = {"bytes": 0, "total": resolved.entry.size_bytes if resolved.entry else None}
+        fetcher.fetch(resolved, report, rec.abort, in_use)
+        rec.timings["fetch_s"] = round(time.monotonic() - t0, 4)
+        return dataclasses.replace(resolved, fetch=False)
 
     def _restore_previous(self, rec: LoadRecord, previous: tuple[ResolvedModel, RuntimeParams]) -> None:
         """Drain freed the old model before the new one failed: load the old one back so the engine

@@ -9,6 +9,7 @@ repository read the same config the same way.
 from __future__ import annotations
 
 import hmac
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -161,6 +162,12 @@ class BusSettings(BaseModel):
             raise ValueError(f"token_file must be an absolute path (got {str(v)!r})")
         return v
 
+    def token_path(self) -> Path | None:
+        """The bus token's file: ``$HYDRA_BUS_TOKEN_FILE`` (``hydractl up`` sets it for its pool) wins over
+        ``token_file``. Read again by each user (REGISTER, a model fetch), so a replaced file takes effect."""
+        env = os.environ.get(tokenfile.ENV_BUS_TOKEN_FILE, "").strip()
+        return Path(env) if env else self.token_file
+
     @model_validator(mode="after")
     def _curve(self) -> "BusSettings":
         if (self.curve_public_key is None) != (self.curve_secret_key is None):
@@ -168,6 +175,24 @@ class BusSettings(BaseModel):
         if self.curve_public_key is not None and self.curve_server_key is None:
             raise ValueError("an engine key pair needs curve_server_key (the coordinator's public key)")
         return self
+
+
+class FetchSettings(BaseModel):
+    """Fetching a registry model this engine's disk lacks from the pool (docs/coordinator.md, 'Model distribution')."""
+
+    model_config = ConfigDict(extra="forbid")
+    enabled: bool = Field(True, description="Fetch a registry model whose file is missing from models_dir (its entry "
+                          "must give size_bytes and sha256) before loading it. Off: such a load is refused, as "
+                          "for a model the registry does not know.")
+    url: str | None = Field(None, pattern=r"^https?://[^/\s]+/?$", description="Where to fetch from: the "
+                            "coordinator's HTTP door, http://host:port. Unset: the address the coordinator offers "
+                            "on the bus (its bus host and HTTP port).")
+    models_cache_gib: float = Field(64.0, gt=0, le=1 << 20, description="Most GiB of fetched model files kept in "
+                                    "models_dir; a fetch beyond it first deletes the least recently used fetched "
+                                    "files (never the model in use, never a file the operator put there).")
+    stall_timeout_s: float = Field(30.0, gt=0, le=3600, description="A transfer that receives no byte for this long "
+                                   "fails the load (a later load resumes it).")
+    connect_timeout_s: float = Field(10.0, gt=0, le=600, description="Longest wait to connect to the source.")
 
 
 class PrefixSettings(BaseModel):
@@ -245,6 +270,8 @@ class EngineSettings(BaseModel):
                                    "prefix copied from another slot or restored from the pool's Store instead of "
                                    "prefilled again.")
     bus: BusSettings = Field(default_factory=BusSettings, description="Link to the coordinator's bus.")
+    fetch: FetchSettings = Field(default_factory=FetchSettings, description="Fetching model files this engine "
+                                 "lacks from the coordinator.")
     templates: TemplateLimits = Field(default_factory=TemplateLimits, description="Limits on rendering a jinja chat "
                                       "template (the chat_template parameter, or the model's own, for requests with "
                                       "tools): time, memory and output of each render.")

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from hydrad.common.params import RuntimeParams
 from hydrad.engine.stats import EngineStats
-from hydrad.wire.stages import LOADING_STAGES
+from hydrad.wire.stages import LOADING_STAGES, fetch_text
 
 if TYPE_CHECKING:
     from hydrad.engine.generation import Generation
@@ -78,6 +78,7 @@ class EngineSnapshot:
     device: str | None = None  # the GPU binding from the settings
     standby: dict[str, Any] | None = None  # the other expert placement, resident for a fast mode switch
     asleep: str | None = None  # the model the idle sleep freed (stage "sleeping"); the next request loads it
+    fetch: dict[str, Any] | None = None  # the running load's model file transfer (hydrad.engine.fetch), while it runs
     stats: EngineStats = field(default_factory=EngineStats, compare=False)  # live counters
 
     @property
@@ -103,7 +104,7 @@ def status_text(snap: EngineSnapshot, with_progress: bool = True) -> str:
     text = snap.stage
     progress = snap.loading_progress if with_progress else None
     if progress is not None:
-        text += f" {progress * 100:.0f}%"
+        text += f" {fetch_text(snap.fetch) or f'{progress * 100:.0f}%'}"
     if snap.model is not None:
         text += f" model={snap.model.id} slots={snap.slots_busy}/{snap.slots_total}"
     elif snap.asleep is not None:

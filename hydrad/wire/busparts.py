@@ -1,7 +1,7 @@
 """Parts of the bus's stream messages (hydrad.wire.messages): a token's log-probability with its
 alternatives, and a tool call, as TOKENS carries them; each converts to and from the engine's own
 type. Re-exported by hydrad.wire.messages, where the messages that carry them are; and a GENERATE's
-images (:data:`Image`), as base64 text."""
+images (:data:`Image`), as base64 text; a heartbeat's model file transfer (:class:`FetchStatus`)."""
 
 from __future__ import annotations
 
@@ -76,3 +76,14 @@ def _image_of(value: Any) -> bytes:
 Image = Annotated[bytes, BeforeValidator(_image_of),
                   PlainSerializer(lambda b: base64.b64encode(b).decode("ascii"), return_type=str)]
 """One image of a GENERATE: bytes in the message, base64 on the wire (JSON carries no bytes)."""
+
+
+class FetchStatus(BaseModel):
+    """A model file transfer under way before a load (``hydrad.engine.fetch``); ``text`` is what to show."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    bytes: int = Field(0, ge=0, description="Bytes of the file on disk so far (a resumed fetch starts above 0).")
+    total: int = Field(0, ge=0, description="The file's size.")
+    bps: float | None = Field(None, ge=0, description="Bytes a second over the last seconds.")
+    eta_s: float | None = Field(None, ge=0, description="Seconds left at that rate.")
+    text: str = Field("", max_length=128, description="'fetching 37%, 120 MB/s, ETA 12 s'.")

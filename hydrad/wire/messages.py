@@ -27,7 +27,7 @@ from hydrad.common import templatekwargs
 from hydrad.common.netaccess import split_endpoint
 from hydrad.wire import events
 from hydrad.wire import logprobs as lp
-from hydrad.wire.busparts import Alternative as Alternative, Image, TokenLogprob, ToolCall  # re-exported: M.Alternative
+from hydrad.wire.busparts import Alternative as Alternative, FetchStatus as FetchStatus, Image, TokenLogprob, ToolCall  # re-exported: M.Alternative
 from hydrad.wire.images import MAX_IMAGES
 from hydrad.wire.gpuinfo import GpuInfo
 from hydrad.wire.requests import MAX_LORA_ENTRIES, GenRequest, InfillParts, LoraScale, SamplingOverrides
@@ -85,6 +85,9 @@ class EngineStatus(BaseModel):
     load_seconds: float | None = Field(None, ge=0, description="How long the last model load took.")
     vram_free: int | None = Field(None, ge=0)
     last_error: str | None = Field(None, max_length=4096)
+    fetch: FetchStatus | None = Field(None, description="The running load's model file transfer, while the engine "
+                                      "fetches the file from the pool; absent otherwise (so a coordinator of an "
+                                      "earlier release hears it only while a fetch runs).")
 
 
 # A GENERATE's sampling fields are the request's own dataclass (pydantic validates a dataclass
@@ -331,6 +334,15 @@ class StreamOffer(_Msg):
         return v
 
 
+class FilesOffer(_Msg):
+    """Sent after WELCOME when the coordinator serves the registry's model files (``GET /models/files/<name>``
+    on ``port``): an engine fetches a model it lacks from ``http://<bus host>:<port>`` unless ``fetch.url``
+    says otherwise. A kind of its own for the reason StreamOffer is one."""
+
+    KIND = b"FILES"
+    port: int = Field(ge=1, le=65535, description="The coordinator's HTTP port.")
+
+
 class Refused(_Msg):
     """The coordinator does not admit this REGISTER (no token, or the wrong one). The engine gets
     no traffic; it logs ``reason`` and keeps trying at its reconnect backoff, so fixing the token
@@ -451,16 +463,16 @@ class Configure(_Msg):
 
 
 Message = (Register | Heartbeat | Goodbye | Tokens | Progress | Done | Error | ConfigureReply | LoadDone
-           | Welcome | StreamOffer | Refused | Ping | Reregister | Generate | Cancel | Configure)
+           | Welcome | StreamOffer | FilesOffer | Refused | Ping | Reregister | Generate | Cancel | Configure)
 
 KINDS: dict[bytes, type[_Msg]] = {cls.KIND: cls for cls in (
     Register, Heartbeat, Goodbye, Tokens, Progress, Done, Error, ConfigureReply, LoadDone,
-    Welcome, StreamOffer, Refused, Ping, Reregister, Generate, Cancel, Configure)}
+    Welcome, StreamOffer, FilesOffer, Refused, Ping, Reregister, Generate, Cancel, Configure)}
 
 FROM_ENGINE = frozenset({Register, Heartbeat, Goodbye, Tokens, Progress, Done, Error, ConfigureReply, LoadDone})
 BATCHABLE = frozenset({Tokens, Progress, Done, Error})  # the only kinds a batch may carry (see encode_batch)
 MAX_BATCH = 4096  # messages in one batch: a receiver refuses more before decoding any
-TO_ENGINE = frozenset({Welcome, StreamOffer, Refused, Ping, Reregister, Generate, Cancel, Configure})
+TO_ENGINE = frozenset({Welcome, StreamOffer, FilesOffer, Refused, Ping, Reregister, Generate, Cancel, Configure})
 
 
 class BusEncodeError(ValueError):

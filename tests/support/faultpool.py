@@ -22,7 +22,7 @@ import yaml
 
 from hydrad.common import tokenfile
 from tests.support.engine import REGISTRY, REPO, free_port, models_dir
-from tests.support.netpartition import NetLink
+from tests.support.netpartition import Bed, NetLink, Node
 
 MODEL = "smollm2-135m"
 ENGINES = ("rel-a", "rel-b")
@@ -122,19 +122,25 @@ class FaultPool:
     """Coordinator + engines ``rel-a`` and ``rel-b`` (one llama.cpp thread each, ``n_parallel`` slots)."""
 
     def __init__(self, root: Path | None = None, n_parallel: int = 4, n_ctx: int = 4096,
-                 isolate: dict[str, NetLink] | None = None) -> None:
+                 isolate: dict[str, NetLink] | None = None, bed: Bed | None = None) -> None:
         """``isolate``: engines that run in a network namespace of their own, reached over its veth link
-        (the partition scenario cuts it); the coordinator's bus then listens on every address."""
+        (the partition scenario cuts it); the coordinator's bus then listens on every address. ``bed``: a
+        multi-host test bed with nodes ``coordinator`` and one per engine, every daemon in its node's
+        namespace, the engines reaching the coordinator over their links (through the link's relay where
+        the bed shapes links that way), the clients (this process) over the bed's bridge."""
         self._own_root = root is None
         self.root = Path(tempfile.mkdtemp(prefix="hydra-reliability-")) if root is None else root
         self.root.mkdir(parents=True, exist_ok=True)
         self.store_dir = self.root / "session-store"
         token = self.root / "bus.token"
         tokenfile.write_token(token)
+        self.bed = bed
+        coord = bed.nodes["coordinator"] if bed is not None else None
+        chost = coord.ns_addr if coord is not None else "127.0.0.1"
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"http://{chost}:{self.port}"
         bus_port = free_port()
-        self.bus = f"tcp://127.0.0.1:{bus_port}"
+        self.bus = f"tcp://{chost}:{bus_port}"
         isolate = isolate or {}
         self.profile_params = {PROFILE: {"n_parallel": n_parallel, "n_ctx": n_ctx, "use_mmap": True},
                                ALT_PROFILE: {"n_parallel": n_parallel, "n_ctx": int(n_ctx * ALT_CTX_FACTOR),
@@ -151,22 +157,26 @@ class FaultPool:
                "first_token_timeout_s": 60, "token_timeout_s": 30, "load_timeout_s": 120,
                "state_dir": str(self.root / "coordinator-state"), "bus_token_file": str(token),
                "sessions": {"store": {"dir": str(self.store_dir)}}}
+        if coord is not None and bed is not None:
+            cfg.update(http={"host": chost, "port": self.port}, events=f"tcp://{chost}:{free_port()}",
+                       bus={"endpoint": self.bus, "request_stream": "off"},  # every engine link through its relay
+                       admin_allow_from=["127.0.0.0/8", bed.subnet])
         (self.root / "coordinator.yaml").write_text(yaml.safe_dump(cfg))
         py = sys.executable
-        self.coordinator = Daemon("coordinator", [py, "-m", "hydrad.coordinator.daemon", "--config",
-                                                  str(self.root / "coordinator.yaml")], self.root / "coordinator.log",
-                                  self.root)
+        cargv = [py, "-m", "hydrad.coordinator.daemon", "--config", str(self.root / "coordinator.yaml")]
+        self.coordinator = Daemon("coordinator", coord.wrap(cargv) if coord is not None else cargv,
+                                  self.root / "coordinator.log", self.root)
         self.engines: dict[str, Daemon] = {}
         self.engine_http: dict[str, str] = {}
         self.engine_rpc: dict[str, int] = {}
         for name in ENGINES:
             http_port, rpc_port = free_port(), free_port()
-            link = isolate.get(name)
+            link: NetLink | Node | None = isolate.get(name) or (bed.nodes[name] if bed is not None else None)
             host = link.ns_addr if link is not None else "127.0.0.1"
             ecfg = {"name": name, "http": {"host": host, "port": http_port}, "rpc": {"host": host, "port": rpc_port},
                     "models_dir": str(models_dir()), "registry": str(REGISTRY), "drain_timeout_s": 10,
                     "defaults": {"n_ctx": n_ctx, "n_parallel": n_parallel, "n_threads": 1},
-                    "bus": {"endpoint": f"tcp://{link.host_addr}:{bus_port}" if link is not None else self.bus,
+                    "bus": {"endpoint": self._bus_for(link, bus_port),
                             "token_file": str(token), "heartbeat_interval_s": HEARTBEAT_S}}
             if link is not None:
                 ecfg["control_allow_from"] = ["127.0.0.0/8", "::1/128", link.subnet]
@@ -177,6 +187,13 @@ class FaultPool:
             self.engine_http[name] = f"http://{host}:{http_port}"
             self.engine_rpc[name] = rpc_port
         self.http = httpx.Client(base_url=self.url, timeout=30)
+
+    def _bus_for(self, link: NetLink | Node | None, bus_port: int) -> str:
+        """The bus endpoint an engine behind ``link`` connects to."""
+        if isinstance(link, Node):
+            host, port = link.reach((self.bus.split("//")[1].rsplit(":", 1)[0], bus_port), free_port())
+            return f"tcp://{host}:{port}"
+        return f"tcp://{link.host_addr}:{bus_port}" if link is not None else self.bus
 
     # ----- life cycle --------------------------------------------------------------------------
 

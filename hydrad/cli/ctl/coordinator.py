@@ -24,7 +24,10 @@ def _tps(value: Any) -> str:
 
 def _stage(e: dict[str, Any]) -> str:
     stage = str(e.get("stage") or "?")
-    if e.get("progress") is not None and stage not in ("ready", "idle"):
+    fetch = e.get("fetch")
+    if isinstance(fetch, dict) and fetch.get("text"):  # the model's file comes first
+        stage += f" ({fetch['text']})"
+    elif e.get("progress") is not None and stage not in ("ready", "idle"):
         stage += f" {percent(e['progress'])}"
     return stage
 

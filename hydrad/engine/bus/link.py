@@ -410,6 +410,11 @@ class EngineLink:
                                             bus_endpoint=self.endpoint,
                                             refuse=lambda f, why: self._refuse_undecodable(f, why, on_stream=True))
                 self._stream.start()
+        elif isinstance(msg, M.FilesOffer):
+            fetcher = getattr(self.control, "fetcher", None)
+            if self._welcomed and fetcher is not None:
+                host = (self.endpoint or "").partition("://")[2].rpartition(":")[0] or "127.0.0.1"
+                fetcher.offer(f"http://{host}:{msg.port}")
         elif isinstance(msg, M.Refused):
             # Drop this connection and retry at the backoff: hammering a coordinator that will say
             # no again helps nobody, but a fixed token file must heal the pool without a restart.

@@ -17,6 +17,7 @@ from hydrad.engine.gpu import GPU_KINDS
 from hydrad.engine.pulse import LoopTicker
 from hydrad.engine.requests import Token
 from hydrad.wire import messages as M
+from hydrad.wire.stages import fetch_text
 
 
 def step_tokens(req: str, batch: list[Any], logprobs: bool, ids: bool) -> M.Tokens | None:
@@ -115,4 +116,12 @@ def engine_status(core: EngineCore, speed: Speed, gpu: M.GpuInfo, ticker: LoopTi
         load_id=snap.load_id, loading_model=snap.loading_model,
         slots_busy=snap.slots_busy, slots_total=snap.slots_total, queued=snap.queued, max_queue=snap.max_queue,
         n_ctx=snap.model.n_ctx if snap.model is not None else 0, prefill_tps=prefill, decode_tps=decode,
-        load_seconds=load_s if load_s else None, vram_free=gpu.vram_free, last_error=last_error)
+        load_seconds=load_s if load_s else None, vram_free=gpu.vram_free, last_error=last_error,
+        fetch=_fetch_status(snap.fetch) if progress is not None else None)
+
+
+def _fetch_status(fetch: dict[str, Any] | None) -> M.FetchStatus | None:
+    if not fetch:
+        return None
+    return M.FetchStatus(bytes=fetch.get("bytes") or 0, total=fetch.get("total") or 0, bps=fetch.get("bps"),
+                         eta_s=fetch.get("eta_s"), text=fetch_text(fetch) or "")

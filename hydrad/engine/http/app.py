@@ -41,7 +41,7 @@ from hydrad.engine.http.slotstate import state_get, state_meta, state_put
 from hydrad.engine.settings import EngineSettings
 from hydrad.wire.bodies import BINARY_BODIES, ENGINE_BODIES
 from hydrad.wire.openai import ApiError
-from hydrad.wire.stages import HEALTH_STATUS
+from hydrad.wire.stages import HEALTH_STATUS, fetch_text
 
 log = logging.getLogger("hydrad.http")
 
@@ -66,6 +66,8 @@ async def health(request: Request) -> Response:
         body["progress"] = round(snap.loading_progress, 4)
     if snap.load_id is not None:
         body["load_id"] = snap.load_id
+    if snap.fetch is not None and snap.loading_progress is not None:
+        body["fetch"] = {**snap.fetch, "text": fetch_text(snap.fetch)}
     if snap.last_error:
         body["last_error"] = snap.last_error
     pair = ctx.core.pairing.view(snap)

@@ -306,3 +306,22 @@ def test_an_engines_own_entries_lie_over_the_file(models_dir: Path, tmp_path: Pa
     assert reg.resolve("g").id == "mine" and reg.resolve("smollm2-135m").path == models_dir / GEMMA_FILE
     with pytest.raises(ValueError, match=r"^models: 'gemma3-270m' names both 'gemma3-270m' and 'x'"):
         Registry.load(MODELS_YAML, models_dir, {"x": ModelEntry(path="x.gguf", aliases=["gemma3-270m"])})
+
+
+def test_a_missing_file_resolves_as_fetchable_only_with_size_sha_and_a_source(tmp_path: Path) -> None:
+    sha = "ab" * 32
+    reg = Registry(tmp_path, {"full": ModelEntry(path="f.gguf", size_bytes=10, sha256=sha),
+                              "bare": ModelEntry(path="b.gguf")})
+    r = reg.resolve("full", fetchable=True)
+    assert r.fetch and r.path == tmp_path / "f.gguf"
+    with pytest.raises(UnknownModel, match="file is missing"):
+        reg.resolve("full")  # no source to fetch from
+    with pytest.raises(UnknownModel, match="size_bytes and sha256"):
+        reg.resolve("bare", fetchable=True)
+    (tmp_path / "f.gguf").write_bytes(b"GGUF")
+    assert not reg.resolve("full", fetchable=True).fetch  # on disk: loaded as it is
+
+
+def test_sha256_must_be_64_lower_case_hex_digits(tmp_path: Path) -> None:
+    p = write_registry(tmp_path, "models:\n  tiny:\n    path: t.gguf\n    sha256: ABC\n")
+    assert "models.tiny.sha256" in load_error(p)
