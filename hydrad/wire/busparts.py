@@ -1,7 +1,9 @@
 """Parts of the bus's stream messages (hydrad.wire.messages): a token's log-probability with its
 alternatives, and a tool call, as TOKENS carries them; each converts to and from the engine's own
 type. Re-exported by hydrad.wire.messages, where the messages that carry them are; and a GENERATE's
-images (:data:`Image`), as base64 text; a heartbeat's model file transfer (:class:`FetchStatus`)."""
+images (:data:`Image`), as base64 text; a heartbeat's model file transfer (:class:`FetchStatus`);
+what an engine reports of itself in every heartbeat (:class:`EngineStatus`) and a request's usage
+(:class:`UsageInfo`)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import base64
 import binascii
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, StringConstraints
 
 from hydrad.wire import images as img
 from hydrad.wire import logprobs as lp
@@ -87,3 +89,53 @@ class FetchStatus(BaseModel):
     bps: float | None = Field(None, ge=0, description="Bytes a second over the last seconds.")
     eta_s: float | None = Field(None, ge=0, description="Seconds left at that rate.")
     text: str = Field("", max_length=128, description="'fetching 37%, 120 MB/s, ETA 12 s'.")
+
+
+class EngineStatus(BaseModel):
+    """What an engine reports in every heartbeat (and in REGISTER)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    stage: str = Field("starting", max_length=32)
+    model: str | None = Field(None, max_length=512, description="Alias (or file stem) of the model being served.")
+    generation: str | None = Field(None, max_length=128, description="Fingerprint of the serving generation.")
+    kv_family: str | None = Field(None, max_length=64, description="The served model's KV family: engines serving "
+                                                                   "sibling quants of one model share it, and KV "
+                                                                   "state moves between them.")
+    mode: str = Field("solo", max_length=16, description="solo | combine (as the engine itself reports it).")
+    role: str = Field("solo", max_length=16, description="solo | head | peer | head+peer.")
+    peers: list[Annotated[str, StringConstraints(max_length=300)]] = Field(
+        default_factory=list, max_length=8, description="A head's peers: their merged RPC ports (host:port).")
+    serving: list[Annotated[str, StringConstraints(max_length=300)]] = Field(
+        default_factory=list, max_length=8, description="A peer's heads: the addresses holding buffers on its devices.")
+    progress: float | None = Field(None, ge=0, le=1, description="Load progress while loading or reloading.")
+    load_id: int | None = Field(None, ge=0)
+    loading_model: str | None = Field(None, max_length=512, description="The model a load under way will serve.")
+    slots_busy: int = Field(0, ge=0)
+    slots_total: int = Field(0, ge=0)
+    queued: int = Field(0, ge=0)
+    max_queue: int = Field(64, ge=0)
+    n_ctx: int = Field(0, ge=0)
+    prefill_tps: float = Field(0.0, ge=0, description="Measured prompt tokens per second (0 = not measured yet).")
+    decode_tps: float = Field(0.0, ge=0, description="Measured generated tokens per second (0 = not measured yet).")
+    load_seconds: float | None = Field(None, ge=0, description="How long the last model load took.")
+    vram_free: int | None = Field(None, ge=0)
+    last_error: str | None = Field(None, max_length=4096)
+    fetch: FetchStatus | None = Field(None, description="The running load's model file transfer, while the engine "
+                                      "fetches the file from the pool; absent otherwise (so a coordinator of an "
+                                      "earlier release hears it only while a fetch runs).")
+
+
+class UsageInfo(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    prompt_tokens: int = Field(0, ge=0)
+    completion_tokens: int = Field(0, ge=0)
+    cached_tokens: int = Field(0, ge=0)
+    prompt_ms: float = 0.0
+    predicted_ms: float = 0.0
+    draft_n: int = Field(0, ge=0, description="Tokens drafted by speculative decoding (llama-server's timings.draft_n).")
+    draft_n_accepted: int = Field(0, ge=0, description="Of them, the ones the model accepted.")
+
+    def openai(self) -> dict[str, Any]:
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                "total_tokens": self.prompt_tokens + self.completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}

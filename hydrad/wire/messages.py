@@ -28,6 +28,7 @@ from hydrad.common.netaccess import split_endpoint
 from hydrad.wire import events
 from hydrad.wire import logprobs as lp
 from hydrad.wire.busparts import Alternative as Alternative, FetchStatus as FetchStatus, Image, TokenLogprob, ToolCall  # re-exported: M.Alternative
+from hydrad.wire.busparts import EngineStatus as EngineStatus, UsageInfo as UsageInfo  # re-exported: M.EngineStatus
 from hydrad.wire.images import MAX_IMAGES
 from hydrad.wire.gpuinfo import GpuInfo
 from hydrad.wire.requests import MAX_LORA_ENTRIES, GenRequest, InfillParts, LoraScale, SamplingOverrides
@@ -56,59 +57,9 @@ class _Msg(BaseModel):
 # ----- shared parts ----------------------------------------------------------------------
 
 
-class EngineStatus(BaseModel):
-    """What an engine reports in every heartbeat (and in REGISTER)."""
-
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-    stage: str = Field("starting", max_length=32)
-    model: str | None = Field(None, max_length=512, description="Alias (or file stem) of the model being served.")
-    generation: str | None = Field(None, max_length=128, description="Fingerprint of the serving generation.")
-    kv_family: str | None = Field(None, max_length=64, description="The served model's KV family: engines serving "
-                                                                   "sibling quants of one model share it, and KV "
-                                                                   "state moves between them.")
-    mode: str = Field("solo", max_length=16, description="solo | combine (as the engine itself reports it).")
-    role: str = Field("solo", max_length=16, description="solo | head | peer | head+peer.")
-    peers: list[Annotated[str, StringConstraints(max_length=300)]] = Field(
-        default_factory=list, max_length=8, description="A head's peers: their merged RPC ports (host:port).")
-    serving: list[Annotated[str, StringConstraints(max_length=300)]] = Field(
-        default_factory=list, max_length=8, description="A peer's heads: the addresses holding buffers on its devices.")
-    progress: float | None = Field(None, ge=0, le=1, description="Load progress while loading or reloading.")
-    load_id: int | None = Field(None, ge=0)
-    loading_model: str | None = Field(None, max_length=512, description="The model a load under way will serve.")
-    slots_busy: int = Field(0, ge=0)
-    slots_total: int = Field(0, ge=0)
-    queued: int = Field(0, ge=0)
-    max_queue: int = Field(64, ge=0)
-    n_ctx: int = Field(0, ge=0)
-    prefill_tps: float = Field(0.0, ge=0, description="Measured prompt tokens per second (0 = not measured yet).")
-    decode_tps: float = Field(0.0, ge=0, description="Measured generated tokens per second (0 = not measured yet).")
-    load_seconds: float | None = Field(None, ge=0, description="How long the last model load took.")
-    vram_free: int | None = Field(None, ge=0)
-    last_error: str | None = Field(None, max_length=4096)
-    fetch: FetchStatus | None = Field(None, description="The running load's model file transfer, while the engine "
-                                      "fetches the file from the pool; absent otherwise (so a coordinator of an "
-                                      "earlier release hears it only while a fetch runs).")
-
-
 # A GENERATE's sampling fields are the request's own dataclass (pydantic validates a dataclass
 # field by its annotations), so the bus and the engine never keep two copies of the field list.
 Sampling = SamplingOverrides
-
-
-class UsageInfo(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-    prompt_tokens: int = Field(0, ge=0)
-    completion_tokens: int = Field(0, ge=0)
-    cached_tokens: int = Field(0, ge=0)
-    prompt_ms: float = 0.0
-    predicted_ms: float = 0.0
-    draft_n: int = Field(0, ge=0, description="Tokens drafted by speculative decoding (llama-server's timings.draft_n).")
-    draft_n_accepted: int = Field(0, ge=0, description="Of them, the ones the model accepted.")
-
-    def openai(self) -> dict[str, Any]:
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
-                "total_tokens": self.prompt_tokens + self.completion_tokens,
-                "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
 
 
 # ----- engine → coordinator --------------------------------------------------------------
