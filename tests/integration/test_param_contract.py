@@ -44,7 +44,7 @@ def test_a_configure_naming_a_refused_field_answers_the_field_and_the_reason(
         start_engine: Callable[..., Engine], smollm_path: Path) -> None:
     e = start_engine(defaults={"model": "smollm2-135m", "n_ctx": 1024, "n_threads": 1})
     e.wait_ready()
-    for field, words in (("mmproj", "no multimodal input"), ("cb_eval", "C callback"),
+    for field, words in (("grammar_lazy", "lazy grammars are not served"), ("cb_eval", "C callback"),
                          ("interactive", "terminal"), ("mirostat", "no such sampler"),
                          ("frequency_penalty", "set per request"), ("cont_batching", "always on")):
         r = e.configure(**{field: False if field == "cont_batching" else 1})
