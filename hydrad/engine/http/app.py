@@ -204,9 +204,14 @@ async def load_status(request: Request) -> Response:
 
 
 async def slots(request: Request) -> Response:
+    ctx = ctx_of(request)
+    if not ctx.settings.http.slots_endpoint:
+        raise ApiError(501, "GET /slots is turned off on this engine (http.slots_endpoint: false, llama-server's "
+                       "--no-slots)", "not_supported")
     out: list[dict[str, Any]] = []
-    for row in ctx_of(request).core.slot_rows():
-        item: dict[str, Any] = {"id": row["id"], "is_processing": row["busy"], "n_tokens": row["n_tokens"],
+    for row in ctx.core.slot_rows():
+        item: dict[str, Any] = {"id": row["id"], "n_ctx": row["n_ctx"], "is_processing": row["busy"],
+                                "n_tokens": row["n_tokens"],
                                 "speculative": row.get("speculative", False)}
         item.update((k, row[k]) for k in ("n_prompt", "n_decoded", "decode_tps", "draft_n", "draft_n_accepted")
                     if k in row)
