@@ -78,6 +78,8 @@ class ApiError(Exception):
         kind = "invalid_request_error" if self.status < 500 else "server_error"
         if self.status == 503:
             kind = "unavailable_error"
+        elif self.code == "context_length_exceeded":  # llama-server's type, beside its n_prompt_tokens and n_ctx
+            kind = "exceed_context_size_error"
         error = {"message": self.message, "type": kind, "code": self.code, "param": self.param}
         return {"error": {**error, **{k: v for k, v in self.details.items() if k not in error}}}
 
