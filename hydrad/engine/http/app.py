@@ -238,15 +238,17 @@ async def not_found(request: Request, exc: Exception) -> Response:
 
 
 ROUTES = [
-    Route("/health", health), Route("/livez", livez), Route("/metrics", prom), Route("/version", version),
+    Route("/health", health), Route("/v1/health", health), Route("/livez", livez), Route("/metrics", prom), Route("/version", version),
     Route("/v1/models", models), Route("/models", models),
     Route("/v1/chat/completions", chat, methods=["POST"]), Route("/chat/completions", chat, methods=["POST"]),
     Route("/v1/completions", completions, methods=["POST"]), Route("/completions", completions, methods=["POST"]),
     Route("/v1/messages", messages, methods=["POST"]),
-    Route("/v1/responses", responses_, methods=["POST"]),
+    Route("/v1/responses", responses_, methods=["POST"]), Route("/responses", responses_, methods=["POST"]),
     Route("/v1/responses/input_tokens", counttokens.responses_count, methods=["POST"]),
+    Route("/responses/input_tokens", counttokens.responses_count, methods=["POST"]),
     Route("/v1/messages/count_tokens", counttokens.messages_count, methods=["POST"]),
     Route("/v1/chat/completions/input_tokens", counttokens.chat_count, methods=["POST"]),
+    Route("/chat/completions/input_tokens", counttokens.chat_count, methods=["POST"]),
     Route("/completion", completion, methods=["POST"]), Route("/infill", infill, methods=["POST"]),
     Route("/tokenize", native.tokenize, methods=["POST"]), Route("/detokenize", native.detokenize, methods=["POST"]),
     Route("/apply-template", native.apply_template, methods=["POST"]), Route("/props", native.props),
