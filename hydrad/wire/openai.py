@@ -209,6 +209,9 @@ _UNSUPPORTED: dict[str, Any] = {
     "xtc_probability": (None, 0, 0.0), "dry_multiplier": (None, 0, 0.0), "dynatemp_range": (None, 0, 0.0),
     "repeat_last_n": (None, 64), "penalty_last_n": (None, 64), "samplers": (None,),
     "reasoning_budget_message": (None, ""), "reasoning_control": (None, False),
+    # the chat's end as the template renders it: always with the generation prompt, never continuing
+    # the last assistant message (no prefill)
+    "add_generation_prompt": (None, True), "continue_final_message": (None, False),
 }
 
 

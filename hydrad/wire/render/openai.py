@@ -75,8 +75,8 @@ def _chunk(kind: str, rid: str, model: str, created: int, delta: dict[str, Any],
     text = delta.get("content")
     if kind == "chat":
         delta = {k: v for k, v in delta.items() if v is not None}
-        if first:
-            delta = {"role": "assistant", **delta}
+        if first:  # the role alone, content null, as llama-server's stream opens
+            delta = {"role": "assistant", "content": None, **delta}
         choice: dict[str, Any] = {"index": index, "delta": delta, "finish_reason": finish, "logprobs": logprobs}
         obj = "chat.completion.chunk"
     else:
@@ -114,7 +114,7 @@ class _OpenAI(Renderer):
     def head(self) -> bytes:
         if self.kind != "chat":
             return b""
-        return chunk(self.kind, self.rid, self.model, self.created, "", None, self.fingerprint, first=True,
+        return chunk(self.kind, self.rid, self.model, self.created, None, None, self.fingerprint, first=True,
                      index=self.index)
 
     def piece(self, ev: Token) -> bytes:
