@@ -121,6 +121,8 @@ class _Common(BaseModel):
     stop: str | list[str] | None = Field(None, json_schema_extra=_STOP_SCHEMA)
     stream: bool = False
     stream_options: dict[str, Any] | None = None
+    return_progress: StrictBool = Field(False, description="A stream's prompt_progress chunks {total, cache, processed, "
+                                  "time_ms} while the prompt is prefilled (llama-server's); ignored without stream.")
     n: int = Field(1, ge=1, le=MAX_CHOICES, description=(
         "Choices to generate for the one prompt, each in a slot of its own (at most the engine's slots); "
         "the front door serves 1."))
@@ -500,7 +502,7 @@ def parse_object(kind: Literal["chat", "completion"], data: dict[str, Any]) -> t
                          cache_prompt=req.cache_prompt, cache_salt=req.cache_salt,
                          reasoning_format=None if req.reasoning_format in (None, "auto") else req.reasoning_format,
                          reasoning_budget=req.budget(sampling.grammar), chat_template_kwargs=req.chat_template_kwargs,
-                         lora=req.lora)
+                         lora=req.lora, return_progress=req.stream and req.return_progress)
     else:
         assert isinstance(req, CompletionRequest)
         prompt = req.prompt
@@ -510,5 +512,6 @@ def parse_object(kind: Literal["chat", "completion"], data: dict[str, Any]) -> t
             prompt = prompt[0]
         gen = GenRequest(prompt=prompt, max_tokens=req.limit(), stop=req.stops(), sampling=sampling,
                          ignore_eos=req.ignore_eos, slot=req.slot(), logprobs=req.wants_logprobs(),
-                         cache_prompt=req.cache_prompt, cache_salt=req.cache_salt, lora=req.lora)
+                         cache_prompt=req.cache_prompt, cache_salt=req.cache_salt, lora=req.lora,
+                         return_progress=req.stream and req.return_progress)
     return req, gen
