@@ -104,6 +104,10 @@ def _parallel(cl: CommandLine, _: State, flag: str, value: Any) -> None:
     n = _int(flag, value)
     if n != -1:  # -1: llama-server's "auto", 4 slots with a unified cache: hydrad's default
         cl.set(("defaults", "n_parallel"), n, flag)
+        # A count given is llama-server's cue for a KV buffer per slot (n_ctx / N each) unless -kvu says
+        # otherwise, before or after this flag: the same command line gives each slot the same room.
+        if cl.get(("defaults", "kv_unified")) is None:
+            cl.set(("defaults", "kv_unified"), False, flag)
 
 
 def _load_mode(cl: CommandLine, _: State, flag: str, value: Any) -> None:
@@ -195,6 +199,10 @@ MAPPED: tuple[Flag, ...] = (
     _m("--slot-save-path", "PATH", "directory of slot files (POST /slots/{id}?action=save|restore): "
        "slot_save_dir", _setting(("slot_save_dir",), _path)),
     _m("-dev --device", "<dev1,dev2,..>", "the GPUs to use, CUDA0,CUDA1,...: device", _device),
+    _m("--slots", None, "serve GET /slots (the default): http.slots_endpoint",
+       _const(("http", "slots_endpoint"), True)),
+    _m("--no-slots", None, "GET /slots answers 501: http.slots_endpoint false",
+       _const(("http", "slots_endpoint"), False)),
     _m("-v --verbose --log-verbose", None, "log everything (logging.level debug)",
        _const(("logging", "level"), "debug")),
     _m("-lv --verbosity --log-verbosity", "N", "log threshold: 0-1 errors, 2 warnings, 3 info, 4-5 debug "
@@ -212,7 +220,8 @@ MAPPED: tuple[Flag, ...] = (
     _m("--spec-ngram-simple-size-m --spec-draft-n-max", "N", "most tokens drafted per step: defaults.spec_n_max",
        _param("spec_n_max", _int)),
     _m("--spec-draft-n-min", "N", "shortest draft decoded: defaults.spec_n_min", _param("spec_n_min", _int)),
-    _m("-np --parallel", "N", "slots (requests decoded together); -1 = the default, 4: defaults.n_parallel",
+    _m("-np --parallel", "N", "slots (requests decoded together), each with n_ctx / N of the context unless -kvu; "
+       "-1 = the default, 4 sharing one KV pool: defaults.n_parallel (and defaults.kv_unified false)",
        _parallel),
     _m("-t --threads", "N", "CPU threads for generation; -1 = every usable CPU: defaults.n_threads",
        _param("n_threads", _threads)),
@@ -312,7 +321,6 @@ ACCEPTED: tuple[Flag, ...] = (
        "are still served (rendered with the template)"),
     _a("-cb --cont-batching", None, "continuous batching is always on"),
     _a("--metrics", None, "/metrics is always served (open like /health)"),
-    _a("--slots", None, "/slots is always served (behind the API key when there is one)"),
     _a("--no-webui --no-ui", None, "hydrad has no web UI"),
     _a("--threads-http", "N", "hydrad's HTTP server is one event loop: no request waits for a thread"),
     _a("-kvo --kv-offload", None, "the KV cache is always on the device of its layers"),
@@ -447,7 +455,6 @@ REFUSED: tuple[Flag, ...] = (
     _r("--ssl-cert-file", "FNAME", "hydrad speaks plain HTTP: put TLS in a proxy in front"),
     _r("--chat-template-kwargs", "STRING", "hydrad passes no extra arguments to the chat template"),
     _r("--props", None, "POST /props is not served: change the defaults with POST /control/configure"),
-    _r("--no-slots", None, "/slots is always served (behind the API key when there is one)"),
     _r("--media-path", "PATH", NO_MULTIMODAL),
     _r("--models-dir", "PATH", NO_ROUTER), _r("--models-preset", "PATH", NO_ROUTER),
     _r("--models-max", "N", NO_ROUTER), _r("--models-autoload --no-models-autoload", None, NO_ROUTER),

@@ -535,7 +535,7 @@ class FrontDoor:
 
     def routes(self) -> list[Route]:
         return [
-            Route("/health", self.health), Route("/metrics", self.prom), Route("/v1/models", self.models), Route("/models", self.models),
+            Route("/health", self.health), Route("/v1/health", self.health), Route("/metrics", self.prom), Route("/v1/models", self.models), Route("/models", self.models),
             Route("/v1/chat/completions", self.chat, methods=["POST"]),
             Route("/chat/completions", self.chat, methods=["POST"]),
             Route("/v1/completions", self.completions, methods=["POST"]),
@@ -544,6 +544,7 @@ class FrontDoor:
             Route("/infill", self.native_completion, methods=["POST"]),
             Route("/v1/messages", self.messages, methods=["POST"]),
             Route("/v1/responses", self.responses, methods=["POST"]),
+            Route("/responses", self.responses, methods=["POST"]),
             *(Route(path, self.native.forward, methods=["POST"]) for path in NATIVE_PATHS),
             *(Route(path, self.embeddings, methods=["POST"]) for path in EMBEDDING_PATHS),
         ]

@@ -33,7 +33,7 @@ from hydrad.wire import embeddings
 from hydrad.wire.openai import ApiError
 
 PATHS = ("/tokenize", "/detokenize", "/apply-template", "/v1/messages/count_tokens", "/v1/chat/completions/input_tokens",
-         "/v1/responses/input_tokens")
+         "/chat/completions/input_tokens", "/v1/responses/input_tokens", "/responses/input_tokens")
 EMBEDDING_PATHS = ("/v1/embeddings", "/embeddings", "/embedding")
 TIMEOUT_S = 60.0
 """Longest a forwarded request may wait for its engine's answer to begin."""

@@ -38,6 +38,9 @@ class HttpSettings(InferenceAccess):
     strict_model_names: bool = Field(False, description="Answer a request whose model names another model than "
                                      "the one loaded with 404 (model_not_found). Off (llama-server's way): the "
                                      "loaded model serves it, and the answer names the loaded model.")
+    slots_endpoint: bool = Field(True, description="Serve GET /slots (each slot's state). Off (llama-server's "
+                                 "--no-slots): it answers 501 not_supported; the slot actions and state "
+                                 "endpoints are not affected.")
 
 
 class RpcSettings(BaseModel):

@@ -44,6 +44,7 @@ class ModelSummary:
     loaded_at: float
     n_ctx: int
     n_parallel: int
+    n_ctx_slot: int  # the context one slot may fill: n_ctx with one KV pool, n_ctx / n_parallel without
     placement: dict[str, Any] | None = None  # devices, peers and overrides, when not llama.cpp's defaults
     aliases: tuple[str, ...] = ()  # the registry entry's further names (llama-server's --alias)
     weights: dict[str, Any] | None = None  # what the load did with the model parameters (Generation.load_view)
@@ -55,7 +56,7 @@ class ModelSummary:
                    size_bytes=info.size_bytes, n_layer=info.n_layer, n_embd=info.n_embd, n_head_kv=info.n_head_kv,
                    n_ctx_train=info.n_ctx_train, n_vocab=info.n_vocab, fingerprint=gen.fingerprint, family=gen.family,
                    generation=gen.tag.fingerprint, loaded_at=gen.loaded_at, n_ctx=gen.ctx.n_ctx,
-                   n_parallel=len(gen.slots),
+                   n_parallel=len(gen.slots), n_ctx_slot=gen.ctx.n_ctx_seq,
                    placement=gen.placement.public() if gen.placement is not None else None,
                    aliases=gen.resolved.aliases, weights=gen.load_view())
 
@@ -121,6 +122,7 @@ def slot_rows(gen: Generation | None, now: float) -> list[dict[str, Any]]:
     for sl in gen.slots:
         a = sl.active  # read once: the engine thread may end the request meanwhile
         row: dict[str, Any] = {"id": sl.id, "busy": a is not None, "n_tokens": len(sl.cache), "foreign": sl.foreign,
+                               "n_ctx": gen.ctx.n_ctx_seq,
                                "speculative": gen.params.spec_type != "none"}
         if a is not None:  # the running request: prompt size, tokens decoded so far, its decode speed
             row.update(n_prompt=a.prompt_len, n_decoded=a.n_gen)

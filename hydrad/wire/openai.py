@@ -78,6 +78,8 @@ class ApiError(Exception):
         kind = "invalid_request_error" if self.status < 500 else "server_error"
         if self.status == 503:
             kind = "unavailable_error"
+        elif self.code == "context_length_exceeded":  # llama-server's type, beside its n_prompt_tokens and n_ctx
+            kind = "exceed_context_size_error"
         error = {"message": self.message, "type": kind, "code": self.code, "param": self.param}
         return {"error": {**error, **{k: v for k, v in self.details.items() if k not in error}}}
 
@@ -119,6 +121,8 @@ class _Common(BaseModel):
     stop: str | list[str] | None = Field(None, json_schema_extra=_STOP_SCHEMA)
     stream: bool = False
     stream_options: dict[str, Any] | None = None
+    return_progress: StrictBool = Field(False, description="A stream's prompt_progress chunks {total, cache, processed, "
+                                  "time_ms} while the prompt is prefilled (llama-server's); ignored without stream.")
     n: int = Field(1, ge=1, le=MAX_CHOICES, description=(
         "Choices to generate for the one prompt, each in a slot of its own (at most the engine's slots); "
         "the front door serves 1."))
@@ -207,6 +211,9 @@ _UNSUPPORTED: dict[str, Any] = {
     "xtc_probability": (None, 0, 0.0), "dry_multiplier": (None, 0, 0.0), "dynatemp_range": (None, 0, 0.0),
     "repeat_last_n": (None, 64), "penalty_last_n": (None, 64), "samplers": (None,),
     "reasoning_budget_message": (None, ""), "reasoning_control": (None, False),
+    # the chat's end as the template renders it: always with the generation prompt, never continuing
+    # the last assistant message (no prefill)
+    "add_generation_prompt": (None, True), "continue_final_message": (None, False),
 }
 
 
@@ -495,7 +502,7 @@ def parse_object(kind: Literal["chat", "completion"], data: dict[str, Any]) -> t
                          cache_prompt=req.cache_prompt, cache_salt=req.cache_salt,
                          reasoning_format=None if req.reasoning_format in (None, "auto") else req.reasoning_format,
                          reasoning_budget=req.budget(sampling.grammar), chat_template_kwargs=req.chat_template_kwargs,
-                         lora=req.lora)
+                         lora=req.lora, return_progress=req.stream and req.return_progress)
     else:
         assert isinstance(req, CompletionRequest)
         prompt = req.prompt
@@ -505,5 +512,6 @@ def parse_object(kind: Literal["chat", "completion"], data: dict[str, Any]) -> t
             prompt = prompt[0]
         gen = GenRequest(prompt=prompt, max_tokens=req.limit(), stop=req.stops(), sampling=sampling,
                          ignore_eos=req.ignore_eos, slot=req.slot(), logprobs=req.wants_logprobs(),
-                         cache_prompt=req.cache_prompt, cache_salt=req.cache_salt, lora=req.lora)
+                         cache_prompt=req.cache_prompt, cache_salt=req.cache_salt, lora=req.lora,
+                         return_progress=req.stream and req.return_progress)
     return req, gen

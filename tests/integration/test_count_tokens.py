@@ -1,6 +1,6 @@
 """Token counts without generating, on a real SmolLM2: Anthropic's ``/v1/messages/count_tokens`` and
-llama-server's ``/v1/chat/completions/input_tokens`` give the ``prompt_tokens`` the same request
-reports when it generates (tools and system prompt included), at the engine door and through the
+llama-server's ``/v1/chat/completions/input_tokens`` (also without ``/v1``, as llama-server serves it) give the
+``prompt_tokens`` the same request reports when it generates (tools and system prompt included), at the engine door and through the
 front door, and a malformed body is refused naming the field (in Anthropic's error shape there)."""
 
 from __future__ import annotations
@@ -33,6 +33,14 @@ def _counts(http: httpx.Client, model: dict[str, Any]) -> None:
     assert counted.status_code == 200, counted.text
     used = http.post("/v1/chat/completions", json={**chat, "max_tokens": 1}).json()["usage"]["prompt_tokens"]
     assert counted.json() == {"input_tokens": used}
+    # llama-server's paths without /v1 count the same, and /v1/health is /health
+    assert http.post("/chat/completions/input_tokens", json=chat).json() == {"input_tokens": used}
+    responses = {**model, "input": "What is the weather in Paris today?"}
+    v1 = http.post("/v1/responses/input_tokens", json=responses)
+    assert v1.status_code == 200 and http.post("/responses/input_tokens", json=responses).json() == v1.json()
+    plain = http.post("/responses", json={**responses, "max_output_tokens": 1})
+    assert plain.status_code == 200 and plain.json()["object"] == "response", plain.text
+    assert http.get("/v1/health").status_code == 200
     bad = http.post("/v1/messages/count_tokens", json={**model, "messages": "nope"})
     assert bad.status_code == 400 and bad.json()["type"] == "error", bad.text
     assert bad.json()["error"]["type"] == "invalid_request_error" and "messages" in bad.text

@@ -135,6 +135,7 @@ def test_errors_are_openai_json(smollm_engine: Engine) -> None:
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
     r = smollm_engine.http.post("/v1/completions", json={"prompt": "x " * 5000, "max_tokens": 1})
     assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+    assert r.json()["error"]["type"] == "exceed_context_size_error" and r.json()["error"]["n_prompt_tokens"] > 0
     r = smollm_engine.http.get("/v1/nothing")
     assert r.status_code == 404 and "error" in r.json()
     models = c.models.list().data

@@ -48,10 +48,12 @@ def test_a_llama_server_command_line_starts_that_engine(smollm_path: Path,
     models = e.http.get("/v1/models").json()["data"]
     assert [m["id"] for m in models] == ["my-model"]
     assert models[0]["aliases"] == sorted({"my-model", smollm_path.name, smollm_path.stem})
+    # -np 2 without -kvu: a KV buffer per slot, so each slot holds half of -c, as llama-server reports it
     props = e.http.get("/props").json()
-    assert props["default_generation_settings"]["n_ctx"] == 2048 and props["total_slots"] == 2
+    assert props["default_generation_settings"]["n_ctx"] == 1024 and props["total_slots"] == 2
+    assert props["default_generation_settings"]["params"]["seed"] == props["default_generation_settings"]["seed"]
     assert props["model_alias"] == "my-model" and props["model_path"] == str(smollm_path)
-    assert len(e.http.get("/slots").json()) == 2
+    assert [s["n_ctx"] for s in e.http.get("/slots").json()] == [1024, 1024]
 
     # any other name is served by the one model loaded, as llama-server serves it, and the answer
     # names the model that answered
@@ -80,11 +82,14 @@ def test_a_config_file_wins_over_the_flags_and_keeps_them_across_a_reload(
     flag_port = free_port()
     e = start_engine(name="strict", port=port, flags=[
         "--config", str(cfg), "-m", str(smollm_path), "--alias", "my-model,gpt-4o-mini", "--port", str(flag_port),
-        "-c", "2048", "-np", "2", "--api-key", KEY, "--embeddings", "--pooling", "mean"])
+        "-c", "2048", "-np", "2", "--api-key", KEY, "--embeddings", "--pooling", "mean", "--no-slots"])
     e.http.headers["Authorization"] = f"Bearer {KEY}"
     e.wait_ready(120)
     props = e.http.get("/props").json()
-    assert props["default_generation_settings"]["n_ctx"] == 1024 and props["total_slots"] == 2  # file's, flag's
+    assert props["default_generation_settings"]["n_ctx"] == 512 and props["total_slots"] == 2  # file's / flag's
+    # --no-slots: GET /slots answers 501, as llama-server's does
+    no_slots = e.http.get("/slots")
+    assert no_slots.status_code == 501 and no_slots.json()["error"]["code"] == "not_supported", no_slots.text
     log = e.log()
     assert "hydrad: warning: --port is overridden by the config file's http.port" in log
     assert "hydrad: warning: -c is overridden by the config file's defaults.n_ctx" in log
@@ -112,7 +117,7 @@ def test_a_config_file_wins_over_the_flags_and_keeps_them_across_a_reload(
     e.notify.wait_count("READY=1", readies, timeout=60)
     assert "config re-read failed" not in e.log()
     props = e.http.get("/props").json()
-    assert props["default_generation_settings"]["n_ctx"] == 1024 and props["total_slots"] == 2
+    assert props["default_generation_settings"]["n_ctx"] == 512 and props["total_slots"] == 2
     assert props["model_alias"] == "my-model"
 
 
@@ -122,8 +127,12 @@ def test_a_flag_hydrad_cannot_honour_ends_the_start_naming_it(tmp_path: Path) ->
     assert bogus.stderr.count("\n") == 1 and "--bogus-flag" in bogus.stderr, bogus.stderr
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF")
-    mmproj = hydrad("-m", str(model), "--port", "0", "--mmproj", "projector.gguf")
-    assert (mmproj.returncode, mmproj.stderr) == (2, "hydrad: --mmproj: no such file: projector.gguf\n")
+    mmproj = hydrad("-m", str(model), "--port", "0", "--mmproj-url", "https://example.com/projector.gguf")
+    assert mmproj.returncode == 2
+    assert mmproj.stderr == ("hydrad: --mmproj-url: not supported: hydrad takes images through a local projector "
+                             "file (--mmproj) only: no audio or video, no downloads\n")
+    missing = hydrad("-m", str(model), "--port", "0", "--mmproj", "projector.gguf")
+    assert (missing.returncode, missing.stderr) == (2, "hydrad: --mmproj: no such file: projector.gguf\n")
     mirostat = hydrad("-m", str(model), "--mirostat", "2")
     assert mirostat.returncode == 2 and mirostat.stderr.startswith("hydrad: --mirostat 2: not supported: ")
     bad = hydrad("-m", str(model), "-c", "lots")

@@ -32,7 +32,7 @@ def stream(http: httpx.Client, body: dict[str, Any], path: str = "/completion") 
     with http.stream("POST", path, json={**body, "stream": True}) as r:
         assert r.status_code == 200, r.read()
         raw = r.read().decode()
-    return [json.loads(b[len("data: "):]) for b in raw.split("\n\n") if b.strip()]
+    return [json.loads(b[len("data: "):]) for b in raw.split("\n\n") if b.strip() and b.strip() != "data: [DONE]"]
 
 
 def check_progress(evs: list[dict[str, Any]], total: int, cache: int) -> list[dict[str, Any]]:
@@ -81,3 +81,26 @@ def test_progress_counts_the_cached_prefix(engine: Engine) -> None:
 def test_bad_values_are_refused_by_name(shared_smollm_engine: Engine, value: Any) -> None:
     r = shared_smollm_engine.http.post("/completion", json={"prompt": "x", "return_progress": value})
     assert r.status_code == 400 and "return_progress" in r.text, r.text
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_openai_streams_carry_progress_chunks(engine: Engine, path: str) -> None:
+    """llama-server's ``return_progress`` on the OpenAI doors: chunks with ``prompt_progress`` (and the
+    opening delta, no text) before the first token, ``processed`` rising to the prompt's length."""
+    ask = ({"messages": [{"role": "user", "content": PROMPT}]} if "chat" in path else {"prompt": PROMPT})
+    body = {**ask, "max_tokens": 2, "return_progress": True, "stream_options": {"include_usage": True}}
+    evs = stream(engine.http, body, path)
+    total = next(e for e in evs if e.get("usage"))["usage"]["prompt_tokens"]
+    if "chat" in path:  # a chat stream opens with the role chunk, then the progress chunks carry it too
+        assert "prompt_progress" not in evs[0] and evs[0]["choices"][0]["delta"] == {"role": "assistant", "content": None}
+        evs = evs[1:]
+    n = next(i for i, e in enumerate(evs) if "prompt_progress" not in e)
+    done = [e["prompt_progress"]["processed"] for e in evs[:n]]
+    assert n >= 1 + total // N_BATCH and done[-1] == total and done == sorted(set(done)), done
+    assert not any("prompt_progress" in e for e in evs[n:])
+    first = evs[0]["choices"][0]
+    assert (first["delta"] == {"role": "assistant", "content": None}) if "chat" in path else first["text"] == ""
+    plain = stream(engine.http, {**body, "return_progress": False}, path)
+    assert not any("prompt_progress" in e for e in plain)
+    bad = engine.http.post(path, json={**body, "return_progress": "yes"})
+    assert bad.status_code == 400 and "return_progress" in bad.text, bad.text

@@ -206,9 +206,14 @@ async def load_status(request: Request) -> Response:
 
 
 async def slots(request: Request) -> Response:
+    ctx = ctx_of(request)
+    if not ctx.settings.http.slots_endpoint:
+        raise ApiError(501, "GET /slots is turned off on this engine (http.slots_endpoint: false, llama-server's "
+                       "--no-slots)", "not_supported")
     out: list[dict[str, Any]] = []
-    for row in ctx_of(request).core.slot_rows():
-        item: dict[str, Any] = {"id": row["id"], "is_processing": row["busy"], "n_tokens": row["n_tokens"],
+    for row in ctx.core.slot_rows():
+        item: dict[str, Any] = {"id": row["id"], "n_ctx": row["n_ctx"], "is_processing": row["busy"],
+                                "n_tokens": row["n_tokens"],
                                 "speculative": row.get("speculative", False)}
         item.update((k, row[k]) for k in ("n_prompt", "n_decoded", "decode_tps", "draft_n", "draft_n_accepted")
                     if k in row)
@@ -235,15 +240,17 @@ async def not_found(request: Request, exc: Exception) -> Response:
 
 
 ROUTES = [
-    Route("/health", health), Route("/livez", livez), Route("/metrics", prom), Route("/version", version),
+    Route("/health", health), Route("/v1/health", health), Route("/livez", livez), Route("/metrics", prom), Route("/version", version),
     Route("/v1/models", models), Route("/models", models),
     Route("/v1/chat/completions", chat, methods=["POST"]), Route("/chat/completions", chat, methods=["POST"]),
     Route("/v1/completions", completions, methods=["POST"]), Route("/completions", completions, methods=["POST"]),
     Route("/v1/messages", messages, methods=["POST"]),
-    Route("/v1/responses", responses_, methods=["POST"]),
+    Route("/v1/responses", responses_, methods=["POST"]), Route("/responses", responses_, methods=["POST"]),
     Route("/v1/responses/input_tokens", counttokens.responses_count, methods=["POST"]),
+    Route("/responses/input_tokens", counttokens.responses_count, methods=["POST"]),
     Route("/v1/messages/count_tokens", counttokens.messages_count, methods=["POST"]),
     Route("/v1/chat/completions/input_tokens", counttokens.chat_count, methods=["POST"]),
+    Route("/chat/completions/input_tokens", counttokens.chat_count, methods=["POST"]),
     Route("/completion", completion, methods=["POST"]), Route("/infill", infill, methods=["POST"]),
     Route("/tokenize", native.tokenize, methods=["POST"]), Route("/detokenize", native.detokenize, methods=["POST"]),
     Route("/apply-template", native.apply_template, methods=["POST"]), Route("/props", native.props),

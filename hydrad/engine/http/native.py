@@ -163,10 +163,11 @@ async def props(request: Request) -> Response:
     p, m = snap.params, snap.model
     settings: dict[str, Any] = {}
     if p is not None:
-        settings = {"n_ctx": m.n_ctx if m else p.n_ctx, "temperature": p.temperature, "top_k": p.top_k,
-                    "top_p": p.top_p, "min_p": p.min_p, "repeat_penalty": p.repeat_penalty,
-                    "repeat_last_n": p.repeat_last_n, "seed": p.seed, "n_predict": p.n_predict,
-                    "cache_prompt": p.cache_prompt}
+        # llama-server's shape: the context one slot may fill, and the sampling defaults under ``params``
+        sampling = {"temperature": p.temperature, "top_k": p.top_k, "top_p": p.top_p, "min_p": p.min_p,
+                    "repeat_penalty": p.repeat_penalty, "repeat_last_n": p.repeat_last_n, "seed": p.seed,
+                    "n_predict": p.n_predict, "cache_prompt": p.cache_prompt}
+        settings = {"n_ctx": m.n_ctx_slot if m else p.n_ctx, **sampling, "params": sampling}
     gen = ctx.core.gen
     template = gen.model.chat_template.decode("utf-8", "replace") if gen is not None and gen.model.chat_template else ""
     return JSONResponse({"default_generation_settings": settings, "total_slots": snap.slots_total,

@@ -11,7 +11,7 @@ from typing import Any
 
 from hydrad.wire import logprobs as lp
 from hydrad.wire import toolcalls
-from hydrad.wire.events import Done, Token, Usage
+from hydrad.wire.events import Done, Progress, Token, Usage
 from hydrad.wire.openai import ApiError
 from hydrad.wire.render.base import Renderer, sse, timings
 from hydrad.wire.toolcalls import ToolCall
@@ -71,12 +71,12 @@ def chunk(kind: str, rid: str, model: str, created: int, text: str | None, finis
 
 def _chunk(kind: str, rid: str, model: str, created: int, delta: dict[str, Any], finish: str | None,
            fingerprint: str, first: bool = False, timings_: dict[str, Any] | None = None,
-           logprobs: dict[str, Any] | None = None, index: int = 0) -> bytes:
+           logprobs: dict[str, Any] | None = None, index: int = 0, extra: dict[str, Any] | None = None) -> bytes:
     text = delta.get("content")
     if kind == "chat":
         delta = {k: v for k, v in delta.items() if v is not None}
-        if first:
-            delta = {"role": "assistant", **delta}
+        if first:  # the role alone, content null, as llama-server's stream opens
+            delta = {"role": "assistant", "content": None, **delta}
         choice: dict[str, Any] = {"index": index, "delta": delta, "finish_reason": finish, "logprobs": logprobs}
         obj = "chat.completion.chunk"
     else:
@@ -86,7 +86,7 @@ def _chunk(kind: str, rid: str, model: str, created: int, delta: dict[str, Any],
             "choices": [choice]}
     if timings_ is not None:  # the last chunk carries them, as llama-server's does
         body["timings"] = timings_
-    return sse(body)
+    return sse({**body, **(extra or {})})
 
 
 def usage_chunk(kind: str, rid: str, model: str, created: int, usage_: dict[str, Any], fingerprint: str) -> bytes:
@@ -114,8 +114,13 @@ class _OpenAI(Renderer):
     def head(self) -> bytes:
         if self.kind != "chat":
             return b""
-        return chunk(self.kind, self.rid, self.model, self.created, "", None, self.fingerprint, first=True,
+        return chunk(self.kind, self.rid, self.model, self.created, None, None, self.fingerprint, first=True,
                      index=self.index)
+
+    def progress(self, ev: Progress) -> bytes:
+        """llama-server's progress chunk: the opening delta (the role, or an empty text) with ``prompt_progress``."""
+        return _chunk(self.kind, self.rid, self.model, self.created, {"content": None}, None, self.fingerprint,
+                      first=True, index=self.index, extra={"prompt_progress": ev.body()})
 
     def piece(self, ev: Token) -> bytes:
         probs = None if self.offsets is None else lp.render(self.kind, ev.probs, self.offsets)

@@ -139,6 +139,8 @@ MAPPED: list[tuple[list[str], dict[tuple[str, ...], Any]]] = [
     (["--cors-origins", "*"], {("http", "cors_origins"): ["*"]}),
     (["-dev", "CUDA1"], {("device",): "1"}),
     (["--device", "CUDA0,CUDA1"], {("device",): "0,1"}),
+    (["--no-slots"], {("http", "slots_endpoint"): False}),
+    (["--no-slots", "--slots"], {("http", "slots_endpoint"): True}),
     (["-v"], {("logging", "level"): "debug"}),
     (["--verbose"], {("logging", "level"): "debug"}),
     (["--log-verbose"], {("logging", "level"): "debug"}),
@@ -155,8 +157,10 @@ MAPPED: list[tuple[list[str], dict[tuple[str, ...], Any]]] = [
     (["--batch-size", "512"], {("defaults", "n_batch"): 512}),
     (["-ub", "256"], {("defaults", "n_ubatch"): 256}),
     (["--ubatch-size", "128"], {("defaults", "n_ubatch"): 128}),
-    (["-np", "2"], {("defaults", "n_parallel"): 2}),
-    (["--parallel", "8"], {("defaults", "n_parallel"): 8}),
+    (["-np", "2"], {("defaults", "n_parallel"): 2, ("defaults", "kv_unified"): False}),  # per-slot KV
+    (["--parallel", "8"], {("defaults", "n_parallel"): 8, ("defaults", "kv_unified"): False}),
+    (["-np", "2", "-kvu"], {("defaults", "n_parallel"): 2, ("defaults", "kv_unified"): True}),
+    (["--kv-unified", "-np", "2"], {("defaults", "n_parallel"): 2, ("defaults", "kv_unified"): True}),
     (["-np", "-1"], {}),  # llama-server's auto: hydrad's default (4 slots)
     (["-t", "3"], {("defaults", "n_threads"): 3}),
     (["--threads", "-1"], {("defaults", "n_threads"): 0}),

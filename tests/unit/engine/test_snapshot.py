@@ -59,7 +59,7 @@ def test_the_snapshot_follows_the_core_and_only_its_methods_change_it() -> None:
 def test_status_text() -> None:
     model = ModelSummary(id="gemma3-270m", path="/m.gguf", arch="gemma3", desc="", n_params=1, size_bytes=1,
                          n_layer=1, n_embd=1, n_head_kv=1, n_ctx_train=1, n_vocab=1, fingerprint="f", family="k",
-                         generation="g", loaded_at=0.0, n_ctx=4096, n_parallel=4)
+                         generation="g", loaded_at=0.0, n_ctx=4096, n_parallel=4, n_ctx_slot=4096)
     assert status_text(EngineSnapshot(stage="idle")) == "idle"
     loading = EngineSnapshot(stage="reloading", progress=0.5, model=model, slots_busy=1, slots_total=4)
     assert status_text(loading) == "reloading 50% model=gemma3-270m slots=1/4"

@@ -204,8 +204,9 @@ def test_generate_carries_the_top_count() -> None:
 
 
 def test_overflow_error_has_llama_servers_numbers() -> None:
+    # llama-server's type, OpenAI's code: clients of either recognise it
     err = ApiError(400, "too long", "context_length_exceeded", "messages", details=overflow_details(5000, 4096))
-    assert err.body() == {"error": {"message": "too long", "type": "invalid_request_error",
+    assert err.body() == {"error": {"message": "too long", "type": "exceed_context_size_error",
                                     "code": "context_length_exceeded", "param": "messages",
                                     "n_prompt_tokens": 5000, "n_ctx": 4096}}
     assert overflow_details(None, None) == {} and ApiError(400, "x").body()["error"].keys() == {

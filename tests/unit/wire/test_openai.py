@@ -174,7 +174,7 @@ def test_prompt_list_of_other_length_refused(prompts: list[str]) -> None:
 def test_neutral_values_of_unsupported_fields_pass() -> None:
     chat(n=1, logprobs=False, top_logprobs=0, tools=[], tool_choice="none", logit_bias={}, best_of=1,
          echo=False, suffix="", parallel_tool_calls=None, modalities=["text"],
-         response_format={"type": "text"})
+         response_format={"type": "text"}, add_generation_prompt=True, continue_final_message=False)
     completion(logprobs=None, echo=False, best_of=1, suffix="")
 
 
@@ -225,6 +225,7 @@ def test_n_is_bounded_and_only_where_several_choices_are_answered() -> None:
     ("best_of", 2), ("echo", True), ("suffix", "end"),
     ("audio", {"voice": "x"}), ("modalities", ["text", "audio"]),
     ("prediction", {"type": "content", "content": "x"}),
+    ("add_generation_prompt", False), ("continue_final_message", True),
 ])
 def test_unsupported_field_refused(field: str, value: Any) -> None:
     err = chat_refused(**{field: value})

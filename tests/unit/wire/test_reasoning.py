@@ -246,7 +246,7 @@ def test_chat_answer_whole() -> None:
 def test_chat_answer_stream() -> None:
     out = b"".join(asyncio.run(_drain(OR.ChatAnswer("m"), PIECES)))
     deltas = [c["choices"][0]["delta"] for c in sse(out) if c["choices"]]
-    assert deltas[0] == {"role": "assistant", "content": ""}
+    assert deltas[0] == {"role": "assistant", "content": None}  # the role alone, as llama-server opens a stream
     assert deltas[1:6] == [{"reasoning_content": "Let me"}, {"reasoning_content": " think."},
                            {"reasoning_content": "Done."}, {"content": "Paris"}, {"content": "."}]
     assert deltas[-1] == {}  # the finish chunk
