@@ -87,10 +87,10 @@ def _tensor_split(flag: str, value: str) -> list[float]:
     return [_float(flag, p) for p in parts]
 
 
-def _pooling(flag: str, value: str) -> str:
-    if value == "rank":
-        raise FlagError(f"{flag}: 'rank' (reranking) is not served")
-    return value
+def _rerank(cl: CommandLine, _: State, flag: str, value: Any) -> None:
+    """llama-server's --reranking: embeddings on, rank pooling."""
+    cl.set(("defaults", "embeddings"), True, flag)
+    cl.set(("defaults", "pooling"), "rank", flag)
 
 
 def _rope_scale(flag: str, value: str) -> float:
@@ -244,8 +244,10 @@ MAPPED: tuple[Flag, ...] = (
        _const(("defaults", "no_host"), True)),
     _m("--embedding --embeddings", None, "serve /v1/embeddings and /embedding: defaults.embeddings (hydrad "
        "serves completions beside them)", _const(("defaults", "embeddings"), True)),
-    _m("--pooling", "{none,mean,cls,last}", "how an input's token vectors become its embedding: "
-       "defaults.pooling", _param("pooling", _pooling)),
+    _m("--pooling", "{none,mean,cls,last,rank}", "how an input's token vectors become its embedding (rank: a "
+       "reranker's scores): defaults.pooling", _param("pooling")),
+    _m("--rerank --reranking", None, "serve /rerank with a reranker model: defaults.embeddings true and "
+       "defaults.pooling rank", _rerank),
     _m("--rope-scaling", "{none,linear,yarn}", "RoPE scaling type: defaults.rope_scaling", _param("rope_scaling")),
     _m("--rope-scale", "N", "RoPE context scaling factor (1/N is defaults.rope_freq_scale)",
        _param("rope_freq_scale", _rope_scale)),
@@ -442,7 +444,6 @@ REFUSED: tuple[Flag, ...] = (
     _r("--mcp-servers-json", "JSON", "hydrad has no MCP client"),
     _r("-ag --agent", None, "hydrad has no agent tools"),
     _r("--ui --webui", None, "hydrad has no web UI"),
-    _r("--rerank --reranking", None, "reranking is not served"),
     _r("--ssl-key-file", "FNAME", "hydrad speaks plain HTTP: put TLS in a proxy in front"),
     _r("--ssl-cert-file", "FNAME", "hydrad speaks plain HTTP: put TLS in a proxy in front"),
     _r("--chat-template-kwargs", "STRING", "hydrad passes no extra arguments to the chat template"),

@@ -35,12 +35,14 @@ from hydrad.engine.http.anthropic import messages
 from hydrad.engine.http.completion import completion, infill
 from hydrad.engine.http.context import HttpContext, ctx_of
 from hydrad.engine.http.embeddings import embedding, embeddings
+from hydrad.engine.http.rerank import rerank
 from hydrad.engine.http.generation import chat, completions, responses_
 from hydrad.engine.http.slotfiles import slot_action
 from hydrad.engine.http.slotstate import state_get, state_meta, state_put
 from hydrad.engine.settings import EngineSettings
 from hydrad.wire.bodies import BINARY_BODIES, ENGINE_BODIES
 from hydrad.wire.openai import ApiError
+from hydrad.wire.rerank import PATHS as RERANK_PATHS
 from hydrad.wire.stages import HEALTH_STATUS, fetch_text
 
 log = logging.getLogger("hydrad.http")
@@ -249,6 +251,7 @@ ROUTES = [
     Route("/apply-template", native.apply_template, methods=["POST"]), Route("/props", native.props),
     Route("/v1/embeddings", embeddings, methods=["POST"]), Route("/embeddings", embedding, methods=["POST"]),
     Route("/embedding", embedding, methods=["POST"]),
+    *(Route(path, rerank, methods=["POST"]) for path in RERANK_PATHS),
     Route("/control/config", get_config), Route("/control/configure", configure, methods=["POST"]),
     Route("/control/loads/{load_id}", load_status),
     Route("/control/swap_quant", swap_quant, methods=["POST"]),
