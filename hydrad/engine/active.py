@@ -48,6 +48,7 @@ class Active:
     lora: tuple[float, ...] = ()  # the LoRA scales it runs with: only slots of one set share a step (adapters)
     spec: speculate.Drafter | None = None  # speculative decoding: its n-gram index and draft in flight
     media: Any = None  # a prompt with images (vision.MediaPrompt): its image chunks, evaluated as prefill reaches them
+    timings: bool = False  # each Token carries the timings so far (timings_per_token)
 
 
 
@@ -80,7 +81,7 @@ def token_event(a: Active, text: str, end: bool = False) -> Token | None:
     ids = take_ids(a)
     if not (text or calls or ids or probs or reasoning):
         return None
-    so_far = usage_of(a, time.monotonic()) if a.handle.request.timings_per_token else None
+    so_far = usage_of(a, time.monotonic()) if a.timings else None
     return Token(text, ids, probs, calls, reasoning, so_far)
 
 

@@ -203,7 +203,7 @@ class Scheduler:
                               think=thinking.start(model, params, req, tokens, grammar),
                               n_keep=kvshift.kept(params.n_keep if req.n_keep is None else req.n_keep, len(tokens),
                                                   model.added_bos() is not None, limit) if shifting else -1,
-                              lora=lora, media=media)
+                              lora=lora, media=media, timings=req.timings_per_token)
         if req.report_settings:
             slot.active.settings = settings_of(params, spec, gen.ctx.n_ctx)
         drafting = speculate.settings_of(params)

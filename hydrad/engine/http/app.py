@@ -28,6 +28,7 @@ from hydrad import __version__
 from hydrad.common.params import param_named
 from hydrad.common.logs import log_event
 from hydrad.common.openapi import openapi_route
+from hydrad.common import webui
 from hydrad.engine.control import EngineControl
 from hydrad.engine.refusals import refusal
 from hydrad.engine.http import counttokens, lora, metrics, native
@@ -264,8 +265,9 @@ ROUTES = [
 
 
 def build_app(settings: EngineSettings, control: EngineControl) -> Starlette:
-    described = openapi_route(ROUTES, "hydrad", __version__, bodies=ENGINE_BODIES, binary_bodies=BINARY_BODIES)
-    app = Starlette(routes=[*ROUTES, described], exception_handlers={ApiError: on_api_error, Exception: on_crash,
+    routes = [*ROUTES, *webui.routes(settings.http.webui)]
+    described = openapi_route(routes, "hydrad", __version__, bodies=ENGINE_BODIES, binary_bodies=BINARY_BODIES)
+    app = Starlette(routes=[*routes, described], exception_handlers={ApiError: on_api_error, Exception: on_crash,
                                                        404: not_found, 405: not_found})
     app.state.ctx = HttpContext(settings, control)
     app.state.metrics = metrics.registry(control.core, settings.name)

@@ -196,6 +196,8 @@ MAPPED: list[tuple[list[str], dict[tuple[str, ...], Any]]] = [
     (["--pooling", "mean"], {("defaults", "pooling"): "mean"}),
     (["--pooling", "rank"], {("defaults", "pooling"): "rank"}),
     (["--reranking"], {("defaults", "embeddings"): True, ("defaults", "pooling"): "rank"}),
+    (["--no-webui"], {("http", "webui"): False}), (["--no-ui"], {("http", "webui"): False}),
+    (["--webui"], {("http", "webui"): True}), (["--ui"], {("http", "webui"): True}),
     (["--rerank"], {("defaults", "embeddings"): True, ("defaults", "pooling"): "rank"}),
     (["--rope-scaling", "yarn"], {("defaults", "rope_scaling"): "yarn"}),
     (["--rope-scale", "4"], {("defaults", "rope_freq_scale"): 0.25}),
