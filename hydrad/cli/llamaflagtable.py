@@ -87,10 +87,10 @@ def _tensor_split(flag: str, value: str) -> list[float]:
     return [_float(flag, p) for p in parts]
 
 
-def _pooling(flag: str, value: str) -> str:
-    if value == "rank":
-        raise FlagError(f"{flag}: 'rank' (reranking) is not served")
-    return value
+def _rerank(cl: CommandLine, _: State, flag: str, value: Any) -> None:
+    """llama-server's --reranking: embeddings on, rank pooling."""
+    cl.set(("defaults", "embeddings"), True, flag)
+    cl.set(("defaults", "pooling"), "rank", flag)
 
 
 def _rope_scale(flag: str, value: str) -> float:
@@ -253,8 +253,10 @@ MAPPED: tuple[Flag, ...] = (
        _const(("defaults", "no_host"), True)),
     _m("--embedding --embeddings", None, "serve /v1/embeddings and /embedding: defaults.embeddings (hydrad "
        "serves completions beside them)", _const(("defaults", "embeddings"), True)),
-    _m("--pooling", "{none,mean,cls,last}", "how an input's token vectors become its embedding: "
-       "defaults.pooling", _param("pooling", _pooling)),
+    _m("--pooling", "{none,mean,cls,last,rank}", "how an input's token vectors become its embedding (rank: a "
+       "reranker's scores): defaults.pooling", _param("pooling")),
+    _m("--rerank --reranking", None, "serve /rerank with a reranker model: defaults.embeddings true and "
+       "defaults.pooling rank", _rerank),
     _m("--rope-scaling", "{none,linear,yarn}", "RoPE scaling type: defaults.rope_scaling", _param("rope_scaling")),
     _m("--rope-scale", "N", "RoPE context scaling factor (1/N is defaults.rope_freq_scale)",
        _param("rope_freq_scale", _rope_scale)),
@@ -321,7 +323,8 @@ ACCEPTED: tuple[Flag, ...] = (
        "are still served (rendered with the template)"),
     _a("-cb --cont-batching", None, "continuous batching is always on"),
     _a("--metrics", None, "/metrics is always served (open like /health)"),
-    _a("--no-webui --no-ui", None, "hydrad has no web UI"),
+    _m("--ui --webui", None, "serve the web chat page at / (the default): http.webui", _const(("http", "webui"), True)),
+    _m("--no-webui --no-ui", None, "serve no web chat page at /: http.webui false", _const(("http", "webui"), False)),
     _a("--threads-http", "N", "hydrad's HTTP server is one event loop: no request waits for a thread"),
     _a("-kvo --kv-offload", None, "the KV cache is always on the device of its layers"),
     _a("--repack", None, "weights are always repacked where llama.cpp can"),
@@ -436,21 +439,19 @@ REFUSED: tuple[Flag, ...] = (
     _r("--video-ffmpeg-dir", "DIR", NO_MULTIMODAL),
     _r("--tags", "STRING", "hydrad reports no model tags"),
     _r("--reuse-port", None, "hydrad binds its port alone"),
-    _r("--path", "PATH", "hydrad serves no static files"),
+    _r("--path", "PATH", "hydrad serves its own chat page at / and no other static files"),
     _r("--cors-methods", "METHODS", "CORS allows GET, POST and OPTIONS, always"),
     _r("--cors-headers", "HEADERS", "CORS allows Authorization, Content-Type and X-Session-Id, always"),
     _r("--cors-credentials", None, "CORS never allows credentials here"),
     _r("--api-prefix", "PREFIX", "hydrad serves its endpoints at the root: put a prefix in a proxy in front"),
-    _r("--ui-config --webui-config", "JSON", "hydrad has no web UI"),
-    _r("--ui-config-file --webui-config-file", "PATH", "hydrad has no web UI"),
+    _r("--ui-config --webui-config", "JSON", "hydrad's chat page takes no configuration"),
+    _r("--ui-config-file --webui-config-file", "PATH", "hydrad's chat page takes no configuration"),
     _r("--ui-mcp-proxy --webui-mcp-proxy", None, "hydrad has no MCP proxy"),
     _r("--tools", "TOOL1,TOOL2,...", "hydrad runs no built-in tools"),
     _r("--tools-runtime", "OPTION", "hydrad runs no built-in tools"),
     _r("--mcp-servers-config", "PATH", "hydrad has no MCP client"),
     _r("--mcp-servers-json", "JSON", "hydrad has no MCP client"),
     _r("-ag --agent", None, "hydrad has no agent tools"),
-    _r("--ui --webui", None, "hydrad has no web UI"),
-    _r("--rerank --reranking", None, "reranking is not served"),
     _r("--ssl-key-file", "FNAME", "hydrad speaks plain HTTP: put TLS in a proxy in front"),
     _r("--ssl-cert-file", "FNAME", "hydrad speaks plain HTTP: put TLS in a proxy in front"),
     _r("--chat-template-kwargs", "STRING", "hydrad passes no extra arguments to the chat template"),

@@ -32,7 +32,7 @@ from hydrad.common.yamlfile import ConfigError, beside
 A = TypeVar("A", bound="InferenceAccess")
 ENV_API_KEY = "HYDRA_API_KEY"
 OPEN_PATHS = frozenset({"/health", "/livez", "/v1/health", "/metrics", "/version", "/models", "/v1/models",
-                        "/openapi.json"})
+                        "/openapi.json", "/", "/index.html"})  # the web page holds no secret (hydrad.common.webui)
 OWN_CREDENTIALS = ("/control", "/slots", "/admin", "/models/files/")
 
 

@@ -118,7 +118,7 @@ ENTRIES: tuple[Entry, ...] = (
     _r("sampling.top_n_sigma", T1, NO_SAMPLER),
     _q("sampling.ignore_eos", T1, "ignore_eos"),
     _fx("sampling.no_perf", T1, False, "hydrad reports timings in every answer and in /metrics; they cannot be turned off"),
-    _r("sampling.timing_per_token", T1, "hydrad reports timings once per answer (a request's timings_per_token is refused too)"),
+    _q("sampling.timing_per_token", T1, "timings_per_token (a stream's every piece carries the timings so far)"),
     _r("sampling.user_sampling_config", T1, SAMPLER_STATE),
     _q("sampling.grammar", T1, "grammar, json_schema or response_format"),
     _r("sampling.grammar_lazy", T1, "lazy grammars are not served: a grammar constrains the whole answer (a request's grammar_lazy is refused too)"),

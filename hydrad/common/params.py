@@ -121,10 +121,11 @@ class RuntimeParams(BaseModel):
         False, Tier.T3, "Serve /v1/embeddings and llama-server's /embedding: a second, small llama.cpp context on "
         "the same weights computes them between generation steps (its size: n_ubatch tokens, the longest input). "
         "Off: those endpoints answer 501 saying how to turn this on.")
-    pooling: Literal["model", "none", "mean", "cls", "last"] = _f(
+    pooling: Literal["model", "none", "mean", "cls", "last", "rank"] = _f(
         "model", Tier.T3, "How an input's token vectors become its embedding (llama.cpp's --pooling): mean, cls "
-        "(first token), last, none (one vector per token: /embedding only), model = as the GGUF says (none for a "
-        "generative model). rank (reranking) is not served.")
+        "(first token), last, none (one vector per token: /embedding only), rank (a reranker's classification head "
+        "scores each input: /rerank only; the GGUF must declare rank pooling), model = as the GGUF says (none for a "
+        "generative model, rank for a reranker).")
     mmproj: str | None = _f(
         None, Tier.T3, "Vision projector loaded with the model (llama-server's --mmproj): a GGUF path, absolute or "
         "under models_dir, of a projector made for this model. With one, chat image_url parts, Anthropic image "

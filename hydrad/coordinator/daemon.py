@@ -28,7 +28,7 @@ import zmq
 from starlette.applications import Starlette
 
 from hydrad import __version__
-from hydrad.common import fdlimit, tokenfile
+from hydrad.common import fdlimit, tokenfile, webui
 from hydrad.coordinator.admin import ADMIN_BODIES, admin_routes
 from hydrad.coordinator.affinity import Affinity
 from hydrad.coordinator.bus import CoordinatorBus
@@ -126,7 +126,8 @@ class CoordinatorDaemon:
         front = FrontDoor(s, bus, switcher, registry, affinity, keeper)
         files = ModelFiles(registry, s.models_dir, [t for t in (bus.token, admin_token) if t] if bus.token else [],
                            s.model_files_rate_mib_s)
-        routes = front.routes() + admin_routes(bus, switcher, affinity, front) + model_file_routes(files)
+        routes = front.routes() + admin_routes(bus, switcher, affinity, front) + model_file_routes(files) \
+            + webui.routes(s.http.webui)
         described = openapi_route(routes, "hydra-coordinator", __version__, bodies={**FRONT_DOOR_BODIES, **ADMIN_BODIES})
         app = Starlette(routes=[*routes, described], exception_handlers=exception_handlers())
         keyed = with_api_key(app, api_keys(s.http))

@@ -14,7 +14,9 @@ answers a field it does not know by name, so ``model`` is taken out before forwa
 is parsed, checked and written again on the preparation workers, never on the event loop.
 
 Embeddings are checked here first (:mod:`hydrad.wire.embeddings`); an engine whose model is
-loaded without embeddings passes them on to the next engine serving the model. (The bus carries
+loaded without embeddings passes them on to the next engine serving the model. So is reranking
+(llama-server's ``/rerank``, :mod:`hydrad.wire.rerank`), passed on by an engine whose model is not
+loaded as a reranker. (The bus carries
 events of generations, not vectors: these stay on HTTP, without session affinity, which they
 have no use for.)
 """
@@ -29,12 +31,12 @@ from starlette.responses import Response, StreamingResponse
 
 from hydrad.common import jsonbody
 from hydrad.common.prepare import Preparer
-from hydrad.wire import embeddings
+from hydrad.wire import embeddings, rerank
 from hydrad.wire.openai import ApiError
 
 PATHS = ("/tokenize", "/detokenize", "/apply-template", "/v1/messages/count_tokens", "/v1/chat/completions/input_tokens",
          "/chat/completions/input_tokens", "/v1/responses/input_tokens", "/responses/input_tokens")
-EMBEDDING_PATHS = ("/v1/embeddings", "/embeddings", "/embedding")
+EMBEDDING_PATHS = ("/v1/embeddings", "/embeddings", "/embedding", *rerank.PATHS)
 TIMEOUT_S = 60.0
 """Longest a forwarded request may wait for its engine's answer to begin."""
 
@@ -145,19 +147,21 @@ class NativeDoor:
             await r.aclose()
 
     async def embeddings(self, request: Request) -> Response:
-        """``POST /v1/embeddings`` and llama-server's ``/embedding``: checked here as the engine will
-        check them, then computed by an engine serving the model. Whether an engine has embeddings
-        turned on is its own parameter, which the front door does not see: one that answers 501
-        (embeddings off) passes the request to the next engine serving the model."""
+        """``POST /v1/embeddings``, llama-server's ``/embedding`` and ``/rerank``: checked here as the engine
+        will check them, then computed by an engine serving the model. Whether an engine has embeddings
+        (or a reranker's rank pooling) turned on is its own parameter, which the front door does not see:
+        one that answers 501 (off) passes the request to the next engine serving the model."""
         path = request.url.path
-        _, model, content = await self._forwarded(
-            request, embeddings.parse_openai if path == "/v1/embeddings" else embeddings.parse_native)
+        check = rerank.parse if path in rerank.PATHS else \
+            embeddings.parse_openai if path == "/v1/embeddings" else embeddings.parse_native
+        _, model, content = await self._forwarded(request, check)
         urls, headers = self._engine_urls(model)
         answer: Response | None = None
         while urls:
             taken, r = await self._send(urls, request, content)
             answer = Response(r.content, status_code=r.status_code, media_type="application/json", headers=headers)
-            if not (r.status_code == 501 and embeddings.DISABLED.encode() in r.content):
+            if not (r.status_code == 501 and (embeddings.DISABLED.encode() in r.content
+                                              or rerank.DISABLED.encode() in r.content)):
                 break
             urls = urls[taken + 1:]
         assert answer is not None

@@ -47,7 +47,8 @@ def openai_answer(cls: type[ChatAnswer] | type[CompletionAnswer]) -> Callable[[A
     def answer(req: Any, greq: GenRequest) -> Answer:
         rid = new_id(cls.kind)
         return Answer(rid, req.stream, lambda model, fp, index=0: cls(
-            model, fp, include_usage=req.include_usage(), logprobs=greq.logprobs is not None, rid=rid, index=index),
+            model, fp, include_usage=req.include_usage(), logprobs=greq.logprobs is not None, rid=rid, index=index,
+            post=greq.post_sampling_probs),
             req.n)
     return answer
 

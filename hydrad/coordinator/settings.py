@@ -18,11 +18,12 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from hydrad.common.apikey import InferenceAccess, resolve_api_key
 from hydrad.common.netaccess import address_allowed, check_networks, split_endpoint
 from hydrad.common.yamlfile import ConfigError, beside, read_settings  # noqa: F401 (ConfigError: re-exported)
+from hydrad.common.webui import WebUiSetting
 from hydrad.coordinator.sessions import SessionSettings
 from hydrad.store.settings import POOL_PATTERN, pool_of
 
 
-class HttpSettings(InferenceAccess):
+class HttpSettings(InferenceAccess, WebUiSetting):
     model_config = ConfigDict(extra="forbid")
     host: str = Field("127.0.0.1", description="Address the OpenAI front door and /admin bind.")
     port: int = Field(9000, ge=0, le=65535, description="HTTP port; 0 = pick a free one (tests).")

@@ -6,11 +6,12 @@ Active; these are its plain parts, apart so that the step's loop reads as a loop
 from __future__ import annotations
 
 from collections import deque
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from hydrad.engine import sampling, speculate, thinking
-from hydrad.engine.requests import RequestHandle, Token
+from hydrad.engine.requests import RequestHandle, Token, Usage
 
 from hydrad.engine.textstream import StopMatcher, Utf8Detokenizer
 from hydrad.wire.logprobs import TokenLogprob
@@ -36,7 +37,7 @@ class Active:
     unsent: list[int] = field(default_factory=list)  # sampled, not yet turned into text (text_overlap)
     ids: list[int] | None = None  # return_tokens: turned into text, not yet sent with a Token
     faulty: frozenset[str] = frozenset()  # fault-injection tests: stages at which this request fails
-    probs: sampling.Logprobs | None = None  # logprobs: measures each row before sampling
+    probs: sampling.Logprobs | sampling.PostProbs | None = None  # logprobs: measures each row before sampling
     probs_unsent: deque[TokenLogprob] = field(default_factory=deque)  # one per token of ``unsent``
     probs_made: list[TokenLogprob] = field(default_factory=list)  # made into text, not yet sent with a Token
     tools: ToolStream | None = None  # a request offering tools: its text read into content and calls
@@ -47,6 +48,7 @@ class Active:
     lora: tuple[float, ...] = ()  # the LoRA scales it runs with: only slots of one set share a step (adapters)
     spec: speculate.Drafter | None = None  # speculative decoding: its n-gram index and draft in flight
     media: Any = None  # a prompt with images (vision.MediaPrompt): its image chunks, evaluated as prefill reaches them
+    timings: bool = False  # each Token carries the timings so far (timings_per_token)
 
 
 
@@ -60,7 +62,7 @@ def take_ids(a: Active) -> tuple[int, ...]:
 
 def token_event(a: Active, text: str, end: bool = False) -> Token | None:
     """A Token event for ``text``, with the ids and log-probabilities of the tokens made into text
-    since the last one (when the request asked for them). A chat's thinking is split off first,
+    since the last one and the timings so far (when the request asked for them). A chat's thinking is split off first,
     then a request offering tools sends the content and calls the rest makes (``end``: what is left,
     at its end); None when there is nothing to send."""
     reasoning = ""
@@ -79,7 +81,18 @@ def token_event(a: Active, text: str, end: bool = False) -> Token | None:
     ids = take_ids(a)
     if not (text or calls or ids or probs or reasoning):
         return None
-    return Token(text, ids, probs, calls, reasoning)
+    so_far = usage_of(a, time.monotonic()) if a.timings else None
+    return Token(text, ids, probs, calls, reasoning, so_far)
+
+
+def usage_of(a: Active, now: float) -> Usage:
+    """The request's counts and timings at ``now``: at its end (Done), or so far (a Token of a
+    request that asked for llama-server's ``timings_per_token``)."""
+    t_first = a.t_first or now
+    return Usage(prompt_tokens=a.prompt_len, completion_tokens=a.n_gen, cached_tokens=a.cached,
+                 prompt_ms=round((t_first - a.t_start) * 1000, 3), predicted_ms=round((now - t_first) * 1000, 3),
+                 queue_ms=round((a.t_start - (a.handle.t_enqueued or a.t_start)) * 1000, 3),
+                 draft_n=a.spec.n_drafted if a.spec else 0, draft_n_accepted=a.spec.n_accepted if a.spec else 0)
 
 
 def settings_of(params: Any, used: sampling.Sampling, n_ctx: int) -> dict[str, Any]:

@@ -17,10 +17,10 @@ from typing import Any
 
 from hydrad.common.logs import log_event
 from hydrad.engine import adapters, chatprompt, faults, kvshift, logitbias, sampling, speculate, thinking, vision
-from hydrad.engine.active import Active, settings_of, take_ids, token_event
+from hydrad.engine.active import Active, settings_of, take_ids, token_event, usage_of
 from hydrad.engine.generation import Generation, Slot
 from hydrad.engine.promptprep import RequestRefused
-from hydrad.engine.requests import Done, Failed, Progress, RequestHandle, Usage
+from hydrad.engine.requests import Done, Failed, Progress, RequestHandle
 from hydrad.engine.textstream import StopMatcher, Utf8Detokenizer
 from hydrad.wire.kvdigest import tokens_digest
 from hydrad.wire.toolcalls import ToolStream
@@ -176,7 +176,8 @@ class Scheduler:
                 ban=tuple(model.eog_tokens()) if req.ignore_eos else (),
                 bias=logitbias.resolve(model, s.logit_bias),
                 grammar=grammar)
-            sampler = sampling.Sampler(spec, model.n_vocab, limit, model.vocab)
+            sampler = sampling.Sampler(spec, model.n_vocab, limit, model.vocab,
+                                       post=req.post_sampling_probs and req.logprobs is not None)
         except sampling.GrammarRefused as exc:
             raise RequestRefused(str(exc), 400, "invalid_field") from None
         room = limit - len(tokens)
@@ -191,7 +192,8 @@ class Scheduler:
         except ValueError as exc:
             sampler.free()
             raise RequestRefused(str(exc), 400, "invalid_stop") from None
-        probs = None if req.logprobs is None else sampling.Logprobs(model.n_vocab, req.logprobs, model.piece)
+        probs = None if req.logprobs is None else sampling.PostProbs(sampler, req.logprobs, model.piece) \
+            if req.post_sampling_probs else sampling.Logprobs(model.n_vocab, req.logprobs, model.piece)
         slot.active = Active(handle=handle, prompt_len=len(tokens), cached=keep, pending=tokens[keep:],
                               max_tokens=max_tokens, sampler=sampler, detok=Utf8Detokenizer(),
                               stopper=stopper, t_start=time.monotonic(), faulty=faulty,
@@ -201,7 +203,7 @@ class Scheduler:
                               think=thinking.start(model, params, req, tokens, grammar),
                               n_keep=kvshift.kept(params.n_keep if req.n_keep is None else req.n_keep, len(tokens),
                                                   model.added_bos() is not None, limit) if shifting else -1,
-                              lora=lora, media=media)
+                              lora=lora, media=media, timings=req.timings_per_token)
         if req.report_settings:
             slot.active.settings = settings_of(params, spec, gen.ctx.n_ctx)
         drafting = speculate.settings_of(params)
@@ -486,10 +488,7 @@ class Scheduler:
             speculate.take_back(gen, slot, a.spec)
         now = time.monotonic()
         t_first = a.t_first or now
-        usage = Usage(prompt_tokens=a.prompt_len, completion_tokens=a.n_gen, cached_tokens=a.cached,
-                      prompt_ms=round((t_first - a.t_start) * 1000, 3), predicted_ms=round((now - t_first) * 1000, 3),
-                      queue_ms=round((a.t_start - (a.handle.t_enqueued or a.t_start)) * 1000, 3),
-                      draft_n=a.spec.n_drafted if a.spec else 0, draft_n_accepted=a.spec.n_accepted if a.spec else 0)
+        usage = usage_of(a, now)
         self.core.stats.prompt_seconds_total += t_first - a.t_start
         self.core.prefix.prefill_seen(a.prompt_len - a.cached, t_first - a.t_start)
         self.core.stats.predicted_seconds_total += now - t_first

@@ -8,6 +8,10 @@ context's output buffer would grow to a whole batch of logits), and an input wou
 KV. The second context is small: its KV holds ``n_ubatch`` tokens, the longest input (a pooled
 input must fit in one physical batch, as llama-server requires), and it is emptied after every
 decode. Only the engine thread uses it, between generation steps (``engine/embedjobs.py``).
+
+A reranker's context pools with ``rank``: its classification head gives each input a few numbers
+(its classes) instead of a vector, the first being the input's score (``engine/rerank.py``). Only a
+GGUF that declares rank pooling has that head; rank asked of another model fails the load.
 """
 
 from __future__ import annotations
@@ -18,8 +22,9 @@ from typing import Any
 from hydrad.common.params import RuntimeParams
 from hydrad.engine import llama
 from hydrad.engine.batch import Batch
+from hydrad.engine.rerank import PromptFormat
 
-POOLING = {"model": -1, "none": 0, "mean": 1, "cls": 2, "last": 3}
+POOLING = {"model": -1, "none": 0, "mean": 1, "cls": 2, "last": 3, "rank": 4}
 POOLING_NAMES = {v: k for k, v in POOLING.items() if v >= 0}
 MAX_SEQS = 32
 """Most inputs one embedding decode computes together (llama.cpp's sequences of the context)."""
@@ -38,12 +43,27 @@ class Embedder:
             self.ctx.free()
             raise
         C = llama.lib()
-        self.pooling = POOLING_NAMES.get(C.llama_pooling_type(self.ctx.ptr), "none")
-        if self.pooling not in ("none", "mean", "cls", "last"):  # rank: a reranker's head, not an embedding
+        self.pooling = POOLING_NAMES.get(C.llama_pooling_type(self.ctx.ptr), "unknown")
+        declared = model.meta(f"{model.info.arch}.pooling_type")
+        if self.pooling == "rank" and declared != str(POOLING["rank"]):
+            self.free()
+            named = POOLING_NAMES.get(int(declared), declared) if declared and declared.isdigit() else declared
+            raise llama.LoadError(f"pooling: rank needs a reranker, a GGUF that declares rank pooling and has a "
+                                  f"classification head; {model.path.name} declares "
+                                  f"{'pooling ' + str(named) if named else 'no pooling'} (set pooling: mean for "
+                                  "embeddings)")
+        if self.pooling not in ("none", "mean", "cls", "last", "rank"):
             self.free()
             raise llama.LoadError(f"the model's pooling ({self.pooling}) gives no embeddings; set pooling: mean")
-        self.n_embd = C.llama_model_n_embd_out(model.ptr)
+        # a reranker's output per input: its classes' scores (llama.cpp's n_cls_out), not a vector
+        self.n_embd = C.llama_model_n_cls_out(model.ptr) if self.rank else C.llama_model_n_embd_out(model.ptr)
+        self.prompts = PromptFormat.of(model) if self.rank else None  # how a reranker's pairs are put
         self.decodes = 0
+
+    @property
+    def rank(self) -> bool:
+        """A reranker's context: /rerank is served, the embeddings endpoints are not."""
+        return self.pooling == "rank"
 
     @property
     def pooled(self) -> bool:

@@ -148,8 +148,14 @@ class Sampler:
     """A llama.cpp sampler chain: sampling runs in C, one call per token. A request with a grammar
     adds llama.cpp's grammar sampler (built for that request alone, so others pay nothing)."""
 
-    def __init__(self, s: Sampling, n_vocab: int = 0, n_ctx: int = 0, vocab: Any = None) -> None:
+    def __init__(self, s: Sampling, n_vocab: int = 0, n_ctx: int = 0, vocab: Any = None, post: bool = False) -> None:
+        """``post``: the request reports probabilities after the chain (:class:`PostProbs`), so a
+        sampled row always goes through a candidate array this object can read back."""
         C = lib()
+        self.temperature = s.temperature
+        self.n_sampled = 0  # rows sampled so far (a token forced past a think budget is not)
+        self.last: Any = None  # the numpy view of the candidates the chain last ran on, and its size
+        self.last_n = 0
         if n_ctx > 0 and s.repeat_last_n > n_ctx:  # its history ring is allocated up front: bound it
             s = dataclasses.replace(s, repeat_last_n=n_ctx)
         self.grammar = _Grammar(vocab, s.grammar, n_vocab) if s.grammar is not None else None
@@ -171,6 +177,10 @@ class Sampler:
         self.preselect = (s.temperature > 0 and 0 < s.top_k < n_vocab and n_vocab >= PRESELECT_MIN_VOCAB
                           and s.repeat_penalty == 1.0 and not s.frequency_penalty and not s.presence_penalty
                           and self.grammar is None and not s.bias)
+        self._k = s.top_k
+        if post and s.temperature > 0 and self.grammar is None and not self.preselect:
+            # every candidate, not the top k: penalties and biases may move a token across the k-th logit
+            self.preselect, self._k = True, n_vocab
         if self.argmax or self.preselect:  # both read the logits row with numpy
             import numpy as np  # after libllama (preload_native); once per request, not per token
 
@@ -182,10 +192,9 @@ class Sampler:
             self.ptr = None
             return
         if self.preselect:
-            self._k = s.top_k
-            self._cand = (C.llama_token_data * s.top_k)()
+            self._cand = (C.llama_token_data * self._k)()
             self._cand_np = np.frombuffer(self._cand, dtype=np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")]))
-            self._cur = C.llama_token_data_array(self._cand, s.top_k, -1, False)
+            self._cur = C.llama_token_data_array(self._cand, self._k, -1, False)
             self._cur_ref = ctypes.byref(self._cur)
         sp = C.llama_sampler_chain_default_params()
         sp.no_perf = True
@@ -216,6 +225,7 @@ class Sampler:
             add(C.llama_sampler_init_dist(seed))
 
     def sample(self, ctx: Context, idx: int) -> int:
+        self.n_sampled += 1
         if self.grammar is not None:
             return self._sample_constrained(ctx, idx)
         if self.argmax:
@@ -263,6 +273,7 @@ class Sampler:
             raise RuntimeError("the sampler chain selected no token")
         token = int(cur.data[cur.selected].id)
         C.llama_sampler_accept(self.ptr, token)
+        self.last, self.last_n = cand, cur.size
         return token
 
     def _sample_constrained(self, ctx: Context, idx: int) -> int:
@@ -279,6 +290,7 @@ class Sampler:
             tok = self.grammar.pick(self.ptr, logits, constrained=True)
             if tok is None:
                 return END_OF_GRAMMAR
+        self.last, self.last_n = self.grammar._cand, self.grammar._all.size
         if self._accept_s > GRAMMAR_ACCEPT_LIMIT_S:
             raise GrammarTooSlow(f"grammar: accepting a token took {self._accept_s * 1000:.0f} ms and grows with "
                                  "each token (the grammar is too ambiguous for llama.cpp's grammar sampler)")
@@ -376,3 +388,45 @@ class Logprobs:
     def entry(self, token: int) -> TokenLogprob:
         """The sampled token of the row last measured, with that row's most likely tokens."""
         return TokenLogprob(token, self._piece(token), _logprob(float(self._row[token]) - self._lse), self._alts)
+
+
+class PostProbs:
+    """Probabilities after the sampler chain (llama-server's ``post_sampling_probs``): what the chain
+    left of the row the request's token was drawn from, as the chain's distribution sampler
+    normalised it, most likely first, those of probability 0 left out (as llama-server leaves them).
+    A greedy request's chain keeps the one most likely token, so its token has probability 1 and is
+    its only alternative, as in llama-server (whose temperature 0 masks every other token); so has a
+    token the engine forced (the end of a think block), which no chain drew.
+
+    Read from the candidate array the :class:`Sampler` (built with ``post``) last applied its chain
+    to, so it costs a sort of the candidates that survived the chain, not of the vocabulary."""
+
+    def __init__(self, sampler: Sampler, top: int, piece: Callable[[int], bytes]) -> None:
+        import numpy as np
+
+        self._np = np
+        self.sampler = sampler
+        self.top = top
+        self._piece = piece
+        self._at = -1
+
+    def measure(self, ctx: Context, idx: int) -> None:
+        """Before the row is sampled: remembers which row, so that a forced token is told apart."""
+        self._at = self.sampler.n_sampled
+
+    def entry(self, token: int) -> TokenLogprob:
+        s, np = self.sampler, self._np
+        piece = self._piece(token)
+        if s.temperature <= 0 or s.n_sampled == self._at or s.last is None:
+            return TokenLogprob(token, piece, 1.0, (Alternative(token, piece, 1.0),) if self.top > 0 else ())
+        cand = s.last[:s.last_n]
+        p = cand["p"]
+        order = np.argsort(-p, kind="stable")
+        chosen = np.flatnonzero(cand["id"] == token)
+        prob = float(p[chosen[0]]) if len(chosen) else 0.0
+        alts = []
+        for i in order[:self.top].tolist():
+            if p[i] <= 0.0:
+                break
+            alts.append(Alternative(int(cand["id"][i]), self._piece(int(cand["id"][i])), float(p[i])))
+        return TokenLogprob(token, piece, prob, tuple(alts))

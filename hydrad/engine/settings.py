@@ -21,12 +21,13 @@ from hydrad.common.apikey import InferenceAccess, resolve_api_key
 from hydrad.common.netaccess import address_allowed, check_networks
 from hydrad.common.params import check_partial, validation_message
 from hydrad.common.registry import ModelEntry
+from hydrad.common.webui import WebUiSetting
 from hydrad.common.yamlfile import ConfigError, beside, read_settings
 from hydrad.engine.jinjabox import TemplateLimits
 from hydrad.store.settings import POOL_PATTERN, StoreSettings, pool_of
 
 
-class HttpSettings(InferenceAccess):
+class HttpSettings(InferenceAccess, WebUiSetting):
     model_config = ConfigDict(extra="forbid")
     host: str = Field("127.0.0.1", description="Address the OpenAI/control HTTP server binds.")
     port: int = Field(8080, ge=0, le=65535, description="HTTP port; 0 = pick a free one (tests).")

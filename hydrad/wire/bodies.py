@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from hydrad.wire import embeddings
+from hydrad.wire import embeddings, rerank
 from hydrad.wire.anthropic import MessagesRequest
 from hydrad.wire.infill import InfillRequest
 from hydrad.wire.native_completion import REQUEST_MODELS
@@ -67,9 +67,17 @@ NATIVE_EMBEDDING = {**_closed({"content": EMBEDDING_INPUT, "input": EMBEDDING_IN
                                "model": _MODEL_OR_NULL}, []),
                     "oneOf": [{"required": ["content"]}, {"required": ["input"]}]}
 
+_DOCUMENTS = {"type": "array", "minItems": 1, "maxItems": rerank.MAX_DOCUMENTS, "items": {"type": "string"}}
+RERANK = {**_closed({"query": {"type": "string"}, "documents": _DOCUMENTS, "texts": _DOCUMENTS,
+                     "top_n": {"type": "integer", "minimum": 0, "maximum": INT32_MAX},
+                     "return_text": {"type": "boolean"}, "model": _MODEL_OR_NULL}, ["query"]),
+          "oneOf": [{"required": ["documents"]}, {"required": ["texts"]}]}
+"""llama-server's /rerank (hydrad.wire.rerank.parse): Jina's documents or TEI's texts."""
+
 _BOTH: dict[str, type[BaseModel] | dict[str, Any]] = {
     **REQUEST_MODELS, "/infill": InfillRequest, "/v1/messages": MessagesRequest,
     "/v1/embeddings": OPENAI_EMBEDDINGS, "/embeddings": NATIVE_EMBEDDING, "/embedding": NATIVE_EMBEDDING,
+    **{path: RERANK for path in rerank.PATHS},
 }
 LORA_ADAPTERS = {"type": "array", "maxItems": MAX_LORA_ENTRIES, "items": {
     "type": "object", "required": ["id"], "properties": {"id": _ID, "scale": {"type": "number", "minimum": -1000,

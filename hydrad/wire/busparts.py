@@ -13,6 +13,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, StringConstraints
 
+from hydrad.wire import events
 from hydrad.wire import images as img
 from hydrad.wire import logprobs as lp
 from hydrad.wire import toolcalls
@@ -20,13 +21,14 @@ from hydrad.wire.tools import MAX_CALL_ID, NAME_RE
 
 
 class Alternative(BaseModel):
-    """A token and its log-probability; its bytes in hex (a token can end inside a UTF-8 character,
-    which a JSON string cannot carry)."""
+    """A token and its log-probability (or, for a GENERATE that asked for post-sampling
+    probabilities, its probability: from 0 to 1); its bytes in hex (a token can end inside a UTF-8
+    character, which a JSON string cannot carry)."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     id: int = Field(ge=0, le=2**31 - 1)
     piece: str = Field("", max_length=2048, pattern=r"^(?:[0-9a-f]{2})*$")
-    logprob: float = Field(ge=lp.FLOOR, le=0)
+    logprob: float = Field(ge=lp.FLOOR, le=1)
 
     def alternative(self) -> lp.Alternative:
         return lp.Alternative(self.id, bytes.fromhex(self.piece), self.logprob)
@@ -134,6 +136,13 @@ class UsageInfo(BaseModel):
     predicted_ms: float = 0.0
     draft_n: int = Field(0, ge=0, description="Tokens drafted by speculative decoding (llama-server's timings.draft_n).")
     draft_n_accepted: int = Field(0, ge=0, description="Of them, the ones the model accepted.")
+
+    @classmethod
+    def of(cls, u: events.Usage) -> UsageInfo:
+        return cls(**{name: getattr(u, name) for name in cls.model_fields})  # (events.Usage has each of them)
+
+    def usage(self) -> events.Usage:
+        return events.Usage(**self.model_dump())
 
     def openai(self) -> dict[str, Any]:
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,

@@ -86,7 +86,8 @@ def _inputs(value: Any, name: str, n_vocab: int | None) -> list[str | list[int]]
     return out
 
 
-def _model(data: dict[str, Any]) -> str | None:
+def model_field(data: dict[str, Any]) -> str | None:
+    """A body's ``model``, checked (the front door routes by it; an engine names the model it serves)."""
     model = data.get("model")
     if model is None:
         return None
@@ -121,7 +122,7 @@ def parse_openai(raw: bytes | dict[str, Any], n_vocab: int | None = None) -> Emb
     user = data.get("user")
     if user is not None and (not isinstance(user, str) or len(user) > 256):
         raise ApiError(400, "user must be a string of at most 256 characters", "invalid_field", "user")
-    model = _model(data)
+    model = model_field(data)
     return EmbedRequest(_inputs(data["input"], "input", n_vocab), "input", model, fmt == "base64", _normalize(data),
                         dims)
 
@@ -139,7 +140,7 @@ def parse_native(raw: bytes | dict[str, Any], n_vocab: int | None = None) -> Emb
     name = "input" if "input" in data else "content"
     if name not in data:
         raise ApiError(400, "content is required", "invalid_field", "content")
-    model = _model(data)
+    model = model_field(data)
     return EmbedRequest(_inputs(data[name], name, n_vocab), name, model, False, _normalize(data))
 
 

@@ -38,6 +38,7 @@ class Token:
     probs: tuple[TokenLogprob, ...] = ()  # their log-probabilities, when the request asked (logprobs)
     calls: tuple[ToolCall, ...] = ()  # tool calls completed by this text (then ``text`` is content only)
     reasoning: str = ""  # the model's thinking made with this text (hydrad.wire.reasoning), before it
+    usage: Usage | None = None  # the request's timings so far, when it asked (timings_per_token)
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,11 @@ answer in the same shapes:
 
 A token's ``token`` text is its bytes up to an incomplete UTF-8 sequence at their end (as llama-server
 cuts it), other invalid bytes replaced: a character split over two tokens is in ``bytes``, whole.
+
+With llama-server's ``post_sampling_probs`` the numbers are probabilities after the sampler chain
+(top-k, top-p, min-p, temperature) rather than log-probabilities over the vocabulary, and the entry
+shapes say so: ``prob`` and ``top_probs`` instead of ``logprob`` and ``top_logprobs`` (``post``
+below). The tuples carry either in ``logprob``; the request says which.
 """
 
 from __future__ import annotations
@@ -37,7 +42,8 @@ FLOOR = -9999.0
 
 
 class Alternative(NamedTuple):
-    """One of the most likely tokens at a position."""
+    """One of the most likely tokens at a position (``logprob``: its probability after the sampler
+    chain, for a request that asked for post-sampling probabilities)."""
 
     id: int
     piece: bytes
@@ -65,23 +71,26 @@ def token_text(piece: bytes) -> str:
     return decoder.decode(piece, final=False)
 
 
-def _alternative(alt: Alternative | TokenLogprob) -> dict[str, Any]:
-    return {"id": alt.id, "token": token_text(alt.piece), "bytes": list(alt.piece), "logprob": alt.logprob}
+def _alternative(alt: Alternative | TokenLogprob, post: bool = False) -> dict[str, Any]:
+    return {"id": alt.id, "token": token_text(alt.piece), "bytes": list(alt.piece),
+            "prob" if post else "logprob": alt.logprob}
 
 
-def entry(tok: TokenLogprob) -> dict[str, Any]:
+def entry(tok: TokenLogprob, post: bool = False) -> dict[str, Any]:
     """One token as OpenAI's chat ``logprobs.content`` item and llama-server's
-    ``completion_probabilities`` item."""
-    return {**_alternative(tok), "top_logprobs": [_alternative(a) for a in tok.top]}
+    ``completion_probabilities`` item (``post``: post-sampling probabilities, llama-server's
+    ``prob``/``top_probs`` shape)."""
+    return {**_alternative(tok, post),
+            "top_probs" if post else "top_logprobs": [_alternative(a, post) for a in tok.top]}
 
 
-def content(tokens: Iterable[TokenLogprob]) -> list[dict[str, Any]]:
-    return [entry(t) for t in tokens]
+def content(tokens: Iterable[TokenLogprob], post: bool = False) -> list[dict[str, Any]]:
+    return [entry(t, post) for t in tokens]
 
 
-def chat(tokens: Iterable[TokenLogprob]) -> dict[str, Any]:
+def chat(tokens: Iterable[TokenLogprob], post: bool = False) -> dict[str, Any]:
     """``choices[].logprobs`` of a chat completion or chunk."""
-    return {"content": content(tokens)}
+    return {"content": content(tokens, post)}
 
 
 class TextOffsets:
@@ -115,8 +124,10 @@ def legacy(tokens: Iterable[TokenLogprob], offsets: TextOffsets) -> dict[str, An
     return out
 
 
-def render(kind: str, tokens: Iterable[TokenLogprob], offsets: TextOffsets | None = None) -> dict[str, Any]:
-    """``choices[].logprobs`` for an OpenAI answer of ``kind`` ("chat" or "completion")."""
+def render(kind: str, tokens: Iterable[TokenLogprob], offsets: TextOffsets | None = None,
+           post: bool = False) -> dict[str, Any]:
+    """``choices[].logprobs`` for an OpenAI answer of ``kind`` ("chat" or "completion"); ``post``
+    (chat only: the legacy shape has no place for it) renders post-sampling probabilities."""
     if kind == "chat":
-        return chat(tokens)
+        return chat(tokens, post)
     return legacy(tokens, offsets if offsets is not None else TextOffsets())

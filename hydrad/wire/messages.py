@@ -126,12 +126,13 @@ class Tokens(_Msg):
     reasoning: list[str] | None = Field(None, description=(
         "The model's thinking made in this step (a chat whose reasoning format splits it off), before the "
         "texts; absent when there is none."))
+    usage: UsageInfo | None = Field(None, description="The request's timings so far (timings_per_token).")
 
     def event(self) -> events.Token:
         """This step as the one event stream's Token (its texts joined)."""
         return events.Token("".join(self.texts), tuple(self.ids or ()),
                             tuple(p.token() for p in self.logprobs or ()), tuple(c.call() for c in self.tool_calls or ()),
-                            "".join(self.reasoning or ()))
+                            "".join(self.reasoning or ()), None if self.usage is None else self.usage.usage())
 
 
 class Progress(_Msg):
@@ -173,22 +174,14 @@ class Done(_Msg):
 
     @classmethod
     def of(cls, req: str, done: events.Done) -> Done:
-        u = done.usage
         return cls(req=req, finish_reason=done.finish_reason, model=done.model, fingerprint=done.fingerprint,
                    slot=done.slot, kv_tokens=done.kv_tokens, kv_hash=done.kv_hash, stop_word=done.stop_word,
                    ids=list(done.ids) or None, settings=dict(done.settings) if done.settings is not None else None,
-                   truncated=done.truncated,
-                   usage=UsageInfo(prompt_tokens=u.prompt_tokens, completion_tokens=u.completion_tokens,
-                                   cached_tokens=u.cached_tokens, prompt_ms=u.prompt_ms, predicted_ms=u.predicted_ms,
-                                   draft_n=u.draft_n, draft_n_accepted=u.draft_n_accepted))
+                   truncated=done.truncated, usage=UsageInfo.of(done.usage))
 
     def event(self) -> events.Done:
-        u = self.usage
-        return events.Done(self.finish_reason, events.Usage(u.prompt_tokens, u.completion_tokens, u.cached_tokens,
-                                                            u.prompt_ms, u.predicted_ms, draft_n=u.draft_n,
-                                                            draft_n_accepted=u.draft_n_accepted),
-                           self.fingerprint, self.model, self.slot, self.kv_tokens, self.kv_hash, self.stop_word,
-                           tuple(self.ids or ()), self.settings, self.truncated)
+        return events.Done(self.finish_reason, self.usage.usage(), self.fingerprint, self.model, self.slot,
+                           self.kv_tokens, self.kv_hash, self.stop_word, tuple(self.ids or ()), self.settings, self.truncated)
 
 
 class Error(_Msg):
@@ -333,6 +326,8 @@ class Generate(_Msg):
     slot: int | None = Field(None, ge=0)
     logprobs: int | None = Field(None, ge=0, le=lp.MAX_N_PROBS, description=(
         "Report each token's log-probability and this many most likely tokens in TOKENS; absent: none."))
+    post_sampling_probs: bool = Field(False, description="Those as probabilities after the sampler chain.")
+    timings_per_token: bool = Field(False, description="Each TOKENS carries the request's timings so far.")
     cache_prompt: bool | None = Field(None, description=(
         "Reuse a slot's matching prompt prefix (llama-server's cache_prompt); absent: the engine's default. "
         "Sent only when set, so an engine of an earlier release still takes the message."))
@@ -376,6 +371,7 @@ class Generate(_Msg):
                    max_tokens=gen.max_tokens,
                    stop=list(gen.stop), ignore_eos=gen.ignore_eos, slot=gen.slot,
                    sampling=gen.sampling, logprobs=gen.logprobs, cache_prompt=gen.cache_prompt,
+                   post_sampling_probs=gen.post_sampling_probs, timings_per_token=gen.timings_per_token,
                    n_keep=gen.n_keep, n_cache_reuse=gen.n_cache_reuse,
                    client=gen.client[:64] or None, prompt_ids=gen.prompt_ids, infill=gen.infill,
                    return_tokens=gen.return_tokens, return_progress=gen.return_progress,
@@ -389,6 +385,7 @@ class Generate(_Msg):
                           stop=list(self.stop),
                           sampling=self.sampling, ignore_eos=self.ignore_eos,
                           slot=self.slot, logprobs=self.logprobs, cache_prompt=self.cache_prompt,
+                          post_sampling_probs=self.post_sampling_probs, timings_per_token=self.timings_per_token,
                           n_keep=self.n_keep, n_cache_reuse=self.n_cache_reuse,
                           client="bus:" + self.client if self.client else "", prompt_ids=self.prompt_ids,
                           infill=self.infill, return_tokens=self.return_tokens, return_progress=self.return_progress,

@@ -8,8 +8,9 @@ the same grammar checks) plus what only this endpoint has: a prompt given as tok
 front door lets through is one the engine accepts.
 
 ``n_probs`` (up to :data:`hydrad.wire.logprobs.MAX_N_PROBS`) adds llama-server's
-``completion_probabilities``: log-probabilities over the full vocabulary, before the sampling chain;
-``post_sampling_probs: true`` (probabilities after the chain) is refused by name.
+``completion_probabilities``: log-probabilities over the full vocabulary, before the sampling chain,
+or with ``post_sampling_probs: true`` the probabilities after it (``prob``/``top_probs``).
+``timings_per_token: true`` on a stream puts the timings so far in every piece, as llama-server.
 ``return_progress: true`` on a stream adds llama-server's ``prompt_progress`` events while the prompt
 is prefilled (:func:`progress_chunk`); llama-server sends them only on a stream, and so does the engine.
 
@@ -38,7 +39,7 @@ from hydrad.common.params import validation_message
 from hydrad.wire import images as img
 from hydrad.wire import logprobs as lp
 from hydrad.wire.openai import (
-    INT32_MAX, ApiError, ChatRequest, CompletionRequest, _Common, checked_sampling, json_object, unsupported,
+    INT32_MAX, POST_SAMPLING_DESCRIPTION, ApiError, ChatRequest, CompletionRequest, _Common, checked_sampling, json_object, unsupported,
 )
 from hydrad.wire.requests import GenRequest, SamplingOverrides
 
@@ -47,7 +48,7 @@ from hydrad.wire.requests import GenRequest, SamplingOverrides
 # n_probs, mirostat, typical_p, DRY, XTC and the rest).
 _UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "n_cmpl": (None, 1), "n_indent": (None, 0), "t_max_predict_ms": (None, 0), "min_keep": (None, 0),
-    "response_fields": (None, []), "timings_per_token": (None, False),
+    "response_fields": (None, []),
 }
 
 
@@ -68,6 +69,7 @@ class NativeCompletionRequest(_Common):
     return_tokens: bool = False
     return_progress: StrictBool = False
     n_probs: StrictInt | None = Field(None, ge=0, le=lp.MAX_N_PROBS)
+    post_sampling_probs: StrictBool = Field(False, description=POST_SAMPLING_DESCRIPTION)
     n_keep: StrictInt | None = Field(None, ge=-1, le=INT32_MAX)
     n_cache_reuse: StrictInt | None = Field(None, ge=0, le=INT32_MAX)
 
@@ -189,4 +191,5 @@ def gen_request(req: NativeCompletionRequest, sampling: SamplingOverrides, text:
                       cache_prompt=req.cache_prompt, cache_salt=req.cache_salt,
                       return_tokens=req.return_tokens or req.stream,
                       logprobs=req.wants_logprobs(), return_progress=req.stream and req.return_progress,
-                      n_keep=req.n_keep, n_cache_reuse=req.n_cache_reuse, lora=req.lora)
+                      n_keep=req.n_keep, n_cache_reuse=req.n_cache_reuse, lora=req.lora,
+                      post_sampling_probs=req.post_sampling_probs, timings_per_token=req.stream and req.timings_per_token)

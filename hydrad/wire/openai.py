@@ -141,6 +141,8 @@ class _Common(BaseModel):
     lora: list[LoraScale] | None = Field(None, max_length=MAX_LORA_ENTRIES, description=(
         "LoRA adapters for this request, as llama-server takes them: [{\"id\": 0, \"scale\": 0.5}], by the "
         "ids GET /lora-adapters lists; the adapters not named run at 0. Unset or empty: the engine's scales."))
+    timings_per_token: StrictBool = Field(False, description=(
+        "llama-server's: every streamed chunk carries the timings so far, not only the last one."))
     logit_bias: Any = Field(None, description=(
         "Biases added to tokens' logits: OpenAI's object of token ids, llama-server's object whose "
         "non-integer keys are texts, or its list of [token id or text, bias] pairs; false bans a token. "
@@ -206,7 +208,7 @@ _UNSUPPORTED: dict[str, Any] = {
     # chain. Each is refused by name when set to anything but its llama-server default, so a client
     # asking for, say, a lazy grammar never gets unconstrained text with a 200.
     "grammar_lazy": (None, False), "grammar_triggers": (None, []),
-    "preserved_tokens": (None, []), "post_sampling_probs": (None, False),
+    "preserved_tokens": (None, []),
     "mirostat": (None, 0), "typical_p": (None, 1, 1.0), "top_n_sigma": (None, -1, -1.0),
     "xtc_probability": (None, 0, 0.0), "dry_multiplier": (None, 0, 0.0), "dynatemp_range": (None, 0, 0.0),
     "repeat_last_n": (None, 64), "penalty_last_n": (None, 64), "samplers": (None,),
@@ -299,6 +301,10 @@ def checked_sampling(req: _Common) -> SamplingOverrides:
     return dataclasses.replace(req.sampling(), grammar=_constraint(req))
 
 
+POST_SAMPLING_DESCRIPTION = (
+    "llama-server's: the log-probability fields report each token's probability after the sampler chain "
+    "(top-k, top-p, min-p, temperature), as prob and top_probs.")
+
 BUDGET_FIELDS = ("reasoning_budget_tokens", "thinking_budget_tokens", "reasoning_budget")
 """The names a chat's reasoning budget is given by: llama-server's two (read in this order) and the
 engine parameter's own."""
@@ -317,6 +323,7 @@ class ChatRequest(_Common):
     messages: list[dict[str, Any]] = Field(json_schema_extra=CHAT_MESSAGES_SCHEMA)
     logprobs: StrictBool | None = None
     top_logprobs: StrictInt | None = Field(None, ge=0, le=lp.MAX_TOP_LOGPROBS)
+    post_sampling_probs: StrictBool = Field(False, description=POST_SAMPLING_DESCRIPTION)
     reasoning_format: Literal["none", "deepseek", "deepseek-legacy", "auto"] | None = Field(None, description=(
         "Where the model's thinking goes (llama-server's): deepseek = reasoning_content, deepseek-legacy = "
         "reasoning_content and the tags kept in content, none = content; auto or unset: the engine's default."))
@@ -363,8 +370,8 @@ class ChatRequest(_Common):
 
 class CompletionRequest(_Common):
     CHOICES = True
-    OTHER_DOORS_FIELDS = {"top_logprobs": (None, 0), "n_probs": (None, 0), **ChatRequest.TOOL_FIELDS,
-                          **ChatRequest.REASONING_FIELDS}
+    OTHER_DOORS_FIELDS = {"top_logprobs": (None, 0), "n_probs": (None, 0), "post_sampling_probs": (None, False),
+                          **ChatRequest.TOOL_FIELDS, **ChatRequest.REASONING_FIELDS}
     prompt: str | list[str] = Field(json_schema_extra={"anyOf": [
         {"type": "string"}, {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 1}]})
     logprobs: StrictInt | None = Field(None, ge=0, le=lp.MAX_LEGACY_LOGPROBS)
@@ -502,7 +509,9 @@ def parse_object(kind: Literal["chat", "completion"], data: dict[str, Any]) -> t
                          cache_prompt=req.cache_prompt, cache_salt=req.cache_salt,
                          reasoning_format=None if req.reasoning_format in (None, "auto") else req.reasoning_format,
                          reasoning_budget=req.budget(sampling.grammar), chat_template_kwargs=req.chat_template_kwargs,
-                         lora=req.lora, return_progress=req.stream and req.return_progress)
+                         lora=req.lora, return_progress=req.stream and req.return_progress,
+                         post_sampling_probs=req.post_sampling_probs,
+                         timings_per_token=req.stream and req.timings_per_token)
     else:
         assert isinstance(req, CompletionRequest)
         prompt = req.prompt
@@ -513,5 +522,6 @@ def parse_object(kind: Literal["chat", "completion"], data: dict[str, Any]) -> t
         gen = GenRequest(prompt=prompt, max_tokens=req.limit(), stop=req.stops(), sampling=sampling,
                          ignore_eos=req.ignore_eos, slot=req.slot(), logprobs=req.wants_logprobs(),
                          cache_prompt=req.cache_prompt, cache_salt=req.cache_salt, lora=req.lora,
-                         return_progress=req.stream and req.return_progress)
+                         return_progress=req.stream and req.return_progress,
+                         timings_per_token=req.stream and req.timings_per_token)
     return req, gen

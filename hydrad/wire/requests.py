@@ -127,6 +127,8 @@ class GenRequest:
     pool_pin: bool = False  # ``slot`` was chosen by the coordinator, for the state it put there itself
     return_tokens: bool = False  # the generated token ids travel with the text (Token.ids, Done.ids)
     logprobs: int | None = None  # each token's log-probability and this many most likely; None: not asked
+    post_sampling_probs: bool = False  # ... as probabilities after the sampler chain (llama-server's field)
+    timings_per_token: bool = False  # each Token carries the timings so far (a stream that asked)
     return_progress: bool = False  # Progress events while the prompt is prefilled (a /completion stream)
     report_settings: bool = False  # Done carries the engine's values the request ran with (/completion's answer)
     infill: InfillParts | None = None  # an /infill request: the prompt is built from these for the serving model

@@ -9,16 +9,15 @@ by a fresh engine; a prompt repeating chunks of the cached one after they part r
 
 from __future__ import annotations
 
-import subprocess
-import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import httpx
 import pytest
 
+from tests.support import llamaserver
 from tests.support.coordinator import Coordinator
-from tests.support.engine import REPO, Engine, free_port, metric, models_dir, SMOLLM, terminate
+from tests.support.engine import Engine, metric, models_dir, SMOLLM
 from tests.support.scripts import load_script
 
 pytestmark = pytest.mark.model
@@ -140,31 +139,9 @@ def test_cache_reuse_moves_the_chunks_a_new_prompt_repeats(plain: Engine) -> Non
 @pytest.fixture(scope="module")
 def llama_server() -> Iterator[httpx.Client]:
     """llama.cpp's own llama-server of the vendored tree (scripts/build_llama_server), with --cache-reuse 4."""
-    found = subprocess.run([str(REPO / "scripts" / "build_llama_server"), "-q", "--no-build"], capture_output=True,
-                           text=True, timeout=120, stdin=subprocess.DEVNULL)
-    if found.returncode == 3:
-        pytest.skip("no llama-server build in this machine's cache (scripts/build_llama_server makes one)")
-    assert found.returncode == 0, found.stderr
-    port = free_port()
-    proc = subprocess.Popen([found.stdout.strip().splitlines()[-1], "-m", str(models_dir() / SMOLLM), "-c", str(N_CTX),
-                             "-np", "1", "-t", "1", "--temp", "0", "--cache-reuse", "4", "--cache-ram", "0",
-                             "--host", "127.0.0.1", "--port", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
-    client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120)
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if client.get("/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, "llama-server did not start"
-            time.sleep(0.2)
+    with llamaserver.running(models_dir() / SMOLLM, "-c", str(N_CTX), "-np", "1", "-t", "1", "--temp", "0",
+                             "--cache-reuse", "4", "--cache-ram", "0") as client:
         yield client
-    finally:
-        client.close()
-        terminate(proc, 10)
 
 
 def test_reused_chunks_answer_as_llama_servers_cache_reuse(plain: Engine, llama_server: httpx.Client) -> None:

@@ -264,7 +264,8 @@ HOSTILE: list[tuple[str, dict[str, Any], str]] = [
     ("/v1/chat/completions", {"logprobs": "yes"}, "logprobs"),
     ("/v1/chat/completions", {"top_logprobs": 3}, "top_logprobs"),
     ("/v1/chat/completions", {"n_probs": 3}, "n_probs"),
-    ("/v1/chat/completions", {"logprobs": True, "post_sampling_probs": True}, "post_sampling_probs"),
+    ("/v1/chat/completions", {"logprobs": True, "post_sampling_probs": "yes"}, "post_sampling_probs"),
+    ("/v1/completions", {"logprobs": 2, "post_sampling_probs": True}, "post_sampling_probs"),
     ("/v1/completions", {"logprobs": -1}, "logprobs"),
     ("/v1/completions", {"logprobs": 6}, "logprobs"),
     ("/v1/completions", {"logprobs": "yes"}, "logprobs"),
@@ -274,7 +275,7 @@ HOSTILE: list[tuple[str, dict[str, Any], str]] = [
     ("/completion", {"n_probs": 101}, "n_probs"),
     ("/completion", {"n_probs": "x"}, "n_probs"),
     ("/completion", {"n_probs": 1e9}, "n_probs"),
-    ("/completion", {"n_probs": 2, "post_sampling_probs": True}, "post_sampling_probs"),
+    ("/completion", {"n_probs": 2, "post_sampling_probs": 1}, "post_sampling_probs"),
     ("/completion", {"logprobs": True}, "logprobs"),
 ]
 

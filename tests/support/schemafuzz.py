@@ -11,6 +11,8 @@ Expected 5xx (anything else is a failure):
 
 - ``501`` with code ``embeddings_disabled``: an embedding request to an engine whose model is loaded
   without embeddings (the program's engines are), as llama-server answers without ``--embeddings``;
+- ``501`` with code ``reranking_disabled``: a ``/rerank`` request to an engine whose model is not loaded
+  as a reranker (the program's are not), as llama-server answers without ``--reranking``;
 - ``501`` with code ``not_supported``: ``/infill`` on a model without fill-in-the-middle tokens, as
   llama-server;
 - ``503`` with an error body (``{"error": {...}}``): the doors' promise allows it (all slots busy and
@@ -44,7 +46,7 @@ from tests.support.engine import REPO
 VENV = REPO / "build" / "schemathesis-venv"
 REQUIREMENT = "schemathesis==4.32.5"
 """Pinned: the CLI options and the report formats read below are this version's."""
-EXPECTED_501 = frozenset({"embeddings_disabled", "not_supported"})
+EXPECTED_501 = frozenset({"embeddings_disabled", "reranking_disabled", "not_supported"})
 
 ENGINE_EXCLUDED = ("post_control_configure", "post_control_swap_quant", "post_control_set_expert_mode",
                    "post_slots_slot", "put_slots_slot_state")
@@ -246,7 +248,7 @@ def fuzz(exe: Path, name: str, url: str, out: Path, *, max_examples: int, seed: 
 IDLE_S = 10.0
 """After a run, how long the pool may take to be idle: no slot busy, nothing queued or in flight."""
 GOAL = ("0 unexpected 5xx from schemathesis's requests at an engine's own door and at the front door (expected: "
-        "501 embeddings_disabled / not_supported, 503 with error JSON); every daemon alive afterwards, the pool "
+        "501 embeddings_disabled / reranking_disabled / not_supported, 503 with error JSON); every daemon alive afterwards, the pool "
         f"idle within {IDLE_S:.0f} s and a normal request served by both doors")
 
 

@@ -24,6 +24,7 @@ def _err(code: str) -> str:
 
 def test_only_the_doors_5xx_by_design_are_expected() -> None:
     assert F.expected(501, "embeddings_disabled") and F.expected(501, "not_supported")
+    assert F.expected(501, "reranking_disabled")
     assert F.expected(503, "queue_full") and F.expected(503, "context_full")
     assert not F.expected(503, "-"), "a 503 without error JSON"
     assert not F.expected(501, "other")

@@ -22,8 +22,8 @@ from hydrad.wire.stages import fetch_text
 
 def step_tokens(req: str, batch: list[Any], logprobs: bool, ids: bool) -> M.Tokens | None:
     """TOKENS for a step's events, with the log-probabilities of their tokens when the request asked
-    for them, their token ids when it asked for those, the tool calls they completed and the thinking
-    they made (each absent otherwise: a request that asked for none sends what it always sent); None
+    for them, their token ids when it asked for those, the tool calls they completed, the thinking
+    they made and the timings so far (each absent otherwise: a request that asked for none sends what it always sent); None
     when the step made nothing to send."""
     tokens = [ev for ev in batch if isinstance(ev, Token)]
     texts = [ev.text for ev in tokens if ev.text]
@@ -33,8 +33,9 @@ def step_tokens(req: str, batch: list[Any], logprobs: bool, ids: bool) -> M.Toke
     if not texts and not calls and not made and not reasoning:
         return None
     probs = [M.TokenLogprob.of(p) for ev in tokens for p in ev.probs] if logprobs else None
+    usage = next((ev.usage for ev in reversed(tokens) if ev.usage is not None), None)  # the latest (timings_per_token)
     return M.Tokens(req=req, texts=texts or [""], logprobs=probs, tool_calls=calls, ids=made or None,
-                    reasoning=reasoning)
+                    reasoning=reasoning, usage=None if usage is None else M.UsageInfo.of(usage))
 
 
 class Speed:

@@ -28,6 +28,7 @@ from hydrad import __version__
 from hydrad.common.params import param_named
 from hydrad.common.logs import log_event
 from hydrad.common.openapi import openapi_route
+from hydrad.common import webui
 from hydrad.engine.control import EngineControl
 from hydrad.engine.refusals import refusal
 from hydrad.engine.http import counttokens, lora, metrics, native
@@ -35,12 +36,14 @@ from hydrad.engine.http.anthropic import messages
 from hydrad.engine.http.completion import completion, infill
 from hydrad.engine.http.context import HttpContext, ctx_of
 from hydrad.engine.http.embeddings import embedding, embeddings
+from hydrad.engine.http.rerank import rerank
 from hydrad.engine.http.generation import chat, completions, responses_
 from hydrad.engine.http.slotfiles import slot_action
 from hydrad.engine.http.slotstate import state_get, state_meta, state_put
 from hydrad.engine.settings import EngineSettings
 from hydrad.wire.bodies import BINARY_BODIES, ENGINE_BODIES
 from hydrad.wire.openai import ApiError
+from hydrad.wire.rerank import PATHS as RERANK_PATHS
 from hydrad.wire.stages import HEALTH_STATUS, fetch_text
 
 log = logging.getLogger("hydrad.http")
@@ -256,6 +259,7 @@ ROUTES = [
     Route("/apply-template", native.apply_template, methods=["POST"]), Route("/props", native.props),
     Route("/v1/embeddings", embeddings, methods=["POST"]), Route("/embeddings", embedding, methods=["POST"]),
     Route("/embedding", embedding, methods=["POST"]),
+    *(Route(path, rerank, methods=["POST"]) for path in RERANK_PATHS),
     Route("/control/config", get_config), Route("/control/configure", configure, methods=["POST"]),
     Route("/control/loads/{load_id}", load_status),
     Route("/control/swap_quant", swap_quant, methods=["POST"]),
@@ -268,8 +272,9 @@ ROUTES = [
 
 
 def build_app(settings: EngineSettings, control: EngineControl) -> Starlette:
-    described = openapi_route(ROUTES, "hydrad", __version__, bodies=ENGINE_BODIES, binary_bodies=BINARY_BODIES)
-    app = Starlette(routes=[*ROUTES, described], exception_handlers={ApiError: on_api_error, Exception: on_crash,
+    routes = [*ROUTES, *webui.routes(settings.http.webui)]
+    described = openapi_route(routes, "hydrad", __version__, bodies=ENGINE_BODIES, binary_bodies=BINARY_BODIES)
+    app = Starlette(routes=[*routes, described], exception_handlers={ApiError: on_api_error, Exception: on_crash,
                                                        404: not_found, 405: not_found})
     app.state.ctx = HttpContext(settings, control)
     app.state.metrics = metrics.registry(control.core, settings.name)

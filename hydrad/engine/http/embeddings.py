@@ -31,7 +31,7 @@ from hydrad.wire.openai import ApiError
 async def embeddings(request: Request) -> Response:
     """OpenAI's shape: pooled, normalised vectors (as floats or base64) and the usage."""
     ctx = ctx_of(request)
-    await _woken(ctx)
+    await woken(ctx)
     gen, embedder = _serving(ctx)
     req = await ctx.parsed(request, lambda raw: wire.parse_openai(raw, gen.model.n_vocab))
     _check_model(ctx, gen, req)
@@ -53,7 +53,7 @@ async def embedding(request: Request) -> Response:
     """llama-server's native shape: per input a list of vectors, one when pooled (normalised), one per
     token when the pooling is none (raw, as llama-server returns them)."""
     ctx = ctx_of(request)
-    await _woken(ctx)
+    await woken(ctx)
     gen, embedder = _serving(ctx)
     req = await ctx.parsed(request, lambda raw: wire.parse_native(raw, gen.model.n_vocab))
     _check_model(ctx, gen, req)
@@ -82,7 +82,7 @@ def _per_token(matrices: list[Any]) -> Iterator[bytes]:
     yield b"]"
 
 
-async def _woken(ctx: HttpContext) -> None:
+async def woken(ctx: HttpContext) -> None:
     """After the idle sleep (hydrad.engine.sleep) an embedding request loads the model again and waits
     for it, bounded by reload_queue_timeout_s, as a generation request waits in the engine's queue."""
     core = ctx.core
@@ -97,6 +97,18 @@ async def _woken(ctx: HttpContext) -> None:
 
 
 def _serving(ctx: HttpContext) -> tuple[Generation, Embedder]:
+    gen = serving_generation(ctx)
+    if gen.embedder is None:
+        raise ApiError(501, f"this engine does not serve embeddings: its model ({gen.resolved.id}) is loaded without "
+                       "them; configure embeddings: true and pooling: mean (a model reload) to turn them on", wire.DISABLED)
+    if gen.embedder.rank:
+        raise ApiError(400, f"this engine reranks ({gen.resolved.id} is loaded with pooling rank): its outputs are "
+                       "scores, not embeddings; use /rerank", "pooling_rank")
+    return gen, gen.embedder
+
+
+def serving_generation(ctx: HttpContext) -> Generation:
+    """The generation serving requests now; 503 while the engine stops, loads or has no model."""
     core = ctx.core
     if not core.admitting:
         raise ApiError(503, "engine is shutting down", "shutting_down", headers={"Retry-After": "5"})
@@ -105,10 +117,7 @@ def _serving(ctx: HttpContext) -> tuple[Generation, Embedder]:
         if core.current_load is not None:
             raise ApiError(503, "the model is loading; retry", "loading", headers={"Retry-After": "1"})
         raise ApiError(503, "no model is loaded; configure one with POST /control/configure", "no_model")
-    if gen.embedder is None:
-        raise ApiError(501, f"this engine does not serve embeddings: its model ({gen.resolved.id}) is loaded without "
-                       "them; configure embeddings: true and pooling: mean (a model reload) to turn them on", wire.DISABLED)
-    return gen, gen.embedder
+    return gen
 
 
 def _check_model(ctx: HttpContext, gen: Generation, req: wire.EmbedRequest) -> None:
@@ -129,12 +138,17 @@ async def _compute(ctx: HttpContext, gen: Generation, embedder: Embedder,
         for (i, _), t in zip(texts, made):
             tokens[i] = t
     wire.check_sizes(req, tokens, embedder.n_tokens, embedder.n_embd, embedder.pooled)
+    return tokens, await computed(ctx, gen, tokens)
+
+
+async def computed(ctx: HttpContext, gen: Generation, tokens: list[list[int]]) -> list[Any]:
+    """The embedding context's outputs for ``tokens`` (checked inputs), computed on the engine thread
+    between generation steps; its refusals as the HTTP errors they are."""
     try:
-        vectors = await ctx.core.embed(gen.id, tokens)
+        return await ctx.core.embed(gen.id, tokens)
     except EmbedRefused as exc:
         raise ApiError(exc.status, str(exc), exc.code,
                        headers={"Retry-After": "1"} if exc.status == 503 else None) from None
-    return tokens, vectors
 
 
 def _floats(vector: Any) -> list[float]:

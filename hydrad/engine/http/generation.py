@@ -52,7 +52,7 @@ async def generate(request: Request, kind: Literal["chat", "completion"]) -> Res
 
     def renderer(model: str, fingerprint: str, index: int = 0) -> Renderer:
         return answer_cls(model, fingerprint, include_usage=req.include_usage(), logprobs=greq.logprobs is not None,
-                          rid=rid, index=index)
+                          rid=rid, index=index, post=greq.post_sampling_probs)
 
     field = "messages" if kind == "chat" else "prompt"
     if req.n > 1:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any, ClassVar
 
-from hydrad.wire.events import Done, Progress, Token
+from hydrad.wire.events import Done, Progress, Token, Usage
 from hydrad.wire.openai import ApiError
 
 
@@ -24,7 +24,12 @@ def sse(obj: dict[str, Any]) -> bytes:
 
 def timings(done: Done, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """llama-server's ``timings`` object for a finished request, with the plane's ``extra``."""
-    u = done.usage
+    return usage_timings(done.usage, extra)
+
+
+def usage_timings(u: Usage, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """llama-server's ``timings`` of counts and times: at a request's end, or so far (each piece of a
+    stream that asked for ``timings_per_token``)."""
     out = {"prompt_n": u.prompt_tokens - u.cached_tokens, "prompt_ms": u.prompt_ms, "queue_ms": u.queue_ms,
            "predicted_n": u.completion_tokens, "predicted_ms": u.predicted_ms, "cache_n": u.cached_tokens,
            "predicted_per_second": round(u.completion_tokens / (u.predicted_ms / 1000), 2) if u.predicted_ms else None}

@@ -7,10 +7,10 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from hydrad.wire import logprobs as lp
-from hydrad.wire.events import Done, Progress, Token
+from hydrad.wire.events import Done, Progress, Token, Usage
 from hydrad.wire.native_completion import NativeCompletionRequest
 from hydrad.wire.openai import INT32_MAX, ApiError
-from hydrad.wire.render.base import Renderer, sse, timings
+from hydrad.wire.render.base import Renderer, sse, timings, usage_timings
 
 
 def stop_type(finish_reason: str, stop_word: str | None) -> str:
@@ -34,14 +34,14 @@ def generation_settings(req: NativeCompletionRequest, defaults: Mapping[str, Any
                n_keep=defaults.get("n_keep", 0) if req.n_keep is None else req.n_keep,
                n_cache_reuse=defaults.get("n_cache_reuse", 0) if req.n_cache_reuse is None else req.n_cache_reuse,
                n_probs=req.n_probs or 0, cache_prompt=defaults.get("cache_prompt") if req.cache_prompt is None else req.cache_prompt,
-               model=model)
+               post_sampling_probs=req.post_sampling_probs, timings_per_token=req.timings_per_token, model=model)
     return out
 
 
 def result(*, content: str, finish_reason: str, stop_word: str | None, tokens: list[int], prompt_tokens: int,
            cached_tokens: int, predicted: int, timings: dict[str, Any], model: str, slot: int | None,
            settings: dict[str, Any], probs: list[lp.TokenLogprob] | None = None,
-           truncated: bool = False) -> dict[str, Any]:
+           truncated: bool = False, post: bool = False) -> dict[str, Any]:
     """The whole answer (non-streamed), or with ``content`` empty the last event of a stream.
     ``probs``: the tokens' ``completion_probabilities`` (None: not asked, or already streamed)."""
     out = {"index": 0, "content": content, "tokens": tokens, "id_slot": -1 if slot is None else slot, "stop": True,
@@ -50,16 +50,21 @@ def result(*, content: str, finish_reason: str, stop_word: str | None, tokens: l
            "stop_type": stop_type(finish_reason, stop_word), "stopping_word": stop_word or "",
            "tokens_cached": cached_tokens, "timings": timings}
     if probs is not None:
-        out["completion_probabilities"] = lp.content(probs)
+        out["completion_probabilities"] = lp.content(probs, post)
     return out
 
 
-def chunk(content: str, tokens: tuple[int, ...], probs: tuple[lp.TokenLogprob, ...] | None = None) -> bytes:
-    """One streamed piece: llama-server sends only these fields until the end, and the probabilities
-    of the piece's tokens when the request asked (``n_probs``)."""
+def chunk(content: str, tokens: tuple[int, ...], probs: tuple[lp.TokenLogprob, ...] | None = None,
+          post: bool = False, so_far: Usage | None = None) -> bytes:
+    """One streamed piece: llama-server sends only these fields until the end, the probabilities
+    of the piece's tokens when the request asked (``n_probs``; ``post``: after the sampler chain),
+    and the timings so far when it asked for them (``timings_per_token``)."""
     out: dict[str, Any] = {"index": 0, "content": content, "tokens": list(tokens), "stop": False}
+    if so_far is not None:
+        out.update(tokens_predicted=so_far.completion_tokens, tokens_evaluated=so_far.prompt_tokens,
+                   timings=usage_timings(so_far))
     if probs is not None:
-        out["completion_probabilities"] = lp.content(probs)
+        out["completion_probabilities"] = lp.content(probs, post)
     return sse(out)
 
 
@@ -85,7 +90,7 @@ class NativeAnswer(Renderer):
         return generation_settings(self.req, engine, engine.get("n_ctx"), self.model)
 
     def piece(self, ev: Token) -> bytes:
-        return chunk(ev.text, ev.ids, ev.probs if self.asked else None)
+        return chunk(ev.text, ev.ids, ev.probs if self.asked else None, self.req.post_sampling_probs, ev.usage)
 
     def progress(self, ev: Progress) -> bytes:
         return progress_chunk(ev.body(), ev.slot, ev.total)
@@ -107,4 +112,5 @@ class NativeAnswer(Renderer):
         return result(content=content, finish_reason=done.finish_reason, stop_word=done.stop_word, tokens=ids,
                       prompt_tokens=u.prompt_tokens, cached_tokens=u.cached_tokens, predicted=u.completion_tokens,
                       timings=timings(done, extra), model=done.model or self.model, slot=done.slot,
-                      settings=self._settings(done), probs=probs, truncated=done.truncated)
+                      settings=self._settings(done), probs=probs, truncated=done.truncated,
+                      post=self.req.post_sampling_probs)

@@ -13,7 +13,7 @@ from hydrad.wire import logprobs as lp
 from hydrad.wire import toolcalls
 from hydrad.wire.events import Done, Progress, Token, Usage
 from hydrad.wire.openai import ApiError
-from hydrad.wire.render.base import Renderer, sse, timings
+from hydrad.wire.render.base import Renderer, sse, timings, usage_timings
 from hydrad.wire.toolcalls import ToolCall
 
 DONE = b"data: [DONE]\n\n"
@@ -66,7 +66,8 @@ def chunk(kind: str, rid: str, model: str, created: int, text: str | None, finis
     head = _chunk(kind, rid, model, created, {"content": text}, None, fingerprint, first, None, logprobs,
                   index) if text else b""
     return head + b"".join(_chunk(kind, rid, model, created, {"tool_calls": [c]}, None, fingerprint,
-                                  logprobs=None if text or i else logprobs, index=index) for i, c in enumerate(calls))
+                                  logprobs=None if text or i else logprobs, index=index,
+                                  timings_=timings_ if i == len(calls) - 1 else None) for i, c in enumerate(calls))
 
 
 def _chunk(kind: str, rid: str, model: str, created: int, delta: dict[str, Any], finish: str | None,
@@ -84,7 +85,7 @@ def _chunk(kind: str, rid: str, model: str, created: int, delta: dict[str, Any],
         obj = "text_completion"
     body = {"id": rid, "object": obj, "created": created, "model": model, "system_fingerprint": fingerprint,
             "choices": [choice]}
-    if timings_ is not None:  # the last chunk carries them, as llama-server's does
+    if timings_ is not None:  # the last chunk carries them, as llama-server's does (every one: timings_per_token)
         body["timings"] = timings_
     return sse({**body, **(extra or {})})
 
@@ -102,13 +103,14 @@ class _OpenAI(Renderer):
     kind: str
 
     def __init__(self, model: str, fingerprint: str = "", *, include_usage: bool = False, logprobs: bool = False,
-                 rid: str | None = None, index: int = 0) -> None:
+                 rid: str | None = None, index: int = 0, post: bool = False) -> None:
         self.rid = rid or new_id(self.kind)
         self.index = index
         self.model, self.fingerprint, self.include_usage = model, fingerprint, include_usage
         self.created = int(time.time())
         self.offsets = lp.TextOffsets() if logprobs else None
         self.logprobs = logprobs
+        self.post = post  # log-probabilities are post-sampling probabilities (llama-server's post_sampling_probs)
         self.n_calls = 0
 
     def head(self) -> bytes:
@@ -123,16 +125,18 @@ class _OpenAI(Renderer):
                       first=True, index=self.index, extra={"prompt_progress": ev.body()})
 
     def piece(self, ev: Token) -> bytes:
-        probs = None if self.offsets is None else lp.render(self.kind, ev.probs, self.offsets)
+        probs = None if self.offsets is None else lp.render(self.kind, ev.probs, self.offsets, self.post)
+        so_far = None if ev.usage is None else usage_timings(ev.usage)  # timings_per_token: on the piece's last chunk
         out = b""
         if ev.reasoning:  # thinking comes before the text it was made with: a chunk of its own
+            only = not ev.text and not ev.calls
             out = _chunk(self.kind, self.rid, self.model, self.created, {"reasoning_content": ev.reasoning}, None,
-                         self.fingerprint, logprobs=probs, index=self.index)
+                         self.fingerprint, logprobs=probs, index=self.index, timings_=so_far if only else None)
             probs = None
-            if not ev.text and not ev.calls:
+            if only:
                 return out
         out += chunk(self.kind, self.rid, self.model, self.created, ev.text, None, self.fingerprint, logprobs=probs,
-                     calls=toolcalls.delta(list(ev.calls), self.n_calls), index=self.index)
+                     calls=toolcalls.delta(list(ev.calls), self.n_calls), index=self.index, timings_=so_far)
         self.n_calls += len(ev.calls)
         return out
 
@@ -155,7 +159,7 @@ class _OpenAI(Renderer):
         return sse(err.body()) + DONE
 
     def whole(self, pieces: list[Token], done: Done, extra: dict[str, Any]) -> dict[str, Any]:
-        probs = lp.render(self.kind, [p for t in pieces for p in t.probs]) if self.logprobs else None
+        probs = lp.render(self.kind, [p for t in pieces for p in t.probs], post=self.post) if self.logprobs else None
         return full_response(self.kind, self.rid, self.model, "".join(t.text for t in pieces), done.finish_reason,
                              usage(done.usage), done.fingerprint or self.fingerprint, timings(done, extra), probs,
                              [c for t in pieces for c in t.calls], "".join(t.reasoning for t in pieces), self.index)

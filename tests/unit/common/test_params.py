@@ -498,13 +498,14 @@ def test_combine_fields_accept_what_the_docs_show() -> None:
     assert RuntimeParams(rpc_servers=[], override_tensors=[]).rpc_servers is None  # empty = none
 
 
-def test_embedding_params_default_off_and_refuse_rank() -> None:
-    """Embeddings are opt-in (a second context); reranking's pooling is not served, so not accepted."""
+def test_embedding_params_default_off_and_take_rank() -> None:
+    """Embeddings are opt-in (a second context); rank pooling is a reranker's (/rerank); another is refused."""
     p = RuntimeParams()
     assert p.embeddings is False and p.pooling == "model"
     assert RuntimeParams(embeddings=True, pooling="mean").pooling == "mean"
+    assert RuntimeParams(embeddings=True, pooling="rank").pooling == "rank"
     with pytest.raises(ValidationError):
-        RuntimeParams(pooling="rank")
+        RuntimeParams(pooling="sum")
 
 
 def test_sources_follow_every_change_of_the_layers() -> None:

@@ -32,6 +32,7 @@ HONOURED: dict[str, Any] = {
     "grammar": 'root ::= "a"', "json_schema": {"type": "object"}, "seed": 3, "ignore_eos": True, "n_probs": 3,
     "id_slot": 0, "cache_prompt": False, "return_tokens": True, "return_progress": True,
     "n_keep": 16, "n_cache_reuse": 256, "logit_bias": [[15, -1.0]], "lora": [{"id": 0, "scale": 0.5}],
+    "timings_per_token": True, "post_sampling_probs": True,
 }
 
 # refused by name unless at llama-server's default: a sampler, a lazy feature or an output shape the
@@ -41,8 +42,7 @@ REFUSED: dict[str, tuple[Any, Any]] = {
     "dynatemp_range": (0.5, 0.0), "n_indent": (4, 0), "n_cmpl": (2, 1), "typical_p": (0.9, 1.0),
     "repeat_last_n": (256, 64), "dry_multiplier": (0.8, 0.0), "xtc_probability": (0.5, 0.0), "mirostat": (2, 0),
     "min_keep": (2, 0), "t_max_predict_ms": (500, 0),
-    "samplers": (["top_k", "temperature"], None), "timings_per_token": (True, False),
-    "post_sampling_probs": (True, False), "response_fields": (["content"], []),
+    "samplers": (["top_k", "temperature"], None), "response_fields": (["content"], []),
 }
 
 # inert: accepted and without effect, because what they tune is off (each's reason)

@@ -61,7 +61,7 @@ def test_chat_fields(body: dict[str, Any], want: int | None) -> None:
     ({"logprobs": True, "top_logprobs": "x"}, "top_logprobs"), ({"logprobs": True, "top_logprobs": 1e9}, "top_logprobs"),
     ({"logprobs": True, "top_logprobs": True}, "top_logprobs"), ({"logprobs": True, "top_logprobs": 2.0}, "top_logprobs"),
     ({"top_logprobs": 3}, "top_logprobs"), ({"logprobs": False, "top_logprobs": 3}, "top_logprobs"),
-    ({"n_probs": 3}, "n_probs"), ({"logprobs": True, "post_sampling_probs": True}, "post_sampling_probs"),
+    ({"n_probs": 3}, "n_probs"), ({"logprobs": True, "post_sampling_probs": 1}, "post_sampling_probs"),
 ])
 def test_chat_refusals_name_the_field(body: dict[str, Any], field: str) -> None:
     assert _refused("chat", messages=USER, **body).param == field
@@ -89,10 +89,32 @@ def test_native_n_probs(value: int | None, want: int | None) -> None:
 @pytest.mark.parametrize("body, field", [
     ({"n_probs": -1}, "n_probs"), ({"n_probs": 101}, "n_probs"), ({"n_probs": "3"}, "n_probs"),
     ({"n_probs": 2.5}, "n_probs"), ({"logprobs": True}, "logprobs"), ({"top_logprobs": 2}, "top_logprobs"),
-    ({"n_probs": 2, "post_sampling_probs": True}, "post_sampling_probs"),
+    ({"n_probs": 2, "post_sampling_probs": "yes"}, "post_sampling_probs"),
+    ({"n_probs": 2, "timings_per_token": 1}, "timings_per_token"),
 ])
 def test_native_refusals_name_the_field(body: dict[str, Any], field: str) -> None:
     assert _refused("native", prompt="x", **body).param == field
+
+
+def test_post_sampling_and_per_token_timings_are_carried_to_the_engine_and_over_the_bus() -> None:
+    native = _parse("native", prompt="x", n_probs=2, post_sampling_probs=True, stream=True, timings_per_token=True)
+    chat = _parse("chat", messages=USER, logprobs=True, post_sampling_probs=True, timings_per_token=True)
+    assert native.post_sampling_probs and native.timings_per_token and native.logprobs == 2
+    assert chat.post_sampling_probs and not chat.timings_per_token  # timings per token are a stream's
+    back = M.Generate.from_request("r1", native, None).to_request()
+    assert back.post_sampling_probs and back.timings_per_token
+    assert _refused("completion", prompt="x", logprobs=2, post_sampling_probs=True).param == "post_sampling_probs"
+
+
+def test_post_sampling_shape_is_llama_servers() -> None:
+    post = [lp.TokenLogprob(5, b" Paris", 0.75, (lp.Alternative(5, b" Paris", 0.75), lp.Alternative(9, b" the", 0.25)))]
+    (e,) = lp.content(post, post=True)
+    assert e == {"id": 5, "token": " Paris", "bytes": list(b" Paris"), "prob": 0.75, "top_probs": [
+        {"id": 5, "token": " Paris", "bytes": list(b" Paris"), "prob": 0.75},
+        {"id": 9, "token": " the", "bytes": list(b" the"), "prob": 0.25}]}
+    assert lp.render("chat", post, post=True) == {"content": [e]}
+    # a probability crosses the bus where a log-probability does (0 to 1; a log-probability is at most 0)
+    assert M.TokenLogprob.of(post[0]).token() == post[0]
 
 
 def test_native_settings_report_n_probs() -> None:
@@ -180,7 +202,7 @@ def test_tokens_carry_logprobs_exactly_and_only_when_asked() -> None:
 @pytest.mark.parametrize("body", [
     b'{"req":"r","texts":["a"],"logprobs":[{"id":1,"piece":"zz","logprob":-1}]}',
     b'{"req":"r","texts":["a"],"logprobs":[{"id":1,"piece":"abc","logprob":-1}]}',
-    b'{"req":"r","texts":["a"],"logprobs":[{"id":1,"piece":"61","logprob":0.5}]}',
+    b'{"req":"r","texts":["a"],"logprobs":[{"id":1,"piece":"61","logprob":1.5}]}',  # above 1: neither kind of value
     b'{"req":"r","texts":["a"],"logprobs":[{"id":1,"piece":"61","logprob":-1e999}]}',
     b'{"req":"r","texts":["a"],"logprobs":[{"id":-1,"piece":"61","logprob":-1}]}',
     b'{"req":"r","texts":["a"],"logprobs":[{"id":1,"piece":"61","logprob":-1,"top":' +

@@ -613,7 +613,7 @@ def test_new_id() -> None:
 # lazy grammar, say, must never come back as unconstrained text with a 200); the default passes.
 LLAMA_SERVER_UNHONOURED = [
     ("grammar_lazy", True, False), ("grammar_triggers", [{"type": 0, "value": "x"}], []),
-    ("preserved_tokens", ["<tool>"], []), ("n_probs", 5, 0), ("post_sampling_probs", True, False),
+    ("preserved_tokens", ["<tool>"], []), ("n_probs", 5, 0),
     ("mirostat", 2, 0), ("typical_p", 0.9, 1.0), ("top_n_sigma", 1.5, -1.0), ("xtc_probability", 0.5, 0.0),
     ("dry_multiplier", 0.8, 0.0), ("dynatemp_range", 0.5, 0.0), ("repeat_last_n", 256, 64),
     ("penalty_last_n", 256, 64), ("samplers", ["top_k", "temperature"], None)
