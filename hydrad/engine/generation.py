@@ -137,6 +137,7 @@ class Generation:
         self.adapters: Adapters | None = None  # LoRA adapters and control vector, when params name any
         self.tail_rm = True  # the context's memory drops the tail of a sequence (a recurrent model's cannot: warmup)
         self.n_swa = int(llama.lib().llama_model_n_swa(model.ptr))  # a sliding window's length, 0 for none
+        self.draft: Any = None  # draftmodel.DraftModel: spec_draft_model's weights and context, when set
 
     def load_view(self) -> dict[str, Any]:
         """What this generation's load did with the model parameters, as llama.cpp reported it: its load
@@ -375,6 +376,12 @@ class Generation:
             else:
                 dropped += 1
         new_ctx = llama.Context(self.model, params)
+        if self.draft is not None:  # its sequences follow the slots (n_parallel), its batch and threads the context
+            try:
+                self.draft.rebuild(params)
+            except Exception:
+                new_ctx.free()
+                raise
         if self.adapters is not None:
             try:
                 self.adapters.attach(new_ctx)
@@ -446,6 +453,8 @@ class Generation:
                     s.active.sampler.free()
             if self.embedder is not None:
                 self.embedder.free()
+            if self.draft is not None:
+                self.draft.free()
             self.batch.free()
             self.ctx.free()
 
@@ -531,6 +540,14 @@ def build_generation(resolved: ResolvedModel, params: RuntimeParams, progress: C
         if params.embeddings:
             try:
                 gen.embedder = Embedder(model, params)
+            except Exception:
+                gen.free()
+                raise
+        if params.spec_draft_model:
+            from hydrad.engine.draftmodel import DraftModel  # (it builds on this module)
+
+            try:
+                gen.draft = DraftModel.load(model, params, resolved.models_dir or resolved.path.parent)
             except Exception:
                 gen.free()
                 raise
