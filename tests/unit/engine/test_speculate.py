@@ -59,3 +59,29 @@ def test_settings_of_params() -> None:
     assert speculate.settings_of(RuntimeParams()) is None
     on = RuntimeParams(spec_type="ngram-simple", spec_n_max=8, spec_n_min=2, spec_ngram_size=4)
     assert speculate.settings_of(on) == SpecSettings(n_max=8, n_min=2, ngram=4)
+
+
+def test_ngram_mod_looks_each_token_up_in_turn() -> None:
+    """ngram-mod: the token after the latest occurrence of the last n-gram, then the token after the n-gram
+    ending at that one, and so on: past the end of the run the lookup started from (ngram copies only that
+    run), bounded by room and n_max, none shorter than n_min."""
+    def mod(**kw: int) -> Drafter:
+        return Drafter(SpecSettings(n_max=kw.get("n_max", 16), n_min=kw.get("n_min", 0), ngram=2, kind="ngram-mod"))
+
+    hist = [1, 2, 3, 4, 9, 3, 4, 5, 6, 1, 2]
+    assert drafter(ngram=2).propose(hist, room=16) == [3, 4, 9, 3, 4, 5, 6, 1, 2]  # the run after 1 2
+    # 1 2 → 3; 2 3 → 4; 3 4 → 5 (its latest occurrence); 4 5 → 6; 5 6 → 1; 6 1 → 2; 1 2 → 3 ... a cycle
+    assert mod().propose(hist, room=16) == [3, 4, 5, 6, 1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 5, 6]
+    assert mod().propose(hist, room=5) == [3, 4, 5, 6, 1]
+    assert mod(n_max=3).propose(hist, room=16) == [3, 4, 5]
+    assert mod(n_min=4).propose(hist, room=3) == []  # the room leaves a draft shorter than n_min
+    assert mod().propose(hist + [7], room=16) == []  # 2 7 never occurred
+
+
+def test_settings_of_each_kind() -> None:
+    from hydrad.common.params import RuntimeParams
+
+    mod = RuntimeParams(spec_type="ngram-mod", spec_n_max=64, spec_n_min=48, spec_ngram_size=24)
+    assert speculate.settings_of(mod) == SpecSettings(n_max=64, n_min=48, ngram=24, kind="ngram-mod")
+    drafting = RuntimeParams(spec_type="draft-simple", spec_draft_model="d.gguf", spec_p_min=0.5)
+    assert speculate.settings_of(drafting) == SpecSettings(n_max=16, n_min=0, ngram=12, kind="draft", p_min=0.5)
