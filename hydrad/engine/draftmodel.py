@@ -18,13 +18,12 @@ tokens a step) and that slot drafts once it has caught up, so no step stalls on 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from hydrad.common.params import RuntimeParams
 from hydrad.engine import llama
 from hydrad.engine.adapters import resolve_file
 from hydrad.engine.batch import Batch
-from hydrad.engine.generation import common_prefix
+from hydrad.engine.tokenprefix import common_prefix
 
 CATCH_UP_PER_STEP = 256
 """Most tokens of one slot's history the draft context decodes in one step (a new prompt's KV)."""

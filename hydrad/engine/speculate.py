@@ -47,17 +47,49 @@ def settings_of(params: object) -> SpecSettings | None:
                         ngram=params.spec_ngram_size, kind=kind, p_min=params.spec_p_min)  # type: ignore[attr-defined]
 
 
+MEMORY_ENTRIES = 1 << 18
+"""n-grams an engine's ngram-mod memory holds (about 30 MB) before it forgets them all at once, as
+llama-server's table is emptied when a quarter of its entries are taken."""
+
+LOW_ACCEPT, LOW_STREAK = 0.25, 5
+"""ngram-mod forgets its memory after this many drafts in a row of which less than this share was accepted
+(llama-server's rule): what it remembers has stopped predicting what this engine writes."""
+
+
+class Memory:
+    """ngram-mod's n-grams across requests (hash of an n-gram → the token that followed its latest
+    occurrence), one map per cache namespace, so that an answer's drafts may come from an earlier answer
+    of the same namespace but never from another's text. Owned by the generation; engine thread only."""
+
+    def __init__(self, limit: int = MEMORY_ENTRIES) -> None:
+        self.limit = limit
+        self.maps: dict[str, dict[int, int]] = {}
+
+    def of(self, namespace: str) -> dict[int, int]:
+        return self.maps.setdefault(namespace, {})
+
+    def bound(self) -> None:
+        """Forget everything once the maps hold more than :attr:`limit` n-grams together."""
+        if sum(len(m) for m in self.maps.values()) > self.limit:
+            for m in self.maps.values():
+                m.clear()
+
+
 @dataclass
 class Drafter:
     """One request's n-gram index over its slot's tokens, its draft in flight, and its counts."""
 
     settings: SpecSettings
-    last: dict[int, int] = field(default_factory=dict)  # hash of an n-gram → the position after its latest occurrence
+    # hash of an n-gram → ngram: the position after its latest occurrence in the slot; ngram-mod: the token
+    # there (a map of the engine's Memory, shared with the namespace's other requests)
+    last: dict[int, int] = field(default_factory=dict)
+    memory: Memory | None = None  # ngram-mod: whose map ``last`` is
     indexed: int = 0  # positions below this are in ``last``
     draft: list[int] = field(default_factory=list)  # decoded in the current step after the slot's next token
     row: int = -1  # the batch row of the slot's next token (the draft's rows follow it)
     n_drafted: int = 0  # llama-server's draft_n
     n_accepted: int = 0  # llama-server's draft_n_accepted
+    n_low: int = 0  # ngram-mod: drafts in a row with little of them accepted
 
     def _catch_up(self, hist: list[int]) -> bool:
         """Index the n-grams of ``hist`` that are followed by a token of it, oldest first (a later
@@ -67,8 +99,14 @@ class Drafter:
         p = max(self.indexed, n)
         stop = min(top, p + INDEX_PER_STEP)
         last = self.last
-        for q in range(p, stop + 1):
-            last[hash(tuple(hist[q - n:q]))] = q
+        if self.memory is not None:
+            for q in range(p, stop + 1):
+                last[hash(tuple(hist[q - n:q]))] = hist[q]
+            if stop >= p:
+                self.memory.bound()
+        else:
+            for q in range(p, stop + 1):
+                last[hash(tuple(hist[q - n:q]))] = q
         self.indexed = max(self.indexed, stop + 1)
         return stop >= top
 
@@ -76,8 +114,8 @@ class Drafter:
         """The draft to decode after ``hist`` (the slot's committed tokens, its next token last), at most
         ``room`` and ``n_max`` tokens; empty when there is none, or it is shorter than ``n_min``.
         ``ngram``: the tokens that followed the latest earlier occurrence of its last n-gram. ``ngram-mod``:
-        the token that followed it, then the one that followed the n-gram ending at that token, and so on
-        (the draft's own tokens included)."""
+        the token that followed it (in this answer or an earlier one), then the one that followed the
+        n-gram ending at that token, and so on (the draft's own tokens included)."""
         s = self.settings
         if len(hist) <= s.ngram or not self._catch_up(hist):
             return []
@@ -85,20 +123,39 @@ class Drafter:
         at = last.get(hash(tuple(hist[-n:])))
         if at is None:
             return []
-        if s.kind == "ngram-mod":
-            draft = [hist[at]]
+        if self.memory is not None:
+            draft = [at]
             window = hist[len(hist) - n + 1:] + draft
             while len(draft) < limit:
-                at = last.get(hash(tuple(window)))
-                if at is None:
+                tok = last.get(hash(tuple(window)))
+                if tok is None:
                     break
-                draft.append(hist[at])
-                window = window[1:] + [hist[at]]
+                draft.append(tok)
+                del window[0]
+                window.append(tok)
         else:
             draft = hist[at:at + limit]
         if not draft or len(draft) < s.n_min:
             return []
         return draft
+
+    def judged(self, accepted: int, drafted: int) -> None:
+        """ngram-mod: after each draft verified, forget the memory after :data:`LOW_STREAK` poor drafts in a
+        row (this request indexes its own tokens again)."""
+        if self.memory is None:
+            return
+        self.n_low = self.n_low + 1 if accepted < LOW_ACCEPT * drafted else 0
+        if self.n_low >= LOW_STREAK:
+            self.last.clear()
+            self.indexed = 0
+            self.n_low = 0
+
+
+def start(settings: SpecSettings, memory: Memory | None, namespace: str) -> Drafter:
+    """A request's drafter: ngram-mod's index is the engine's memory for its cache namespace."""
+    if settings.kind == "ngram-mod" and memory is not None:
+        return Drafter(settings, last=memory.of(namespace), memory=memory)
+    return Drafter(settings)
 
 
 def add_drafts(gen: Any, slots: list[Any], stats: Any) -> None:
@@ -129,7 +186,8 @@ def add_drafts(gen: Any, slots: list[Any], stats: Any) -> None:
             if room > 0:
                 wants.append((slot, room))
                 left, pool = left - room, pool - room
-        drafts = model.propose([(slot.id, slot.cache, room) for slot, room in wants], slots[0].active.spec.settings.p_min)
+        p_min = slots[0].active.spec.settings.p_min
+        drafts = model.propose([(slot.id, slot.cache, room) for slot, room in wants], p_min)
         for slot, _ in wants:
             draft = drafts.get(slot.id, [])
             if draft and len(draft) >= slot.active.spec.settings.n_min:
@@ -164,17 +222,20 @@ def verify(gen: Any, slot: Any, a: Any, stats: Any, on_token: Callable[[int], No
     spec: Drafter = a.spec
     draft, spec.draft = spec.draft, []
     del slot.cache[len(slot.cache) - len(draft):]  # the committed tokens, the next one last
+    kept = 0
     try:
         for j, want in enumerate(draft):
             if slot.active is not a or a.next_token != want:
                 break
             slot.cache.append(want)
             a.next_token = -1
+            kept += 1
             spec.n_accepted += 1  # (before the token it leads to: that one may end the answer and report it)
             stats.spec_accepted_tokens_total += 1
             on_token(a.sampler.sample(gen.ctx, spec.row + j))
     finally:
         gen.ctx.seq_rm(slot.id, len(slot.cache), -1)
+        spec.judged(kept, len(draft))
 
 
 def take_back(gen: Any, slot: Any, spec: Drafter) -> None:
