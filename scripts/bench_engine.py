@@ -930,18 +930,27 @@ def summarize(result: dict[str, Any], workloads: list[Workload], max_foreign: fl
 SPEC_KINDS: dict[str, dict[str, Any]] = {  # hydrad's parameters for llama-server's --spec-type, at its sizes
     "ngram-simple": {"spec_type": "ngram", "spec_ngram_size": 12, "spec_n_max": 48},
     "ngram-mod": {"spec_type": "ngram-mod", "spec_ngram_size": 24, "spec_n_max": 64, "spec_n_min": 48},
-    "draft-simple": {"spec_type": "draft"},
+    "draft-simple": {"spec_type": "draft", "spec_p_min": 0.0},
+}
+SPEC_FLAGS: dict[str, dict[str, str]] = {  # llama-server's flag for each of them, per kind
+    "ngram-simple": {"spec_ngram_size": "--spec-ngram-simple-size-n", "spec_n_max": "--spec-ngram-simple-size-m"},
+    "ngram-mod": {"spec_ngram_size": "--spec-ngram-mod-n-match", "spec_n_max": "--spec-ngram-mod-n-max",
+                  "spec_n_min": "--spec-ngram-mod-n-min"},
+    "draft-simple": {"spec_draft_model": "--spec-draft-model", "spec_n_max": "--spec-draft-n-max",
+                     "spec_p_min": "--spec-draft-p-min"},
 }
 
 
 def spec_settings(args: argparse.Namespace, gguf: Path) -> tuple[dict[str, Any], str]:
-    """hydrad's speculation parameters and llama-server's arguments for ``--spec``: the same kind and sizes."""
+    """hydrad's speculation parameters and llama-server's arguments for ``--spec``: the same kind and sizes,
+    each size given to both (llama-server's defaults are not relied on)."""
     params = dict(SPEC_KINDS[args.spec])
-    ref = f"--spec-type {args.spec}"
     if args.spec == "draft-simple":
         draft = Path(args.draft_model).resolve() if args.draft_model else gguf
-        params.update(spec_draft_model=str(draft), spec_n_max=args.draft_n_max, spec_p_min=0.0)
-        ref += f" --spec-draft-model {shlex.quote(str(draft))} --spec-draft-n-max {args.draft_n_max} --spec-draft-p-min 0"
+        params.update(spec_draft_model=str(draft), spec_n_max=args.draft_n_max)
+    flags = SPEC_FLAGS[args.spec]
+    ref = f"--spec-type {args.spec} " + " ".join(f"{flags[k]} {shlex.quote(str(v))}" for k, v in params.items()
+                                                 if k in flags)
     return params, ref
 
 
@@ -1111,7 +1120,7 @@ def spec_table(res: dict[str, Any]) -> str:
 
     def drafts(key: str, side: str) -> str:
         got = [st["drafts"] for m in spec["runs"].get(key, {}).get(side, []) for st in m["streams"] if st.get("drafts")]
-        return f"{sum(a for _, a in got)} / {sum(d for d, _ in got)}" if got else "–"
+        return f"{sum(a for _, a in got)} of {sum(d for d, _ in got)}" if got else "–"
 
     def same(key: str, side: str) -> str:
         """Runs whose speculating answers are the plain pass's answers of the same prompts."""
