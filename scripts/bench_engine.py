@@ -30,10 +30,12 @@ Workloads (prompt tokens are exact, counted with the model's own tokenizer):
      the slot, hand-overs), the part of (d) that is not the prefill
   l  1 stream,  ~540-token prompt, 400 generated, copying: the prompt asks for COPY_CODE back (494
      tokens of Python) and greedy decoding copies it, the case speculative decoding by n-gram lookup
-     is for. Run it twice, plain and with ``--spec ngram-simple`` (both servers speculate: hydrad's
-     ``spec_type ngram`` with llama-server's ngram-simple sizes, n-gram 12 and 48 drafted), and
-     compare the decode tok/s of the two runs
-  (f to l are not in the default set)
+     is for. Run it twice, plain and with ``--spec KIND`` (both servers speculate the same way at
+     llama-server's sizes: ngram-simple, ngram-mod, or draft-simple with a draft model), and compare
+     the decode tok/s of the two runs; the table also says how many runs' answers were the plain ones
+  m  1 stream,  562-token prompt, 400 generated, a code edit: COPY_CODE handed back with a parameter renamed
+  n  1 stream,  708-token prompt, 300 generated, extraction: the ERROR lines of a 14-line log, as written
+  (f to n are not in the default set)
 
 Before the workloads, each server is also asked for the same 4 streams (32-token prompt, 64
 generated) one after another and then all at once: the ratio of the two wall times is what
@@ -60,7 +62,8 @@ Examples::
 
     .venv/bin/python scripts/bench_engine.py --hydrad-only --runs 3
     .venv/bin/python scripts/bench_engine.py --runs 5 --json bench.json --markdown
-    .venv/bin/python scripts/bench_engine.py --workloads l --spec ngram-simple --n-parallel 1
+    .venv/bin/python scripts/bench_engine.py --workloads l,m,n --spec ngram-mod --n-parallel 1
+    .venv/bin/python scripts/bench_engine.py --workloads l --spec draft-simple --n-parallel 1
 """
 
 from __future__ import annotations
@@ -75,6 +78,7 @@ import contextlib
 import ctypes
 import datetime as dt
 import functools
+import hashlib
 import json
 import os
 import platform
@@ -124,7 +128,7 @@ class Workload:
     sampled: bool = False  # SAMPLED's temperature/top-k/top-p instead of greedy decoding
     grammar: str | None = None  # a GBNF grammar every request is held to
     cached: bool = False  # one prompt for every run, prompt caching on: only its last token is evaluated
-    copy: bool = False  # the prompt asks for COPY_CODE back (its n_prompt: the nearest a copy prompt can be)
+    copy: str = ""  # the prompt asks for this text's (ASKS) input back, whole or in part: COPY_CODE, an edit, lines
 
     @property
     def label(self) -> str:
@@ -133,7 +137,7 @@ class Workload:
         extra += ", sampled" if self.sampled else ""
         extra += ", grammar" if self.grammar is not None else ""
         extra += ", prompt cached" if self.cached else ""
-        extra += ", copying code" if self.copy else ""
+        extra += {"": "", "code": ", copying code", "edit": ", editing code", "lines": ", extracting lines"}[self.copy]
         return f"({self.key}) {s}{self.n_prompt}→{self.n_gen}{extra}"
 
 
@@ -159,7 +163,9 @@ WORKLOADS: dict[str, Workload] = {
     "i": Workload("i", 128, 128, 64),
     "j": Workload("j", 128, 256, 1, grammar=WORDS_GRAMMAR),
     "k": Workload("k", 512, 1, 1, cached=True),
-    "l": Workload("l", 540, 400, 1, copy=True),
+    "l": Workload("l", 540, 400, 1, copy="code"),
+    "m": Workload("m", 562, 400, 1, copy="edit"),
+    "n": Workload("n", 708, 300, 1, copy="lines"),
 }
 
 BATCHING = Workload("batching", 32, 64, 4)  # streams one after another, then all at once
@@ -173,7 +179,7 @@ METRICS: dict[str, list[tuple[str, str, bool]]] = {
     "d": [("ttft_ms", "TTFT ms", False), ("prefill_tps", "prefill tok/s", True)],
     "e": [("ttft_ms", "TTFT ms", False), ("prefill_tps", "prefill tok/s", True), ("decode_tps", "decode tok/s", True)],
 }
-METRICS["f"] = METRICS["j"] = METRICS["l"] = METRICS["a"]
+METRICS["f"] = METRICS["j"] = METRICS["l"] = METRICS["m"] = METRICS["n"] = METRICS["a"]
 METRICS["k"] = [("ttft_ms", "TTFT ms (the server's own time)", False)]
 METRICS["g"] = METRICS["h"] = METRICS["i"] = METRICS["b"]
 
@@ -181,6 +187,18 @@ METRICS["g"] = METRICS["h"] = METRICS["i"] = METRICS["b"]
 # What workload (l) asks to have copied back: code, as an edit of a file hands a model its file.
 COPY_CODE = 'COPY_CODE = \'\'\'class LRUCache:\n    """A fixed-size mapping that forgets the least recently used key first."""\n\n    def __init__(self, capacity: int) -> None:\n        if capacity <= 0:\n            raise ValueError("capacity must be positive")\n        self.capacity = capacity\n        self.items: dict[str, int] = {}\n        self.order: list[str] = []\n\n    def get(self, key: str) -> int | None:\n        if key not in self.items:\n            return None\n        self.order.remove(key)\n        self.order.append(key)\n        return self.items[key]\n\n    def put(self, key: str, value: int) -> None:\n        if key in self.items:\n            self.order.remove(key)\n        elif len(self.items) >= self.capacity:\n            oldest = self.order.pop(0)\n            del self.items[oldest]\n        self.items[key] = value\n        self.order.append(key)\n\n    def __len__(self) -> int:\n        return len(self.items)\n\n\ndef word_counts(text: str, stop_words: set[str]) -> list[tuple[str, int]]:\n    """The words of ``text`` with how often each occurs, most frequent first."""\n    counts: dict[str, int] = {}\n    for raw in text.split():\n        word = raw.strip(".,;:!?\\\\"\'()").lower()\n        if not word or word in stop_words:\n            continue\n        counts[word] = counts.get(word, 0) + 1\n    return sorted(counts.items(), key=lambda item: (-item[1], item[0]))\n\n\ndef merge_sorted(left: list[int], right: list[int]) -> list[int]:\n    out: list[int] = []\n    i = j = 0\n    while i < len(left) and j < len(right):\n        if left[i] <= right[j]:\n            out.append(left[i])\n            i += 1\n        else:\n            out.append(right[j])\n            j += 1\n    out.extend(left[i:])\n    out.extend(right[j:])\n    return out\n\'\'\'\n'
 COPY_ASK = "Repeat this code exactly:\n\n" + COPY_CODE + "\nHere it is:\n\n"
+# (m): an edit that hands back the file changed in a few places (a rename).
+EDIT_ASK = ("Rename the parameter capacity to max_items everywhere in this code and give back the whole code:\n\n"
+            + COPY_CODE + "\nThe code with capacity renamed to max_items:\n\n")
+# (n): extraction: the lines of a log that name an error, as written.
+LOG_LINES = "\n".join(
+    f"2026-03-{1 + i // 9:02d} 0{i % 10}:{(7 * i) % 60:02d}:{(13 * i) % 60:02d} "
+    + (f"ERROR payment-service: charge {1000 + 37 * i} for order A{4400 + i} failed: card declined (code {50 + i % 7})"
+       if i % 3 == 0 else f"INFO web-frontend: GET /orders/A{4400 + i} 200 in {20 + (11 * i) % 90} ms")
+    for i in range(14))
+EXTRACT_ASK = ("Copy every ERROR line of this log, exactly as written, one per line:\n\n" + LOG_LINES
+               + "\n\nThe ERROR lines:\n\n")
+ASKS = {"code": COPY_ASK, "edit": EDIT_ASK, "lines": EXTRACT_ASK}
 
 # ----- prompts with an exact token count -----------------------------------------------------
 
@@ -248,12 +266,13 @@ class PromptMaker:
             head += f" {attempt}"
         raise RuntimeError(f"could not build a prompt of exactly {n_tokens} tokens")
 
-    def copying(self, n_tokens: int) -> str:
-        """A prompt of exactly ``n_tokens`` asking for COPY_CODE back, after a fresh filler head (the
-        head's length found by trying those near the difference of the counts)."""
-        body = self.tok.count(COPY_ASK)
+    def copying(self, n_tokens: int, ask: str = COPY_ASK) -> str:
+        """A prompt of exactly ``n_tokens`` of ``ask`` (what it asks to have copied back, whole or in
+        part), after a fresh filler head (the head's length found by trying those near the difference of
+        the counts)."""
+        body = self.tok.count(ask)
         for n_head in (n_tokens - body + d for d in (0, -1, -2, 1, -3, 2)):
-            prompt = self.make(max(2, n_head)) + "\n\n" + COPY_ASK
+            prompt = self.make(max(2, n_head)) + "\n\n" + ask
             if self.tok.count(prompt) == n_tokens:
                 return prompt
         raise RuntimeError(f"could not build a copy prompt of exactly {n_tokens} tokens")
@@ -582,6 +601,8 @@ class Stream:
     admit_ms: float | None = None  # hydrad's own timings: arrival → the request had its slot
     server: dict[str, float] = field(default_factory=dict)  # the answer's timings named in LAG_KEYS
     t_toks: list[float] = field(default_factory=list)  # when each event with text arrived
+    text: list[str] = field(default_factory=list)  # the answer's pieces, to compare passes (--spec)
+    drafts: tuple[int, int] | None = None  # speculative decoding: (draft_n, draft_n_accepted) from the timings
 
 
 async def stream_completion(client: httpx.AsyncClient, url: str, payload: dict[str, Any]) -> Stream:
@@ -606,6 +627,7 @@ async def stream_completion(client: httpx.AsyncClient, url: str, payload: dict[s
                 if not st.t_first:
                     st.t_first = now
                 if choices[0].get("text"):
+                    st.text.append(choices[0]["text"])
                     st.text_events += 1
                     st.t_tok_last = now
                     st.t_toks.append(now)
@@ -618,6 +640,8 @@ async def stream_completion(client: httpx.AsyncClient, url: str, payload: dict[s
             timings = ev.get("timings")
             if timings and st.completion_tokens is None:
                 st.completion_tokens = timings.get("predicted_n")
+            if timings and "draft_n" in timings:
+                st.drafts = (int(timings["draft_n"]), int(timings.get("draft_n_accepted", 0)))
             if timings and timings.get("admit_ms") is not None:
                 st.admit_ms = timings["admit_ms"]
             if timings:
@@ -709,7 +733,8 @@ def run_workload(url: str, w: Workload, prompts: list[str], seed: int,
                     "decode_tps": decode, "completion_tokens": n_gen, "prompt_tokens_reported": st.prompt_tokens,
                     "text_events": st.text_events, "total_ms": (st.t_end - st.t_send) * 1000,
                     "logprob_tokens": st.logprob_tokens, "admit_ms": st.admit_ms, "server": st.server,
-                    "token_gaps": token_gaps(st.t_toks)})
+                    "token_gaps": token_gaps(st.t_toks), "drafts": st.drafts,
+                    "text_sha": hashlib.sha256("".join(st.text).encode()).hexdigest()[:16]})
     out: dict[str, Any] = {"streams": per}
     if w.streams == 1:
         out.update({k: per[0][k] for k in ("ttft_ms", "prefill_tps", "decode_tps")})
@@ -902,6 +927,33 @@ def summarize(result: dict[str, Any], workloads: list[Workload], max_foreign: fl
     return summary
 
 
+SPEC_KINDS: dict[str, dict[str, Any]] = {  # hydrad's parameters for llama-server's --spec-type, at its sizes
+    "ngram-simple": {"spec_type": "ngram", "spec_ngram_size": 12, "spec_n_max": 48},
+    "ngram-mod": {"spec_type": "ngram-mod", "spec_ngram_size": 24, "spec_n_max": 64, "spec_n_min": 48},
+    "draft-simple": {"spec_type": "draft", "spec_p_min": 0.0},
+}
+SPEC_FLAGS: dict[str, dict[str, str]] = {  # llama-server's flag for each of them, per kind
+    "ngram-simple": {"spec_ngram_size": "--spec-ngram-simple-size-n", "spec_n_max": "--spec-ngram-simple-size-m"},
+    "ngram-mod": {"spec_ngram_size": "--spec-ngram-mod-n-match", "spec_n_max": "--spec-ngram-mod-n-max",
+                  "spec_n_min": "--spec-ngram-mod-n-min"},
+    "draft-simple": {"spec_draft_model": "--spec-draft-model", "spec_n_max": "--spec-draft-n-max",
+                     "spec_p_min": "--spec-draft-p-min"},
+}
+
+
+def spec_settings(args: argparse.Namespace, gguf: Path) -> tuple[dict[str, Any], str]:
+    """hydrad's speculation parameters and llama-server's arguments for ``--spec``: the same kind and sizes,
+    each size given to both (llama-server's defaults are not relied on)."""
+    params = dict(SPEC_KINDS[args.spec])
+    if args.spec == "draft-simple":
+        draft = Path(args.draft_model).resolve() if args.draft_model else gguf
+        params.update(spec_draft_model=str(draft), spec_n_max=args.draft_n_max)
+    flags = SPEC_FLAGS[args.spec]
+    ref = f"--spec-type {args.spec} " + " ".join(f"{flags[k]} {shlex.quote(str(v))}" for k, v in params.items()
+                                                 if k in flags)
+    return params, ref
+
+
 def bench_model(alias: str, args: argparse.Namespace, settings: ServerSettings, binary: str | None,
                 workloads: list[Workload], log: Callable[[str], None]) -> dict[str, Any]:
     name, gguf = resolve_model(alias)
@@ -914,7 +966,7 @@ def bench_model(alias: str, args: argparse.Namespace, settings: ServerSettings, 
     def prompts(w: Workload, run: int, side: str) -> list[str]:
         key = (w.key, 0 if w.cached else run, side)
         if key not in prompts_cache:
-            make = maker.copying if w.copy else maker.make
+            make = functools.partial(maker.copying, ask=ASKS[w.copy]) if w.copy else maker.make
             prompts_cache[key] = [make(w.n_prompt) for _ in range(w.streams)]
         return prompts_cache[key]
 
@@ -1058,17 +1110,31 @@ def table(res: dict[str, Any], with_ref: bool) -> str:
 def spec_table(res: dict[str, Any]) -> str:
     """Each workload's main figure, plain (``res``) and speculating (``res["speculative"]``), on both servers."""
     spec = res["speculative"]
-    head = "| workload | metric | hydrad | hydrad, speculating | × | llama-server | llama-server, speculating | × |"
-    lines = [head, "|---|---|---:|---:|---:|---:|---:|---:|"]
+    head = ("| workload | metric | hydrad | hydrad, speculating | × | llama-server | llama-server, speculating | × | "
+            "hydrad ÷ llama-server, speculating | accepted / drafted, hydrad / llama-server | answers as plain, "
+            "hydrad / llama-server |")
+    lines = [head, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
 
     def ratio(a: float | None, b: float | None) -> str:
         return f"{b / a:.2f}" if a and b is not None else "–"
+
+    def drafts(key: str, side: str) -> str:
+        got = [st["drafts"] for m in spec["runs"].get(key, {}).get(side, []) for st in m["streams"] if st.get("drafts")]
+        return f"{sum(a for _, a in got)} of {sum(d for d, _ in got)}" if got else "–"
+
+    def same(key: str, side: str) -> str:
+        """Runs whose speculating answers are the plain pass's answers of the same prompts."""
+        pairs = list(zip(res["runs"].get(key, {}).get(side, []), spec["runs"].get(key, {}).get(side, [])))
+        ok = sum(all(a["text_sha"] == b["text_sha"] for a, b in zip(p["streams"], q["streams"])) for p, q in pairs)
+        return f"{ok}/{len(pairs)}" if pairs else "–"
 
     for key, s in res["summary"].items():
         row, srow = s["rows"][-1], spec["summary"][key]["rows"][-1]  # decode tok/s (or the one figure)
         lines.append(f"| {s['label']} | {row['unit']} | {_fmt(row['hydrad'])} | {_fmt(srow['hydrad'])} | "
                      f"{ratio(row['hydrad'], srow['hydrad'])} | {_fmt(row['llama_server'])} | "
-                     f"{_fmt(srow['llama_server'])} | {ratio(row['llama_server'], srow['llama_server'])} |")
+                     f"{_fmt(srow['llama_server'])} | {ratio(row['llama_server'], srow['llama_server'])} | "
+                     f"{ratio(srow['llama_server'], srow['hydrad'])} | {drafts(key, 'hydrad')} / "
+                     f"{drafts(key, 'llama-server')} | {same(key, 'hydrad')} / {same(key, 'llama-server')} |")
     return "\n".join(lines)
 
 
@@ -1271,10 +1337,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hydrad-config", type=json.loads, default={}, metavar="JSON",
                     help='extra engine YAML for hydrad, e.g. \'{"switch_interval_ms": 0.05}\'')
     ap.add_argument("--hydrad-only", action="store_true", help="skip llama-server; report hydrad alone")
-    ap.add_argument("--spec", choices=("ngram-simple", "ngram-mod"), metavar="TYPE",
+    ap.add_argument("--spec", choices=tuple(SPEC_KINDS), metavar="TYPE",
                     help="run the workloads again with both servers speculating: llama-server --spec-type TYPE "
-                         "(ngram-simple or ngram-mod), hydrad spec_type ngram with ngram-simple's sizes (n-gram 12, "
-                         "48 drafted) unless --hydrad-params sets them; a table compares the two passes")
+                         "(ngram-simple, ngram-mod or draft-simple), hydrad the same kind at llama-server's sizes "
+                         "(ngram-simple: n-gram 12, 48 drafted; ngram-mod: n-gram 24, 48 to 64 drafted; "
+                         "draft-simple: --draft-model, --draft-n-max drafted, both servers told) unless "
+                         "--hydrad-params sets them; a table compares the two passes")
+    ap.add_argument("--draft-model", metavar="GGUF", help="the draft model of --spec draft-simple (default: the "
+                    "benchmarked model itself, which drafts for itself: the same vocabulary, most drafts accepted)")
+    ap.add_argument("--draft-n-max", type=int, default=8, metavar="N",
+                    help="tokens drafted per step by --spec draft-simple, on both servers (default: 8)")
     ap.add_argument("--max-foreign", type=float, default=0.05, metavar="SHARE",
                     help="redo a run when other processes used more than this share of all CPUs during it "
                          "(default: 0.05; with few cores even a little other load slows llama.cpp's "
@@ -1342,9 +1414,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n{res['model']}\n" + table(res, binary is not None) + "\n\n" + (lag + "\n\n" if lag else "")
               + (gaps + "\n\n" if gaps else "") + startup_table(res) + "\n", flush=True)
         if args.spec:
-            spec_params = {"spec_type": "ngram", "spec_ngram_size": 12, "spec_n_max": 48, **args.hydrad_params}
+            spec_params, ref_args = spec_settings(args, resolve_model(alias)[1])
+            spec_params.update(args.hydrad_params)
             spec_args = argparse.Namespace(**{**vars(args), "hydrad_params": spec_params, "llama_server_args": (
-                f"--spec-type {args.spec} {args.llama_server_args}".strip())})
+                f"{ref_args} {args.llama_server_args}".strip())})
             log(f"[{alias}] again, speculating ({args.spec})")
             res["speculative"] = bench_model(alias, spec_args, replace(settings, hydrad_params=spec_params), binary,
                                              workloads, log)

@@ -53,9 +53,11 @@ def _predict(flag: str, value: str) -> int:
 
 def _spec_type(flag: str, value: str) -> str:
     kinds = _list(value)
-    if kinds in (["none"], ["ngram-simple"]):
-        return "none" if kinds == ["none"] else "ngram"
-    raise FlagError(f"{flag}: hydrad drafts only by n-gram lookup: ngram-simple (or none), not {value!r}")
+    named = {"none": "none", "ngram-simple": "ngram", "ngram-mod": "ngram-mod", "draft-simple": "draft"}
+    if len(kinds) == 1 and kinds[0] in named:
+        return named[kinds[0]]
+    raise FlagError(f"{flag}: hydrad speculates by one kind at a time: ngram-simple, ngram-mod, draft-simple (with "
+                    f"--spec-draft-model) or none, not {value!r}")
 
 
 def _gpu_layers(flag: str, value: str) -> int:
@@ -171,7 +173,8 @@ def _r(names: str, metavar: str | None, why: str) -> Flag:
     return Flag(tuple(names.split()), metavar, why, "refused")
 
 
-NO_SPECULATIVE = "hydrad speculates by n-gram lookup only (--spec-type ngram-simple), with no draft model"
+NO_SPECULATIVE = ("hydrad speculates by n-gram lookup (--spec-type ngram-simple, ngram-mod) or a draft model "
+                  "(draft-simple) on the model's devices and threads, with no other settings")
 NO_MULTIMODAL = "hydrad takes images through a local projector file (--mmproj) only: no audio or video, no downloads"
 NO_DOWNLOAD = "hydrad loads local GGUF files only: fetch the file, then pass it with -m"
 NO_ROUTER = "several models are a pool's work: run one hydrad per model and a hydra-coordinator in front"
@@ -213,13 +216,20 @@ MAPPED: tuple[Flag, ...] = (
        "context is full: defaults.n_predict", _param("n_predict", _predict)),
     _m("-b --batch-size", "N", "logical batch: defaults.n_batch", _param("n_batch", _int)),
     _m("-ub --ubatch-size", "N", "physical batch: defaults.n_ubatch", _param("n_ubatch", _int)),
-    _m("--spec-type", "TYPE", "speculative decoding: ngram-simple (prompt lookup) or none; other kinds are refused: "
-       "defaults.spec_type", _param("spec_type", _spec_type)),
-    _m("--spec-ngram-simple-size-n", "N", "tokens of the n-gram looked up: defaults.spec_ngram_size",
-       _param("spec_ngram_size", _int)),
-    _m("--spec-ngram-simple-size-m --spec-draft-n-max", "N", "most tokens drafted per step: defaults.spec_n_max",
-       _param("spec_n_max", _int)),
-    _m("--spec-draft-n-min", "N", "shortest draft decoded: defaults.spec_n_min", _param("spec_n_min", _int)),
+    _m("--spec-type", "TYPE", "speculative decoding: ngram-simple, ngram-mod (prompt lookup), draft-simple (a draft "
+       "model) or none; one kind, others are refused: defaults.spec_type", _param("spec_type", _spec_type)),
+    _m("--spec-ngram-simple-size-n --spec-ngram-mod-n-match", "N", "tokens of the n-gram looked up: "
+       "defaults.spec_ngram_size", _param("spec_ngram_size", _int)),
+    _m("--spec-ngram-simple-size-m --spec-draft-n-max --spec-ngram-mod-n-max", "N", "most tokens drafted per step: "
+       "defaults.spec_n_max", _param("spec_n_max", _int)),
+    _m("--spec-draft-n-min --spec-ngram-mod-n-min", "N", "shortest draft decoded: defaults.spec_n_min",
+       _param("spec_n_min", _int)),
+    _m("--spec-draft-p-min --draft-p-min", "P", "a draft model's draft stops before a token it gives less "
+       "probability: defaults.spec_p_min", _param("spec_p_min", _float)),
+    _m("--spec-draft-model -md --model-draft", "FNAME", "the draft model of draft-simple: defaults.spec_draft_model",
+       _param("spec_draft_model", _path)),
+    _m("--spec-draft-ngl -ngld --gpu-layers-draft --n-gpu-layers-draft", "N", "the draft model's layers on the GPU: "
+       "defaults.spec_draft_n_gpu_layers", _param("spec_draft_n_gpu_layers", _gpu_layers)),
     _m("-np --parallel", "N", "slots (requests decoded together), each with n_ctx / N of the context unless -kvu; "
        "-1 = the default, 4 sharing one KV pool: defaults.n_parallel (and defaults.kv_unified false)",
        _parallel),
@@ -485,13 +495,8 @@ REFUSED: tuple[Flag, ...] = (
     _r("--spec-draft-n-cpu-moe --spec-draft-ncmoe -ncmoed --n-cpu-moe-draft", "N", NO_SPECULATIVE),
     _r("--spec-synth-len", "L", NO_SPECULATIVE), _r("--spec-synth-rates", "P0,P1,...", NO_SPECULATIVE),
     _r("--spec-draft-p-split --draft-p-split", "P", NO_SPECULATIVE),
-    _r("--spec-draft-p-min --draft-p-min", "P", NO_SPECULATIVE),
     _r("--spec-draft-backend-sampling", None, NO_SPECULATIVE),
     _r("--spec-draft-device -devd --device-draft", "<dev1,dev2,..>", NO_SPECULATIVE),
-    _r("--spec-draft-ngl -ngld --gpu-layers-draft --n-gpu-layers-draft", "N", NO_SPECULATIVE),
-    _r("--spec-draft-model -md --model-draft", "FNAME", NO_SPECULATIVE),
-    _r("--spec-ngram-mod-n-min", "N", NO_SPECULATIVE), _r("--spec-ngram-mod-n-max", "N", NO_SPECULATIVE),
-    _r("--spec-ngram-mod-n-match", "N", NO_SPECULATIVE),
     _n("--spec-ngram-simple-min-hits", "N", "1", "hydrad's n-gram lookup drafts on the first hit (as 1)"),
     _r("--spec-ngram-map-k-size-n", "N", NO_SPECULATIVE), _r("--spec-ngram-map-k-size-m", "N", NO_SPECULATIVE),
     _r("--spec-ngram-map-k-min-hits", "N", NO_SPECULATIVE),

@@ -76,7 +76,7 @@ NO_CHECKPOINTS = "hydrad makes no context checkpoints (a slot's KV is kept whole
 NO_PROMPT_FILE = "llama-cli's prompt cache file; the engine keeps prompts in its slots' KV (cache_prompt) and a pool's in its Store"
 TOOL_OUTPUT = "output of llama.cpp's command-line tools (llama-embedding, llama-debug, perplexity); a daemon answers over HTTP and writes no such files"
 AFFINITY = "hydrad runs on the CPUs it is given: set them with systemd's CPUAffinity= (or taskset)"
-NO_DRAFT = "not built: speculative decoding with a draft model (see docs/engine.md)"
+DRAFT_KV = "the draft model's KV cache takes the model's cache types and devices (cache_type_k, cache_type_v, devices)"
 SAMPLER_STATE = "llama.cpp's own bookkeeping, derived from the request and the template, not a setting"
 START_ONLY = "start-only setting: change it in the YAML (or on the command line) and restart the engine"
 
@@ -239,7 +239,7 @@ ENTRIES: tuple[Entry, ...] = (
     _p("spec_type", T2, "spec_type", "tests/integration/test_speculative.py::test_greedy_copy_same_answer_fewer_steps", also=("speculative.types", "speculative.type")),
     _p("spec_n_min", T2, "spec_n_min", "tests/integration/test_speculative.py::test_greedy_copy_same_answer_fewer_steps", also=("n_min", "draft_min", "speculative.n_min")),
     _p("spec_n_max", T2, "spec_n_max", "tests/integration/test_speculative.py::test_greedy_copy_same_answer_fewer_steps", also=("n_max", "draft_max", "speculative.n_max")),
-    _r("spec_p_min", T2, "a draft's least probability matters to a draft model's drafts, and draft models are not served; n-gram drafts have none", also=("p_min", "draft_p_min")),
+    _p("spec_p_min", T2, "spec_p_min", "tests/integration/test_draft_model.py::test_greedy_answer_is_the_plain_one_with_a_draft_model", also=("p_min", "draft_p_min", "speculative.p_min")),
     _r("cb_eval", T2, "a C callback (llama.cpp calls it for every tensor computed): a payload cannot carry one"),
     # ----- T3: reload the model --------------------------------------------------------------
     _p("model", T3, "model", f"{_T}::test_configure_tiers"),
@@ -261,12 +261,12 @@ ENTRIES: tuple[Entry, ...] = (
     _p("control_vectors", T3, "control_vectors", "tests/integration/test_lora.py::test_a_control_vector_changes_answers_and_at_scale_0_does_not", also=("control_vector",)),
     _p("rpc_servers", T3, "rpc_servers", "tests/integration/test_combine.py::test_expert_mode_is_refused_while_decoding_and_for_dense_models"),
     _p("n_cpu_moe", T3, "n_cpu_moe", "tests/integration/test_model_overrides.py::test_n_cpu_moe_and_explicit_overrides_place_the_experts"),
-    _r("speculative.model", T3, NO_DRAFT, also=("model_draft", "draft_model")),
-    _r("speculative.n_gpu_layers", T3, NO_DRAFT, also=("n_gpu_layers_draft",)),
-    _r("speculative.n_ctx", T3, NO_DRAFT, also=("n_ctx_draft",)),
-    _r("speculative.cache_type_k", T3, NO_DRAFT, also=("cache_type_k_draft",)),
-    _r("speculative.cache_type_v", T3, NO_DRAFT, also=("cache_type_v_draft",)),
-    _r("speculative.devices", T3, NO_DRAFT, also=("device_draft",)),
+    _p("speculative.model", T3, "spec_draft_model", "tests/integration/test_draft_model.py::test_greedy_answer_is_the_plain_one_with_a_draft_model", also=("model_draft", "draft_model")),
+    _p("speculative.n_gpu_layers", T3, "spec_draft_n_gpu_layers", also=("n_gpu_layers_draft",)),
+    _p("speculative.n_ctx", T3, "spec_draft_n_ctx", "tests/integration/test_draft_model.py::test_greedy_answer_is_the_plain_one_with_a_draft_model", also=("n_ctx_draft",)),
+    _r("speculative.cache_type_k", T3, DRAFT_KV, also=("cache_type_k_draft",)),
+    _r("speculative.cache_type_v", T3, DRAFT_KV, also=("cache_type_v_draft",)),
+    _r("speculative.devices", T3, DRAFT_KV, also=("device_draft",)),
     # ----- T4: process restart (refused at runtime) -----------------------------------------
     _r("hostnames", T4, START_ONLY + " (http.host)"),
     _r("port", T4, START_ONLY + " (http.port)"),

@@ -22,6 +22,7 @@ from pydantic import (BaseModel, ConfigDict, Field, StringConstraints, Validatio
 from hydrad.common import paramcontract, templatekwargs
 from hydrad.common.modeloverrides import check_tensor_override, parse_kv_override
 from hydrad.common.netaccess import split_endpoint
+from hydrad.common.specparams import SpecParams
 
 
 class Tier(enum.IntEnum):
@@ -60,7 +61,7 @@ class AdapterFile(BaseModel):
     scale: float = Field(1.0, ge=-MAX_ADAPTER_SCALE, le=MAX_ADAPTER_SCALE, description="How strongly it applies.")
 
 
-class RuntimeParams(BaseModel):
+class RuntimeParams(SpecParams):
     """Everything an engine can change while it runs; the shape follows llama.cpp's common_params."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
@@ -158,23 +159,6 @@ class RuntimeParams(BaseModel):
     kv_unified: bool = _f(True, Tier.T2, "One KV buffer for all slots, so any slot can use the whole context.")
     cache_type_k: CacheType = _f("f16", Tier.T2, "Data type of the K cache.")
     cache_type_v: CacheType = _f("f16", Tier.T2, "Data type of the V cache (quantized V needs flash attention).")
-    spec_type: Literal["none", "ngram"] = _f(
-        "none", Tier.T2, "Speculative decoding without a draft model (llama-server's --spec-type): ngram = prompt "
-        "lookup, as llama-server's ngram-simple (that spelling is accepted too): the last spec_ngram_size tokens of "
-        "a slot are looked up earlier in its prompt and answer, the tokens that followed them there are decoded as a "
-        "draft in the same step as the other slots' tokens, and the model's own choice at each drafted position "
-        "keeps the drafted tokens it agrees with (so the answer is the one it would be without). Pays where answers "
-        "copy their input (code edits, quoting). A request with a grammar, logprobs or a thinking budget never "
-        "speculates.")
-    spec_n_max: int = _f(
-        16, Tier.T2, "Most draft tokens a slot decodes in one step (llama-server's --spec-draft-n-max; its "
-        "ngram-simple drafts --spec-ngram-simple-size-m, 48). Also named speculative.n_max.", ge=1, le=256)
-    spec_n_min: int = _f(
-        0, Tier.T2, "A draft shorter than this is not decoded (llama-server's --spec-draft-n-min). Also named "
-        "speculative.n_min.", ge=0, le=256)
-    spec_ngram_size: int = _f(
-        12, Tier.T2, "Tokens of the n-gram looked up (llama-server's --spec-ngram-simple-size-n, whose default this "
-        "is): shorter finds drafts more often and more of them wrong.", ge=1, le=1024)
     flash_attn: Literal["auto", "on", "off"] = _f("auto", Tier.T2, "Flash attention.")
     n_threads: int = _f(0, Tier.T2, "CPU threads for generation; 0 = every CPU the engine may use (its affinity mask, capped by a cgroup CPU quota such as systemd's CPUQuota=).", ge=0)
     n_threads_batch: int = _f(0, Tier.T2, "CPU threads for prompt processing; 0 = same as n_threads.", ge=0)
@@ -254,19 +238,6 @@ class RuntimeParams(BaseModel):
         "the engine's stage becomes 'sleeping', its weights and context leave memory, and the first request "
         "afterwards loads the model again and is served once it is loaded (it waits as for any load, up to "
         "reload_queue_timeout_s). -1 or 0 = never sleep.", ge=-1, le=30 * 86400)
-
-    @field_validator("spec_type", mode="before")
-    @classmethod
-    def _spec_type(cls, v: Any) -> Any:
-        return "ngram" if v == "ngram-simple" else v  # llama-server's name of the same lookup
-
-    @field_validator("spec_n_min")
-    @classmethod
-    def _spec_min(cls, v: int, info: ValidationInfo) -> int:
-        top = info.data.get("spec_n_max")
-        if top is not None and v > top:
-            raise ValueError(f"{v} is more than spec_n_max ({top}): no draft would ever be long enough")
-        return v
 
     @field_validator("rpc_servers")
     @classmethod
@@ -406,9 +377,13 @@ def validation_message(exc: ValidationError, where: str = "") -> tuple[str, list
     names: list[str] = []
     parts: list[str] = []
     for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"]) or "(root)"
-        names.append(loc)
         msg = err["msg"]
+        loc = ".".join(str(p) for p in err["loc"])
+        if not loc:  # a rule between fields (specparams) names the field it refuses first
+            msg = msg.removeprefix("Value error, ")
+            head = msg.split(" ", 1)[0]
+            loc, msg = (head, msg.partition(" ")[2]) if head in RuntimeParams.model_fields else ("(root)", msg)
+        names.append(loc)
         if err["type"] == "extra_forbidden":
             why = paramcontract.refusal(str(err["loc"][-1]), err.get("input"))
             msg = why.partition(": ")[2] if why else "unknown field"
@@ -426,7 +401,8 @@ def check_partial(values: dict[str, Any]) -> dict[str, Any]:
         values = paramcontract.drop_fixed(canonical_names(values))
         RuntimeParams(**values)
     except ValidationError as exc:
-        raise ValueError(validation_message(exc)[0]) from None
+        if any(e["loc"] for e in exc.errors()):  # a rule between fields (no loc) waits for the layers merged
+            raise ValueError(validation_message(exc)[0]) from None
     return values
 
 

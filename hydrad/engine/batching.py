@@ -208,8 +208,9 @@ class Scheduler:
             slot.active.settings = settings_of(params, spec, gen.ctx.n_ctx)
         drafting = speculate.settings_of(params)
         if drafting is not None and gen.drafts_ok and grammar is None and probs is None and not faulty and not media and (
-                slot.active.think is None or slot.active.think.budget is None):
-            slot.active.spec = speculate.Drafter(drafting)  # (a grammar or a budget decides tokens a draft cannot)
+                slot.active.think is None or slot.active.think.budget is None) and (
+                drafting.kind != "draft" or gen.draft is not None):
+            slot.active.spec = speculate.start(drafting, gen.ngrams, ns)  # (a grammar or a budget decides what a draft cannot)
         gen.n_active += 1
         if req.return_progress:
             self._progress(slot.id, slot.active)

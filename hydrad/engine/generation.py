@@ -11,11 +11,13 @@ import hashlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 from hydrad.engine.filedigest import edge_digest
-from hydrad.engine import ggml, gguf_meta, kvshift, llama
+from hydrad.engine.tokenprefix import common_prefix
+from hydrad.engine import ggml, gguf_meta, kvshift, llama, speculate
 from hydrad.engine.adapters import Adapters
+from hydrad.engine.draftmodel import DraftModel
 from hydrad.engine.batch import Batch
 from hydrad.engine.embedder import Embedder
 from hydrad.engine.gpu import PAGEABLE_BESIDE
@@ -89,27 +91,6 @@ the capture (and its instantiation) of its decode graph; with three, the warm-up
 SPARE_TAIL = 4  # tokens past a shared prefix that still count as the same conversation (its last reply re-tokenized)
 
 
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """How many leading tokens ``a`` and ``b`` share. Slices are compared (in C) in a binary search:
-    the element-by-element loop it replaces cost about 30 us per 512 tokens, and choosing a slot
-    compares the prompt with every free slot's cache on the engine thread."""
-    if type(a) is not type(b):  # a list never equals a tuple or an array, element for element or not
-        a, b = list(a), list(b)
-    n = min(len(a), len(b))
-    if n == 0 or a[0] != b[0]:  # the common case of a slot holding another conversation
-        return 0
-    if a[:n] == b[:n]:
-        return n
-    lo, hi = 0, n  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[lo:mid] == b[lo:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
-
-
 class Generation:
     def __init__(self, gen_id: int, resolved: ResolvedModel, params: RuntimeParams, model: llama.Model,
                  ctx: llama.Context, load_seconds: float) -> None:
@@ -140,6 +121,8 @@ class Generation:
         self.vision: Vision | None = None  # the projector of params.mmproj (images), when it names one
         self.tail_rm = True  # the context's memory drops the tail of a sequence (a recurrent model's cannot: warmup)
         self.n_swa = int(llama.lib().llama_model_n_swa(model.ptr))  # a sliding window's length, 0 for none
+        self.draft: DraftModel | None = None  # spec_draft_model's weights and context, when set
+        self.ngrams = speculate.Memory()  # ngram-mod's n-grams across requests (empty unless it runs)
 
     def load_view(self) -> dict[str, Any]:
         """What this generation's load did with the model parameters, as llama.cpp reported it: its load
@@ -378,6 +361,12 @@ class Generation:
             else:
                 dropped += 1
         new_ctx = llama.Context(self.model, params)
+        if self.draft is not None:  # its sequences follow the slots (n_parallel), its batch and threads the context
+            try:
+                self.draft.rebuild(params)
+            except Exception:
+                new_ctx.free()
+                raise
         if self.adapters is not None:
             try:
                 self.adapters.attach(new_ctx)
@@ -449,6 +438,8 @@ class Generation:
                     s.active.sampler.free()
             if self.embedder is not None:
                 self.embedder.free()
+            if self.draft is not None:
+                self.draft.free()
             self.batch.free()
             self.ctx.free()
 
@@ -543,6 +534,12 @@ def build_generation(resolved: ResolvedModel, params: RuntimeParams, progress: C
         if params.embeddings:
             try:
                 gen.embedder = Embedder(model, params)
+            except Exception:
+                gen.free()
+                raise
+        if params.spec_draft_model:
+            try:
+                gen.draft = DraftModel.load(model, params, resolved.models_dir or resolved.path.parent)
             except Exception:
                 gen.free()
                 raise

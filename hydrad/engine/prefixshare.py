@@ -33,7 +33,8 @@ from typing import TYPE_CHECKING
 
 from hydrad.common.logs import log_event
 from hydrad.common.tenants import store_owner
-from hydrad.engine.generation import Generation, Slot, common_prefix
+from hydrad.engine.generation import Generation, Slot
+from hydrad.engine.tokenprefix import common_prefix
 from hydrad.engine.kvshift import exact_len
 from hydrad.engine.ramcache import RamPromptCache
 from hydrad.engine.settings import PrefixSettings

@@ -103,6 +103,22 @@ def test_greedy_copy_same_answer_fewer_steps(pair: tuple[Engine, Engine]) -> Non
         assert native_ids(spec.http, n_predict=n)[0] == want[:n]
 
 
+def test_ngram_mod_same_answer_and_an_earlier_answer_drafts(pair: tuple[Engine, Engine],
+                                                             start_engine: Callable[..., Engine]) -> None:
+    """ngram-mod (each drafted token looked up in turn, the engine's memory of earlier answers): the answer
+    is the plain one; asked again (a fresh prompt head, nothing cached) the earlier answer's n-grams draft
+    from its first tokens on, so more of it is drafted and accepted."""
+    plain, _ = pair
+    mod = start_engine(name="mod", defaults={**BASE, "spec_type": "ngram-mod", "spec_ngram_size": 4,
+                                             "spec_n_max": 32, "spec_n_min": 8})
+    mod.wait_ready(120)
+    want, _ = native_ids(plain.http, id_slot=0, cache_prompt=False)
+    got, first = native_ids(mod.http, id_slot=0, cache_prompt=False)
+    assert got == want and first["draft_n_accepted"] > 0 and first["draft_n"] >= 8
+    again, second = native_ids(mod.http, id_slot=0, cache_prompt=False)
+    assert again == want and second["draft_n_accepted"] > first["draft_n_accepted"], (first, second)
+
+
 def test_seeded_sampling_unchanged(pair: tuple[Engine, Engine]) -> None:
     """A sampled answer with a seed draws the same numbers in the same order with or without drafts; a
     request for probabilities does not speculate."""

@@ -39,3 +39,19 @@ def test_no_variant_writes_the_shared_settings_alone(tmp_path: Path) -> None:
     cfg = _read_back(tmp_path, {})
     assert cfg["defaults"]["n_parallel"] == 8 and "use_mmap" not in cfg["defaults"]
     assert cfg["cuda_pinned_host"] is True  # the engine's default
+
+
+def test_each_spec_kind_runs_the_same_kind_at_the_same_sizes_on_both_servers(tmp_path: Path) -> None:
+    """``--spec KIND``: hydrad's parameters (read back by the engine's own loader) and llama-server's flags
+    (read by hydrad's table of them, which maps llama-server's spellings) name the same speculation."""
+    from hydrad.cli import hydrad as hydrad_cli, llamaflags
+
+    gguf = tmp_path / "m.gguf"
+    for kind in be.SPEC_KINDS:
+        args = be.argparse.Namespace(spec=kind, draft_model=None, draft_n_max=5)
+        params, ref = be.spec_settings(args, gguf)
+        cfg = _read_back(tmp_path, {"defaults": params})["defaults"]
+        flags = llamaflags.read(hydrad_cli.build_parser().parse_args(ref.split()).llama_flags).layer["defaults"]
+        assert {k: cfg[k] for k in flags} == flags, kind
+        assert set(flags) == set(params)
+    assert cfg["spec_draft_model"] == str(gguf) and cfg["spec_n_max"] == 5

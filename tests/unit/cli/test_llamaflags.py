@@ -237,12 +237,22 @@ MAPPED: list[tuple[list[str], dict[tuple[str, ...], Any]]] = [
     (["--spec-ngram-simple-size-m", "48"], {("defaults", "spec_n_max"): 48}),
     (["--spec-draft-n-max", "8"], {("defaults", "spec_n_max"): 8}),
     (["--spec-draft-n-min", "2"], {("defaults", "spec_n_min"): 2}),
+    (["--spec-type", "ngram-mod", "--spec-ngram-mod-n-match", "24", "--spec-ngram-mod-n-max", "64",
+      "--spec-ngram-mod-n-min", "48"], {("defaults", "spec_type"): "ngram-mod", ("defaults", "spec_ngram_size"): 24,
+                                        ("defaults", "spec_n_max"): 64, ("defaults", "spec_n_min"): 48}),
+    (["--spec-type", "draft-simple", "-md", "/m/draft.gguf", "-ngld", "0", "--draft-p-min", "0.5"],
+     {("defaults", "spec_type"): "draft", ("defaults", "spec_draft_model"): "/m/draft.gguf",
+      ("defaults", "spec_draft_n_gpu_layers"): 0, ("defaults", "spec_p_min"): 0.5}),
+    (["--spec-draft-model", "/m/d.gguf", "--model-draft", "/m/draft.gguf", "--spec-draft-ngl", "2",
+      "--gpu-layers-draft", "3", "--n-gpu-layers-draft", "all", "--spec-draft-p-min", "0.25"],
+     {("defaults", "spec_draft_model"): "/m/draft.gguf", ("defaults", "spec_draft_n_gpu_layers"): -1,
+      ("defaults", "spec_p_min"): 0.25}),
 ]
 
 
-@pytest.mark.parametrize("value", ["ngram-mod", "draft-simple", "ngram-simple,ngram-mod", ""])
-def test_spec_type_other_than_ngram_simple_is_refused(value: str) -> None:
-    with pytest.raises(FlagError, match=r"^--spec-type: hydrad drafts only by n-gram lookup"):
+@pytest.mark.parametrize("value", ["ngram-map-k", "draft-eagle3", "ngram-simple,ngram-mod", ""])
+def test_spec_type_other_than_one_served_kind_is_refused(value: str) -> None:
+    with pytest.raises(FlagError, match=r"^--spec-type: hydrad speculates by one kind at a time"):
         layer("--spec-type", value)
 
 

@@ -126,8 +126,7 @@ def test_refused_fields_are_no_runtime_parameter() -> None:
 
 GROUPS = {  # one field of each kind of refusal, and the words its answer must hold
     "not served": ("image_min_tokens", "the projector's own token counts"),
-    "a draft model's setting": ("spec_p_min", "draft models are not served"),
-    "draft model": ("speculative.model", "draft model"),
+    "a draft model's cache": ("speculative.cache_type_k", "the draft model's KV cache takes the model's"),
     "C callback": ("cb_eval", "C callback"),
     "terminal": ("interactive_first", "terminal"),
     "sampler": ("mirostat", "no such sampler"),

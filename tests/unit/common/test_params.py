@@ -24,11 +24,11 @@ FIELDS = list(RuntimeParams.model_fields)
 T3_KEY = ["model", "n_gpu_layers", "split_mode", "tensor_split", "main_gpu", "use_mmap", "no_host", "rpc_servers",
           "override_tensors", "embeddings", "pooling", "devices", "n_cpu_moe", "kv_overrides", "use_mlock",
           "use_direct_io", "check_tensors", "lora_adapters", "lora_init_without_apply", "control_vectors",
-          "control_vector_layer_range", "mmproj"]
+          "control_vector_layer_range", "mmproj", "spec_draft_model", "spec_draft_n_ctx", "spec_draft_n_gpu_layers"]
 T2_KEY = ["n_ctx", "n_batch", "n_ubatch", "n_parallel", "kv_unified", "cache_type_k", "cache_type_v", "flash_attn",
           "n_threads", "n_threads_batch", "rope_scaling", "rope_freq_base", "rope_freq_scale", "yarn_ext_factor",
           "yarn_attn_factor", "yarn_beta_fast", "yarn_beta_slow", "yarn_orig_ctx", "spec_type", "spec_n_max",
-          "spec_n_min", "spec_ngram_size"]
+          "spec_n_min", "spec_ngram_size", "spec_p_min"]
 T1_KEY = ["temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n", "seed", "n_predict",
           "chat_template", "cache_prompt", "cache_ram_mib", "reasoning_format", "reasoning_budget", "default_template_kwargs",
           "reload_policy", "reload_queue_timeout_s", "text_overlap", "prefill_split", "sleep_idle_seconds", "ctx_shift",

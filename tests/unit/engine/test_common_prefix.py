@@ -6,7 +6,7 @@ from array import array
 
 from hypothesis import given, strategies as st
 
-from hydrad.engine.generation import common_prefix
+from hydrad.engine.tokenprefix import common_prefix
 
 
 def _naive(a: list[int], b: list[int]) -> int:

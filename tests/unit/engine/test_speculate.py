@@ -59,3 +59,56 @@ def test_settings_of_params() -> None:
     assert speculate.settings_of(RuntimeParams()) is None
     on = RuntimeParams(spec_type="ngram-simple", spec_n_max=8, spec_n_min=2, spec_ngram_size=4)
     assert speculate.settings_of(on) == SpecSettings(n_max=8, n_min=2, ngram=4)
+
+
+def test_ngram_mod_looks_each_token_up_in_turn() -> None:
+    """ngram-mod: the token after the latest occurrence of the last n-gram, then the token after the n-gram
+    ending at that one, and so on: past the end of the run the lookup started from (ngram copies only that
+    run), bounded by room and n_max, none shorter than n_min."""
+    def mod(**kw: int) -> Drafter:
+        settings = SpecSettings(n_max=kw.get("n_max", 16), n_min=kw.get("n_min", 0), ngram=2, kind="ngram-mod")
+        return speculate.start(settings, speculate.Memory(), "")
+
+    hist = [1, 2, 3, 4, 9, 3, 4, 5, 6, 1, 2]
+    assert drafter(ngram=2).propose(hist, room=16) == [3, 4, 9, 3, 4, 5, 6, 1, 2]  # the run after 1 2
+    # 1 2 → 3; 2 3 → 4; 3 4 → 5 (its latest occurrence); 4 5 → 6; 5 6 → 1; 6 1 → 2; 1 2 → 3 ... a cycle
+    assert mod().propose(hist, room=16) == [3, 4, 5, 6, 1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 5, 6]
+    assert mod().propose(hist, room=5) == [3, 4, 5, 6, 1]
+    assert mod(n_max=3).propose(hist, room=16) == [3, 4, 5]
+    assert mod(n_min=4).propose(hist, room=3) == []  # the room leaves a draft shorter than n_min
+    assert mod().propose(hist + [7], room=16) == []  # 2 7 never occurred
+
+
+def test_settings_of_each_kind() -> None:
+    from hydrad.common.params import RuntimeParams
+
+    mod = RuntimeParams(spec_type="ngram-mod", spec_n_max=64, spec_n_min=48, spec_ngram_size=24)
+    assert speculate.settings_of(mod) == SpecSettings(n_max=64, n_min=48, ngram=24, kind="ngram-mod")
+    drafting = RuntimeParams(spec_type="draft-simple", spec_draft_model="d.gguf", spec_p_min=0.5)
+    assert speculate.settings_of(drafting) == SpecSettings(n_max=16, n_min=0, ngram=12, kind="draft", p_min=0.5)
+
+
+def test_ngram_mod_remembers_earlier_answers_of_its_namespace_only() -> None:
+    """ngram-mod's n-grams outlive the request that indexed them, in the engine's memory, per cache
+    namespace; the memory is bounded (forgotten whole past its limit) and forgotten after a streak of poor
+    drafts."""
+    settings = SpecSettings(n_max=8, n_min=0, ngram=2, kind="ngram-mod")
+    memory = speculate.Memory(limit=50)
+    first = speculate.start(settings, memory, "a")
+    assert first.propose([1, 2, 3, 4, 5, 6, 7], room=8) == []  # 6 7 never occurred before
+    assert speculate.start(settings, memory, "a").propose([9, 9, 1, 2], room=3) == [3, 4, 5]  # from the first
+    assert speculate.start(settings, memory, "b").propose([9, 9, 1, 2], room=3) == []  # another namespace
+    assert speculate.start(settings, speculate.Memory(), "a").propose([9, 9, 1, 2], room=3) == []
+    d = speculate.start(settings, memory, "a")
+    d.propose([9, 9, 1, 2], room=3)
+    for _ in range(speculate.LOW_STREAK - 1):
+        d.judged(0, 3)
+    d.judged(3, 3)  # a good draft ends the streak
+    for _ in range(speculate.LOW_STREAK - 1):
+        d.judged(0, 4)
+    assert memory.of("a")
+    d.judged(0, 4)
+    assert memory.of("a") == {} and d.indexed == 0
+    big = speculate.start(settings, memory, "b")
+    big.propose(list(range(100, 160)), room=8)  # 58 n-grams: past the limit, all forgotten
+    assert sum(len(m) for m in memory.maps.values()) == 0
