@@ -247,7 +247,7 @@ def test_register_reports_the_weights_a_load_keeps_in_host_memory(moe: Path, smo
             control = EngineControl(core, registry, {})
             link = EngineLink(EngineSettings(name="t", bus={"endpoint": "tcp://127.0.0.1:9"}), control, http=None,
                               rpc=None)
-            await link._refresh_gpu(force=True)  # this host's own device: a CPU
+            await link._refresh_gpu()  # this host's own device: a CPU
             cpu = link._register().host_weights
             link._gpu = M.GpuInfo(name="CUDA0", kind="gpu", arch="sm_90", vram_total=80 << 30, vram_free=80 << 30)
             gpu = await asyncio.to_thread(link._host_weights, link._models_on_disk())

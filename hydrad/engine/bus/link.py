@@ -70,10 +70,9 @@ from hydrad.engine.settings import EngineSettings
 
 log = logging.getLogger("hydrad.bus")
 T = TypeVar("T")
-
-
 LIVENESS = 3  # intervals of silence before the other side counts as gone
 BACKOFF_MAX_S = 10.0
+REFRESH_S = 5.0  # how often the device's memory and the models' weights are read again for the heartbeat
 
 
 class EngineLink:
@@ -108,6 +107,7 @@ class EngineLink:
         self._gpu = M.GpuInfo()
         self._host: dict[str, int] = {}  # REGISTER's host_weights, refreshed with the GPU's figures
         self._gpu_at = 0.0
+        self._refreshing: asyncio.Task[None] | None = None  # the device and weights read under way, if any
         self._throttle = LogThrottle()
         self._closing = False
         self._token: str | None = None
@@ -142,6 +142,8 @@ class EngineLink:
             await asyncio.sleep(0.05)  # let the I/O thread put it on the wire before linger 0 drops it
         if self._main is not None:
             self._main.cancel()
+        if self._refreshing is not None:
+            self._refreshing.cancel()
         if self._run_task is not None:
             self._run_task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -155,7 +157,8 @@ class EngineLink:
     async def _run(self) -> None:
         self._link_loop = asyncio.get_running_loop()
         self._run_task = asyncio.current_task()
-        await self._refresh_gpu(force=True)
+        self._gpu_at = time.monotonic()
+        await self._refresh_gpu()  # before the first REGISTER, which carries the figures
         backoff = self.interval
         silent_tries = 0
         while True:
@@ -328,16 +331,22 @@ class EngineLink:
     def _status(self) -> M.EngineStatus:
         return engine_status(self.core, self._speed, self._gpu, self._ticker)
 
-    async def _refresh_gpu(self, force: bool = False) -> None:
-        """Device memory changes with loads; read it at most every 5 s, off the loop (ggml may block briefly)."""
-        now = time.monotonic()
-        if not force and now - self._gpu_at < 5.0:
-            return
-        self._gpu_at = now
+    async def _refresh_gpu(self) -> None:
+        """Device memory (it changes with loads) and the GGUFs' tensor tables, read off the loop: ggml
+        may block on a busy device, and the tables are Python work queued behind a request's own."""
         with contextlib.suppress(Exception):
             self._gpu = await asyncio.to_thread(local_gpu)
-        with contextlib.suppress(Exception):  # the GGUFs' tensor tables are read there too, not on the loop
+        with contextlib.suppress(Exception):
             self._host = await asyncio.to_thread(self._host_weights, self._models_on_disk())
+
+    def _refresh_in_background(self) -> None:
+        """A refresh every :data:`REFRESH_S`, never awaited by the heartbeat: a beat carries the last
+        figures read, so a slow read (2 s behind an 8 MiB /tokenize) delays figures, not beats."""
+        now = time.monotonic()
+        if now - self._gpu_at < REFRESH_S or (self._refreshing is not None and not self._refreshing.done()):
+            return
+        self._gpu_at = now
+        self._refreshing = asyncio.create_task(self._refresh_gpu(), name="bus-link-refresh")
 
     # ----- heartbeat and liveness ------------------------------------------------------
 
@@ -360,7 +369,7 @@ class EngineLink:
                    round(status.progress, 2) if status.progress is not None else None)
             if (now >= next_at or key != last_key) and not self._closing:
                 if now >= next_at:
-                    await self._refresh_gpu()
+                    self._refresh_in_background()
                 sent = self._send(M.Heartbeat(status=status) if self._welcomed else self._register())
                 # a REGISTER that found no connection yet (a reconnect in progress) goes again next tick,
                 # so the engine registers as soon as the link is up, not up to an interval later
