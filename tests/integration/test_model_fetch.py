@@ -13,7 +13,7 @@ import shutil
 import signal
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import httpx
 import pytest
@@ -38,6 +38,7 @@ def _pool(tmp: Path, start_engine: Callable[..., Engine], *, source: Path | None
     c = Coordinator(tmp, profiles=profiles, default_profile=default, heartbeat_interval_s=0.5,
                     extra={"models_dir": str(source or models_dir()), "model_files_rate_mib_s": rate,
                            "load_timeout_s": 300})
+    _STARTED.append(c)
     c.wait_ready()
     own = tmp / "engine-models"
     own.mkdir(exist_ok=True)
@@ -51,6 +52,17 @@ def _pool(tmp: Path, start_engine: Callable[..., Engine], *, source: Path | None
 def _loads(e: Engine) -> list[dict[str, Any]]:
     return [e.http.get(f"/control/loads/{i}").json() for i in range(1, 20)
             if e.http.get(f"/control/loads/{i}").status_code == 200]
+
+
+_STARTED: list[Coordinator] = []
+
+
+@pytest.fixture(autouse=True)
+def _stop_coordinators() -> Iterator[None]:
+    """Each test's coordinator stops with the test, passed or failed (none outlives its test)."""
+    yield
+    while _STARTED:
+        _STARTED.pop().stop()
 
 
 @pytest.fixture(autouse=True)
