@@ -126,6 +126,7 @@ class CoordinatorDaemon:
         front = FrontDoor(s, bus, switcher, registry, affinity, keeper)
         files = ModelFiles(registry, s.models_dir, [t for t in (bus.token, admin_token) if t] if bus.token else [],
                            s.model_files_rate_mib_s)
+        front.pool.served_files = files.available  # on-demand loads may send an engine to fetch one of these
         routes = front.routes() + admin_routes(bus, switcher, affinity, front) + model_file_routes(files) \
             + webui.routes(s.http.webui)
         described = openapi_route(routes, "hydra-coordinator", __version__, bodies={**FRONT_DOOR_BODIES, **ADMIN_BODIES})

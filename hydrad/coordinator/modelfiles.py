@@ -42,6 +42,7 @@ from hydrad.wire.openai import ApiError
 
 FILES_PREFIX = "/models/files/"
 CHUNK = 1 << 20
+AVAILABLE_TTL_S = 5.0
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
 
 
@@ -82,6 +83,26 @@ class ModelFiles:
         self.tokens = tokens
         self.rate = rate_mib_s * (1 << 20) if rate_mib_s > 0 else 0.0
         self.served_bytes = 0  # every body byte sent, for /metrics and the tests' resume check
+        self._available: tuple[float, frozenset[str]] = (-AVAILABLE_TTL_S, frozenset())
+
+    def available(self) -> frozenset[str]:
+        """The registry names this door would serve now (a file under ``models_dir``, and a token to
+        check requests against): routing's on-demand loads may send an engine that lacks one of these
+        to fetch it. Looked up again at most every :data:`AVAILABLE_TTL_S` (a stat per entry)."""
+        at, names = self._available
+        now = time.monotonic()
+        if now - at < AVAILABLE_TTL_S:
+            return names
+        found = set()
+        if self.tokens and self.models_dir is not None:
+            for key in self.registry.entries:
+                try:
+                    self.path_of(key)
+                    found.add(key)
+                except ApiError:
+                    continue
+        self._available = (now, frozenset(found))
+        return self._available[1]
 
     def _authorize(self, request: Request) -> None:
         if not self.tokens:

@@ -4,7 +4,7 @@ which engines serve which model now."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from hydrad.coordinator.affinity import Affinity
 from hydrad.coordinator.bus import CoordinatorBus
@@ -19,13 +19,15 @@ class PoolView:
 
     def __init__(self, settings: Any, bus: CoordinatorBus, switcher: ProfileSwitcher, affinity: Affinity) -> None:
         self.settings, self.bus, self.switcher, self.affinity = settings, bus, switcher, affinity
+        # the registry names the coordinator's model files door serves (the daemon sets it when it serves any)
+        self.served_files: Callable[[], frozenset[str]] = frozenset
 
     def views(self, session: str | None = None, prefix: str | None = None, model: str | None = None) -> list[EngineView]:
         """What routing sees: REGISTER + latest heartbeat, corrected by the requests we have in flight
         (a heartbeat is up to an interval old; our own count is exact for bus traffic).
 
-        Models on disk are offered for an on-demand load only where the load cannot break the
-        active profile (:meth:`_loadable`).
+        Models on disk (or that the engine would fetch from here) are offered for an on-demand load
+        only where the load cannot break the active profile (:meth:`_allowed`).
         """
         covered = model is not None and any(
             r.alive and model in (r.status.model, r.status.loading_model) for r in self.bus.engines.values())
@@ -43,7 +45,7 @@ class PoolView:
             sessions, prefixes = self.affinity.holds(rec.name, session, prefix)
             out.append(EngineView(
                 name=rec.name, alive=rec.alive, stage=st.stage, model=model,
-                models_on_disk=self._loadable(rec, covered),
+                models_on_disk=self._loadable(rec, covered), models_fetchable=self._fetchable(rec, covered),
                 slots_busy=busy, slots_total=total, queued=queued, max_queue=st.max_queue,
                 vram_total=vram_total, vram_free=vram_free,
                 gpu_arch=gpu.arch, prefill_tps=st.prefill_tps, decode_tps=st.decode_tps, load_seconds=st.load_seconds,
@@ -71,8 +73,8 @@ class PoolView:
             total, free = total + t, free + f
         return total, free
 
-    def _loadable(self, rec: EngineRecord, covered: bool) -> frozenset[str]:
-        """The models routing may load on demand on this engine.
+    def _allowed(self, rec: EngineRecord, covered: bool) -> frozenset[str] | None:
+        """The models routing may load on demand on this engine (None: any it has or can fetch).
 
         - an engine the active profile places a model on: that model only, and only while it
           serves nothing (it is model-less, e.g. restarted and not configured yet). Loading
@@ -80,21 +82,35 @@ class PoolView:
           for a dead engine's model would move that model onto a healthy engine and leave the
           healthy engine's own model served nowhere;
         - a PEER of the profile: nothing (its device is lent to a COMBINE head);
-        - an engine the profile leaves free: anything on its disk while it serves nothing, or
-          while no live engine serves, loads or sleeps with the requested model at all
-          (``covered``), so a burst for one model does not replace another that is served;
+        - an engine the profile leaves free: anything while it serves nothing, or while no live
+          engine serves, loads or sleeps with the requested model at all (``covered``), so a
+          burst for one model does not replace another that is served;
         - nothing while the engine is being configured, or when loading on demand is off.
         """
         st = rec.status
         if not self.settings.load_on_demand or self.switcher.locked(rec.name):
             return frozenset()
         placed, model = self.switcher.placed(rec.name)
-        on_disk = frozenset(rec.info.models_on_disk)
         if placed:
-            return on_disk & {model} if model is not None and st.stage == "idle" else frozenset()
+            return frozenset({model}) if model is not None and st.stage == "idle" else frozenset()
         if st.stage == "idle" or (st.stage in ("ready", SLEEPING) and not covered):
-            return on_disk
+            return None
         return frozenset()
+
+    def _loadable(self, rec: EngineRecord, covered: bool) -> frozenset[str]:
+        """The models on the engine's disk routing may load there on demand (:meth:`_allowed`)."""
+        allowed, on_disk = self._allowed(rec, covered), frozenset(rec.info.models_on_disk)
+        return on_disk if allowed is None else on_disk & allowed
+
+    def _fetchable(self, rec: EngineRecord, covered: bool) -> frozenset[str]:
+        """The models routing may load on demand on the engine after it fetches the file from this
+        coordinator: ones the engine says it would fetch and this coordinator's files door serves,
+        under the same rules (:meth:`_allowed`). Routing charges the transfer."""
+        if not rec.info.models_fetchable:
+            return frozenset()
+        wanted = frozenset(rec.info.models_fetchable) & self.served_files()
+        allowed = self._allowed(rec, covered) if wanted else frozenset()
+        return wanted if allowed is None else wanted & allowed
 
     def served(self) -> dict[str, list[str]]:
         """Model → engines serving it now (alive, in a serving stage)."""

@@ -141,7 +141,8 @@ class EngineRecord:
                 "last_seen_s": round(time.monotonic() - self.last_seen, 3), "up_since": self.up_since,
                 "instance": info.instance, "version": info.version, "pid": info.pid, "http": info.http,
                 "rpc": info.rpc, "gpu": info.gpu.model_dump(), "device": info.device,
-                "models_on_disk": info.models_on_disk, "host_weights": info.host_weights,
+                "models_on_disk": info.models_on_disk, "models_fetchable": info.models_fetchable,
+                "host_weights": info.host_weights,
                 "heartbeat_interval_s": info.heartbeat_interval_s, **self.status.model_dump()}
 
 

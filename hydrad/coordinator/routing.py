@@ -54,6 +54,7 @@ class EngineView:
     role: str = "solo"  # COMBINE role the engine reports: solo | head | peer | head+peer
     kv_family: str | None = None  # the served model's KV family: sibling quants share it (pdsplit)
     host_weights: Mapping[str, int] = field(default_factory=dict)  # model → bytes of weights a load here keeps off the GPU
+    models_fetchable: frozenset[str] = frozenset()  # aliases it may load after fetching the file from the pool
 
     @property
     def lends_only(self) -> bool:
@@ -148,6 +149,7 @@ class RoutingPolicy:
     default_prefill_tps: float = 100.0  # prompt tokens/s assumed before an engine has measured its own
     default_decode_tps: float = 10.0  # generated tokens/s per sequence, likewise
     disk_bytes_per_s: float = 2e9  # model load speed assumed when nothing was measured
+    fetch_bytes_per_s: float = 1e8  # a model file's transfer from the pool before its load (about 1 GbE)
     unknown_load_s: float = 30.0  # load time charged when the model's size is unknown too
     warm_uncached_tokens: int = 256  # a warm engine still prefills the new turn; its length is unknown
     restore_bytes_per_s: float = 1e9  # Store → engine restore speed (read, verify, STATE_PUT), as measured on tmpfs;
@@ -219,8 +221,8 @@ def _filter_reason(req: RouteRequest, e: EngineView, exclude: frozenset[str], al
         if not (e.model == req.model and e.stage in SERVING_STAGES | {SLEEPING}):
             served = e.model if e.model and e.stage in SERVING_STAGES else "nothing"
             return f"serves {served}, not {req.model}, and this request may not load a model"
-    elif e.model != req.model and req.model not in e.models_on_disk:
-        return f"neither serves nor has {req.model} on disk"
+    elif e.model != req.model and req.model not in e.models_on_disk and req.model not in e.models_fetchable:
+        return f"neither serves nor has {req.model} on disk, nor can fetch it"
     if not has_room(e):
         return f"full: {e.slots_busy}/{e.slots_total} slots busy, {e.queued}/{e.max_queue} queued"
     return None
@@ -331,16 +333,20 @@ def load_estimate(
     The measured ``load_seconds`` is used only when it measured this very model; for another
     model it is no guide (a load has a fixed part — context, warm-up — that does not scale
     with size), so the model's size ÷ ``disk_bytes_per_s`` stands in, or ``unknown_load_s``
-    when the size is unknown too.
+    when the size is unknown too. A model the engine must fetch first adds its size ÷
+    ``fetch_bytes_per_s`` (twice ``unknown_load_s`` in all when the size is unknown), so an
+    engine that has the file wins over one that would fetch it.
     """
     if model is None or serves(e, model):
         return 0.0
     if e.model == model and e.load_seconds is not None and _known(e.load_seconds):
         return e.load_seconds
     spec = models.get(model)
+    fetch = model not in e.models_on_disk and model in e.models_fetchable and e.model != model
     if spec is None or spec.size_bytes <= 0:
-        return policy.unknown_load_s
-    return spec.size_bytes / _rate(policy.disk_bytes_per_s, DEFAULT_POLICY.disk_bytes_per_s)
+        return policy.unknown_load_s * (2 if fetch else 1)
+    load = spec.size_bytes / _rate(policy.disk_bytes_per_s, DEFAULT_POLICY.disk_bytes_per_s)
+    return load + (spec.size_bytes / _rate(policy.fetch_bytes_per_s, DEFAULT_POLICY.fetch_bytes_per_s) if fetch else 0.0)
 
 
 def cost(

@@ -78,6 +78,9 @@ class Register(_Msg):
     http: str | None = Field(None, max_length=300, description="host:port of the engine's own OpenAI/control API.")
     rpc: str | None = Field(None, max_length=300, description="host:port of the merged RPC port, when open.")
     models_on_disk: list[str] = Field(default_factory=list, max_length=4096)
+    models_fetchable: list[str] = Field(default_factory=list, max_length=4096, description=(
+        "Registry models whose file is not on this engine's disk but that it would fetch from the pool "
+        "before loading (fetch.enabled, an entry with size_bytes and sha256); empty when it fetches nothing."))
     host_weights: dict[Annotated[str, StringConstraints(max_length=512)], Annotated[int, Field(ge=0)]] = Field(
         default_factory=dict, max_length=4096,
         description="Per model on disk: bytes of its weights a load on this engine keeps in host memory instead of "

@@ -102,6 +102,24 @@ def test_an_engine_lacking_smollm_fetches_it_from_the_coordinator_and_serves(
     assert r.headers["x-hydra-engine"] == "fe"
 
 
+def test_an_on_demand_request_for_a_model_no_engine_has_fetches_it_and_is_answered(
+        tmp_path: Path, start_engine: Callable[..., Engine]) -> None:
+    """No profile places a model and no engine has SmolLM2 on disk: a request for it is routed to the
+    engine that would fetch it (its REGISTER lists it, the coordinator serves the file), which fetches,
+    checks and loads it, and the request is answered after the fetch. Before, routing turned it away:
+    'neither serves nor has smollm2-135m on disk'."""
+    c, e, own = _pool(tmp_path, start_engine)
+    fe = c.engines()["fe"]
+    assert fe["models_on_disk"] == [] and "smollm2-135m" in fe["models_fetchable"], fe
+    r = c.http.post("/v1/chat/completions", timeout=240, json={
+        "model": "smollm2-135m", "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]})
+    assert r.status_code == 200, r.text
+    assert r.headers["x-hydra-engine"] == "fe"
+    assert hashlib.sha256((own / SMOLLM).read_bytes()).hexdigest() == SMOLLM_SHA
+    load = next(ld for ld in _loads(e) if ld["model"] == "smollm2-135m" and ld["phase"] == "done")
+    assert load["fetch"]["transferred"] == SMOLLM_SIZE, load
+
+
 def test_a_profile_switch_that_needs_a_fetch_shows_it_and_waits_for_it(
         tmp_path: Path, start_engine: Callable[..., Engine], gemma_path: Path) -> None:
     """Switching fe from SmolLM2 (on its disk by hand) to Gemma (not there): the switch waits for the fetch,

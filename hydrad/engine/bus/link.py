@@ -60,7 +60,7 @@ from hydrad.engine.bus.dealer import open_dealer
 from hydrad.engine.bus.stream import EngineStream
 from hydrad.engine.control import EngineControl
 from hydrad.engine.pulse import LoopTicker, Pulse
-from hydrad.engine.bus.status import Speed, engine_status, host_weights, models_on_disk, step_tokens
+from hydrad.engine.bus.status import Speed, engine_status, host_weights, models_fetchable, models_on_disk, step_tokens
 from hydrad.engine.refusals import refusal
 from hydrad.engine.core import RequestRefused
 from hydrad.engine.requests import Done, Failed, Progress
@@ -317,7 +317,8 @@ class EngineLink:
     def _register(self) -> M.Register:
         return M.Register(engine=self.settings.name, instance=f"{self.instance}.{self._epoch}", version=__version__,
                           pid=os.getpid(), gpu=self._gpu, http=self.http, rpc=self.rpc,
-                          models_on_disk=self._models_on_disk(), host_weights=self._host,
+                          models_on_disk=(disk := self._models_on_disk()), host_weights=self._host,
+                          models_fetchable=models_fetchable(self.control, disk),
                           heartbeat_interval_s=self.interval,
                           status=self._status(), token=self._token,
                           device=bound_device(self.settings.device))

@@ -7,6 +7,7 @@ thread may read; nothing here waits on the main loop.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from hydrad.common.registry import Registry
@@ -75,6 +76,18 @@ def models_on_disk(registry: Registry) -> list[str]:
         except Exception:
             continue
     return out
+
+
+def models_fetchable(control: EngineControl, on_disk: list[str]) -> list[str]:
+    """The registry's models whose file is not here but that this engine would fetch from its pool
+    before loading (fetching on, the entry gives size_bytes and sha256, its path lies under
+    models_dir): routing may load them on demand here, charging the transfer (REGISTER carries them)."""
+    fetcher = getattr(control, "fetcher", None)
+    if fetcher is None or not fetcher.settings.enabled:
+        return []
+    here = set(on_disk)
+    return sorted(alias for alias, e in control.registry.entries.items()
+                  if alias not in here and e.size_bytes and e.sha256 and not Path(e.path).is_absolute())
 
 
 def host_weights(control: EngineControl, gpu: M.GpuInfo, models: list[str]) -> dict[str, int]:

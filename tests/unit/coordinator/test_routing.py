@@ -76,7 +76,7 @@ def test_filter_keeps_a_serving_engine() -> None:
         (eng("x", stage="starting"), frozenset(), "stage starting"),
         (eng("x", stage="bogus"), frozenset(), "stage bogus"),
         (eng("x"), frozenset({"x"}), "excluded"),
-        (eng("x", model=GEMMA, models_on_disk=frozenset({GEMMA})), frozenset(), f"neither serves nor has {SMOL} on disk"),
+        (eng("x", model=GEMMA, models_on_disk=frozenset({GEMMA})), frozenset(), f"neither serves nor has {SMOL} on disk, nor can fetch it"),
         (eng("x", slots_busy=4, queued=64), frozenset(), "full: 4/4 slots busy, 64/64 queued"),
         (eng("x", slots_busy=2, slots_total=2, queued=0, max_queue=0), frozenset(), "full"),
     ],
@@ -273,6 +273,26 @@ def test_cost_prefers_engine_already_serving_over_one_that_must_load() -> None:
     by = {c.engine: c for c in d.candidates}
     assert by["serving"].load_s == 0.0
     assert by["loader"].load_s == pytest.approx(253_113_024 / 2e9)
+
+
+def test_an_engine_that_must_fetch_the_model_first_may_load_it_and_is_charged_the_transfer() -> None:
+    """A model the engine lacks but would fetch from the pool: eligible for an on-demand load, its
+    cost the transfer (size at fetch_bytes_per_s) on top of the load, so an engine that has the file
+    wins; one that neither has nor can fetch it is filtered out, naming why."""
+    fetcher = eng("fetcher", stage="idle", model=None, models_on_disk=frozenset(), models_fetchable=frozenset({GEMMA}))
+    haver = eng("haver", stage="idle", model=None, models_on_disk=frozenset({GEMMA}))
+    load = 253_113_024 / 2e9
+    assert load_estimate(GEMMA, fetcher, MODELS) == pytest.approx(load + 253_113_024 / 1e8)
+    assert load_estimate(GEMMA, fetcher, MODELS, RoutingPolicy(fetch_bytes_per_s=1e9)) == pytest.approx(
+        load + 253_113_024 / 1e9)
+    assert load_estimate("unknown", replace(fetcher, models_fetchable=frozenset({"unknown"})), MODELS) == \
+        2 * DEFAULT_POLICY.unknown_load_s
+    d = route(req(GEMMA), [fetcher, haver], MODELS)
+    assert d.engine == "haver"
+    alone = route(req(GEMMA), [fetcher], MODELS)
+    assert alone.engine == "fetcher" and alone.candidates[0].load_s == pytest.approx(load + 253_113_024 / 1e8)
+    none = route(req(SMOL), [fetcher], MODELS)
+    assert none.engine is None and none.rejected["fetcher"].endswith(f"has {SMOL} on disk, nor can fetch it")
 
 
 def test_cost_prefers_faster_prefill_for_long_prompts() -> None:
