@@ -112,14 +112,17 @@ class Drafter:
 
     def propose(self, hist: list[int], room: int) -> list[int]:
         """The draft to decode after ``hist`` (the slot's committed tokens, its next token last), at most
-        ``room`` and ``n_max`` tokens; empty when there is none, or it is shorter than ``n_min``.
+        ``room`` and ``n_max`` tokens; empty when there is none, or the one found is shorter than ``n_min``
+        (before it is cut to ``room``).
         ``ngram``: the tokens that followed the latest earlier occurrence of its last n-gram. ``ngram-mod``:
         the token that followed it (in this answer or an earlier one), then the one that followed the
         n-gram ending at that token, and so on (the draft's own tokens included)."""
         s = self.settings
         if len(hist) <= s.ngram or not self._catch_up(hist):
             return []
-        n, last, limit = s.ngram, self.last, min(s.n_max, room)
+        # found up to n_max, judged against n_min, and only then cut to the room, as llama.cpp does: near
+        # the answer's end the room is short, and a draft refused for it there cost a step per token
+        n, last, limit = s.ngram, self.last, s.n_max
         at = last.get(hash(tuple(hist[-n:])))
         if at is None:
             return []
@@ -137,7 +140,7 @@ class Drafter:
             draft = hist[at:at + limit]
         if not draft or len(draft) < s.n_min:
             return []
-        return draft
+        return draft[:room]
 
     def judged(self, accepted: int, drafted: int) -> None:
         """ngram-mod: after each draft verified, forget the memory after :data:`LOW_STREAK` poor drafts in a

@@ -64,7 +64,8 @@ def test_settings_of_params() -> None:
 def test_ngram_mod_looks_each_token_up_in_turn() -> None:
     """ngram-mod: the token after the latest occurrence of the last n-gram, then the token after the n-gram
     ending at that one, and so on: past the end of the run the lookup started from (ngram copies only that
-    run), bounded by room and n_max, none shorter than n_min."""
+    run), bounded by room and n_max; none when the one found is shorter than n_min, but a draft cut short
+    by the room is kept (llama.cpp's rule: near the answer's end the room is short)."""
     def mod(**kw: int) -> Drafter:
         settings = SpecSettings(n_max=kw.get("n_max", 16), n_min=kw.get("n_min", 0), ngram=2, kind="ngram-mod")
         return speculate.start(settings, speculate.Memory(), "")
@@ -75,7 +76,9 @@ def test_ngram_mod_looks_each_token_up_in_turn() -> None:
     assert mod().propose(hist, room=16) == [3, 4, 5, 6, 1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 5, 6]
     assert mod().propose(hist, room=5) == [3, 4, 5, 6, 1]
     assert mod(n_max=3).propose(hist, room=16) == [3, 4, 5]
-    assert mod(n_min=4).propose(hist, room=3) == []  # the room leaves a draft shorter than n_min
+    assert mod(n_min=4).propose(hist, room=3) == [3, 4, 5]  # the room cuts a draft found long enough
+    assert mod(n_max=3, n_min=4).propose(hist, room=16) == []  # the draft found is shorter than n_min
+    assert drafter(ngram=2, n_min=4).propose(hist, room=2) == [3, 4]  # ngram-simple: the same rule
     assert mod().propose(hist + [7], room=16) == []  # 2 7 never occurred
 
 
