@@ -292,6 +292,7 @@ class NotifyListener:
 
     def __init__(self, path: Path) -> None:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        path.unlink(missing_ok=True)  # a server that died left its socket: a restart binds anew
         self.sock.bind(str(path))
         self.sock.settimeout(0.1)
         self.path = path
