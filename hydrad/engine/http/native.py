@@ -27,7 +27,7 @@ from hydrad.wire.requests import GenRequest
 _FIELDS_TOKENIZE = {"content", "add_special", "parse_special", "with_pieces"}
 _FIELDS_DETOKENIZE = {"tokens"}
 _FIELDS_APPLY_TEMPLATE = {"messages", "tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs",
-                          *openai.BUDGET_FIELDS}
+                          "add_generation_prompt", *openai.BUDGET_FIELDS}
 
 
 def _flag(body: dict[str, Any], name: str, default: bool) -> bool:
@@ -136,21 +136,24 @@ async def detokenize(request: Request) -> Response:
 async def apply_template(request: Request) -> Response:
     """The prompt the engine would make of a chat (``messages``, ``tools``, ``tool_choice``,
     ``parallel_tool_calls``, ``chat_template_kwargs`` and a reasoning budget as in chat completions),
-    without generating: the model's template (or ``chat_template``) with the assistant's turn opened,
-    rendered by the chat path's own code."""
+    without generating: the model's template (or ``chat_template``) with the assistant's turn opened
+    (``add_generation_prompt``, true unless set false), rendered by the chat path's own code."""
     ctx = ctx_of(request)
 
-    def parse(raw: bytes) -> GenRequest:
-        _unknown(ctx.parse_object(raw, "apply-template body"), _FIELDS_APPLY_TEMPLATE)
-        return openai.parse("chat", raw)[1]
+    def parse(raw: bytes) -> tuple[GenRequest, bool]:
+        body = ctx.parse_object(raw, "apply-template body")
+        _unknown(body, _FIELDS_APPLY_TEMPLATE)
+        opened = _flag(body, "add_generation_prompt", True)
+        body.pop("add_generation_prompt", None)
+        return openai.parse_object("chat", body)[1], opened
 
-    req = await ctx.parsed(request, parse)
+    req, opened = await ctx.parsed(request, parse)
     model = _model(request)
     params = ctx.core.snapshot().params
     kwargs = chatprompt.template_kwargs(req, params) if params else req.chat_template_kwargs
     try:
         prompt = await asyncio.to_thread(chatprompt.chat_text, model, params.chat_template if params else None, req,
-                                         kwargs)
+                                         kwargs, opened)
     except ValueError as exc:
         raise ApiError(400, str(exc), "template_error", getattr(exc, "param", None)) from None
     return Response(await asyncio.to_thread(jsonbody.dumps, {"prompt": prompt}), media_type="application/json")

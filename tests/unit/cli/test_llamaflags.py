@@ -132,6 +132,8 @@ MAPPED: list[tuple[list[str], dict[tuple[str, ...], Any]]] = [
     (["--host", "0.0.0.0"], {("http", "host"): "0.0.0.0"}),
     (["--port", "8081"], {("http", "port"): 8081}),
     (["--sleep-idle-seconds", "300"], {("defaults", "sleep_idle_seconds"): 300}),
+    (["--reasoning", "off"], {("defaults", "default_template_kwargs"): {"enable_thinking": False}}),
+    (["-rea", "on"], {("defaults", "default_template_kwargs"): {"enable_thinking": True}}),
     (["-to", "600"], {("http", "header_timeout_s"): 600.0}),
     (["--timeout", "30"], {("http", "header_timeout_s"): 30.0}),
     (["--cors-origins", "https://a.example,http://b.example:8000"],
