@@ -44,8 +44,12 @@ def _unknown(body: dict[str, Any], known: set[str]) -> None:
                        "unsupported_field", extra[0])
 
 
-def _model(request: Request) -> Any:
-    gen = ctx_of(request).core.gen
+async def _model(request: Request) -> Any:
+    """The model loaded, loaded again first if the idle sleep freed it (llama-server wakes for these
+    requests too); 503 when the engine has none."""
+    ctx = ctx_of(request)
+    await ctx.woken()
+    gen = ctx.core.gen
     if gen is None:
         raise ApiError(503, "no model is loaded; configure one with POST /control/configure", "no_model")
     return gen.model
@@ -72,7 +76,7 @@ async def tokenize(request: Request) -> Response:
     add_special = _flag(body, "add_special", False)
     parse_special = _flag(body, "parse_special", True)
     with_pieces = _flag(body, "with_pieces", False)
-    model = _model(request)
+    model = await _model(request)
 
     def tokens() -> list[int]:
         if parse_special:
@@ -108,7 +112,7 @@ def _with_pieces(ids: list[int], pieces: list[bytes]) -> Iterator[bytes]:
 
 async def detokenize(request: Request) -> Response:
     ctx = ctx_of(request)
-    model = _model(request)
+    model = await _model(request)
 
     def parse(raw: bytes) -> list[int]:
         body = ctx.parse_object(raw, "detokenize body")
@@ -148,7 +152,7 @@ async def apply_template(request: Request) -> Response:
         return openai.parse_object("chat", body)[1], opened
 
     req, opened = await ctx.parsed(request, parse)
-    model = _model(request)
+    model = await _model(request)
     params = ctx.core.snapshot().params
     kwargs = chatprompt.template_kwargs(req, params) if params else req.chat_template_kwargs
     try:
@@ -160,7 +164,8 @@ async def apply_template(request: Request) -> Response:
 
 
 async def props(request: Request) -> Response:
-    """llama-server's ``GET /props``: the generation defaults in force, the slots, the model."""
+    """llama-server's ``GET /props``: the generation defaults in force, the slots, the model, and
+    ``is_sleeping`` (the idle sleep has freed the model; the next request loads it again)."""
     ctx = ctx_of(request)
     snap = ctx.core.snapshot()
     p, m = snap.params, snap.model
@@ -176,4 +181,4 @@ async def props(request: Request) -> Response:
     return JSONResponse({"default_generation_settings": settings, "total_slots": snap.slots_total,
                          "model_path": m.path if m else None, "model_alias": m.id if m else None,
                          "chat_template": template, "modalities": {"vision": False, "audio": False},
-                         "build_info": f"hydra {__version__}"})
+                         "build_info": f"hydra {__version__}", "is_sleeping": ctx.core.asleep is not None})
