@@ -348,7 +348,8 @@ ACCEPTED: tuple[Flag, ...] = (
     _a("--no-jinja", None, "a chat without tools is rendered by llama.cpp's formatter, as with --no-jinja; tools "
        "are still served (rendered with the template)"),
     _a("-cb --cont-batching", None, "continuous batching is always on"),
-    _a("--metrics", None, "/metrics is always served (open like /health)"),
+    _m("--metrics", None, "serve GET /metrics (open like /health); a command line with -m and without it answers "
+       "501 there, as llama-server does: http.metrics_endpoint", _const(("http", "metrics_endpoint"), True)),
     _m("--ui --webui", None, "serve the web chat page at / (the default): http.webui", _const(("http", "webui"), True)),
     _m("--no-webui --no-ui", None, "serve no web chat page at /: http.webui false", _const(("http", "webui"), False)),
     _a("--threads-http", "N", "hydrad's HTTP server is one event loop: no request waits for a thread"),

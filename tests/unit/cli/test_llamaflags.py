@@ -134,6 +134,7 @@ MAPPED: list[tuple[list[str], dict[tuple[str, ...], Any]]] = [
     (["--sleep-idle-seconds", "300"], {("defaults", "sleep_idle_seconds"): 300}),
     (["--reasoning", "off"], {("defaults", "default_template_kwargs"): {"enable_thinking": False}}),
     (["-rea", "on"], {("defaults", "default_template_kwargs"): {"enable_thinking": True}}),
+    (["--metrics"], {("http", "metrics_endpoint"): True}),
     (["-to", "600"], {("http", "header_timeout_s"): 600.0}),
     (["--timeout", "30"], {("http", "header_timeout_s"): 30.0}),
     (["--cors-origins", "https://a.example,http://b.example:8000"],
@@ -296,6 +297,15 @@ def test_model_and_aliases_make_a_registry_entry(gguf: Path, tmp_path: Path, mon
     plain = layer("--model", str(gguf))
     assert plain.layer["models"] == {"tiny.gguf": {"path": str(gguf)}} and plain.layer["defaults"]["model"] == "tiny.gguf"
     assert plain.origin[("defaults", "model")] == "--model"
+
+
+def test_a_llama_server_command_line_serves_metrics_only_with_the_flag(gguf: Path) -> None:
+    """llama-server answers /metrics 501 unless --metrics is given: the same command line does here;
+    a config file alone (no -m) keeps hydrad's default (served)."""
+    assert layer("-m", str(gguf)).get(("http", "metrics_endpoint")) is False
+    assert layer("-m", str(gguf), "--metrics").get(("http", "metrics_endpoint")) is True
+    assert layer("--metrics", "-m", str(gguf)).get(("http", "metrics_endpoint")) is True
+    assert layer("--port", "8080").get(("http", "metrics_endpoint")) is None
 
 
 def test_model_and_alias_errors_name_the_flag(gguf: Path) -> None:
