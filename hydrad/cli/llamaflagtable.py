@@ -210,7 +210,7 @@ MAPPED: tuple[Flag, ...] = (
        "tenant each, with a prompt cache of its own)", _api_key),
     _m("--api-key-file", "FNAME", "file of API keys, one a line, # for comments (as --api-key)", _api_key_file),
     _m("--cors-origins", "ORIGINS", "web origins allowed to call the inference endpoints from a browser, "
-       "comma-separated (scheme://host[:port], or *): http.cors_origins",
+       "comma-separated (scheme://host[:port], localhost for every loopback origin, or *): http.cors_origins",
        _setting(("http", "cors_origins"), lambda f, v: _list(v))),
     _m("--slot-save-path", "PATH", "directory of slot files (POST /slots/{id}?action=save|restore): "
        "slot_save_dir", _setting(("slot_save_dir",), _path)),

@@ -118,3 +118,19 @@ def test_bad_fields_are_refused_by_name(shared_smollm_engine: Engine, body: dict
     if field is not None:
         assert r.json()["error"]["param"] == field, r.text
     assert shared_smollm_engine.http.get("/livez").status_code == 200
+
+
+def test_completions_without_v1_is_the_native_completion_at_both_doors(
+        solo_pool: tuple[Any, Engine]) -> None:
+    """llama-server routes ``/completions`` (no ``/v1``) to its native completion, as ``/completion``;
+    ``/v1/completions`` stays OpenAI's."""
+    c, e = solo_pool
+    body = {"prompt": PROMPT, "n_predict": 6, "temperature": 0}
+    want = e.http.post("/completion", json=body).json()["content"]
+    for http in (e.http, c.http):
+        r = http.post("/completions", json=body)
+        assert r.status_code == 200, r.text
+        check_shape(r.json())
+        assert r.json()["content"] == want
+        openai = http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 6, "temperature": 0}).json()
+        assert openai["choices"][0]["text"] == want and "content" not in openai

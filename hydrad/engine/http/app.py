@@ -253,7 +253,8 @@ ROUTES = [
     Route("/health", health), Route("/v1/health", health), Route("/livez", livez), Route("/metrics", prom), Route("/version", version),
     Route("/v1/models", models), Route("/models", models),
     Route("/v1/chat/completions", chat, methods=["POST"]), Route("/chat/completions", chat, methods=["POST"]),
-    Route("/v1/completions", completions, methods=["POST"]), Route("/completions", completions, methods=["POST"]),
+    Route("/v1/completions", completions, methods=["POST"]),
+    Route("/completions", completion, methods=["POST"]),  # llama-server's: its native completion, as /completion
     Route("/v1/messages", messages, methods=["POST"]),
     Route("/v1/responses", responses_, methods=["POST"]), Route("/responses", responses_, methods=["POST"]),
     Route("/v1/responses/input_tokens", counttokens.responses_count, methods=["POST"]),
