@@ -134,3 +134,21 @@ def test_completions_without_v1_is_the_native_completion_at_both_doors(
         assert r.json()["content"] == want
         openai = http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 6, "temperature": 0}).json()
         assert openai["choices"][0]["text"] == want and "content" not in openai
+
+
+def test_generation_settings_list_the_logit_biases(shared_smollm_engine: Engine) -> None:
+    """llama-server's ``generation_settings.logit_bias``: the request's biases, and with ``ignore_eos``
+    the end-of-generation tokens banned (bias null: -inf)."""
+    http = shared_smollm_engine.http
+    base = {"prompt": PROMPT, "n_predict": 4, "temperature": 0}
+
+    def biases(**kw: Any) -> list[dict[str, Any]]:
+        r = http.post("/completion", json={**base, **kw})
+        assert r.status_code == 200, r.text
+        return list(r.json()["generation_settings"]["logit_bias"])
+
+    assert biases() == [] and biases(ignore_eos=False) == []
+    banned = biases(ignore_eos=True)
+    eos = http.post("/tokenize", json={"content": "<|im_end|>", "parse_special": True}).json()["tokens"][0]
+    assert banned and all(b["bias"] is None for b in banned) and eos in {b["token"] for b in banned}
+    assert biases(logit_bias=[[5, -1.5]]) == [{"token": 5, "bias": -1.5}]

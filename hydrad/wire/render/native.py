@@ -34,7 +34,8 @@ def generation_settings(req: NativeCompletionRequest, defaults: Mapping[str, Any
                n_keep=defaults.get("n_keep", 0) if req.n_keep is None else req.n_keep,
                n_cache_reuse=defaults.get("n_cache_reuse", 0) if req.n_cache_reuse is None else req.n_cache_reuse,
                n_probs=req.n_probs or 0, cache_prompt=defaults.get("cache_prompt") if req.cache_prompt is None else req.cache_prompt,
-               post_sampling_probs=req.post_sampling_probs, timings_per_token=req.timings_per_token, model=model)
+               post_sampling_probs=req.post_sampling_probs, timings_per_token=req.timings_per_token, model=model,
+               logit_bias=defaults.get("logit_bias", []))
     return out
 
 
