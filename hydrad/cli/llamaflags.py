@@ -116,6 +116,9 @@ def read(recorded: list[tuple[str, Flag, Any]] | None) -> CommandLine:
         if flag.apply is not None:
             flag.apply(cl, state, name, value)
     _model_and_aliases(cl, state)
+    if state.model is not None and cl.get(("http", "metrics_endpoint")) is None:
+        # llama-server's command line serves /metrics only with --metrics: the same line does here
+        cl.set(("http", "metrics_endpoint"), False, state.model[0])
     if state.keys:
         cl.api_keys = tuple(dict.fromkeys(state.keys))
     check(cl)

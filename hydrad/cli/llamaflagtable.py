@@ -112,6 +112,19 @@ def _parallel(cl: CommandLine, _: State, flag: str, value: Any) -> None:
             cl.set(("defaults", "kv_unified"), False, flag)
 
 
+def _reasoning(cl: CommandLine, _: State, flag: str, value: Any) -> None:
+    """llama-server's --reasoning: on or off sets the template's ``enable_thinking`` for every chat
+    (``defaults.default_template_kwargs``; a request's ``chat_template_kwargs`` still overrides it),
+    auto leaves it to the template (a jinja render is given ``enable_thinking: true``)."""
+    v = value.lower()
+    if v in _TRUE or v in _FALSE:
+        kwargs = dict(cl.get(("defaults", "default_template_kwargs")) or {})
+        kwargs["enable_thinking"] = v in _TRUE
+        cl.set(("defaults", "default_template_kwargs"), kwargs, flag)
+    elif v not in ("auto",):
+        raise FlagError(f"{flag}: on, off or auto, got {value!r}")
+
+
 def _load_mode(cl: CommandLine, _: State, flag: str, value: Any) -> None:
     if value in ("auto", "mmap"):
         cl.set(("defaults", "use_mmap"), True, flag)
@@ -197,7 +210,7 @@ MAPPED: tuple[Flag, ...] = (
        "tenant each, with a prompt cache of its own)", _api_key),
     _m("--api-key-file", "FNAME", "file of API keys, one a line, # for comments (as --api-key)", _api_key_file),
     _m("--cors-origins", "ORIGINS", "web origins allowed to call the inference endpoints from a browser, "
-       "comma-separated (scheme://host[:port], or *): http.cors_origins",
+       "comma-separated (scheme://host[:port], localhost for every loopback origin, or *): http.cors_origins",
        _setting(("http", "cors_origins"), lambda f, v: _list(v))),
     _m("--slot-save-path", "PATH", "directory of slot files (POST /slots/{id}?action=save|restore): "
        "slot_save_dir", _setting(("slot_save_dir",), _path)),
@@ -295,6 +308,9 @@ MAPPED: tuple[Flag, ...] = (
        "defaults.chat_template", _param("chat_template")),
     _m("--chat-template-file", "JINJA_TEMPLATE_FILE", "template text from a file: defaults.chat_template",
        _chat_template_file),
+    _m("-rea --reasoning", "on|off|auto", "whether the chat template is asked to think: on or off sets "
+       "enable_thinking in defaults.default_template_kwargs, auto leaves it to the template",
+       _reasoning),
     _m("--sleep-idle-seconds", "SECONDS", "free the model after this many seconds without a request; the next "
        "request loads it again (-1: never): defaults.sleep_idle_seconds", _param("sleep_idle_seconds", _int)),
     _m("-mm --mmproj", "FILE", "vision projector loaded with the model: defaults.mmproj",
@@ -332,7 +348,8 @@ ACCEPTED: tuple[Flag, ...] = (
     _a("--no-jinja", None, "a chat without tools is rendered by llama.cpp's formatter, as with --no-jinja; tools "
        "are still served (rendered with the template)"),
     _a("-cb --cont-batching", None, "continuous batching is always on"),
-    _a("--metrics", None, "/metrics is always served (open like /health)"),
+    _m("--metrics", None, "serve GET /metrics (open like /health); a command line with -m and without it answers "
+       "501 there, as llama-server does: http.metrics_endpoint", _const(("http", "metrics_endpoint"), True)),
     _m("--ui --webui", None, "serve the web chat page at / (the default): http.webui", _const(("http", "webui"), True)),
     _m("--no-webui --no-ui", None, "serve no web chat page at /: http.webui false", _const(("http", "webui"), False)),
     _a("--threads-http", "N", "hydrad's HTTP server is one event loop: no request waits for a thread"),
@@ -469,7 +486,6 @@ REFUSED: tuple[Flag, ...] = (
     _r("--media-path", "PATH", NO_MULTIMODAL),
     _r("--models-dir", "PATH", NO_ROUTER), _r("--models-preset", "PATH", NO_ROUTER),
     _r("--models-max", "N", NO_ROUTER), _r("--models-autoload --no-models-autoload", None, NO_ROUTER),
-    _r("-rea --reasoning", "on|off|auto", "hydrad neither asks a template to think nor takes thoughts apart"),
     _r("--reasoning-budget-message", "MESSAGE", "hydrad never limits a model's thinking"),
     _r("--reasoning-preserve --no-reasoning-preserve", None, "hydrad keeps no reasoning apart from the content"),
     _r("--skip-chat-parsing", None, "tool calls are always parsed from the answer"),

@@ -40,8 +40,9 @@ class InferenceAccess(HostAccess):
     """Who may call the inference endpoints: the ``http`` settings both daemons share (their own
     ``HttpSettings`` add host, port and the rest)."""
 
-    cors_origins: list[str] = Field(default_factory=list, description="Web origins (scheme://host[:port], or *) "
-                                    "allowed to call the inference endpoints from a browser; none by default. "
+    cors_origins: list[str] = Field(default_factory=list, description="Web origins (scheme://host[:port], "
+                                    "localhost for every loopback origin of any port, or *) allowed to call the "
+                                    "inference endpoints from a browser; none by default. "
                                     "Control endpoints never answer CORS.")
 
     api_key_file: Path | None = Field(None, description="File holding an API key: the inference endpoints then need "

@@ -42,6 +42,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, Field, field_validator
 
+from hydrad.common import cors
 from hydrad.common.cors import CONTROL_PREFIXES
 
 SAFE_METHODS = frozenset({b"GET", b"HEAD", b"OPTIONS"})
@@ -139,6 +140,7 @@ class BrowserGuard:
         self.hosts = HostCheck(listen_host, allowed_hosts)
         self.any_origin = "*" in cors_origins
         self.origins = frozenset(o.lower().rstrip("/") for o in cors_origins)
+        self.loopback = cors.LOOPBACK in cors_origins
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Send) -> None:
         if scope.get("type") == "http":
@@ -192,5 +194,6 @@ class BrowserGuard:
             return False  # same origin: the page was served by this server (or its proxy) itself
         if control:
             return True
-        return not (self.any_origin or origin.strip().lower().rstrip("/") in self.origins)
+        return not (self.any_origin or origin.strip().lower().rstrip("/") in self.origins
+                    or (self.loopback and cors.is_loopback(origin)))
 

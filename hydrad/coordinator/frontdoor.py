@@ -539,7 +539,8 @@ class FrontDoor:
             Route("/v1/chat/completions", self.chat, methods=["POST"]),
             Route("/chat/completions", self.chat, methods=["POST"]),
             Route("/v1/completions", self.completions, methods=["POST"]),
-            Route("/completions", self.completions, methods=["POST"]),
+            # llama-server's /completions (no /v1) is its native completion, as /completion
+            Route("/completions", self.native_completion, methods=["POST"]),
             Route("/completion", self.native_completion, methods=["POST"]),
             Route("/infill", self.native_completion, methods=["POST"]),
             Route("/v1/messages", self.messages, methods=["POST"]),

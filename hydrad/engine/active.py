@@ -6,6 +6,7 @@ Active; these are its plain parts, apart so that the step's loop reads as a loop
 from __future__ import annotations
 
 from collections import deque
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -96,8 +97,12 @@ def usage_of(a: Active, now: float) -> Usage:
 
 
 def settings_of(params: Any, used: sampling.Sampling, n_ctx: int) -> dict[str, Any]:
-    """The engine's values a request runs with, as llama-server's ``generation_settings`` names them."""
-    return {"temperature": used.temperature, "top_k": used.top_k, "top_p": used.top_p, "min_p": used.min_p,
+    """The engine's values a request runs with, as llama-server's ``generation_settings`` names them;
+    ``logit_bias`` as llama-server lists it: the request's biases and, with ``ignore_eos``, the
+    end-of-generation tokens it bans (a ban's bias is -inf, which JSON writes as null)."""
+    biases = [{"token": t, "bias": b if math.isfinite(b) else None} for t, b in used.bias]
+    biases += [{"token": t, "bias": None} for t in used.ban]
+    return {"logit_bias": biases, "temperature": used.temperature, "top_k": used.top_k, "top_p": used.top_p, "min_p": used.min_p,
             "repeat_penalty": used.repeat_penalty, "seed": used.seed, "repeat_last_n": params.repeat_last_n,
             "n_predict": params.n_predict, "cache_prompt": params.cache_prompt, "n_ctx": n_ctx,
             "n_keep": params.n_keep, "n_cache_reuse": params.n_cache_reuse}

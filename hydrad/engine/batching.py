@@ -276,6 +276,7 @@ class Scheduler:
             return
         rc = batch.decode(ctx)
         self.core.stats.n_decode_total += 1
+        self.core.stats.n_busy_slots_total += gen.n_active
         if rc == 1 and gen.evict_idle():  # KV pool full: free idle slots' caches and try the step again
             rc = batch.decode(ctx)
             self.core.stats.n_decode_total += 1
@@ -402,7 +403,10 @@ class Scheduler:
             self._finish(gen, slot, "stop")
             return
         a.n_gen += 1
-        self.core.stats.tokens_predicted_total += 1
+        stats = self.core.stats
+        stats.tokens_predicted_total += 1
+        if len(slot.cache) + 1 > stats.n_tokens_max:
+            stats.n_tokens_max = len(slot.cache) + 1
         a.unsent.append(tok)
         if a.probs is not None:
             a.probs_unsent.append(a.probs.entry(tok))

@@ -8,7 +8,8 @@ tools in the Hermes format (given ``tools``), template variables (the engine's
 ``default_template_kwargs``, the request's ``chat_template_kwargs``, ``enable_thinking: false`` for a
 reasoning budget of 0), or a thinking template (one that mentions ``<think>``: its generation prompt
 may open the think block, and it leaves earlier reasoning out, which llama.cpp's formatter does
-not do). Any other chat keeps llama.cpp's formatter; with tools in the generic format it gets their
+not do), or one that writes today's date (``strftime_now``, or the ``date_string`` and
+``datetime`` variables llama-server gives every template; llama.cpp's formatter writes no date). Any other chat keeps llama.cpp's formatter; with tools in the generic format it gets their
 instruction and JSON history.
 """
 
@@ -23,6 +24,15 @@ from hydrad.wire.reasoning import OPEN
 from hydrad.wire.requests import GenRequest
 from hydrad.wire.toolformats import Format
 from hydrad.wire.tools import ToolSpec
+
+
+DATE_NAMES = ("strftime_now", "date_string", "datetime")
+"""What a template that writes today's date reads (Llama 3's system header, FireFunction's)."""
+
+
+def _own_logic(text: str | None) -> bool:
+    """Whether a template does what only its own logic does: open a think block, write the date."""
+    return text is not None and (OPEN in text or any(name in text for name in DATE_NAMES))
 
 
 def _template_text(model: llama.Model, template: str | None) -> str | None:
@@ -78,12 +88,12 @@ def off_thread(model: llama.Model, template: str | None, request: GenRequest,
         return False
     if uses_tools(request) or kwargs:
         return True
-    text = _template_text(model, template)
-    return text is not None and OPEN in text
+    return _own_logic(_template_text(model, template))
 
 
 def _prompt(model: llama.Model, template: str | None, request: GenRequest,
-            kwargs: dict[str, Any] | None = None) -> tuple[list[dict[str, str]], Render | None]:
+            kwargs: dict[str, Any] | None = None,
+            add_generation_prompt: bool = True) -> tuple[list[dict[str, str]], Render | None]:
     """The messages the template is given and what renders them (None: llama.cpp's formatter with
     ``template``); ValueError when they cannot be rendered. One path for the tokens a chat
     completion generates from and the text ``/apply-template`` shows."""
@@ -97,7 +107,7 @@ def _prompt(model: llama.Model, template: str | None, request: GenRequest,
         else:
             hermes = True
             tools = request.tools.offered() if request.tools is not None else None
-    if not (hermes or kwargs or (text is not None and OPEN in text)):
+    if not (hermes or kwargs or _own_logic(text)):
         return messages, None
     if text is None:  # a built-in template: no variables to give, no thinking to switch off
         if request.chat_template_kwargs:
@@ -112,7 +122,7 @@ def _prompt(model: llama.Model, template: str | None, request: GenRequest,
     bos, eos = (_token_text(model, f(model.vocab)) for f in (llama.lib().llama_vocab_bos, llama.lib().llama_vocab_eos))
 
     def render(ms: list[dict[str, str]]) -> str:
-        return jinjabox.render(text, toolformats.template_messages(ms), tools, bos, eos, kwargs)
+        return jinjabox.render(text, toolformats.template_messages(ms), tools, bos, eos, kwargs, add_generation_prompt)
 
     return messages, render
 
@@ -127,11 +137,14 @@ def chat_tokens(model: llama.Model, template: str | None, request: GenRequest,
 
 
 def chat_text(model: llama.Model, template: str | None, request: GenRequest,
-              kwargs: dict[str, Any] | None = None) -> str:
+              kwargs: dict[str, Any] | None = None, add_generation_prompt: bool = True) -> str:
     """The prompt of a chat request as text (llama-server's ``/apply-template``): what
-    :func:`chat_tokens` tokenizes, tools and template variables included."""
-    messages, render = _prompt(model, template, request, kwargs)
-    return render(messages) if render is not None else model.apply_chat_template(messages, template)
+    :func:`chat_tokens` tokenizes, tools and template variables included; without the assistant's
+    turn opened when ``add_generation_prompt`` is false."""
+    messages, render = _prompt(model, template, request, kwargs, add_generation_prompt)
+    if render is not None:
+        return render(messages)
+    return model.apply_chat_template(messages, template, add_generation_prompt)
 
 
 def grammar(model: llama.Model, template: str | None, spec: ToolSpec) -> str | None:

@@ -115,6 +115,9 @@ class EmbedRunner:
                 jobs.remove(job)
                 _settle(job.cmd.fut, exc=EmbedRefused(f"the embedding decode failed: {exc}", 500, "embedding_failed"))
             return
+        stats = self.core.stats  # an embedding's prompt costs a decode, as llama-server counts it
+        stats.prompt_tokens_total += used
+        stats.n_decode_total += 1
         for (job, _), vector in zip(packed, vectors):
             job.results.append(vector)
             job.done += 1

@@ -36,13 +36,30 @@ def _strftime_now(fmt: str) -> str:
     return datetime.datetime.now().strftime(fmt)
 
 
+def _today() -> dict[str, str]:
+    now = datetime.datetime.now()
+    return {"date_string": now.strftime("%d %b %Y"), "datetime": now.strftime("%b %d %Y")}
+
+
 @functools.lru_cache(maxsize=8)
 def _compiled(text: str) -> Any:
     # jinja2 is imported here, at the first request with tools, not at every engine's boot (about 40 ms
     # of a model-less engine's second to READY=1 on the 2-core machine)
+    from jinja2 import Undefined
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    class _Joinable(Undefined):
+        """An undefined variable added to a value is that value, as llama-server's jinja renders it
+        (FireFunction's template adds ``functions``, which only its own tool path ever defined);
+        anything else done with it still fails."""
+
+        def __add__(self, other: Any) -> Any:
+            return other
+
+        __radd__ = __add__
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"],
+                                        undefined=_Joinable)
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise
     env.globals["strftime_now"] = _strftime_now
@@ -51,18 +68,24 @@ def _compiled(text: str) -> Any:
 
 def render(template: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
            bos_token: str, eos_token: str, max_chars: int | None = None,
-           kwargs: dict[str, Any] | None = None) -> str:
-    """The prompt for ``messages`` with the assistant's turn opened, ``kwargs`` given as further
-    variables (``enable_thinking``; :mod:`hydrad.common.templatekwargs` keeps them from replacing
-    the ones above); TemplateFailed if the template does not compile, refuses to render, or writes
-    more than ``max_chars`` characters."""
+           kwargs: dict[str, Any] | None = None, add_generation_prompt: bool = True) -> str:
+    """The prompt for ``messages`` with the assistant's turn opened (unless ``add_generation_prompt``
+    is false), ``kwargs`` given as further variables (:mod:`hydrad.common.templatekwargs` keeps them
+    from replacing the ones above); TemplateFailed if the template does not compile, refuses to
+    render, or writes more than ``max_chars`` characters.
+
+    ``enable_thinking`` is true unless ``kwargs`` say otherwise, as llama-server gives it to every
+    template: a template that tests ``not enable_thinking`` would otherwise close its think block
+    for a chat that never asked it to. ``date_string`` ("07 Dec 2026") and ``datetime`` ("Dec 07
+    2026") are today's date, llama-server's names for it (Llama 3's template writes its own
+    cut-off date otherwise)."""
     from jinja2 import TemplateError
 
     try:
         parts: list[str] = []
         size = 0
-        for piece in _compiled(template).generate({**(kwargs or {}), "messages": messages, "tools": tools,
-                                                   "add_generation_prompt": True, "bos_token": bos_token,
+        for piece in _compiled(template).generate({**_today(), "enable_thinking": True, **(kwargs or {}), "messages": messages,
+                                                   "tools": tools, "add_generation_prompt": add_generation_prompt, "bos_token": bos_token,
                                                    "eos_token": eos_token}):
             size += len(piece)
             if max_chars is not None and size > max_chars:

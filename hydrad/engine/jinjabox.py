@@ -108,10 +108,12 @@ class JinjaBox:
         self._cv = threading.Condition()
 
     def render(self, template: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-               bos_token: str, eos_token: str, kwargs: dict[str, Any] | None = None) -> str:
+               bos_token: str, eos_token: str, kwargs: dict[str, Any] | None = None,
+               add_generation_prompt: bool = True) -> str:
         lim = self.limits
         request = json.dumps({"template": template, "messages": messages, "tools": tools, "bos": bos_token,
-                              "eos": eos_token, "max_chars": lim.max_output_chars, "kwargs": kwargs},
+                              "eos": eos_token, "max_chars": lim.max_output_chars, "kwargs": kwargs,
+                              "agp": add_generation_prompt},
                              ensure_ascii=False).encode("utf-8", "surrogatepass")
         worker = self._take()
         try:
@@ -174,11 +176,12 @@ def configure(limits: TemplateLimits) -> None:
 
 
 def render(template: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-           bos_token: str, eos_token: str, kwargs: dict[str, Any] | None = None) -> str:
+           bos_token: str, eos_token: str, kwargs: dict[str, Any] | None = None,
+           add_generation_prompt: bool = True) -> str:
     """:meth:`JinjaBox.render` on the engine's box (made with the default limits if none was configured)."""
     global _box
     with _box_lock:
         if _box is None:
             _box = JinjaBox()
         box = _box
-    return box.render(template, messages, tools, bos_token, eos_token, kwargs)
+    return box.render(template, messages, tools, bos_token, eos_token, kwargs, add_generation_prompt)

@@ -42,7 +42,7 @@ def main(argv: list[str]) -> int:
             return 0
         try:
             _write(out, {"text": render(req["template"], req["messages"], req["tools"], req["bos"], req["eos"],
-                                        req["max_chars"], req.get("kwargs"))})
+                                        req["max_chars"], req.get("kwargs"), req.get("agp", True))})
         except TemplateFailed as exc:
             _write(out, {"error": str(exc)})
         except MemoryError:

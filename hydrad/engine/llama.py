@@ -460,8 +460,10 @@ class Model:
         C = lib()
         return C.llama_vocab_bos(self.vocab) if C.llama_vocab_get_add_bos(self.vocab) else None
 
-    def apply_chat_template(self, messages: list[dict[str, str]], template: str | None = None) -> str:
-        """Format messages with llama.cpp's built-in template engine (the model's own template by default)."""
+    def apply_chat_template(self, messages: list[dict[str, str]], template: str | None = None,
+                            add_generation_prompt: bool = True) -> str:
+        """Format messages with llama.cpp's built-in template engine (the model's own template by
+        default), the assistant's turn opened unless ``add_generation_prompt`` is false."""
         C = lib()
         tmpl = template.encode() if template else self.chat_template
         encoded = [(m["role"].encode(), m["content"].encode()) for m in messages]
@@ -471,10 +473,10 @@ class Model:
             arr[i].content = content
         size = sum(len(c) + len(r) for r, c in encoded) * 2 + 512
         buf = ctypes.create_string_buffer(size)
-        n = C.llama_chat_apply_template(tmpl, arr, len(encoded), True, buf, size)
+        n = C.llama_chat_apply_template(tmpl, arr, len(encoded), add_generation_prompt, buf, size)
         if n > size:
             buf = ctypes.create_string_buffer(n + 1)
-            n = C.llama_chat_apply_template(tmpl, arr, len(encoded), True, buf, n + 1)
+            n = C.llama_chat_apply_template(tmpl, arr, len(encoded), add_generation_prompt, buf, n + 1)
         if n < 0:
             raise ValueError("the chat template is not one llama.cpp knows; set chat_template to a known name such as 'chatml'")
         return buf.raw[:n].decode("utf-8", "replace")

@@ -39,6 +39,9 @@ class HttpSettings(InferenceAccess, WebUiSetting):
     strict_model_names: bool = Field(False, description="Answer a request whose model names another model than "
                                      "the one loaded with 404 (model_not_found). Off (llama-server's way): the "
                                      "loaded model serves it, and the answer names the loaded model.")
+    metrics_endpoint: bool = Field(True, description="Serve GET /metrics (Prometheus text). Off: it answers 501 "
+                                   "not_supported, as llama-server does without --metrics; hydrad started with "
+                                   "llama-server's command line (-m) turns it off unless --metrics is given.")
     slots_endpoint: bool = Field(True, description="Serve GET /slots (each slot's state). Off (llama-server's "
                                  "--no-slots): it answers 501 not_supported; the slot actions and state "
                                  "endpoints are not affected.")

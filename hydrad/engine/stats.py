@@ -21,6 +21,8 @@ class EngineStats:
     context_shifts_total: int = 0  # context shifts of generations that filled their slot (ctx_shift)
     tokens_predicted_total: int = 0
     n_decode_total: int = 0
+    n_busy_slots_total: int = 0  # the generating slots of each decode, summed (llamacpp:n_busy_slots_per_decode)
+    n_tokens_max: int = 0  # the longest sequence a slot held (prompt + generation)
     spec_draft_tokens_total: int = 0  # speculative decoding: tokens drafted (decoded as a guess)
     spec_accepted_tokens_total: int = 0  # ... of them the model agreed with
     spec_drafts_total: int = 0  # ... drafts verified

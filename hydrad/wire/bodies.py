@@ -54,6 +54,7 @@ def _forwarded(model: bool) -> dict[str, dict[str, Any]]:
         "/apply-template": _closed({"messages": {"type": "array", **CHAT_MESSAGES_SCHEMA}, "tools": {},
                                     "tool_choice": {}, "parallel_tool_calls": {},
                                     "chat_template_kwargs": {"type": ["object", "null"]},
+                                    "add_generation_prompt": {"type": "boolean"},
                                     **{name: _BUDGET for name in BUDGET_FIELDS}, **more}, ["messages"]),
     }
 

@@ -89,8 +89,8 @@ class NativeCompletionRequest(_Common):
 # describes them with (hydrad.common.openapi).
 REQUEST_MODELS: dict[str, type[_Common]] = {
     "/v1/chat/completions": ChatRequest, "/chat/completions": ChatRequest,
-    "/v1/completions": CompletionRequest, "/completions": CompletionRequest,
-    "/completion": NativeCompletionRequest,
+    "/v1/completions": CompletionRequest,
+    "/completion": NativeCompletionRequest, "/completions": NativeCompletionRequest,
 }
 
 

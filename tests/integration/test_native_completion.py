@@ -118,3 +118,37 @@ def test_bad_fields_are_refused_by_name(shared_smollm_engine: Engine, body: dict
     if field is not None:
         assert r.json()["error"]["param"] == field, r.text
     assert shared_smollm_engine.http.get("/livez").status_code == 200
+
+
+def test_completions_without_v1_is_the_native_completion_at_both_doors(
+        solo_pool: tuple[Any, Engine]) -> None:
+    """llama-server routes ``/completions`` (no ``/v1``) to its native completion, as ``/completion``;
+    ``/v1/completions`` stays OpenAI's."""
+    c, e = solo_pool
+    body = {"prompt": PROMPT, "n_predict": 6, "temperature": 0}
+    want = e.http.post("/completion", json=body).json()["content"]
+    for http in (e.http, c.http):
+        r = http.post("/completions", json=body)
+        assert r.status_code == 200, r.text
+        check_shape(r.json())
+        assert r.json()["content"] == want
+        openai = http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 6, "temperature": 0}).json()
+        assert openai["choices"][0]["text"] == want and "content" not in openai
+
+
+def test_generation_settings_list_the_logit_biases(shared_smollm_engine: Engine) -> None:
+    """llama-server's ``generation_settings.logit_bias``: the request's biases, and with ``ignore_eos``
+    the end-of-generation tokens banned (bias null: -inf)."""
+    http = shared_smollm_engine.http
+    base = {"prompt": PROMPT, "n_predict": 4, "temperature": 0}
+
+    def biases(**kw: Any) -> list[dict[str, Any]]:
+        r = http.post("/completion", json={**base, **kw})
+        assert r.status_code == 200, r.text
+        return list(r.json()["generation_settings"]["logit_bias"])
+
+    assert biases() == [] and biases(ignore_eos=False) == []
+    banned = biases(ignore_eos=True)
+    eos = http.post("/tokenize", json={"content": "<|im_end|>", "parse_special": True}).json()["tokens"][0]
+    assert banned and all(b["bias"] is None for b in banned) and eos in {b["token"] for b in banned}
+    assert biases(logit_bias=[[5, -1.5]]) == [{"token": 5, "bias": -1.5}]

@@ -82,6 +82,30 @@ def test_engine_sleeps_frees_the_model_and_wakes_for_a_request(start_engine: Cal
     assert e.http.post("/v1/completions", json=ASK).json()["error"]["code"] == "no_model"
 
 
+@pytest.mark.parametrize("path, body", [
+    ("/tokenize", {"content": "Hello world"}),
+    ("/apply-template", {"messages": [{"role": "user", "content": "Hello world"}]}),
+    ("/v1/messages/count_tokens", {"messages": [{"role": "user", "content": "Hello world"}]}),
+    ("/v1/chat/completions/input_tokens", {"messages": [{"role": "user", "content": "Hello world"}]}),
+    ("/v1/responses/input_tokens", {"input": "Hello world"}),
+])
+def test_props_says_it_sleeps_and_a_request_that_needs_the_tokenizer_wakes_it(
+        start_engine: Callable[..., Engine], path: str, body: dict[str, Any]) -> None:
+    """llama-server's ``is_sleeping`` in ``/props``; tokenizing, a template's prompt and the token
+    counts load the model again and are answered, as a generation is."""
+    e = start_engine(defaults=DEFAULTS)
+    e.wait_ready()
+    awake = e.http.get("/props").json()
+    assert awake["is_sleeping"] is False
+    _asleep(e)
+    assert e.http.get("/props").json()["is_sleeping"] is True
+    r = e.http.post(path, json=body)
+    assert r.status_code == 200, r.text
+    answer = r.json()
+    assert answer.get("tokens") or answer.get("prompt") or answer.get("input_tokens", 0) > 0, answer
+    assert e.http.get("/props").json()["is_sleeping"] is False
+
+
 def test_sleep_idle_seconds_set_at_runtime_puts_the_engine_to_sleep(start_engine: Callable[..., Engine],
                                                                      smollm_path: Path) -> None:
     e = start_engine(defaults={k: v for k, v in DEFAULTS.items() if k != "sleep_idle_seconds"})

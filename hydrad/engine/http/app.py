@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -101,7 +100,15 @@ async def livez(request: Request) -> Response:
 
 
 async def prom(request: Request) -> Response:
-    return Response(generate_latest(request.app.state.metrics), media_type=metrics.CONTENT_TYPE)
+    """``GET /metrics``, unless ``http.metrics_endpoint`` is off (501, as llama-server without --metrics)."""
+    ctx = ctx_of(request)
+    if not ctx.settings.http.metrics_endpoint:
+        raise ApiError(501, "GET /metrics is turned off on this engine (http.metrics_endpoint: false; llama-server's "
+                       "command line serves it with --metrics)", "not_supported")
+    response = Response(metrics.exposition(request.app.state.metrics, ctx.core), media_type=metrics.CONTENT_TYPE)
+    # written as llama-server spells it: a client that looks the name up case-sensitively finds it
+    response.raw_headers.append((b"Process-Start-Time-Unix", str(metrics.PROCESS_START).encode()))
+    return response
 
 
 async def models(request: Request) -> Response:
@@ -246,7 +253,8 @@ ROUTES = [
     Route("/health", health), Route("/v1/health", health), Route("/livez", livez), Route("/metrics", prom), Route("/version", version),
     Route("/v1/models", models), Route("/models", models),
     Route("/v1/chat/completions", chat, methods=["POST"]), Route("/chat/completions", chat, methods=["POST"]),
-    Route("/v1/completions", completions, methods=["POST"]), Route("/completions", completions, methods=["POST"]),
+    Route("/v1/completions", completions, methods=["POST"]),
+    Route("/completions", completion, methods=["POST"]),  # llama-server's: its native completion, as /completion
     Route("/v1/messages", messages, methods=["POST"]),
     Route("/v1/responses", responses_, methods=["POST"]), Route("/responses", responses_, methods=["POST"]),
     Route("/v1/responses/input_tokens", counttokens.responses_count, methods=["POST"]),

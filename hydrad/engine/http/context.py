@@ -8,6 +8,8 @@ Handlers are module-level functions that take only the request and find this thr
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, TypeVar
 
@@ -69,6 +71,20 @@ class HttpContext:
             self.control.wake()
         # with no generation yet, the request waits in the engine's queue for the loading model
         return serving
+
+    async def woken(self) -> None:
+        """After the idle sleep (hydrad.engine.sleep) a request that needs the model (an embedding, a
+        tokenization, a token count, a template's prompt) loads it again and waits for it, bounded by
+        reload_queue_timeout_s, as a generation request waits in the engine's queue."""
+        core = self.core
+        if core.asleep is None or not core.admitting:
+            return
+        self.control.wake()
+        rec = core.current_load
+        if rec is not None:
+            limit = core.params.reload_queue_timeout_s if core.params is not None else 30.0
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(rec.wait(), limit)
 
     def check_model(self, name: str | None, serving: str) -> None:
         """A request's ``model`` against the one this engine serves. As llama-server, any name is

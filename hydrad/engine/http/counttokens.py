@@ -31,6 +31,7 @@ def _anthropic(raw: bytes) -> GenRequest:
 
 async def _count(request: Request, gen_request: GenRequest) -> Response:
     ctx = ctx_of(request)
+    await ctx.woken()
     gen = ctx.core.gen
     if gen is None:
         raise ApiError(503, "no model is loaded; configure one with POST /control/configure", "no_model")

@@ -11,7 +11,6 @@ without ``--embeddings``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from typing import Any, Callable, Iterator
 
 from starlette.requests import Request
@@ -83,17 +82,8 @@ def _per_token(matrices: list[Any]) -> Iterator[bytes]:
 
 
 async def woken(ctx: HttpContext) -> None:
-    """After the idle sleep (hydrad.engine.sleep) an embedding request loads the model again and waits
-    for it, bounded by reload_queue_timeout_s, as a generation request waits in the engine's queue."""
-    core = ctx.core
-    if core.asleep is None or not core.admitting:
-        return
-    ctx.control.wake()
-    rec = core.current_load
-    if rec is not None:
-        limit = core.params.reload_queue_timeout_s if core.params is not None else 30.0
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(rec.wait(), limit)
+    """:meth:`HttpContext.woken` (kept here for the embedding and rerank doors that import it)."""
+    await ctx.woken()
 
 
 def _serving(ctx: HttpContext) -> tuple[Generation, Embedder]:

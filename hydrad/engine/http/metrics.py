@@ -5,10 +5,18 @@ A custom ``prometheus_client`` collector: every scrape reads the engine's counte
 (the engine thread owns them), so nothing is double-booked into client-library counters. The
 high-level ``Counter``/``Gauge`` classes are not used because the ``llamacpp:`` names carry a
 colon, which is for recording rules there; metric families accept it.
+
+As llama-server: ``llamacpp:prompt_tokens_seconds`` and ``llamacpp:predicted_tokens_seconds`` are the
+throughput over the window since the last scrape (each scrape starts a new window: the collector
+keeps the totals it last read), ``llamacpp:n_busy_slots_per_decode`` the generating slots per decode,
+and ``llamacpp:n_tokens_max`` (a counter that llama-server names without ``_total``, which the client
+library cannot write) is appended to the text by :func:`exposition`. Each answer carries llama-server's
+``Process-Start-Time-Unix`` header (:data:`PROCESS_START`).
 """
 
 from __future__ import annotations
 
+import time
 from typing import Iterator
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -20,6 +28,9 @@ from hydrad.wire.stages import STAGES
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
+PROCESS_START = int(time.time())
+"""When the engine process started (this module is imported at its boot), in Unix seconds."""
+
 
 class EngineCollector(Collector):
     """The engine's counters and gauges, read from the core at scrape time."""
@@ -27,6 +38,16 @@ class EngineCollector(Collector):
     def __init__(self, core: EngineCore, engine_name: str) -> None:
         self.core = core
         self.engine_name = engine_name
+        # the totals the last scrape read: (prompt tokens, prompt seconds, predicted tokens, predicted seconds)
+        self.window = (0.0, 0.0, 0.0, 0.0)
+
+    def _rates(self, s: object) -> tuple[float, float]:
+        """Prompt and generation tokens per second since the last scrape (0 when nothing ran)."""
+        now = tuple(float(getattr(s, k)) for k in ("prompt_tokens_total", "prompt_seconds_total",
+                                                   "tokens_predicted_total", "predicted_seconds_total"))
+        d = [a - b for a, b in zip(now, self.window)]
+        self.window = now  # type: ignore[assignment]
+        return (d[0] / d[1] if d[1] > 0 else 0.0), (d[2] / d[3] if d[3] > 0 else 0.0)
 
     def collect(self) -> Iterator[Metric]:
         snap = self.core.snapshot()
@@ -45,7 +66,10 @@ class EngineCollector(Collector):
         yield counter("llamacpp:prompt_seconds_total", "Time spent on prompts.", round(s.prompt_seconds_total, 6))
         yield counter("llamacpp:tokens_predicted_seconds_total", "Time spent generating.",
                       round(s.predicted_seconds_total, 6))
-        yield counter("llamacpp:n_decode_total", "llama_decode calls (one per batched step).", s.n_decode_total)
+        yield counter("llamacpp:prompt_tokens_cached_total", "Prompt tokens reused from a slot's cache.",
+                      s.cached_tokens_total)
+        yield counter("llamacpp:n_decode_total", "llama_decode calls (one per batched step, one per embedding "
+                      "batch).", s.n_decode_total)
         yield counter("llamacpp:spec_decode_num_draft_tokens_total", "Speculative decoding: tokens drafted.",
                       s.spec_draft_tokens_total)
         yield counter("llamacpp:spec_decode_num_accepted_tokens_total",
@@ -54,6 +78,13 @@ class EngineCollector(Collector):
                       s.spec_drafts_total)
         yield gauge("llamacpp:requests_processing", "Requests holding a slot.", slots["busy"])
         yield gauge("llamacpp:requests_deferred", "Requests waiting for a slot.", slots["queued"])
+        prompt_rate, predicted_rate = self._rates(s)
+        yield gauge("llamacpp:prompt_tokens_seconds", "Prompt throughput since the last scrape, in tokens/s.",
+                    round(prompt_rate, 3))
+        yield gauge("llamacpp:predicted_tokens_seconds", "Generation throughput since the last scrape, in tokens/s.",
+                    round(predicted_rate, 3))
+        yield gauge("llamacpp:n_busy_slots_per_decode", "Generating slots per llama_decode call, on average.",
+                    round(s.n_busy_slots_total / max(s.n_decode_total, 1), 4))
         yield counter("hydra_cached_prompt_tokens_total", "Prompt tokens served from a slot's cache.",
                       s.cached_tokens_total)
         yield counter("hydra_cache_reuse_tokens_total", "Of those, tokens of chunks moved to new positions "
@@ -102,5 +133,14 @@ def registry(core: EngineCore, engine_name: str) -> CollectorRegistry:
     return reg
 
 
+def exposition(reg: CollectorRegistry, core: EngineCore) -> bytes:
+    """The text of one scrape: the registry's series, then ``llamacpp:n_tokens_max`` as llama-server
+    writes it."""
+    n = core.snapshot().stats.n_tokens_max
+    return generate_latest(reg) + (
+        "# HELP llamacpp:n_tokens_max The longest sequence a slot held (prompt + generation).\n"
+        f"# TYPE llamacpp:n_tokens_max counter\nllamacpp:n_tokens_max {float(n)}\n").encode()
+
+
 def render(core: EngineCore, engine_name: str) -> str:
-    return generate_latest(registry(core, engine_name)).decode()
+    return exposition(registry(core, engine_name), core).decode()

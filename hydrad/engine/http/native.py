@@ -27,7 +27,7 @@ from hydrad.wire.requests import GenRequest
 _FIELDS_TOKENIZE = {"content", "add_special", "parse_special", "with_pieces"}
 _FIELDS_DETOKENIZE = {"tokens"}
 _FIELDS_APPLY_TEMPLATE = {"messages", "tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs",
-                          *openai.BUDGET_FIELDS}
+                          "add_generation_prompt", *openai.BUDGET_FIELDS}
 
 
 def _flag(body: dict[str, Any], name: str, default: bool) -> bool:
@@ -44,8 +44,12 @@ def _unknown(body: dict[str, Any], known: set[str]) -> None:
                        "unsupported_field", extra[0])
 
 
-def _model(request: Request) -> Any:
-    gen = ctx_of(request).core.gen
+async def _model(request: Request) -> Any:
+    """The model loaded, loaded again first if the idle sleep freed it (llama-server wakes for these
+    requests too); 503 when the engine has none."""
+    ctx = ctx_of(request)
+    await ctx.woken()
+    gen = ctx.core.gen
     if gen is None:
         raise ApiError(503, "no model is loaded; configure one with POST /control/configure", "no_model")
     return gen.model
@@ -72,7 +76,7 @@ async def tokenize(request: Request) -> Response:
     add_special = _flag(body, "add_special", False)
     parse_special = _flag(body, "parse_special", True)
     with_pieces = _flag(body, "with_pieces", False)
-    model = _model(request)
+    model = await _model(request)
 
     def tokens() -> list[int]:
         if parse_special:
@@ -108,7 +112,7 @@ def _with_pieces(ids: list[int], pieces: list[bytes]) -> Iterator[bytes]:
 
 async def detokenize(request: Request) -> Response:
     ctx = ctx_of(request)
-    model = _model(request)
+    model = await _model(request)
 
     def parse(raw: bytes) -> list[int]:
         body = ctx.parse_object(raw, "detokenize body")
@@ -136,28 +140,32 @@ async def detokenize(request: Request) -> Response:
 async def apply_template(request: Request) -> Response:
     """The prompt the engine would make of a chat (``messages``, ``tools``, ``tool_choice``,
     ``parallel_tool_calls``, ``chat_template_kwargs`` and a reasoning budget as in chat completions),
-    without generating: the model's template (or ``chat_template``) with the assistant's turn opened,
-    rendered by the chat path's own code."""
+    without generating: the model's template (or ``chat_template``) with the assistant's turn opened
+    (``add_generation_prompt``, true unless set false), rendered by the chat path's own code."""
     ctx = ctx_of(request)
 
-    def parse(raw: bytes) -> GenRequest:
-        _unknown(ctx.parse_object(raw, "apply-template body"), _FIELDS_APPLY_TEMPLATE)
-        return openai.parse("chat", raw)[1]
+    def parse(raw: bytes) -> tuple[GenRequest, bool]:
+        body = ctx.parse_object(raw, "apply-template body")
+        _unknown(body, _FIELDS_APPLY_TEMPLATE)
+        opened = _flag(body, "add_generation_prompt", True)
+        body.pop("add_generation_prompt", None)
+        return openai.parse_object("chat", body)[1], opened
 
-    req = await ctx.parsed(request, parse)
-    model = _model(request)
+    req, opened = await ctx.parsed(request, parse)
+    model = await _model(request)
     params = ctx.core.snapshot().params
     kwargs = chatprompt.template_kwargs(req, params) if params else req.chat_template_kwargs
     try:
         prompt = await asyncio.to_thread(chatprompt.chat_text, model, params.chat_template if params else None, req,
-                                         kwargs)
+                                         kwargs, opened)
     except ValueError as exc:
         raise ApiError(400, str(exc), "template_error", getattr(exc, "param", None)) from None
     return Response(await asyncio.to_thread(jsonbody.dumps, {"prompt": prompt}), media_type="application/json")
 
 
 async def props(request: Request) -> Response:
-    """llama-server's ``GET /props``: the generation defaults in force, the slots, the model."""
+    """llama-server's ``GET /props``: the generation defaults in force, the slots, the model, and
+    ``is_sleeping`` (the idle sleep has freed the model; the next request loads it again)."""
     ctx = ctx_of(request)
     snap = ctx.core.snapshot()
     p, m = snap.params, snap.model
@@ -173,4 +181,4 @@ async def props(request: Request) -> Response:
     return JSONResponse({"default_generation_settings": settings, "total_slots": snap.slots_total,
                          "model_path": m.path if m else None, "model_alias": m.id if m else None,
                          "chat_template": template, "modalities": {"vision": False, "audio": False},
-                         "build_info": f"hydra {__version__}"})
+                         "build_info": f"hydra {__version__}", "is_sleeping": ctx.core.asleep is not None})

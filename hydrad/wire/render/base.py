@@ -30,9 +30,17 @@ def timings(done: Done, extra: dict[str, Any] | None = None) -> dict[str, Any]:
 def usage_timings(u: Usage, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """llama-server's ``timings`` of counts and times: at a request's end, or so far (each piece of a
     stream that asked for ``timings_per_token``)."""
-    out = {"prompt_n": u.prompt_tokens - u.cached_tokens, "prompt_ms": u.prompt_ms, "queue_ms": u.queue_ms,
+    n_prompt = u.prompt_tokens - u.cached_tokens
+    # as llama-server: the first token comes from the prompt's last batch, so the generation's rates are
+    # over the steps after it (predicted_ms runs from the first token); 0 where nothing was timed
+    steps = max(u.completion_tokens - 1, 0)
+    timed = steps > 0 and u.predicted_ms > 0
+    out = {"prompt_n": n_prompt, "prompt_ms": u.prompt_ms, "queue_ms": u.queue_ms,
+           "prompt_per_token_ms": u.prompt_ms / n_prompt if n_prompt > 0 else 0.0,
+           "prompt_per_second": 1e3 / u.prompt_ms * n_prompt if u.prompt_ms > 0 else 0.0,
            "predicted_n": u.completion_tokens, "predicted_ms": u.predicted_ms, "cache_n": u.cached_tokens,
-           "predicted_per_second": round(u.completion_tokens / (u.predicted_ms / 1000), 2) if u.predicted_ms else None}
+           "predicted_per_token_ms": u.predicted_ms / steps if timed else 0.0,
+           "predicted_per_second": 1e3 / u.predicted_ms * steps if timed else 0.0}
     if u.draft_n:  # as llama-server: only when speculative decoding drafted for it
         out.update(draft_n=u.draft_n, draft_n_accepted=u.draft_n_accepted)
     if extra:

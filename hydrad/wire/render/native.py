@@ -34,7 +34,8 @@ def generation_settings(req: NativeCompletionRequest, defaults: Mapping[str, Any
                n_keep=defaults.get("n_keep", 0) if req.n_keep is None else req.n_keep,
                n_cache_reuse=defaults.get("n_cache_reuse", 0) if req.n_cache_reuse is None else req.n_cache_reuse,
                n_probs=req.n_probs or 0, cache_prompt=defaults.get("cache_prompt") if req.cache_prompt is None else req.cache_prompt,
-               post_sampling_probs=req.post_sampling_probs, timings_per_token=req.timings_per_token, model=model)
+               post_sampling_probs=req.post_sampling_probs, timings_per_token=req.timings_per_token, model=model,
+               logit_bias=defaults.get("logit_bias", []))
     return out
 
 
@@ -68,11 +69,20 @@ def chunk(content: str, tokens: tuple[int, ...], probs: tuple[lp.TokenLogprob, .
     return sse(out)
 
 
-def progress_chunk(progress: dict[str, int], slot: int, prompt_tokens: int) -> bytes:
+def progress_chunk(progress: dict[str, int], slot: int, prompt_tokens: int, timed: bool = False) -> bytes:
     """One ``prompt_progress`` event of a stream that asked (``return_progress``), in llama-server's
-    shape: a piece with no content, ``progress`` being ``{total, cache, processed, time_ms}``."""
-    return sse({"index": 0, "content": "", "tokens": [], "stop": False, "id_slot": slot, "tokens_predicted": 0,
-                "tokens_evaluated": prompt_tokens, "prompt_progress": progress})
+    shape: a piece with no content, ``progress`` being ``{total, cache, processed, time_ms}``; with
+    ``timed`` (``timings_per_token``) the timings so far too, all zero before a prompt token is decoded."""
+    out: dict[str, Any] = {"index": 0, "content": "", "tokens": [], "stop": False, "id_slot": slot,
+                           "tokens_predicted": 0, "tokens_evaluated": prompt_tokens, "prompt_progress": progress}
+    if timed:
+        n = progress["processed"] - progress["cache"]
+        ms = float(progress["time_ms"]) if n > 0 else 0.0
+        out["timings"] = {"prompt_n": n, "prompt_ms": ms, "prompt_per_token_ms": ms / n if n > 0 else 0.0,
+                          "prompt_per_second": 1e3 / ms * n if ms > 0 else 0.0, "predicted_n": 0,
+                          "predicted_ms": 0.0, "predicted_per_token_ms": 0.0, "predicted_per_second": 0.0,
+                          "cache_n": progress["cache"]}
+    return sse(out)
 
 
 class NativeAnswer(Renderer):
@@ -93,7 +103,7 @@ class NativeAnswer(Renderer):
         return chunk(ev.text, ev.ids, ev.probs if self.asked else None, self.req.post_sampling_probs, ev.usage)
 
     def progress(self, ev: Progress) -> bytes:
-        return progress_chunk(ev.body(), ev.slot, ev.total)
+        return progress_chunk(ev.body(), ev.slot, ev.total, self.req.stream and self.req.timings_per_token)
 
     def end(self, done: Done, extra: dict[str, Any]) -> bytes:
         return sse(self._result(done, "", list(done.ids), extra))

@@ -132,11 +132,15 @@ MAPPED: list[tuple[list[str], dict[tuple[str, ...], Any]]] = [
     (["--host", "0.0.0.0"], {("http", "host"): "0.0.0.0"}),
     (["--port", "8081"], {("http", "port"): 8081}),
     (["--sleep-idle-seconds", "300"], {("defaults", "sleep_idle_seconds"): 300}),
+    (["--reasoning", "off"], {("defaults", "default_template_kwargs"): {"enable_thinking": False}}),
+    (["-rea", "on"], {("defaults", "default_template_kwargs"): {"enable_thinking": True}}),
+    (["--metrics"], {("http", "metrics_endpoint"): True}),
     (["-to", "600"], {("http", "header_timeout_s"): 600.0}),
     (["--timeout", "30"], {("http", "header_timeout_s"): 30.0}),
     (["--cors-origins", "https://a.example,http://b.example:8000"],
      {("http", "cors_origins"): ["https://a.example", "http://b.example:8000"]}),
     (["--cors-origins", "*"], {("http", "cors_origins"): ["*"]}),
+    (["--cors-origins", "localhost"], {("http", "cors_origins"): ["localhost"]}),
     (["-dev", "CUDA1"], {("device",): "1"}),
     (["--device", "CUDA0,CUDA1"], {("device",): "0,1"}),
     (["--no-slots"], {("http", "slots_endpoint"): False}),
@@ -296,6 +300,15 @@ def test_model_and_aliases_make_a_registry_entry(gguf: Path, tmp_path: Path, mon
     assert plain.origin[("defaults", "model")] == "--model"
 
 
+def test_a_llama_server_command_line_serves_metrics_only_with_the_flag(gguf: Path) -> None:
+    """llama-server answers /metrics 501 unless --metrics is given: the same command line does here;
+    a config file alone (no -m) keeps hydrad's default (served)."""
+    assert layer("-m", str(gguf)).get(("http", "metrics_endpoint")) is False
+    assert layer("-m", str(gguf), "--metrics").get(("http", "metrics_endpoint")) is True
+    assert layer("--metrics", "-m", str(gguf)).get(("http", "metrics_endpoint")) is True
+    assert layer("--port", "8080").get(("http", "metrics_endpoint")) is None
+
+
 def test_model_and_alias_errors_name_the_flag(gguf: Path) -> None:
     with pytest.raises(FlagError, match=r"^-m: no such file: nowhere\.gguf$"):
         layer("-m", "nowhere.gguf")
@@ -370,7 +383,7 @@ BAD_VALUES = [
     (["--load-mode", "dio"], "--load-mode: 'dio' is not served"),
     (["--host", "a.sock"], "--host: one address only"),
     (["--host", "127.0.0.1,::1"], "--host: one address only"),
-    (["--cors-origins", "localhost"], "--cors-origins: http.cors_origins: Value error, 'localhost' is not an origin"),
+    (["--cors-origins", "localhost.example"], "--cors-origins: http.cors_origins: Value error, 'localhost.example' is not an origin"),
     (["-dev", "Vulkan0"], "-dev: 'Vulkan0' is not served"),
     (["-dev", "none"], "-dev: 'none' is not served"),
     (["--rope-scale", "0"], "--rope-scale: needs a number above 0"),

@@ -97,6 +97,16 @@ def test_same_origin_and_configured_origins() -> None:
                      content_type="application/json")[0] == 403
     assert _call(guard(cors=["*"]), "POST", "/v1/chat/completions", host="127.0.0.1:9000",
                  origin="http://anywhere.example", content_type="application/json")[0] == 200
+    # llama-server's keyword: every loopback origin of any port, nothing that only starts like one
+    loop = guard(cors=["localhost"])
+    for origin in ("http://localhost:5173", "http://127.0.0.1:3000", "http://[::1]"):
+        assert _call(loop, "POST", "/v1/chat/completions", host="127.0.0.1:9000", origin=origin,
+                     content_type="application/json")[0] == 200, origin
+    for origin in ("http://localhost.evil.com", "http://notlocalhost", "http://evil.com"):
+        assert _call(loop, "POST", "/v1/chat/completions", host="127.0.0.1:9000", origin=origin,
+                     content_type="application/json")[0] == 403, origin
+    assert _call(loop, "POST", "/control/configure", host="127.0.0.1:9000", origin="http://localhost:5173",
+                 content_type="application/json")[0] == 403
 
 
 @pytest.mark.parametrize("ctype", ["text/plain", "Text/Plain; charset=utf-8", "application/x-www-form-urlencoded",
