@@ -44,8 +44,9 @@ class SpecParams(BaseModel):
         "ngram-simple drafts --spec-ngram-simple-size-m, 48; its ngram-mod --spec-ngram-mod-n-max, 64). Also named "
         "speculative.n_max.", ge=1, le=256)
     spec_n_min: int = _f(
-        0, _T2, "A draft shorter than this is not decoded (llama-server's --spec-draft-n-min; its ngram-mod "
-        "--spec-ngram-mod-n-min, 48). Also named speculative.n_min.", ge=0, le=256)
+        0, _T2, "A draft found shorter than this is not decoded; one cut short only by the answer's or the "
+        "context's end is, as in llama-server (--spec-draft-n-min; its ngram-mod --spec-ngram-mod-n-min, 48). Also "
+        "named speculative.n_min.", ge=0, le=256)
     spec_ngram_size: int = _f(
         12, _T2, "Tokens of the n-gram looked up (llama-server's --spec-ngram-simple-size-n, whose default this "
         "is; its ngram-mod's --spec-ngram-mod-n-match is 24): shorter finds drafts more often and more of them "

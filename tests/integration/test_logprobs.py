@@ -11,7 +11,6 @@ and a prompt longer than the context refused with llama-server's ``n_prompt_toke
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any, Iterator
@@ -21,6 +20,7 @@ import pytest
 
 from hydrad.common.params import RuntimeParams
 from tests.support.coordinator import Coordinator
+from tests.support.solopool import post, streamed
 from tests.support.engine import GEMMA, SMOLLM, Engine, models_dir
 
 pytestmark = pytest.mark.model
@@ -68,21 +68,6 @@ def pools(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Pool]]
     yield Lazy()
     for pool in started.values():
         pool.stop()
-
-
-def post(http: httpx.Client, path: str, body: dict[str, Any]) -> dict[str, Any]:
-    r = http.post(path, json=body)
-    assert r.status_code == 200, r.text
-    return r.json()
-
-
-def streamed(http: httpx.Client, path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
-    """The data events of a stream, decoded ([DONE] left out)."""
-    with http.stream("POST", path, json={**body, "stream": True}) as r:
-        assert r.status_code == 200, r.read()
-        raw = r.read().decode()
-    blocks = [b[len("data: "):] for b in raw.split("\n\n") if b.startswith("data: ")]
-    return [json.loads(b) for b in blocks if b != "[DONE]"]
 
 
 def check_entry(e: dict[str, Any], top: int, greedy: bool) -> None:

@@ -13,17 +13,15 @@ to the end's; without it only the end carries them."""
 
 from __future__ import annotations
 
-import json
 import math
-from pathlib import Path
 from typing import Any, Iterator
 
 import httpx
 import pytest
 
 from tests.support import llamaserver
-from tests.support.coordinator import Coordinator
-from tests.support.engine import SMOLLM, Engine, models_dir
+from tests.support.engine import SMOLLM, models_dir
+from tests.support.solopool import SoloPool, module_pool, post, streamed
 
 pytestmark = pytest.mark.model
 
@@ -35,52 +33,15 @@ ENTRY = {"id", "token", "bytes", "prob", "top_probs"}
 ALT = {"id", "token", "bytes", "prob"}
 
 
-class Pool:
-    """One SmolLM2 engine and a coordinator whose front door routes to it."""
-
-    def __init__(self, tmp: Path) -> None:
-        profiles = {"profiles": {"one": {"description": "one engine", "engines": {"solo": {"model": "smollm2-135m"}}}},
-                    "default": "one"}
-        self.coordinator = Coordinator(tmp, profiles=profiles, heartbeat_interval_s=0.5)
-        self.coordinator.wait_ready()
-        self.engine = Engine(tmp, name="solo", defaults={"n_ctx": N_CTX, "n_parallel": 1, "n_threads": 1,
-                                                          "cache_prompt": False},
-                             extra={"bus": self.coordinator.engine_bus(heartbeat_interval_s=0.5)})
-        self.coordinator.wait_serving({"solo": "smollm2-135m"}, timeout=180)
-        self.doors = {"engine": self.engine.http, "coordinator": self.coordinator.http}
-
-    def stop(self) -> None:
-        self.engine.stop()
-        self.coordinator.stop()
-
-
 @pytest.fixture(scope="module")
-def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
-    if not (models_dir() / SMOLLM).is_file():
-        pytest.skip(f"model file {SMOLLM} is missing (scripts/setup fetches it)")
-    p = Pool(tmp_path_factory.mktemp("post"))
-    yield p
-    p.stop()
+def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SoloPool]:
+    yield from module_pool(tmp_path_factory, "post", defaults={"n_ctx": N_CTX, "cache_prompt": False})
 
 
 @pytest.fixture(scope="module")
 def llama_server() -> Iterator[httpx.Client]:
     with llamaserver.running(models_dir() / SMOLLM, *llamaserver.start_args(n_ctx=N_CTX)) as client:
         yield client
-
-
-def post(http: httpx.Client, path: str, body: dict[str, Any]) -> dict[str, Any]:
-    r = http.post(path, json=body)
-    assert r.status_code == 200, r.text
-    return r.json()
-
-
-def streamed(http: httpx.Client, path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
-    with http.stream("POST", path, json={**body, "stream": True}) as r:
-        assert r.status_code == 200, r.read()
-        raw = r.read().decode()
-    blocks = [b[len("data: "):] for b in raw.split("\n\n") if b.startswith("data: ")]
-    return [json.loads(b) for b in blocks if b != "[DONE]"]
 
 
 def probs_of(http: httpx.Client, **body: Any) -> list[dict[str, Any]]:
@@ -111,7 +72,7 @@ def same(ours: list[dict[str, Any]], theirs: list[dict[str, Any]], tol: float) -
         assert [a["prob"] for a in x["top_probs"]] == pytest.approx([a["prob"] for a in y["top_probs"]], abs=tol)
 
 
-def test_completion_probabilities_match_llama_servers(pool: Pool, llama_server: httpx.Client) -> None:
+def test_completion_probabilities_match_llama_servers(pool: SoloPool, llama_server: httpx.Client) -> None:
     for body, tol in (({"temperature": 0}, 0.0), (SAMPLED, 1e-4)):
         body = {**body, "n_predict": 4, "n_probs": 3, "ignore_eos": True}
         theirs = probs_of(llama_server, **body)
@@ -125,7 +86,7 @@ def test_completion_probabilities_match_llama_servers(pool: Pool, llama_server: 
                 assert all(e["prob"] == 1.0 and len(e["top_probs"]) == 1 for e in ours), (door, ours)
 
 
-def test_probabilities_are_those_the_chain_leaves(pool: Pool) -> None:
+def test_probabilities_are_those_the_chain_leaves(pool: SoloPool) -> None:
     base = {"n_predict": 6, "n_probs": 10, "ignore_eos": True, "temperature": 1.0, "top_p": 1.0, "min_p": 0.0,
             "seed": 11}
     for http in pool.doors.values():
@@ -149,7 +110,7 @@ def test_probabilities_are_those_the_chain_leaves(pool: Pool) -> None:
             check_entry(e, 10)
 
 
-def test_chat_logprobs_take_the_post_sampling_shape_streamed_and_whole(pool: Pool) -> None:
+def test_chat_logprobs_take_the_post_sampling_shape_streamed_and_whole(pool: SoloPool) -> None:
     body = {"messages": ASK, "max_tokens": 5, "ignore_eos": True, "logprobs": True, "top_logprobs": 4,
             "post_sampling_probs": True, **SAMPLED}
     wholes = []
@@ -169,7 +130,7 @@ def test_chat_logprobs_take_the_post_sampling_shape_streamed_and_whole(pool: Poo
     assert [e["id"] for e in wholes[0]] == [e["id"] for e in wholes[1]]
 
 
-def test_legacy_completions_refuse_it_by_name(pool: Pool) -> None:
+def test_legacy_completions_refuse_it_by_name(pool: SoloPool) -> None:
     for http in pool.doors.values():
         r = http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 2, "logprobs": 2,
                                                "post_sampling_probs": True})
@@ -187,7 +148,7 @@ def _content_chunks(path: str, chunks: list[dict[str, Any]]) -> tuple[list[dict[
 
 
 @pytest.mark.parametrize("path", ["/completion", "/v1/chat/completions"])
-def test_timings_per_token_put_the_timings_so_far_in_every_piece(path: str, pool: Pool,
+def test_timings_per_token_put_the_timings_so_far_in_every_piece(path: str, pool: SoloPool,
                                                                  llama_server: httpx.Client) -> None:
     body: dict[str, Any] = {"n_predict": 6, "ignore_eos": True, "temperature": 0}
     body.update({"prompt": PROMPT} if path == "/completion" else {"messages": ASK})

@@ -10,13 +10,11 @@ trip, and count_tokens agreeing with the input tokens a message is answered with
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Iterator
 
 import pytest
 
-from tests.support.coordinator import Coordinator
-from tests.support.engine import SMOLLM, Engine, models_dir
+from tests.support.solopool import SoloPool, module_pool
 
 pytestmark = pytest.mark.model
 
@@ -28,45 +26,24 @@ ASK = "Name three colours of the rainbow."
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 
 
-class Pool:
-    def __init__(self, tmp: Path) -> None:
-        profiles = {"profiles": {"one": {"description": "one engine", "engines": {"solo": {"model": MODEL}}}},
-                    "default": "one"}
-        self.coordinator = Coordinator(tmp, profiles=profiles, heartbeat_interval_s=0.5)
-        self.coordinator.wait_ready()
-        self.engine = Engine(tmp, name="solo", defaults={"n_ctx": 2048, "n_parallel": 2, "n_threads": 1,
-                                                          "temperature": 0},
-                             extra={"bus": self.coordinator.engine_bus(heartbeat_interval_s=0.5)})
-        self.coordinator.wait_serving({"solo": MODEL}, timeout=180)
-        self.urls = {"engine": self.engine.url, "coordinator": self.coordinator.url}
-
-    def stop(self) -> None:
-        self.engine.stop()
-        self.coordinator.stop()
-
-
 @pytest.fixture(scope="module")
-def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
-    if not (models_dir() / SMOLLM).is_file():
-        pytest.skip(f"model file {SMOLLM} is missing (scripts/setup fetches it)")
-    p = Pool(tmp_path_factory.mktemp("sdks"))
-    yield p
-    p.stop()
+def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SoloPool]:
+    yield from module_pool(tmp_path_factory, "sdks", defaults={"n_ctx": 2048, "n_parallel": 2, "temperature": 0})
 
 
 DOORS = ["engine", "coordinator"]
 
 
-def oai(pool: Pool, door: str) -> "openai.OpenAI":
+def oai(pool: SoloPool, door: str) -> "openai.OpenAI":
     return openai.OpenAI(base_url=pool.urls[door] + "/v1", api_key="any", timeout=120, max_retries=0)
 
 
-def claude(pool: Pool, door: str) -> "anthropic.Anthropic":
+def claude(pool: SoloPool, door: str) -> "anthropic.Anthropic":
     return anthropic.Anthropic(base_url=pool.urls[door], api_key="any", timeout=120, max_retries=0)
 
 
 @pytest.mark.parametrize("door", DOORS)
-def test_openai_chat_whole_and_streamed(pool: Pool, door: str) -> None:
+def test_openai_chat_whole_and_streamed(pool: SoloPool, door: str) -> None:
     client = oai(pool, door)
     whole = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": ASK}], max_tokens=16)
     text = whole.choices[0].message.content
@@ -86,7 +63,7 @@ def test_openai_chat_whole_and_streamed(pool: Pool, door: str) -> None:
 
 
 @pytest.mark.parametrize("door", DOORS)
-def test_openai_tools_round_trip(pool: Pool, door: str) -> None:
+def test_openai_tools_round_trip(pool: SoloPool, door: str) -> None:
     client = oai(pool, door)
     tools = [{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
                                                "parameters": WEATHER}}]
@@ -108,7 +85,7 @@ def test_openai_tools_round_trip(pool: Pool, door: str) -> None:
 
 
 @pytest.mark.parametrize("door", DOORS)
-def test_openai_responses_whole_and_streamed(pool: Pool, door: str) -> None:
+def test_openai_responses_whole_and_streamed(pool: SoloPool, door: str) -> None:
     client = oai(pool, door)
     whole = client.responses.create(model=MODEL, input=ASK, max_output_tokens=16)
     assert whole.status in ("completed", "incomplete") and whole.output_text
@@ -123,7 +100,7 @@ def test_openai_responses_whole_and_streamed(pool: Pool, door: str) -> None:
 
 
 @pytest.mark.parametrize("door", DOORS)
-def test_anthropic_messages_whole_streamed_and_counted(pool: Pool, door: str) -> None:
+def test_anthropic_messages_whole_streamed_and_counted(pool: SoloPool, door: str) -> None:
     client = claude(pool, door)
     msgs = [{"role": "user", "content": ASK}]
     whole = client.messages.create(model=MODEL, max_tokens=16, messages=msgs, system="Answer briefly.")
@@ -142,7 +119,7 @@ def test_anthropic_messages_whole_streamed_and_counted(pool: Pool, door: str) ->
 
 
 @pytest.mark.parametrize("door", DOORS)
-def test_anthropic_tool_use_round_trip(pool: Pool, door: str) -> None:
+def test_anthropic_tool_use_round_trip(pool: SoloPool, door: str) -> None:
     client = claude(pool, door)
     tools = [{"name": "get_weather", "description": "The weather in a city", "input_schema": WEATHER}]
     msgs: list[dict] = [{"role": "user", "content": "What is the weather in Paris?"}]

@@ -64,6 +64,24 @@ def native_ids(http: httpx.Client, **kw: Any) -> tuple[list[int], dict[str, Any]
     return body["tokens"], body["timings"]
 
 
+def chat_copy_saves_steps(plain: Engine, spec: Engine, t_spec: dict[str, Any]) -> None:
+    """The chat copy on both engines: the same answer, the speculating one in fewer steps by as many
+    tokens as it accepted, and llama-server's speculation counters summing this answer and the one
+    before it (``t_spec``, the native copy's timings)."""
+    steps_before = metric(spec, "hydra_steps_total")
+    a, b = copy(plain.http), copy(spec.http)
+    assert a["choices"][0]["message"]["content"] == b["choices"][0]["message"]["content"]
+    assert a["choices"][0]["finish_reason"] == b["choices"][0]["finish_reason"]
+    assert a["usage"]["completion_tokens"] == b["usage"]["completion_tokens"]
+    accepted = b["timings"]["draft_n_accepted"]
+    assert accepted > 0
+    # each accepted token is a step not taken: the answer took that many fewer steps than tokens
+    assert metric(spec, "hydra_steps_total") - steps_before <= b["usage"]["completion_tokens"] - accepted + 1
+    assert metric(spec, "llamacpp:spec_decode_num_accepted_tokens_total") == t_spec["draft_n_accepted"] + accepted
+    assert metric(spec, "llamacpp:spec_decode_num_draft_tokens_total") == t_spec["draft_n"] + b["timings"]["draft_n"]
+    assert metric(spec, "llamacpp:spec_decode_num_drafts_total") > 0
+
+
 @pytest.fixture
 def pair(smollm_path: Path, start_engine: Callable[..., Engine]) -> tuple[Engine, Engine]:
     """Two engines of one model, one speculating."""
@@ -81,18 +99,7 @@ def test_greedy_copy_same_answer_fewer_steps(pair: tuple[Engine, Engine]) -> Non
     assert got == want and len(got) == 120  # exactly max_tokens, token for token
     assert "draft_n" not in t_plain  # as llama-server: only an answer that drafted says so
     assert t_spec["draft_n"] >= t_spec["draft_n_accepted"] > 20, t_spec
-    steps_before = metric(spec, "hydra_steps_total")
-    a, b = copy(plain.http), copy(spec.http)
-    assert a["choices"][0]["message"]["content"] == b["choices"][0]["message"]["content"]
-    assert a["choices"][0]["finish_reason"] == b["choices"][0]["finish_reason"]
-    assert a["usage"]["completion_tokens"] == b["usage"]["completion_tokens"]
-    accepted = b["timings"]["draft_n_accepted"]
-    assert accepted > 0
-    # each accepted token is a step not taken: the answer took that many fewer steps than tokens
-    assert metric(spec, "hydra_steps_total") - steps_before <= b["usage"]["completion_tokens"] - accepted + 1
-    assert metric(spec, "llamacpp:spec_decode_num_accepted_tokens_total") == t_spec["draft_n_accepted"] + accepted
-    assert metric(spec, "llamacpp:spec_decode_num_draft_tokens_total") == t_spec["draft_n"] + b["timings"]["draft_n"]
-    assert metric(spec, "llamacpp:spec_decode_num_drafts_total") > 0
+    chat_copy_saves_steps(plain, spec, t_spec)
     assert metric(plain, "llamacpp:spec_decode_num_draft_tokens_total") == 0
     # a stop string inside the copy ends both answers at the same place
     sa, sb = (completion(e.http, stop=["i += 1"]) for e in (plain, spec))
