@@ -28,11 +28,19 @@ from hydrad.wire.openai import BUDGET_FIELDS, CHAT_MESSAGES_SCHEMA, INT32_MAX, M
 
 MODEL = {"type": "string", "minLength": 1, "maxLength": MAX_MODEL_NAME, "pattern": "^[^\\x00-\\x1f\\x7f]+$"}
 _ID = {"type": "integer", "minimum": 0, "maximum": INT32_MAX}
-_IDS = {"type": "array", "minItems": 1, "items": _ID}
-_ONE_INPUT = {"anyOf": [{"type": "string", "minLength": 1}, _IDS]}
-EMBEDDING_INPUT = {"anyOf": [{"type": "string", "minLength": 1}, _IDS,
-                             {"type": "array", "minItems": 1, "maxItems": embeddings.MAX_INPUTS, "items": _ONE_INPUT}]}
-"""What ``hydrad.wire.embeddings._inputs`` takes: a non-empty string, token ids, or a list of those."""
+_PIECES = {"type": "array", "minItems": 1, "items": {"anyOf": [_ID, {"type": "string", "minLength": 1}]}}
+_TEXT_OBJECT = {"anyOf": [
+    {"type": "object", "required": ["prompt_string"], "additionalProperties": False,
+     "properties": {"prompt_string": {"type": "string", "minLength": 1}}},
+    {"type": "object", "required": ["content"], "additionalProperties": False,
+     "properties": {"content": {"type": "array", "minItems": 1, "items": {
+         "type": "object", "required": ["type", "text"], "additionalProperties": False,
+         "properties": {"type": {"const": "text"}, "text": {"type": "string", "minLength": 1}}}}}}]}
+_ONE_INPUT = {"anyOf": [{"type": "string", "minLength": 1}, _PIECES, _TEXT_OBJECT]}
+EMBEDDING_INPUT = {"anyOf": [_ONE_INPUT, {"type": "array", "minItems": 1, "maxItems": embeddings.MAX_INPUTS,
+                                          "items": _ONE_INPUT}]}
+"""What ``hydrad.wire.embedinputs.inputs`` takes: a non-empty string, token ids mixed with text, an
+object of text, or a list of those."""
 _NORMALIZE = {"type": "integer", "minimum": -1, "maximum": embeddings.MAX_NORM}
 _MODEL_OR_NULL = {"anyOf": [MODEL, {"type": "null"}]}
 _BUDGET = {"type": ["integer", "null"], "minimum": -1, "maximum": INT32_MAX}

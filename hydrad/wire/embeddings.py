@@ -5,9 +5,9 @@ Both doors parse here, so a request the front door lets through is one the engin
 checks that need the model (token ids in its vocabulary, an input's length against the embedding
 context, ``dimensions``) are the engine's, with the same messages (:func:`check_sizes`).
 
-Inputs take llama-server's shapes: a string, a list of token ids, or a list of those (several
-inputs, answered in order). What llama-server also takes and this does not: one input mixing text
-and token ids, and multimodal objects; an empty string is refused (llama-server refuses it only when
+Inputs take llama-server's shapes (:mod:`hydrad.wire.embedinputs`): a string, token ids mixed with
+text, an object of text, or a list of those (several inputs, answered in order); images are refused
+(no embedding model here takes them), and an empty string too (llama-server refuses it only when
 the model adds no BOS token). Vectors are normalised as llama-server does (``embd_normalize``, default
 2: Euclidean) when pooled; per-token vectors (pooling ``none``, ``/embedding`` only) are raw.
 """
@@ -18,10 +18,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from hydrad.wire.embedinputs import MAX_INPUTS, Input, inputs as _inputs  # noqa: F401 (MAX_INPUTS: read here by callers)
 from hydrad.wire.openai import INT32_MAX, MAX_MODEL_NAME, ApiError, json_object
 
-MAX_INPUTS = 2048
-"""Most inputs in one request (OpenAI's own limit)."""
 MAX_TOTAL_TOKENS = 65536
 """Most tokens of all inputs of one request together: about 128 embedding decodes of 512 tokens."""
 MAX_OUTPUT_FLOATS = 4 << 20
@@ -41,49 +40,12 @@ _MODEL = re.compile(r"^[^\x00-\x1f\x7f]+$")
 class EmbedRequest:
     """A checked request: ``inputs`` (strings or token-id lists, in order) read from ``field``."""
 
-    inputs: list[str | list[int]]
+    inputs: list[Input]
     field: str
     model: str | None = None
     base64: bool = False
     normalize: int = 2
     dimensions: int | None = None
-
-
-def _is_id(value: Any) -> bool:
-    return type(value) is int and 0 <= value <= INT32_MAX
-
-
-def _inputs(value: Any, name: str, n_vocab: int | None) -> list[str | list[int]]:
-    """llama-server's prompt shapes: a string, token ids, or a non-empty list of strings and token-id lists."""
-    if isinstance(value, str) or (isinstance(value, list) and value and all(type(t) is int for t in value)):
-        items: list[Any] = [value]
-    elif isinstance(value, list) and value:
-        items = value
-    else:
-        raise ApiError(400, f"{name} must be a string, a list of token ids, or a non-empty list of those",
-                       "invalid_field", name)
-    if len(items) > MAX_INPUTS:
-        raise ApiError(400, f"{name}: at most {MAX_INPUTS} inputs per request (got {len(items)})", "invalid_field", name)
-    out: list[str | list[int]] = []
-    for i, item in enumerate(items):
-        where = name if len(items) == 1 and item is value else f"{name}[{i}]"
-        if isinstance(item, str):
-            if not item:
-                raise ApiError(400, f"{where} is empty", "invalid_field", name)
-            out.append(item)
-            continue
-        if not isinstance(item, list) or not item:
-            raise ApiError(400, f"{where} must be a non-empty string or a non-empty list of token ids (one input "
-                           "mixing text and token ids is not supported)", "invalid_field", name)
-        if not all(_is_id(t) for t in item):
-            raise ApiError(400, f"{where}: token ids must be non-negative integers", "invalid_field", name)
-        if n_vocab is not None:
-            bad = next((t for t in item if t >= n_vocab), None)
-            if bad is not None:
-                raise ApiError(400, f"{where}: token {bad} is not in this model's vocabulary (0..{n_vocab - 1})",
-                               "invalid_field", name)
-        out.append(list(item))
-    return out
 
 
 def model_field(data: dict[str, Any]) -> str | None:

@@ -73,6 +73,28 @@ def test_openai_shape_and_vectors(engine: Engine) -> None:
     assert max(abs(a - b) for a, b in zip(mixed[1]["embedding"], vectors[1])) < 1e-4
 
 
+def test_llama_servers_mixed_prompts_and_objects_of_text(engine: Engine) -> None:
+    """llama-server's other input shapes: token ids with text pieces (each piece tokenized where it
+    stands, the first with the model's own start, joined: the vector of the whole text), and objects
+    of text ({"prompt_string"}, {"content": [text parts]}), alone or in a list, as their text embeds."""
+    def ids(text: str, special: bool) -> list[int]:
+        return engine.http.post("/tokenize", json={"content": text, "add_special": special}).json()["tokens"]
+
+    head, tail = "The quick brown fox", " jumps over the lazy dog."
+    whole = _one(engine, ids(head, True) + ids(tail, False))
+    for mixed in ([head, *ids(tail, False)], [*ids(head, True), tail]):
+        assert max(abs(a - b) for a, b in zip(_one(engine, mixed), whole)) < 1e-4, mixed
+    text = _one(engine, head + tail)
+    for obj in ({"prompt_string": head + tail}, {"content": [{"type": "text", "text": head},
+                                                             {"type": "text", "text": tail}]}):
+        assert max(abs(a - b) for a, b in zip(_one(engine, obj), text)) < 1e-4, obj
+    r = engine.http.post("/v1/embeddings", json={"input": [head + tail, {"prompt_string": head + tail}, [head, tail]]})
+    assert r.status_code == 200 and len(r.json()["data"]) == 3, r.text
+    for bad in ({"content": head}, {"content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}):
+        r = engine.http.post("/v1/embeddings", json={"input": bad})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "input", r.text
+
+
 def test_base64_and_normalisation(engine: Engine) -> None:
     floats = _one(engine, TEXTS[0])
     r = engine.http.post("/v1/embeddings", json={"input": TEXTS[0], "encoding_format": "base64"})

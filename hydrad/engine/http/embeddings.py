@@ -117,11 +117,12 @@ def _check_model(ctx: HttpContext, gen: Generation, req: wire.EmbedRequest) -> N
 async def _compute(ctx: HttpContext, gen: Generation, embedder: Embedder,
                    req: wire.EmbedRequest) -> tuple[list[list[int]], list[Any]]:
     """The inputs' tokens and their vectors, after every bound that needs the model is checked."""
-    texts = [(i, x) for i, x in enumerate(req.inputs) if isinstance(x, str)]
-    tokens: list[list[int]] = [x if isinstance(x, list) else [] for x in req.inputs]
+    tokens: list[list[int]] = [x if isinstance(x, list) and all(type(t) is int for t in x) else []  # type: ignore[misc]
+                               for x in req.inputs]
+    texts = [(i, x) for i, x in enumerate(req.inputs) if not tokens[i]]
     if texts:
         try:
-            made = await asyncio.to_thread(lambda: [gen.model.tokenize(x, True, True) for _, x in texts])
+            made = await asyncio.to_thread(lambda: [_tokens(gen, x) for _, x in texts])
         except ModelFreed:
             raise ApiError(503, "the model was replaced while tokenizing; retry", "reloading",
                            headers={"Retry-After": "1"}) from None
@@ -129,6 +130,20 @@ async def _compute(ctx: HttpContext, gen: Generation, embedder: Embedder,
             tokens[i] = t
     wire.check_sizes(req, tokens, embedder.n_tokens, embedder.n_embd, embedder.pooled)
     return tokens, await computed(ctx, gen, tokens)
+
+
+def _tokens(gen: Generation, x: str | list[int | str]) -> list[int]:
+    """An input's tokens: text with the model's BOS; token ids and text pieces joined, each piece
+    tokenized where it stands and only the first one given the BOS (llama-server's mixed prompt)."""
+    if isinstance(x, str):
+        return gen.model.tokenize(x, True, True)
+    out: list[int] = []
+    for k, piece in enumerate(x):
+        if isinstance(piece, str):
+            out.extend(gen.model.tokenize(piece, k == 0, True))
+        else:
+            out.append(piece)
+    return out
 
 
 async def computed(ctx: HttpContext, gen: Generation, tokens: list[list[int]]) -> list[Any]:

@@ -21,6 +21,14 @@ def test_input_shapes() -> None:
     assert _openai({"input": "hi"}).inputs == ["hi"]
     assert _openai({"input": [1, 2, 3]}).inputs == [[1, 2, 3]]
     assert _openai({"input": ["a", [4, 5], "b"]}).inputs == ["a", [4, 5], "b"]
+    # llama-server's mixed prompt: a list with a token id and strings is one input; objects of text
+    assert _openai({"input": [12, 34, "string", 56]}).inputs == [[12, 34, "string", 56]]
+    assert _openai({"input": [[12, 34], [12, "s", 34]]}).inputs == [[12, 34], [12, "s", 34]]
+    assert _openai({"input": {"prompt_string": "p"}}).inputs == ["p"]
+    assert _openai({"input": {"content": [{"type": "text", "text": "a "}, {"type": "text", "text": "b"}]}}).inputs \
+        == ["a b"]
+    assert _openai({"input": ["s1", {"prompt_string": "s2"}, {"content": [{"type": "text", "text": "s3"}]}]}).inputs \
+        == ["s1", "s2", "s3"]
     req = _openai({"input": "x", "encoding_format": "base64", "dimensions": 8, "embd_normalize": None, "other": 1})
     assert req.base64 and req.dimensions == 8 and req.normalize == 2 and req.field == "input"
     native = wire.parse_native(json.dumps({"content": ["a", [1]], "embd_normalize": -1}).encode())
@@ -29,7 +37,11 @@ def test_input_shapes() -> None:
 
 @pytest.mark.parametrize("body, param", [
     ({}, "input"), ({"input": ""}, "input"), ({"input": []}, "input"), ({"input": [[]]}, "input"),
-    ({"input": [100]}, "input"), ({"input": [1, "a"]}, "input"), ({"input": [False]}, "input"),
+    ({"input": [100]}, "input"), ({"input": [False]}, "input"), ({"input": [[1, None]]}, "input"),
+    ({"input": {"content": "string"}}, "input"), ({"input": {"content": [{"type": "unknown"}]}}, "input"),
+    ({"input": {"content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}}, "input"),
+    ({"input": {"prompt_string": "x", "other": 1}}, "input"), ({"input": {"prompt_string": ""}}, "input"),
+    ({"input": {"prompt_string": "x", "multimodal_data": ["AAAA"]}}, "input"),
     ({"input": ["a"] * (wire.MAX_INPUTS + 1)}, "input"), ({"input": "x", "encoding_format": "hex"}, "encoding_format"),
     ({"input": "x", "dimensions": 0}, "dimensions"), ({"input": "x", "dimensions": True}, "dimensions"),
     ({"input": "x", "embd_normalize": wire.MAX_NORM + 1}, "embd_normalize"),
