@@ -73,32 +73,34 @@ PATTERNS: dict[str, re.Pattern[str]] = {name: re.compile(rx, re.IGNORECASE) for 
     "round of work": rf"\b(?:session|round|sprint|iteration)s?{_S}of{_S}work\b|\bwork{_S}(?:session|round|sprint)s?\b",
 }.items()}
 
-# Sentences that name a round of work: each must match.
-WORK = [
-    "the seventh session's section",
-    "the twenty-third session's table updates",
-    "## 2026-12-02, fourth session: the GPU host",
-    "as the fourteenth session found,",
-    "(docs/benchmarks.md, fourteenth\nsession)",
-    "(docs/benchmarks.md, fourteenth and sixteenth sessions)",
+# Sentences that name a round of work: each must match. Written with {R}, {r} and {w} for "session",
+# "round" and "wave" and filled in below, so this file itself holds no such sentence.
+_WORK = [
+    "the seventh {R}'s section",
+    "the twenty-third {R}'s table updates",
+    "## 2026-12-02, fourth {R}: the GPU host",
+    "as the fourteenth {R} found,",
+    "(docs/benchmarks.md, fourteenth\n{R})",
+    "(docs/benchmarks.md, fourteenth and sixteenth {R}s)",
     "(see benchmarks.md, ninth ...)",
-    "(docs/benchmarks.md, twenty-first session)",
-    "measured in session 23",
-    "since round 12 the gap",
-    "wave 3 of the rewrite",
-    "the 23rd session",
-    "the 4th round measured the H100",
-    "in this session",
-    "It stays off until a GPU host measured it in the next session.",
-    "Built this session",
-    "not changed this session",
-    "the last session's tree",
-    "this session's device time was spent",
-    "the GPU time left to this session",
-    "which round of work measured it",
-    "the eighth session's profiler runs",
-    "the nineteenth session's 2.49",
+    "(docs/benchmarks.md, twenty-first {R})",
+    "measured in {R} 23",
+    "since {r} 12 the gap",
+    "{w} 3 of the rewrite",
+    "the 23rd {R}",
+    "the 4th {r} measured the H100",
+    "in this {R}",
+    "It stays off until a GPU host measured it in the next {R}.",
+    "Built this {R}",
+    "not changed this {R}",
+    "the last {R}'s tree",
+    "this {R}'s device time was spent",
+    "the GPU time left to this {R}",
+    "which {r} of work measured it",
+    "the eighth {R}'s profiler runs",
+    "the nineteenth {R}'s 2.49",
 ]
+WORK = [s.format(R="session", r="round", w="wave") for s in _WORK]
 # Hydra's own sessions and rounds, as the tree uses them today: none may match.
 DOMAIN = [
     "a second session sharing a system prompt: its state is read, cut to the",
