@@ -18,11 +18,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from hydrad.wire.embedinputs import MAX_INPUTS, Input, inputs as _inputs  # noqa: F401 (MAX_INPUTS: read here by callers)
+from hydrad.wire.embedinputs import MAX_INPUTS, MAX_TOTAL_TOKENS, Input, check_token_counts, inputs as _inputs  # noqa: F401 (MAX_INPUTS: read here by callers)
 from hydrad.wire.openai import INT32_MAX, MAX_MODEL_NAME, ApiError, json_object
 
-MAX_TOTAL_TOKENS = 65536
-"""Most tokens of all inputs of one request together: about 128 embedding decodes of 512 tokens."""
 MAX_OUTPUT_FLOATS = 4 << 20
 """Most numbers one answer may carry (per-token vectors grow with the input: about 80 MB of JSON)."""
 MAX_NORM = 32
@@ -111,17 +109,8 @@ def check_sizes(req: EmbedRequest, tokens: list[list[int]], max_tokens: int, n_e
     n_ubatch), all of them within MAX_TOTAL_TOKENS, the answer within MAX_OUTPUT_FLOATS, ``dimensions``
     the model's own."""
     name = req.field
-    for i, t in enumerate(tokens):
-        if not t:
-            raise ApiError(400, f"{name}[{i}] has no tokens", "invalid_field", name)
-        if len(t) > max_tokens:
-            raise ApiError(400, f"{name}[{i}] has {len(t)} tokens; this engine embeds at most {max_tokens} tokens per "
-                           "input (its n_ubatch; raise it to take longer inputs)", "input_too_long", name,
-                           details={"n_prompt_tokens": len(t), "n_ubatch": max_tokens})
+    check_token_counts(name, tokens, max_tokens)
     total = sum(len(t) for t in tokens)
-    if total > MAX_TOTAL_TOKENS:
-        raise ApiError(400, f"{name}: {total} tokens in all; at most {MAX_TOTAL_TOKENS} per request", "input_too_long",
-                       name)
     floats = (len(tokens) if pooled else total) * n_embd
     if floats > MAX_OUTPUT_FLOATS:
         raise ApiError(400, f"{name}: the answer would hold {floats} numbers (one vector of {n_embd} per "

@@ -6,7 +6,11 @@ mixed prompt), or an object: ``{"prompt_string": text}`` or ``{"content": [{"typ
 ...}, ...]}`` (the text parts joined). A request's input is one of those or a list of them; a list is
 one input when it holds a token id and only ids and strings, and several inputs otherwise. Images,
 audio and video are refused (no embedding model here takes them), and so is ``{"content": "text"}``,
-as llama-server refuses it. Every check is on the parsed body, before anything is tokenized.
+as llama-server refuses it. Every check is on the parsed body, before anything is tokenized: the
+token ids and text pieces of all inputs together are bounded by :data:`MAX_TOTAL_TOKENS`, and their
+text by :data:`CHARS_PER_TOKEN` characters a token, so no request makes more tokenizing than its
+answer could hold. :func:`check_token_counts` is the check after tokenizing, for embeddings and
+reranking alike.
 """
 
 from __future__ import annotations
@@ -17,6 +21,10 @@ from hydrad.wire.openai import INT32_MAX, ApiError
 
 MAX_INPUTS = 2048
 """Most inputs in one request (OpenAI's own limit)."""
+MAX_TOTAL_TOKENS = 65536
+"""Most tokens of all inputs of one request together: about 128 embedding decodes of 512 tokens."""
+CHARS_PER_TOKEN = 64
+"""The characters a token is taken to hold at most, to bound texts before they are tokenized."""
 
 Input = str | list[int | str]
 """A checked input: text, or token ids with text pieces among them (all ids: a token-id input)."""
@@ -45,7 +53,33 @@ def inputs(value: Any, name: str, n_vocab: int | None) -> list[Input]:
                        "invalid_field", name)
     if len(items) > MAX_INPUTS:
         raise ApiError(400, f"{name}: at most {MAX_INPUTS} inputs per request (got {len(items)})", "invalid_field", name)
-    return [_one(item, name if item is value else f"{name}[{i}]", name, n_vocab) for i, item in enumerate(items)]
+    out = [_one(item, name if item is value else f"{name}[{i}]", name, n_vocab) for i, item in enumerate(items)]
+    pieces = sum(len(x) for x in out if isinstance(x, list))
+    chars = sum(len(x) for x in out if isinstance(x, str)) + \
+        sum(len(t) for x in out if isinstance(x, list) for t in x if isinstance(t, str))
+    if pieces > MAX_TOTAL_TOKENS or chars > MAX_TOTAL_TOKENS * CHARS_PER_TOKEN:
+        raise ApiError(400, f"{name}: {pieces} token ids and text pieces and {chars} characters in all; at most "
+                       f"{MAX_TOTAL_TOKENS} tokens per request", "input_too_long", name)
+    return out
+
+
+def check_token_counts(name: str, tokens: list[list[int]], max_tokens: int, does: str = "embeds",
+                       per: str = "input", subject: str = "{where}") -> None:
+    """Each tokenized prompt has tokens and at most ``max_tokens`` (the embedding context's n_ubatch),
+    all of them at most MAX_TOTAL_TOKENS; ApiError 400 naming ``name`` otherwise. ``subject`` words
+    the prompt (``{where}`` is ``name[i]``), ``does`` and ``per`` what the engine does with it."""
+    for i, t in enumerate(tokens):
+        where = subject.format(where=f"{name}[{i}]")
+        if not t:
+            raise ApiError(400, f"{where} has no tokens", "invalid_field", name)
+        if len(t) > max_tokens:
+            raise ApiError(400, f"{where} has {len(t)} tokens; this engine {does} at most {max_tokens} tokens per "
+                           f"{per} (its n_ubatch; raise it to take longer {per}s)", "input_too_long", name,
+                           details={"n_prompt_tokens": len(t), "n_ubatch": max_tokens})
+    total = sum(len(t) for t in tokens)
+    if total > MAX_TOTAL_TOKENS:
+        raise ApiError(400, f"{name}: {total} tokens in all; at most {MAX_TOTAL_TOKENS} per request", "input_too_long",
+                       name)
 
 
 def _one(item: Any, where: str, name: str, n_vocab: int | None) -> Input:

@@ -20,16 +20,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from hydrad.wire.embeddings import MAX_INPUTS, MAX_TOTAL_TOKENS, model_field
+from hydrad.wire.embedinputs import CHARS_PER_TOKEN, MAX_INPUTS, MAX_TOTAL_TOKENS, check_token_counts
+from hydrad.wire.embeddings import model_field
 from hydrad.wire.openai import INT32_MAX, ApiError, json_object
 
 MAX_DOCUMENTS = MAX_INPUTS
 """Most documents one request scores (each a prompt of its own, with the query)."""
-CHARS_PER_TOKEN = 64
-"""The characters a token is taken to hold at most, to bound texts before they are tokenized."""
 MAX_PROMPT_CHARS = MAX_TOTAL_TOKENS * CHARS_PER_TOKEN
 """Most characters of all the prompts of one request (the query once per document): more could not
-fit :data:`hydrad.wire.embeddings.MAX_TOTAL_TOKENS` tokens, so it is refused before any tokenizing."""
+fit :data:`hydrad.wire.embedinputs.MAX_TOTAL_TOKENS` tokens, so it is refused before any tokenizing."""
 DISABLED = "reranking_disabled"
 """The error code of an engine whose model is not loaded as a reranker (501, as llama-server's
 without ``--reranking``); the front door then tries another engine serving the model."""
@@ -90,18 +89,8 @@ def parse(raw: bytes | dict[str, Any]) -> RerankRequest:
 def check_tokens(req: RerankRequest, tokens: list[list[int]], max_tokens: int) -> None:
     """The bounds that need the model: each prompt (query and document) within the embedding context
     (``max_tokens``, its n_ubatch), all of them within MAX_TOTAL_TOKENS."""
-    name = req.field
-    for i, t in enumerate(tokens):
-        if not t:
-            raise ApiError(400, f"{name}[{i}]: the prompt it makes with the query has no tokens", "invalid_field", name)
-        if len(t) > max_tokens:
-            raise ApiError(400, f"{name}[{i}]: the prompt it makes with the query has {len(t)} tokens; this engine "
-                           f"scores at most {max_tokens} tokens per prompt (its n_ubatch; raise it to take longer "
-                           "ones)", "input_too_long", name, details={"n_prompt_tokens": len(t), "n_ubatch": max_tokens})
-    total = sum(len(t) for t in tokens)
-    if total > MAX_TOTAL_TOKENS:
-        raise ApiError(400, f"{name}: {total} tokens in all; at most {MAX_TOTAL_TOKENS} per request", "input_too_long",
-                       name)
+    check_token_counts(req.field, tokens, max_tokens, does="scores", per="prompt",
+                       subject="{where}: the prompt it makes with the query")
 
 
 def answer(req: RerankRequest, model: str, scores: list[float], n_tokens: int) -> dict[str, Any] | list[dict[str, Any]]:

@@ -42,6 +42,8 @@ def test_input_shapes() -> None:
     ({"input": {"content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}}, "input"),
     ({"input": {"prompt_string": "x", "other": 1}}, "input"), ({"input": {"prompt_string": ""}}, "input"),
     ({"input": {"prompt_string": "x", "multimodal_data": ["AAAA"]}}, "input"),
+    # bounded before any tokenizing: ids and text pieces in all, and characters in all
+    ({"input": [[1] * 40_000, [2, "a"] * 15_000]}, "input"), ({"input": ["x" * (1 << 21)] * 3}, "input"),
     ({"input": ["a"] * (wire.MAX_INPUTS + 1)}, "input"), ({"input": "x", "encoding_format": "hex"}, "encoding_format"),
     ({"input": "x", "dimensions": 0}, "dimensions"), ({"input": "x", "dimensions": True}, "dimensions"),
     ({"input": "x", "embd_normalize": wire.MAX_NORM + 1}, "embd_normalize"),
@@ -52,6 +54,13 @@ def test_bad_fields_named(body: dict[str, Any], param: str) -> None:
     with pytest.raises(ApiError) as err:
         _openai(body)
     assert err.value.status == 400 and err.value.param == param
+
+
+def test_too_much_to_tokenize_is_refused_before_it_is_tokenized() -> None:
+    with pytest.raises(ApiError) as err:
+        _openai({"input": [[1] * 40_000, [2, "a"] * 15_000]})
+    assert err.value.code == "input_too_long" and "70000 token ids and text pieces" in str(err.value)
+    assert _openai({"input": [[1] * 40_000, [2, "a"] * 12_000]}).inputs[0] == [1] * 40_000  # 64,000: within
 
 
 def test_native_refuses_unknown_and_both_texts() -> None:
